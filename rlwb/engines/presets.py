@@ -1,0 +1,133 @@
+"""Engine presets: named recipes for starting an engine worker (see `params/engines.yaml`).
+
+Why presets are data, not code: a user auditing another vLLM build adds a venv and five lines of YAML;
+notebooks, tests and the CLI pick it up by name without a code change.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..paths import PARAMS_DIR, REPO_ROOT
+
+PRESET_KEYS = {"description", "backend", "python", "env", "vllm_kwargs", "fp32_lm_head",
+               "reset_prefix_cache_on_update", "extends", "on_cpu", "on_cuda", "full_vocab_limit"}
+BACKENDS = ("vllm", "hf")
+
+
+class PresetError(ValueError):
+    """A preset name or definition is wrong; the message says which and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    backend: str
+    python: Path
+    env: dict = field(default_factory=dict)
+    vllm_kwargs: dict = field(default_factory=dict)
+    fp32_lm_head: bool = False
+    reset_prefix_cache_on_update: bool = False
+    full_vocab_limit: int = 4096
+    description: str = ""
+
+    def check_interpreter(self) -> None:
+        if not self.python.exists():
+            hint = "run `make engines`" if str(self.python).startswith(str(REPO_ROOT)) else "create that environment"
+            raise PresetError(f"engine preset {self.name!r}: interpreter {self.python} does not exist ({hint})")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def preset_files() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("RLWB_ENGINE_PRESETS", "").split(os.pathsep) if p]
+    return [PARAMS_DIR / "engines.yaml", *extra]
+
+
+def load_presets(files: list[Path] | None = None) -> dict[str, dict]:
+    """Raw preset mappings from every preset file (later files override earlier ones by name)."""
+    raw: dict[str, dict] = {}
+    for f in files or preset_files():
+        if not Path(f).exists():
+            raise PresetError(f"engine preset file {f} does not exist")
+        try:
+            data = yaml.safe_load(Path(f).read_text()) or {}
+        except yaml.YAMLError as e:
+            raise PresetError(f"engine preset file {f} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise PresetError(f"engine preset file {f} must be a mapping of preset name -> settings")
+        for name, body in data.items():
+            if not isinstance(body, dict):
+                raise PresetError(f"engine preset {name!r} in {f} must be a mapping")
+            unknown = set(body) - PRESET_KEYS
+            if unknown:
+                raise PresetError(f"engine preset {name!r} in {f}: unknown keys {sorted(unknown)}; "
+                                  f"allowed: {sorted(PRESET_KEYS)}")
+            raw[name] = body
+    return raw
+
+
+def available_presets(files: list[Path] | None = None) -> list[str]:
+    return [n for n in load_presets(files) if not n.startswith("_")]
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _flatten(name: str, raw: dict[str, dict], cuda: bool, seen: tuple = ()) -> dict:
+    if name in seen:
+        raise PresetError(f"engine presets extend each other in a loop: {' -> '.join(seen + (name,))}")
+    if name not in raw:
+        raise PresetError(f"unknown engine preset {name!r}; available: {sorted(n for n in raw if not n.startswith('_'))}")
+    body = dict(raw[name])
+    base = _flatten(body.pop("extends"), raw, cuda, seen + (name,)) if "extends" in body else {}
+    merged = _merge(base, body)
+    section = merged.pop("on_cuda" if cuda else "on_cpu", None) or {}
+    merged.pop("on_cpu" if cuda else "on_cuda", None)
+    return _merge(merged, section)
+
+
+def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None = None) -> Preset:
+    """The effective preset on this machine (CPU or CUDA sections applied), validated."""
+    if not isinstance(name, str) or name.startswith("_"):
+        raise PresetError(f"unknown engine preset {name!r}; available: {available_presets(files)}")
+    d = _flatten(name, load_presets(files), cuda_available() if cuda is None else cuda)
+    backend = d.get("backend")
+    if backend not in BACKENDS:
+        raise PresetError(f"engine preset {name!r}: backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if not d.get("python"):
+        raise PresetError(f"engine preset {name!r}: no `python` interpreter given")
+    for key in ("env", "vllm_kwargs"):
+        if not isinstance(d.get(key, {}), dict):
+            raise PresetError(f"engine preset {name!r}: `{key}` must be a mapping")
+    for key in ("fp32_lm_head", "reset_prefix_cache_on_update"):
+        if not isinstance(d.get(key, False), bool):
+            raise PresetError(f"engine preset {name!r}: `{key}` must be true or false")
+    python = Path(os.path.expanduser(str(d["python"])))
+    if not python.is_absolute():
+        python = REPO_ROOT / python
+    return Preset(
+        name=name, backend=backend, python=python,
+        env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
+        vllm_kwargs=dict(d.get("vllm_kwargs") or {}),
+        fp32_lm_head=bool(d.get("fp32_lm_head", False)),
+        reset_prefix_cache_on_update=bool(d.get("reset_prefix_cache_on_update", False)),
+        full_vocab_limit=int(d.get("full_vocab_limit", 4096)),
+        description=str(d.get("description", "")),
+    )

@@ -1,0 +1,263 @@
+"""Engine worker process: one inference engine behind a framed JSON protocol on stdin/stdout.
+
+Runs under the *engine's* interpreter (a vLLM 0.8.5 venv, a vLLM V1 venv, or the kernel's venv for the
+HF reference), so it imports only the standard library, torch, transformers and vLLM - never rlwb.
+`rlwb.engines.worker.EngineWorker` starts it and speaks the protocol (`protocol.py`, copied semantics).
+
+Why pipes and not a port: no listening socket (nothing to secure or collide), and the worker dies with
+its parent's pipe. Why stdout is moved: vLLM and its libraries print; the real stdout fd is duplicated
+for the protocol and fd 1 is pointed at stderr, so no stray print can corrupt a frame.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402  (the same module the kernel imports as rlwb.engines.protocol)
+
+
+def _vocab_size(model_path: str) -> int | None:
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            return int(json.load(f)["vocab_size"])
+    except Exception:
+        return None
+
+
+class VllmBackend:
+    """vLLM's offline `LLM`, either V0 (vLLM <= 0.10 with VLLM_USE_V1=0) or V1."""
+
+    def __init__(self, spec: dict):
+        from vllm import LLM
+
+        self.spec = spec
+        kwargs = dict(spec.get("vllm_kwargs") or {})
+        kwargs.setdefault("dtype", spec.get("dtype", "float32"))
+        kwargs.setdefault("seed", 0)
+        self.vocab = _vocab_size(spec["model"])
+        limit = int(spec.get("full_vocab_limit", 4096))
+        if self.vocab and self.vocab <= limit:
+            kwargs.setdefault("max_logprobs", self.vocab)  # full-vocab logprobs at every step
+        kwargs["worker_extension_cls"] = "vllm_ext.RlwbWorkerExtension"
+        self.kwargs = kwargs
+        self.llm = LLM(model=spec["model"], tokenizer=spec.get("tokenizer") or spec["model"], **kwargs)
+        mod = type(self.llm.llm_engine).__module__
+        self.engine = "v1" if mod.startswith("vllm.v1") else "v0"
+        if spec.get("fp32_lm_head") and kwargs["dtype"] not in ("float32", "torch.float32"):
+            self.llm.collective_rpc("rlwb_fp32_lm_head", args=(spec["model"],))
+
+    def info(self) -> dict:
+        import torch
+        import transformers
+        import vllm
+
+        cfg = getattr(self.llm.llm_engine, "vllm_config", None)
+        settings = {"vllm_kwargs": {k: v for k, v in self.kwargs.items() if k != "worker_extension_cls"}}
+        if cfg is not None:
+            mc, cc, sc = cfg.model_config, cfg.cache_config, cfg.scheduler_config
+            settings.update(
+                dtype=str(mc.dtype).replace("torch.", ""),
+                max_model_len=mc.max_model_len,
+                enforce_eager=mc.enforce_eager,
+                enable_prefix_caching=bool(cc.enable_prefix_caching),
+                logprobs_mode=str(getattr(mc, "logprobs_mode", "processed (V0 semantics)")),
+                async_scheduling=bool(getattr(sc, "async_scheduling", False)),
+                max_logprobs=mc.max_logprobs,
+                block_size=cc.block_size,
+            )
+        settings["fp32_lm_head"] = bool(self.spec.get("fp32_lm_head")) and settings.get("dtype") != "float32"
+        return {"backend": "vllm", "engine": self.engine, "vllm_version": vllm.__version__,
+                "torch_version": torch.__version__, "transformers_version": transformers.__version__,
+                "settings": settings}
+
+    def generate(self, requests: list[dict], full: bool) -> list[dict]:
+        from vllm import SamplingParams
+
+        prompts, params = [], []
+        for r in requests:
+            s = r["sampling"]
+            top_k = int(s.get("top_k", 0))
+            params.append(SamplingParams(
+                n=int(s.get("n", 1)), temperature=float(s["temperature"]), top_p=float(s.get("top_p", 1.0)),
+                top_k=top_k if top_k > 0 else -1, max_tokens=int(s["max_tokens"]), seed=s.get("seed"),
+                ignore_eos=bool(s.get("ignore_eos", False)),
+                logprobs=(self.vocab if full else 0),
+            ))
+            prompts.append({"prompt_token_ids": list(r["prompt_token_ids"])})
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        results = []
+        for out in outs:
+            samples = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lp = [step[t].logprob for step, t in zip(c.logprobs, ids)]
+                sample = {"token_ids": ids, "logprobs": protocol.f32(lp), "text": c.text,
+                          "finish_reason": c.finish_reason}
+                if full:
+                    import numpy as np
+
+                    dist = np.full((len(ids), self.vocab), -np.inf, dtype=np.float32)
+                    for i, step in enumerate(c.logprobs):
+                        for tok, l in step.items():
+                            dist[i, tok] = l.logprob
+                    sample["full"] = dist
+                samples.append(sample)
+            results.append({"prompt_token_ids": list(out.prompt_token_ids), "samples": samples})
+        return results
+
+    def update_weights(self, path: str) -> dict:
+        n = self.llm.collective_rpc("rlwb_update_weights", args=(path,))
+        reset = bool(self.spec.get("reset_prefix_cache_on_update"))
+        if reset:
+            self.reset_prefix_cache()
+        return {"tensors": n[0] if isinstance(n, list) else n, "prefix_cache_reset": reset}
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.llm.reset_prefix_cache())
+
+    def weights_checksum(self) -> float:
+        r = self.llm.collective_rpc("rlwb_weights_checksum")
+        return float(r[0] if isinstance(r, list) else r)
+
+
+class HfBackend:
+    """transformers `generate`: the reference engine. Scores are the processed (warped) logits."""
+
+    def __init__(self, spec: dict):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.spec = spec
+        self.dtype = spec.get("dtype", "float32")
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, self.dtype)).eval()
+        self.device = "cuda" if torch.cuda.is_available() and spec.get("device", "auto") != "cpu" else "cpu"
+        self.model.to(self.device)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.get("tokenizer") or spec["model"])
+        gc = self.model.generation_config
+        self.eos, self.pad = gc.eos_token_id, (gc.pad_token_id if gc.pad_token_id is not None else 0)
+
+    def info(self) -> dict:
+        import transformers
+
+        return {"backend": "hf", "engine": "hf", "vllm_version": None, "torch_version": self.torch.__version__,
+                "transformers_version": transformers.__version__,
+                "settings": {"dtype": self.dtype, "device": self.device, "logprobs_mode": "processed",
+                             "enable_prefix_caching": False}}
+
+    def generate(self, requests: list[dict], full: bool) -> list[dict]:
+        # One `generate` call per request: transformers has no per-request seed inside a batch, and
+        # per-request calls make a request's sample independent of its batch (as vLLM's seeds do).
+        import numpy as np
+
+        torch = self.torch
+        results = []
+        for r in requests:
+            s = r["sampling"]
+            ids = torch.tensor([r["prompt_token_ids"]], device=self.device)
+            T, n = float(s["temperature"]), int(s.get("n", 1))
+            if s.get("seed") is not None:
+                torch.manual_seed(int(s["seed"]))
+            kw = dict(do_sample=T > 0, max_new_tokens=int(s["max_tokens"]), num_return_sequences=n,
+                      output_scores=True, return_dict_in_generate=True, pad_token_id=self.pad,
+                      eos_token_id=self.eos, attention_mask=torch.ones_like(ids))
+            if T > 0:
+                kw.update(temperature=T, top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)) or None)
+            if s.get("ignore_eos"):
+                kw["min_new_tokens"] = int(s["max_tokens"])
+            with torch.no_grad():
+                out = self.model.generate(ids, **kw)
+            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [n, steps, V]
+            samples = []
+            for j in range(n):
+                seq = out.sequences[j, ids.shape[1]:].tolist()
+                eos = self.eos if isinstance(self.eos, list) else [self.eos]
+                L = next((i + 1 for i, t in enumerate(seq) if t in eos), len(seq))
+                if s.get("ignore_eos"):
+                    L = len(seq)
+                seq = seq[:L]
+                dist = scores[j, :L].cpu().numpy().astype(np.float32)
+                sample = {"token_ids": seq, "logprobs": dist[np.arange(L), seq].astype(np.float32),
+                          "text": self.tokenizer.decode(seq, skip_special_tokens=True), "finish_reason": "stop" if L and seq[-1] in eos and not s.get("ignore_eos")
+                          else "length"}
+                if full:
+                    sample["full"] = dist
+                samples.append(sample)
+            results.append({"prompt_token_ids": list(r["prompt_token_ids"]), "samples": samples})
+        return results
+
+    def update_weights(self, path: str) -> dict:
+        from safetensors.torch import load_file
+
+        sd = load_file(path)
+        missing, unexpected = self.model.load_state_dict(sd, strict=False)
+        if unexpected:
+            raise ValueError(f"unexpected tensors in weight update: {unexpected[:5]}")
+        return {"tensors": len(sd), "prefix_cache_reset": False}
+
+    def reset_prefix_cache(self) -> bool:
+        return True  # no cache across requests
+
+    def weights_checksum(self) -> float:
+        return float(sum(p.detach().double().sum().item() for p in self.model.parameters()))
+
+
+def main() -> None:
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)  # anything printed from here on goes to stderr, never into a frame
+    sys.stdout = sys.stderr
+
+    spec = protocol.read_frame(proto_in)
+    t0 = time.time()
+    try:
+        backend = HfBackend(spec) if spec["backend"] == "hf" else VllmBackend(spec)
+        info = backend.info()
+        info["start_s"] = round(time.time() - t0, 2)
+        info["pid"] = os.getpid()
+        info["python"] = sys.version.split()[0]
+        protocol.write_frame(proto_out, {"ok": True, "result": info})
+    except Exception as e:
+        protocol.write_frame(proto_out, {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                         "traceback": traceback.format_exc()})
+        return
+    while True:
+        try:
+            msg = protocol.read_frame(proto_in)
+        except EOFError:
+            break
+        op, args = msg.get("op"), msg.get("args") or {}
+        try:
+            if op == "generate":
+                result = backend.generate(args["requests"], bool(args.get("full", False)))
+            elif op == "update_weights":
+                result = backend.update_weights(args["path"])
+            elif op == "reset_prefix_cache":
+                result = backend.reset_prefix_cache()
+            elif op == "weights_checksum":
+                result = backend.weights_checksum()
+            elif op == "info":
+                result = backend.info()
+            elif op == "close":
+                protocol.write_frame(proto_out, {"ok": True, "result": None})
+                break
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            protocol.write_frame(proto_out, {"ok": True, "result": result})
+        except Exception as e:
+            protocol.write_frame(proto_out, {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                             "traceback": traceback.format_exc()})
+    os._exit(0)  # vLLM's background threads can keep a normal exit waiting
+
+
+if __name__ == "__main__":
+    main()

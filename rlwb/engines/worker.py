@@ -1,0 +1,277 @@
+"""`EngineWorker`: the kernel's handle on one engine running in its own process and environment.
+
+The notebook kernel never imports vLLM: each engine runs `server.py` under its preset's interpreter, in a
+new process group (so closing it also ends vLLM's engine-core children), and talks over its stdin/stdout
+pipes. Its stderr goes to a log file whose tail is attached to `EngineCrashed` when it dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import protocol
+from .presets import Preset, resolve_preset
+
+SERVER = Path(__file__).with_name("server.py")
+_LIVE: "weakref.WeakSet[EngineWorker]" = weakref.WeakSet()
+
+
+class EngineCrashed(RuntimeError):
+    """The worker process died (or closed its pipe). `stderr_tail` holds the end of its log."""
+
+    def __init__(self, preset: str, reason: str, stderr_tail: str):
+        self.preset, self.stderr_tail = preset, stderr_tail
+        super().__init__(f"engine {preset!r} crashed: {reason}\n--- last lines of its stderr ---\n{stderr_tail}")
+
+
+class EngineError(RuntimeError):
+    """The worker is alive but the operation failed inside it (its traceback is in the message)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request sampling settings, as vLLM's `SamplingParams` (top_k = 0 means off).
+
+    `seed` is a base: request i of a `generate` call is sampled with seed + i, so a request's sample does
+    not depend on which other requests share its batch.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 32
+    seed: int | None = 0
+    n: int = 1
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not (isinstance(self.n, int) and self.n >= 1):
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+
+
+@dataclass
+class Completion:
+    """One sampled completion. `logprobs[i]` is what the engine reported for `token_ids[i]`."""
+
+    request_id: int
+    sample_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: np.ndarray  # [L] float32
+    text: str
+    finish_reason: str
+    full: np.ndarray | None = None  # [L, V] float32 log-distribution, when asked for
+
+
+def _close_all() -> None:
+    for w in list(_LIVE):
+        w.close()
+
+
+atexit.register(_close_all)
+
+
+class EngineWorker:
+    """Start with `EngineWorker(preset, model)` (or as a context manager); `close()` ends it.
+
+    `model` is a directory or an HF id as the engine understands it; `dtype` is the engine's weights and
+    activations dtype (float32 / bfloat16 / float16).
+    """
+
+    def __init__(self, preset: str | Preset, model: str | os.PathLike, dtype: str = "float32",
+                 start_timeout: float = 900.0, extra_vllm_kwargs: dict | None = None, log_dir: str | None = None):
+        self.preset = resolve_preset(preset) if isinstance(preset, str) else preset
+        self.preset.check_interpreter()
+        self.model, self.dtype = str(model), dtype
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"rlwb-{self.preset.name}-",
+                                                dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.log_path = Path(log_dir or self._tmp.name) / f"engine-{self.preset.name}.log"
+        self._log = open(self.log_path, "wb")
+        env = {**os.environ, **self.preset.env, "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": str(SERVER.parent), "TOKENIZERS_PARALLELISM": "false"}
+        env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # never needed: no pickled callables
+        self.proc = subprocess.Popen([str(self.preset.python), str(SERVER)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
+        _LIVE.add(self)
+        spec = {"backend": self.preset.backend, "model": self.model, "dtype": dtype,
+                "vllm_kwargs": {**self.preset.vllm_kwargs, **(extra_vllm_kwargs or {})},
+                "fp32_lm_head": self.preset.fp32_lm_head,
+                "reset_prefix_cache_on_update": self.preset.reset_prefix_cache_on_update,
+                "full_vocab_limit": self.preset.full_vocab_limit}
+        try:
+            protocol.write_frame(self.proc.stdin, spec)
+            self._info = self._reply(start_timeout, "start")
+        except BaseException:
+            self.close()
+            raise
+        self._info["preset"] = self.preset.name
+        self._info["model"] = self.model
+
+    # -- plumbing -----------------------------------------------------------------------------------
+    def stderr_tail(self, lines: int = 40) -> str:
+        try:
+            self._log.flush()
+            text = self.log_path.read_bytes()[-20000:].decode("utf-8", "replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _crashed(self, reason: str) -> EngineCrashed:
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        code = self.proc.poll()
+        if code is not None and code < 0:
+            reason += f" (killed by signal {signal.Signals(-code).name})"
+        elif code is not None:
+            reason += f" (exit code {code})"
+        err = EngineCrashed(self.preset.name, reason, self.stderr_tail())
+        self._kill_group()
+        return err
+
+    def _reply(self, timeout: float | None, what: str):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while True:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if ready:
+                break
+            if self.proc.poll() is not None:
+                raise self._crashed(f"worker exited during {what}")
+            if deadline is not None and time.monotonic() > deadline:
+                self._kill_group()
+                raise EngineCrashed(self.preset.name, f"no answer to {what} within {timeout:.0f} s",
+                                    self.stderr_tail())
+        try:
+            msg = protocol.read_frame(self.proc.stdout)
+        except (EOFError, ValueError) as e:
+            raise self._crashed(f"pipe closed during {what}: {e}") from None
+        if not msg.get("ok"):
+            raise EngineError(f"engine {self.preset.name!r} failed in {what}: {msg.get('error')}\n"
+                              f"{msg.get('traceback', '')}")
+        return msg.get("result")
+
+    def _call(self, op: str, timeout: float | None = None, **args):
+        if self.proc.poll() is not None:
+            raise self._crashed(f"worker is not running (before {op})")
+        try:
+            protocol.write_frame(self.proc.stdin, {"op": op, "args": args})
+        except (BrokenPipeError, OSError):
+            raise self._crashed(f"pipe broken when sending {op}") from None
+        return self._reply(timeout, op)
+
+    def _kill_group(self) -> None:
+        # The whole group: vLLM's engine-core children outlive a leader that already exited.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    # -- operations ---------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def info(self) -> dict:
+        """Engine identity and effective settings (vllm version, v0/v1/hf, dtype, prefix caching, ...)."""
+        return dict(self._info)
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling | list[Sampling], full: bool = False,
+                 timeout: float | None = None) -> list[Completion]:
+        """Sample completions for token-id prompts; flat list ordered by (request, sample)."""
+        if isinstance(sampling, Sampling):
+            sampling = [Sampling(**{**asdict(sampling), "seed": None if sampling.seed is None else sampling.seed + i})
+                        for i in range(len(prompts))]
+        if len(sampling) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(sampling)} sampling settings")
+        for i, p in enumerate(prompts):
+            if not p or not all(isinstance(t, (int, np.integer)) and t >= 0 for t in p):
+                raise ValueError(f"prompt {i} must be a non-empty list of token ids >= 0")
+        reqs = [{"prompt_token_ids": [int(t) for t in p], "sampling": asdict(s)} for p, s in zip(prompts, sampling)]
+        out = self._call("generate", timeout=timeout, requests=reqs, full=full)
+        comps = []
+        for rid, r in enumerate(out):
+            for j, s in enumerate(r["samples"]):
+                comps.append(Completion(rid, j, r["prompt_token_ids"], list(s["token_ids"]),
+                                        np.asarray(s["logprobs"], dtype=np.float32), s.get("text", ""),
+                                        s.get("finish_reason") or "", s.get("full")))
+        return comps
+
+    def update_weights(self, weights: dict | str | os.PathLike) -> dict:
+        """In-flight weight update (no restart). `weights`: a state dict or a safetensors file of HF names.
+        Resets the prefix cache afterwards when the preset says so."""
+        if isinstance(weights, dict):
+            from safetensors.torch import save_file
+
+            path = Path(self._tmp.name) / "weights.safetensors"
+            save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path))
+        else:
+            path = Path(weights)
+        return self._call("update_weights", path=str(path))
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self._call("reset_prefix_cache"))
+
+    def weights_checksum(self) -> float:
+        """Sum of all parameters inside the engine: a cheap check that an update really landed."""
+        return float(self._call("weights_checksum"))
+
+    def close(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                protocol.write_frame(proc.stdin, {"op": "close"})
+                proc.wait(timeout=15)
+            except Exception:
+                pass
+        if proc is not None:
+            self._kill_group()
+            for s in (proc.stdin, proc.stdout):
+                try:
+                    s.close()
+                except Exception:
+                    pass
+        if getattr(self, "_log", None) and not self._log.closed:
+            self._log.close()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "EngineWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

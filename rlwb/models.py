@@ -1,0 +1,220 @@
+"""The embedded default policy: a tiny Llama (GQA + RoPE) that rlwb builds and SFT-trains itself.
+
+Why: nothing can be downloaded from a model hub here, and the experiments need a policy that (a) real
+vLLM loads as a Llama, (b) is deterministic from a seed, (c) solves the toy task only partly, so RL has
+headroom, and (d) writes completions long enough for per-token mismatch to accumulate.
+
+The built model is cached under `cache_dir()/models/default-<recipe hash>/` and reused: the hash covers
+every recipe value, so changing the recipe builds a new model and never silently reuses an old one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import tasks, tokenizer
+from .paths import cache_dir
+
+RECIPE_VERSION = 1  # bump when the training code changes in a way the fields below do not capture
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """Everything that determines the default policy's weights."""
+
+    hidden_size: int = 128  # d_model
+    intermediate_size: int = 384  # SwiGLU width
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4  # head_dim = 32
+    num_key_value_heads: int = 2  # GQA: 2 query heads share each KV head
+    max_position_embeddings: int = 4096  # long enough for the long-context checks on CPU
+    rope_theta: float = 10000.0
+    seed: int = 0
+    train_steps: int = 190  # SFT steps: 150 gave greedy accuracy 0.27, 300 gave 0.95; 190 lands mid-range
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    max_digits: int = 3  # operands of 1..3 digits
+    version: int = RECIPE_VERSION
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def llama_config(recipe: ModelRecipe):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer.VOCAB),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_hidden_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_key_value_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        rope_theta=recipe.rope_theta,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.BOS_ID,
+        eos_token_id=tokenizer.EOS_ID,
+        pad_token_id=tokenizer.PAD_ID,
+        torch_dtype="float32",
+    )
+
+
+def sft_batch(problems: list[tasks.Problem]):
+    """(input_ids, labels) for teacher forcing: loss only on completion tokens (+ EOS)."""
+    import torch
+
+    seqs, labels = [], []
+    for p in problems:
+        prompt = tokenizer.encode_prompt(p.prompt)
+        completion = tokenizer.encode_prompt(p.worked_answer)[1:] + [tokenizer.EOS_ID]
+        seqs.append(prompt + completion)
+        labels.append([-100] * len(prompt) + completion)
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), tokenizer.PAD_ID, dtype=torch.long)
+    lab = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, (s, l) in enumerate(zip(seqs, labels)):
+        ids[i, : len(s)] = torch.tensor(s)
+        lab[i, : len(l)] = torch.tensor(l)
+    return ids, lab
+
+
+def train(recipe: ModelRecipe, progress: bool = True):
+    """SFT from a seeded random init. Deterministic for a given recipe and thread count."""
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(recipe.seed)
+    model = LlamaForCausalLM(llama_config(recipe)).float()
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / recipe.warmup_steps) * max(0.05, 1 - s / recipe.train_steps)
+    )
+    # Training data seeds are disjoint from evaluation seeds (eval uses seed + 10**6 upward).
+    model.train()
+    for step in tqdm(range(recipe.train_steps), desc="SFT default policy", disable=not progress):
+        ids, lab = sft_batch(tasks.make_problems(recipe.batch_size, seed=recipe.seed * 100_003 + step,
+                                                 max_digits=recipe.max_digits))
+        loss = model(input_ids=ids, labels=lab).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+    return model
+
+
+def weights_hash(model) -> str:
+    """sha256 over every parameter's bytes, in name order: equal hashes = bitwise equal weights."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def greedy_eval(model, n: int = 200, seed: int = 10**6, max_digits: int = 3, max_new_tokens: int = 40):
+    """Greedy accuracy and mean completion length (tokens incl. EOS) on `n` held-out problems."""
+    import torch
+
+    problems = tasks.make_problems(n, seed=seed, max_digits=max_digits)
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in problems]
+    width = max(len(p) for p in prompts)
+    ids = torch.full((n, width), tokenizer.PAD_ID, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left padding
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                             pad_token_id=tokenizer.PAD_ID, eos_token_id=tokenizer.EOS_ID)
+    rows, lengths, rewards = [], [], []
+    for p, seq in zip(problems, out[:, width:].tolist()):
+        n_tok = seq.index(tokenizer.EOS_ID) + 1 if tokenizer.EOS_ID in seq else len(seq)
+        text = tokenizer.decode(seq)
+        r = tasks.reward(p, text)
+        rows.append({"prompt": p.prompt, "completion": text, "target": p.worked_answer, "reward": r})
+        lengths.append(n_tok)
+        rewards.append(r)
+    return {
+        "greedy_accuracy": sum(rewards) / n,
+        "mean_completion_tokens": sum(lengths) / n,
+        "samples": rows,
+    }
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    path: Path
+    card: dict
+
+    @property
+    def recipe_hash(self) -> str:
+        return self.card["recipe_hash"]
+
+
+def default_model_dir(recipe: ModelRecipe = ModelRecipe()) -> Path:
+    return cache_dir() / "models" / f"default-{recipe.hash()}"
+
+
+def build_default_model(recipe: ModelRecipe = ModelRecipe(), force: bool = False,
+                        progress: bool = True) -> DefaultModel:
+    """Build (or reuse from the cache) the default policy; returns its path and model card.
+
+    Written to a temporary directory and renamed, so an interrupted build never leaves a half model
+    that a later run would reuse.
+    """
+    import torch
+
+    out = default_model_dir(recipe)
+    card_path = out / "model.json"
+    if card_path.exists() and not force:
+        return DefaultModel(out, json.loads(card_path.read_text()))
+    t0 = time.time()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))  # thread count changes float sums: pin it
+    model = train(recipe, progress=progress)
+    build_s = time.time() - t0
+    ev = greedy_eval(model, max_digits=recipe.max_digits)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    gen_cfg = tmp / "generation_config.json"
+    gen_cfg.write_text(json.dumps({"bos_token_id": tokenizer.BOS_ID, "eos_token_id": tokenizer.EOS_ID,
+                                   "pad_token_id": tokenizer.PAD_ID}, indent=2))
+    tokenizer.save_tokenizer(tokenizer.build_tokenizer(), tmp)
+    card = {
+        "name": "rlwb-default-policy",
+        "architecture": "LlamaForCausalLM (GQA + RoPE), char-level tokenizer",
+        "recipe": asdict(recipe),
+        "recipe_hash": recipe.hash(),
+        "params": sum(p.numel() for p in model.parameters()),
+        "weights_sha256_16": weights_hash(model),
+        "greedy_accuracy": ev["greedy_accuracy"],
+        "mean_completion_tokens": ev["mean_completion_tokens"],
+        "eval_problems": 200,
+        "build_s": round(build_s, 1),
+        "torch_threads": torch.get_num_threads(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (tmp / "model.json").write_text(json.dumps(card, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return DefaultModel(out, card)
+
+
+def resolve_model(model: str, progress: bool = True) -> Path:
+    """`"default"` → the embedded policy's cached dir (built if missing); anything else → an HF id or path."""
+    if model == "default":
+        return build_default_model(progress=progress).path
+    return Path(model) if Path(model).exists() else model  # type: ignore[return-value]

@@ -1,0 +1,27 @@
+"""Where things live: the repo, the model cache and the outputs archive.
+
+Kept in one place so the CLI, the notebooks and the tests agree. Environment variables win over
+defaults so CI and fresh clones can share a cache (`RLWB_CACHE`) and archive elsewhere (`RLWB_OUTPUTS`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+PARAMS_DIR = REPO_ROOT / "params"
+
+
+def cache_dir() -> Path:
+    """Model cache: built default policies keyed by recipe hash. Shared across clones."""
+    return Path(os.environ.get("RLWB_CACHE", Path.home() / ".cache" / "rlwb")).expanduser()
+
+
+def outputs_dir(override: str | os.PathLike | None = None) -> Path:
+    """Archive root: `--outputs` beats `RLWB_OUTPUTS` beats `<repo>/outputs`."""
+    if override:
+        return Path(override).expanduser().resolve()
+    env = os.environ.get("RLWB_OUTPUTS")
+    return Path(env).expanduser().resolve() if env else REPO_ROOT / "outputs"

@@ -1,0 +1,79 @@
+"""The toy task: column-wise addition with a short worked answer and a verifiable reward.
+
+Why this task: the reward is exact (no judge model), a tiny model can learn it partially in a couple of
+minutes on a CPU (so RL has headroom), and the worked answer makes completions ~10-25 tokens long, so
+per-token engine/trainer mismatch accumulates over a sequence as it does for real reasoning traces.
+
+    prompt      "58+67="
+    completion  "8+7=15,5+6+1=12#125"     (columns right to left, carry written out, then "#" + sum)
+    reward      1.0 iff the text after the last "#" is exactly the sum, else 0.0
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: int
+    b: int
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.a}+{self.b}="
+
+    @property
+    def answer(self) -> int:
+        return self.a + self.b
+
+    @property
+    def worked_answer(self) -> str:
+        """The SFT target: one `x+y(+1)=s` step per column, right to left, then `#sum`."""
+        da, db = str(self.a)[::-1], str(self.b)[::-1]
+        steps, carry = [], 0
+        for i in range(max(len(da), len(db))):
+            x = int(da[i]) if i < len(da) else 0
+            y = int(db[i]) if i < len(db) else 0
+            s = x + y + carry
+            steps.append(f"{x}+{y}" + ("+1" if carry else "") + f"={s}")
+            carry = s // 10
+        return ",".join(steps) + f"#{self.answer}"
+
+
+def make_problems(n: int, seed: int, max_digits: int = 3) -> list[Problem]:
+    """`n` problems drawn from a seeded RNG: operands with 1..max_digits digits (uniform in digit count)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if max_digits < 1:
+        raise ValueError(f"max_digits must be >= 1, got {max_digits}")
+    rng = random.Random(seed)
+
+    def operand() -> int:
+        d = rng.randint(1, max_digits)
+        return rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
+
+    return [Problem(operand(), operand()) for _ in range(n)]
+
+
+def parse_answer(completion: str) -> int | None:
+    """The integer after the last `#`, or None when there is none or it is not a plain integer."""
+    if "#" not in completion:
+        return None
+    tail = completion.rsplit("#", 1)[1].strip()
+    return int(tail) if tail.isdigit() else None
+
+
+def reward(problem: Problem, completion: str) -> float:
+    """Verifiable reward: 1.0 when the completion's final answer equals the sum, else 0.0. Pure."""
+    return 1.0 if parse_answer(completion) == problem.answer else 0.0
+
+
+def parse_prompt(prompt: str) -> Problem:
+    """Inverse of `Problem.prompt`, for rewarding completions of prompts stored as text."""
+    try:
+        a, b = prompt.rstrip("=").split("+")
+        return Problem(int(a), int(b))
+    except ValueError as e:
+        raise ValueError(f"not a task prompt (expected 'A+B='): {prompt!r}") from e
