@@ -218,3 +218,21 @@ def resolve_model(model: str, progress: bool = True) -> Path:
     if model == "default":
         return build_default_model(progress=progress).path
     return Path(model) if Path(model).exists() else model  # type: ignore[return-value]
+
+
+def evaluate_policy(path: str | Path, n: int = 200, seed: int = 0) -> dict:
+    """Greedy accuracy / completion length / samples of a saved default-policy dir (what notebook 00 shows)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    card = json.loads((Path(path) / "model.json").read_text()) if (Path(path) / "model.json").exists() else {}
+    ev = greedy_eval(model, n=n, seed=10**6 + seed, max_digits=card.get("recipe", {}).get("max_digits", 3))
+    ev["params"] = sum(p.numel() for p in model.parameters())
+    return ev
+
+
+def policy_metrics(ev: dict) -> dict:
+    """Notebook 00's metrics from `evaluate_policy`."""
+    return {"policy/greedy_accuracy": ev["greedy_accuracy"],
+            "policy/mean_completion_tokens": ev["mean_completion_tokens"], "policy/params": ev["params"]}

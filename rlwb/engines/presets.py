@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from ..params import ParamError
 from ..paths import PARAMS_DIR, REPO_ROOT
 
 PRESET_KEYS = {"description", "backend", "python", "env", "vllm_kwargs", "fp32_lm_head",
@@ -20,7 +21,7 @@ PRESET_KEYS = {"description", "backend", "python", "env", "vllm_kwargs", "fp32_l
 BACKENDS = ("vllm", "hf")
 
 
-class PresetError(ValueError):
+class PresetError(ParamError):
     """A preset name or definition is wrong; the message says which and what is allowed."""
 
 

@@ -209,7 +209,25 @@ class HfBackend:
         return float(sum(p.detach().double().sum().item() for p in self.model.parameters()))
 
 
+def _die_with_parent() -> None:
+    """If the kernel that started us dies (even by SIGKILL), end this whole process group: vLLM's
+    engine-core children included. The worker is its group's leader (started with a new session)."""
+    import signal
+    import threading
+
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main() -> None:
+    _die_with_parent()
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
     proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -233,7 +251,7 @@ def main() -> None:
     while True:
         try:
             msg = protocol.read_frame(proto_in)
-        except EOFError:
+        except EOFError:  # the kernel closed the pipe: it is gone
             break
         op, args = msg.get("op"), msg.get("args") or {}
         try:
@@ -256,7 +274,11 @@ def main() -> None:
         except Exception as e:
             protocol.write_frame(proto_out, {"ok": False, "error": f"{type(e).__name__}: {e}",
                                              "traceback": traceback.format_exc()})
-    os._exit(0)  # vLLM's background threads can keep a normal exit waiting
+    # vLLM's background threads can keep a normal exit waiting; take engine-core children down too.
+    sys.stderr.flush()
+    import signal
+
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 if __name__ == "__main__":

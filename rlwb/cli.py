@@ -1,0 +1,133 @@
+"""`rlwb` command line: run | runs | build-model | engines check.
+
+Exit codes: 0 success, 1 a run failed / a check did not pass, 2 bad input (params, paths, presets).
+`rlwb run` prints the run directory as the last line of stdout, so scripts can `dir=$(rlwb run ... | tail -1)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .params import ParamError, parse_override
+
+
+def _cmd_run(a) -> int:
+    from . import runner
+
+    overrides = {}
+    for key, value in a.param or []:
+        overrides[key] = parse_override(key, value)
+    try:
+        run_dir = runner.run(a.notebook, a.file or [], overrides, a.outputs, log_output=a.log_output)
+    except runner.RunFailed as e:
+        print(f"rlwb run: {e.error}", file=sys.stderr)
+        print(e.run_dir)
+        return 1
+    print(run_dir)
+    return 0
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _cmd_runs(a) -> int:
+    from .archive import list_runs
+    from .params import SCHEMAS
+    from .paths import outputs_dir
+
+    runs = list_runs(outputs_dir(a.outputs))
+    if a.notebook:
+        runs = [r for r in runs if r["notebook"] == a.notebook]
+    if a.json:
+        print(json.dumps(runs, indent=2, default=str))
+        return 0
+    rows = [("notebook", "run id", "status", "duration_s", "headline")]
+    for r in runs:
+        keys = SCHEMAS[r["notebook"]].HEADLINE[:1] if r["notebook"] in SCHEMAS else []
+        head = ", ".join(f"{k}={_fmt(r['metrics'].get(k))}" for k in keys)
+        rows.append((r["notebook"], r["run_id"], r.get("status", "?"), _fmt(r.get("duration_s")), head))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    if len(rows) == 1:
+        print("(no runs archived yet)")
+    return 0
+
+
+def _cmd_build_model(a) -> int:
+    from .models import build_default_model
+
+    m = build_default_model(force=a.force)
+    print(json.dumps(m.card, indent=2))
+    print(m.path)
+    return 0
+
+
+def _cmd_engines_check(a) -> int:
+    from .engines.check import check_engines
+
+    report = check_engines(a.engines or None, model=a.model)
+    if a.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for name, r in report.items():
+            cols = " ".join(f"{k}={_fmt(v)}" for k, v in r.items() if k != "error")
+            print(f"{name:20s} {cols}")
+            if r.get("error"):
+                print(f"{'':20s} error: {r['error'].splitlines()[0]}")
+    return 0 if all(r["ok"] for r in report.values()) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlwb", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="execute a notebook with papermill and archive it")
+    r.add_argument("notebook", help="path or stem, e.g. notebooks/01_logprob_mismatch.ipynb")
+    r.add_argument("-f", "--file", action="append", help="params YAML (repeatable, later wins)")
+    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                   help="override one param; VALUE is YAML ('[0.6, 1.0]', '7', 'true')")
+    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
+    r.add_argument("--log-output", action="store_true", help="stream the notebook's output to stderr")
+    r.set_defaults(fn=_cmd_run)
+
+    r = sub.add_parser("runs", help="list archived runs")
+    r.add_argument("--outputs")
+    r.add_argument("--notebook", help="only this notebook stem")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=_cmd_runs)
+
+    r = sub.add_parser("build-model", help="build (or show the cached) embedded default policy")
+    r.add_argument("--force", action="store_true")
+    r.set_defaults(fn=_cmd_build_model)
+
+    e = sub.add_parser("engines", help="engine workers").add_subparsers(dest="engines_cmd", required=True)
+    c = e.add_parser("check", help="start each preset, sample at T=1 and T=0.7, compare with the fp32 trainer")
+    c.add_argument("engines", nargs="*", help="presets (default: all in params/engines.yaml)")
+    c.add_argument("--model", default="default")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=_cmd_engines_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ParamError, OSError) as e:
+        print(f"rlwb {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rlwb {args.cmd}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

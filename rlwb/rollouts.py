@@ -1,0 +1,80 @@
+"""Sample with an engine, score the same tokens with the trainer: the measurement every notebook makes.
+
+`Rollouts` keeps, per completion, the engine's reported logprobs next to the trainer's recomputation
+under the same sampling distribution (and T=1, and the full distributions when asked), and flattens to
+the per-token table archived as `data/*.parquet`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .engines.worker import Completion, EngineWorker, Sampling
+from .trainer import TrainerScorer
+
+
+@dataclass
+class Rollouts:
+    engine: str
+    sampling: Sampling
+    completions: list[Completion]
+    logp_trainer: list[np.ndarray]
+    logp_trainer_raw: list[np.ndarray] | None = None
+    full_trainer: list[np.ndarray] | None = None
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def logp_engine(self) -> list[np.ndarray]:
+        return [c.logprobs for c in self.completions]
+
+    @property
+    def full_engine(self) -> list[np.ndarray] | None:
+        if any(c.full is None for c in self.completions):
+            return None
+        return [c.full for c in self.completions]
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """(logp_engine, logp_trainer) over all completion tokens."""
+        e = np.concatenate(self.logp_engine) if self.completions else np.zeros(0)
+        t = np.concatenate(self.logp_trainer) if self.completions else np.zeros(0)
+        return e.astype(np.float64), t.astype(np.float64)
+
+    def seq_ids(self) -> np.ndarray:
+        """Sequence index of every flat token (for per-sequence estimators and the bootstrap)."""
+        return np.concatenate([np.full(len(c.token_ids), i) for i, c in enumerate(self.completions)]) \
+            if self.completions else np.zeros(0, dtype=int)
+
+    def to_frame(self, **extra):
+        import pandas as pd
+
+        rows = []
+        for i, c in enumerate(self.completions):
+            L = len(c.token_ids)
+            d = {
+                "engine": self.engine, "request_id": c.request_id, "sample_index": c.sample_index,
+                "position": np.arange(L), "token_id": np.asarray(c.token_ids, dtype=np.int64),
+                "logp_engine": c.logprobs.astype(np.float64), "logp_trainer": self.logp_trainer[i].astype(np.float64),
+                "prompt_len": len(c.prompt_token_ids),
+            }
+            if self.logp_trainer_raw is not None:
+                d["logp_trainer_raw"] = self.logp_trainer_raw[i].astype(np.float64)
+            rows.append(pd.DataFrame(d))
+        df = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+        for k, v in extra.items():
+            df[k] = v
+        return df
+
+
+def sample_and_score(worker: EngineWorker, scorer: TrainerScorer, prompts: list[list[int]], sampling: Sampling,
+                     full: bool = False, raw: bool = True) -> Rollouts:
+    t0 = time.perf_counter()
+    comps = worker.generate(prompts, sampling, full=full)
+    t1 = time.perf_counter()
+    s = scorer.score([c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
+                     temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, raw=raw, full=full)
+    t2 = time.perf_counter()
+    return Rollouts(worker.preset.name, sampling, comps, s["logp"], s.get("logp_raw"), s.get("full"),
+                    {"generate_s": t1 - t0, "score_s": t2 - t1})

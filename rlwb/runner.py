@@ -1,0 +1,112 @@
+"""`rlwb run`: validate params, execute a notebook with papermill, archive it (see `archive.py`).
+
+Order matters: params are validated and the outputs dir is checked *before* a kernel starts, so bad
+input costs a second, not a run. Whatever happens next, the run is archived with an honest status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import yaml
+
+from . import archive, params as params_mod
+from .paths import NOTEBOOKS_DIR, outputs_dir
+
+
+class RunFailed(RuntimeError):
+    def __init__(self, run_dir: Path, error: str):
+        self.run_dir, self.error = run_dir, error
+        super().__init__(f"run failed: {error}\narchived as failed: {run_dir}")
+
+
+def resolve_notebook(notebook: str | os.PathLike) -> Path:
+    p = Path(notebook)
+    for cand in (p, NOTEBOOKS_DIR / p, NOTEBOOKS_DIR / f"{p}.ipynb"):
+        if cand.is_file() and cand.suffix == ".ipynb":
+            return cand.resolve()
+    known = sorted(x.name for x in NOTEBOOKS_DIR.glob("*.ipynb"))
+    raise params_mod.ParamError(f"notebook {str(notebook)!r} not found; known notebooks: {known}")
+
+
+def new_run_dir(root: Path, stem: str, params_hash: str) -> tuple[Path, Path]:
+    """(temporary dir, final dir) for a new run; the final name is unique even within one second."""
+    base = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{params_hash}"
+    final, i = root / stem / base, 1
+    while final.exists():
+        i += 1
+        final = root / stem / f"{base}-{i}"
+    tmp = root / stem / f".tmp-{final.name}-{os.getpid()}"
+    tmp.mkdir(parents=True)
+    return tmp, final
+
+
+def _export_html(nb_path: Path, html_path: Path) -> None:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(nb_path, as_version=4)
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    html_path.write_text(body, encoding="utf-8")
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | None = None,
+        outputs: str | os.PathLike | None = None, log_output: bool = False) -> Path:
+    """Execute and archive; returns the run dir. Raises ParamError (before compute) or RunFailed."""
+    nb = resolve_notebook(notebook)
+    params = params_mod.load(nb.stem, files, overrides)
+    root = outputs_dir(outputs)
+    archive.check_writable(root)
+    tmp, final = new_run_dir(root, nb.stem, params.hash())
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params.to_dict(), sort_keys=False))
+    started = time.time()
+    record = {"status": "running", "notebook": nb.stem, "run_id": final.name, "params_hash": params.hash(),
+              "started_at": archive.utc_now(), "finished_at": None, "duration_s": None,
+              **archive.environment_record(params), "engines": {}, "model": None, "error": None}
+    archive.write_json(tmp / "run.json", record)
+    archive.write_json(tmp / "metrics.json", {})
+
+    def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop, archive as interrupted
+        raise _Interrupted()
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_env = os.environ.get("RLWB_RUN_DIR")
+    os.environ["RLWB_RUN_DIR"] = str(tmp)
+    error = None
+    try:
+        import papermill as pm
+
+        pm.execute_notebook(str(nb), str(tmp / "notebook.ipynb"), parameters=params.to_dict(),
+                            kernel_name="python3", cwd=str(nb.parent), progress_bar=False, log_output=log_output)
+    except (KeyboardInterrupt, _Interrupted):
+        error = "interrupted"
+    except Exception as e:  # papermill's execution error carries the cell's exception
+        ename, evalue = getattr(e, "ename", None), getattr(e, "evalue", None)
+        error = f"{ename}: {evalue}" if ename else f"{type(e).__name__}: {e}"
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if old_env is None:
+            os.environ.pop("RLWB_RUN_DIR", None)
+        else:
+            os.environ["RLWB_RUN_DIR"] = old_env
+    # Finish: HTML, provenance, atomic rename. The notebook's own run.json updates (engines, model) stay.
+    if (tmp / "notebook.ipynb").exists():
+        try:
+            _export_html(tmp / "notebook.ipynb", tmp / "report.html")
+        except Exception as e:  # a report that cannot render is a failed run, not a silent gap
+            error = error or f"report.html: {type(e).__name__}: {e}"
+    record = {**archive.read_json(tmp / "run.json", record), "status": "failed" if error else "ok",
+              "finished_at": archive.utc_now(), "duration_s": round(time.time() - started, 2), "error": error}
+    archive.write_json(tmp / "run.json", record)
+    tmp.rename(final)
+    if error:
+        raise RunFailed(final, error)
+    archive.update_latest(root, nb.stem, final)
+    return final

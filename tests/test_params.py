@@ -1,0 +1,114 @@
+"""Parameter validation: every class of bad input is rejected before compute, naming the key."""
+
+import json
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from rlwb import params
+from rlwb.params import ParamError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("nb, overrides, pattern", [
+    ("01_logprob_mismatch", {"no_such_key": 1}, r"unknown parameter\(s\) \['no_such_key'\]"),
+    ("01_logprob_mismatch", {"temperature": "hot"}, r"'temperature' must be a number"),
+    ("01_logprob_mismatch", {"prompts": 2.5}, r"'prompts' must be an int"),
+    ("01_logprob_mismatch", {"prompts": True}, r"'prompts' must be an int"),
+    ("01_logprob_mismatch", {"full_vocab": "yes"}, r"'full_vocab' must be true or false"),
+    ("01_logprob_mismatch", {"temperature": 0}, r"'temperature' must be > 0"),
+    ("01_logprob_mismatch", {"temperature": -1.0}, r"'temperature' must be > 0"),
+    ("01_logprob_mismatch", {"top_p": 1.5}, r"'top_p' must be <= 1"),
+    ("01_logprob_mismatch", {"top_p": 0.0}, r"'top_p' must be > 0"),
+    ("01_logprob_mismatch", {"prompts": -3}, r"'prompts' must be >= 1"),
+    ("01_logprob_mismatch", {"top_k": -1}, r"'top_k' must be >= 0"),
+    ("01_logprob_mismatch", {"engines": ["vllm-v2"]}, r"'engines\[0\]': 'vllm-v2' is not allowed; allowed: \["),
+    ("01_logprob_mismatch", {"engines": "vllm-v1"}, r"'engines' must be a list of str"),
+    ("01_logprob_mismatch", {"engines": []}, r"'engines' must not be an empty list"),
+    ("01_logprob_mismatch", {"dtype": "fp8"}, r"'dtype': 'fp8' is not allowed; allowed: \['float32'"),
+    ("01_logprob_mismatch", {"model": "/no/such/model"}, r"model path '/no/such/model' does not exist"),
+    ("01_logprob_mismatch", {"temperature": float("nan")}, r"'temperature' must be finite"),
+    ("00_default_policy", {"eval_prompts": 0}, r"'eval_prompts' must be >= 1"),
+])
+def test_bad_values_name_the_key(nb, overrides, pattern):
+    with pytest.raises(ParamError, match=pattern):
+        params.load(nb, overrides=overrides)
+
+
+def test_model_directory_that_is_not_a_causal_lm(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(ParamError, match="is not a causal LM"):
+        params.load("01_logprob_mismatch", overrides={"model": str(tmp_path)})
+    with pytest.raises(ParamError, match="has no config.json"):
+        params.load("01_logprob_mismatch", overrides={"model": str(tmp_path / "..")})
+
+
+def test_hub_ids_pass_validation():
+    p = params.load("01_logprob_mismatch", overrides={"model": "Qwen/Qwen2.5-0.5B-Instruct"})
+    assert p.model == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_merge_order_defaults_files_overrides(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("prompts: 5\nmax_tokens: 9\n")
+    b.write_text("prompts: 6\n")
+    p = params.load("01_logprob_mismatch", [a, b], {"max_tokens": 11})
+    assert (p.prompts, p.max_tokens, p.temperature) == (6, 11, 0.7)
+    assert isinstance(params.load("01_logprob_mismatch", overrides={"temperature": 1}).temperature, float)
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("prompts: 5\nengines: [hf, vllm-v0\nseed: 1\n")
+    with pytest.raises(ParamError, match=r"bad\.yaml:\d+:\d+: malformed YAML"):
+        params.load("01_logprob_mismatch", [f])
+    f.write_text("- just\n- a list\n")
+    with pytest.raises(ParamError, match="must hold a mapping"):
+        params.load("01_logprob_mismatch", [f])
+    with pytest.raises(ParamError, match="does not exist"):
+        params.load("01_logprob_mismatch", [tmp_path / "missing.yaml"])
+
+
+def test_override_values_are_yaml():
+    assert params.parse_override("temperatures", "[0.6, 1.0]") == [0.6, 1.0]
+    assert params.parse_override("seed", "7") == 7
+    assert params.parse_override("full_vocab", "false") is False
+
+
+def test_params_hash_is_stable_and_sensitive():
+    a = params.load("01_logprob_mismatch")
+    assert a.hash() == params.load("01_logprob_mismatch").hash()
+    assert a.hash() != params.load("01_logprob_mismatch", overrides={"seed": 1}).hash()
+    assert len(a.hash()) == 8
+
+
+@pytest.mark.parametrize("stem", sorted(params.SCHEMAS))
+def test_notebook_parameters_cell_and_default_yaml_match_the_schema(stem):
+    schema = params.SCHEMAS[stem]
+    nb = nbformat.read(REPO / "notebooks" / f"{stem}.ipynb", as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, "exactly one cell tagged `parameters`"
+    assert cells[0].source == params.parameters_cell(schema)
+    assert (REPO / "params" / stem / "default.yaml").read_text() == params.defaults_yaml(schema)
+    for name in ("default", "smoke"):
+        params.load(stem, [REPO / "params" / stem / f"{name}.yaml"])  # validates
+    # the validation cell follows the parameters cell and calls rlwb
+    i = nb.cells.index(cells[0])
+    assert f'rlwb.notebook.start("{stem}", globals())' in nb.cells[i + 1].source
+    assert {f.name for f in fields(schema)} == set(yaml.safe_load((REPO / "params" / stem / "default.yaml").read_text()))
+
+
+def test_injected_unknown_names_are_caught_inside_the_notebook():
+    """Plain papermill only warns about unknown parameters; the validation cell must reject them."""
+    ns = {"In": ["", "seed: int = 0", "# Parameters\nseed = 1\nno_such_key = 3\n"], "seed": 1, "eval_prompts": 5,
+          "sample_rows": 2, "rebuild": False}
+    with pytest.raises(ParamError, match="no_such_key"):
+        params.from_namespace("00_default_policy", ns)
+    ns["In"] = ["", "# Parameters\nseed = 1\n"]
+    assert params.from_namespace("00_default_policy", ns).seed == 1
