@@ -59,7 +59,7 @@ def test_chunked_scoring_equals_full_log_softmax(default_model):
         logits = sc.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
     naive = (logits[:, :-1] / 0.7).log_softmax(-1).gather(-1, b.input_ids[:, 1:, None])[..., 0][b.completion_mask[:, 1:]]
     # chunk size changes GEMM blocking, so equality is to float precision, not bitwise
-    torch.testing.assert_close(small["logp"], big["logp"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(small["logp"], big["logp"], atol=1e-5, rtol=0)
     torch.testing.assert_close(small["logp"], naive, atol=1e-5, rtol=0)
     assert small["logp"].shape[0] == sum(len(c) for c in comps)
     # scoring one sequence alone gives the same values as inside the padded batch
