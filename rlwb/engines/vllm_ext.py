@@ -34,7 +34,14 @@ class RlwbWorkerExtension:
 
         sd = load_file(path)
         model = _model(self)
-        model.load_weights(weights=iter(sd.items()))
+        runner = self.model_runner
+        if hasattr(runner, "reload_weights"):
+            # Current V1: layerwise in-place reload. It restores each layer's checkpoint layout, loads, and
+            # re-runs weight post-processing - needed on CPU, where linear weights are repacked for oneDNN
+            # and the original parameters are emptied after loading.
+            runner.reload_weights(weights_iterator=iter(sd.items()), is_checkpoint_format=True)
+        else:  # vLLM 0.8.5 (V0): parameters keep their checkpoint layout
+            model.load_weights(weights=iter(sd.items()))
         head = getattr(model, "lm_head", None)
         if head is not None and hasattr(head, "rlwb_weight_fp32") and "lm_head.weight" in sd:
             head.rlwb_weight_fp32 = sd["lm_head.weight"].float().to(head.weight.device)

@@ -1,0 +1,167 @@
+"""Real engines (vLLM 0.8.5 V0, vLLM V1, HF) in worker processes, against the fp32 trainer. No mocks."""
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rlwb.engines import EngineCrashed, EngineWorker, PresetError, Sampling, resolve_preset
+from rlwb.engines.check import expects_raw
+from rlwb.rollouts import sample_and_score
+from tests.conftest import pids_alive, process_group_members
+
+pytestmark = pytest.mark.engines
+PRESETS = ["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"]
+FLOOR = 1e-4
+
+
+def max_dlogp(ro) -> float:
+    e, t = ro.flat()
+    return float(np.max(np.abs(e - t)))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_t1_matches_trainer_and_info_is_reported(name, engine, scorer, prompts):
+    w = engine(name)
+    info = w.info()
+    assert info["engine"] == {"hf": "hf", "vllm-v0": "v0"}.get(name, "v1")
+    if name == "vllm-v0":
+        assert info["vllm_version"].startswith("0.8.5")
+    if name.startswith("vllm-v1"):
+        assert int(info["vllm_version"].split(".")[1]) >= 11  # V0 was removed in 0.11: this is V1
+    ro = sample_and_score(w, scorer, prompts, Sampling(temperature=1.0, max_tokens=24, seed=0))
+    assert sum(len(c.token_ids) for c in ro.completions) >= 8 * 5
+    assert max_dlogp(ro) <= FLOOR
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_t07_processed_vs_raw_semantics(name, engine, scorer, prompts):
+    """V0, HF and V1 with processed_logprobs report log softmax(z/T); V1's default reports log softmax(z)."""
+    w = engine(name)
+    ro = sample_and_score(w, scorer, prompts, Sampling(temperature=0.7, max_tokens=24, seed=1))
+    e, t = ro.flat()
+    raw = np.concatenate(ro.logp_trainer_raw).astype(np.float64)
+    if name == "vllm-v1":
+        assert expects_raw(w.info())
+        assert np.max(np.abs(e - raw)) <= FLOOR
+        assert np.max(np.abs(e - t)) > 1e-2
+    else:
+        assert not expects_raw(w.info())
+        assert np.max(np.abs(e - t)) <= FLOOR
+        assert np.max(np.abs(e - raw)) > 1e-2
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm-v0", "vllm-v1-processed"])
+def test_top_k_top_p_renormalised_full_distribution(name, engine, scorer, prompts):
+    w = engine(name)
+    s = Sampling(temperature=0.8, top_k=5, top_p=0.9, max_tokens=16, seed=2)
+    ro = sample_and_score(w, scorer, prompts, s, full=True)
+    assert max_dlogp(ro) <= FLOOR
+    for fe, ft in zip(ro.full_engine, ro.full_trainer):
+        assert fe.shape == ft.shape and fe.shape[1] == 64
+        # same kept set, each row a distribution over at most 5 tokens
+        assert np.array_equal(np.isfinite(fe), np.isfinite(ft))
+        assert (np.isfinite(fe).sum(1) <= 5).all()
+        np.testing.assert_allclose(np.exp(fe).sum(1), 1.0, atol=1e-4)
+        np.testing.assert_allclose(fe[np.isfinite(fe)], ft[np.isfinite(ft)], atol=FLOOR)
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm-v0", "vllm-v1", "vllm-v1-fixed"])
+def test_update_weights_in_flight(name, engine, default_model, prompts):
+    """After update_weights the engine's logprobs match a trainer holding the new weights (no restart)."""
+    from rlwb.trainer import TrainerScorer
+
+    w = engine(name)
+    pid = w.pid
+    new = TrainerScorer(default_model.path)
+    original = {k: v.clone() for k, v in new.model.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in new.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    s = Sampling(temperature=1.0, max_tokens=16, seed=3)
+    before = w.weights_checksum()
+    try:
+        out = w.update_weights(new.model.state_dict())
+        assert out["tensors"] >= 30
+        assert w.pid == pid and w.weights_checksum() != pytest.approx(before)
+        if w.info()["settings"].get("enable_prefix_caching"):
+            w.reset_prefix_cache()
+        ro = sample_and_score(w, new, prompts, s)
+        assert max_dlogp(ro) <= FLOOR
+        old = TrainerScorer(default_model.path)
+        stale = old.score([c.prompt_token_ids for c in ro.completions], [c.token_ids for c in ro.completions])
+        assert np.max(np.abs(np.concatenate(stale["logp"]) - ro.flat()[0])) > 1e-3
+    finally:
+        w.update_weights(original)
+        if w.info()["settings"].get("enable_prefix_caching"):
+            w.reset_prefix_cache()
+    assert w.weights_checksum() == pytest.approx(before, rel=1e-9, abs=1e-6)
+
+
+def test_reset_prefix_cache(engine):
+    assert engine("vllm-v1").reset_prefix_cache() is True
+    assert engine("vllm-v0").reset_prefix_cache() in (True, False)  # V0 has caching off: nothing to reset
+
+
+def test_seeded_sampling_is_reproducible(engine, prompts):
+    w = engine("vllm-v1-fixed")
+    a = w.generate(prompts, Sampling(temperature=1.0, max_tokens=16, seed=11))
+    b = w.generate(prompts, Sampling(temperature=1.0, max_tokens=16, seed=11))
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+
+
+def test_killed_worker_raises_engine_crashed_with_stderr_tail(default_model, prompts):
+    w = EngineWorker("vllm-v0", default_model.path)
+    group = w.pid
+    assert process_group_members(group)
+    killer = threading.Timer(0.3, lambda: os.kill(w.pid, signal.SIGKILL))
+    killer.start()
+    with pytest.raises(EngineCrashed) as ei:
+        for _ in range(200):  # keep it busy until the kill lands mid-generate
+            w.generate(prompts * 8, Sampling(temperature=1.0, max_tokens=64, seed=0, ignore_eos=True))
+    killer.join()
+    assert "SIGKILL" in str(ei.value) and ei.value.stderr_tail
+    w.close()
+    time.sleep(1)
+    assert process_group_members(group) == [], "no orphaned engine processes"
+
+
+def test_unknown_preset_and_missing_interpreter(tmp_path, monkeypatch):
+    with pytest.raises(PresetError, match=r"unknown engine preset 'vllm-v9'; available: \["):
+        resolve_preset("vllm-v9")
+    extra = tmp_path / "mine.yaml"
+    extra.write_text("mine:\n  extends: vllm-v1\n  python: /nonexistent/bin/python\n")
+    monkeypatch.setenv("RLWB_ENGINE_PRESETS", str(extra))
+    p = resolve_preset("mine")
+    assert p.vllm_kwargs == resolve_preset("vllm-v1").vllm_kwargs  # inherited
+    with pytest.raises(PresetError, match="interpreter /nonexistent/bin/python does not exist"):
+        EngineWorker("mine", "unused")
+    extra.write_text("mine:\n  backend: tgi\n  python: x\n")
+    with pytest.raises(PresetError, match="backend must be one of"):
+        resolve_preset("mine")
+    extra.write_text("mine:\n  pyhton: x\n")
+    with pytest.raises(PresetError, match=r"unknown keys \['pyhton'\]"):
+        resolve_preset("mine")
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"temperature": -0.1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.1}, "top_p"),
+    ({"top_k": -1}, "top_k"), ({"max_tokens": 0}, "max_tokens"), ({"n": 0}, "n must"),
+    ({"temperature": float("inf")}, "temperature"),
+])
+def test_bad_sampling_values(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        Sampling(**kw)
+
+
+def test_cpu_presets_resolve_differently_on_cuda():
+    cpu, cuda = resolve_preset("vllm-v1", cuda=False), resolve_preset("vllm-v1", cuda=True)
+    assert cpu.vllm_kwargs.get("enforce_eager") is True and "VLLM_CPU_KVCACHE_SPACE" in cpu.env
+    assert "gpu_memory_utilization" not in cuda.vllm_kwargs and "VLLM_CPU_KVCACHE_SPACE" not in cuda.env
+    fixed = resolve_preset("vllm-v1-fixed", cuda=True)
+    assert fixed.vllm_kwargs["logprobs_mode"] == "processed_logprobs" and fixed.reset_prefix_cache_on_update
