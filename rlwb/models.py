@@ -236,3 +236,9 @@ def policy_metrics(ev: dict) -> dict:
     """Notebook 00's metrics from `evaluate_policy`."""
     return {"policy/greedy_accuracy": ev["greedy_accuracy"],
             "policy/mean_completion_tokens": ev["mean_completion_tokens"], "policy/params": ev["params"]}
+
+
+def model_card(path) -> dict | None:
+    """The model card rlwb wrote for a default-policy build, or None for other models."""
+    p = Path(str(path)) / "model.json"
+    return json.loads(p.read_text()) if p.exists() else None

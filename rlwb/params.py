@@ -114,8 +114,8 @@ class MismatchParams(EngineExperimentParams):
                                              "vllm-v0/abs_dlogp_max"]
 
     temperature: float = P(0.7, "sampling temperature (> 0)", gt=0, le=10)
-    top_p: float = P(1.0, "nucleus sampling mass in (0, 1]; 1 = off", gt=0, le=1)
-    top_k: int = P(0, "top-k sampling; 0 = off", ge=0)
+    top_p: float = P(1.0, "nucleus sampling mass in (0, 1]; 1 means off", gt=0, le=1)
+    top_k: int = P(0, "top-k sampling; 0 means off", ge=0)
     clip_eps: float = P(0.2, "PPO clip epsilon for clip_frac", gt=0, lt=1)
     full_vocab: bool = P(True, "also fetch full-vocabulary logprobs (exact KL); small vocabularies only")
     heterogeneous_batch: bool = P(False, "mix prompts of very different lengths into one batch")

@@ -21,6 +21,13 @@ ENGINE_COLORS = {
     "vllm-v1-fixed": "#009E73",
 }
 LADDER = ["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"]
+# Line styles too, so curves that coincide (e.g. processed and fixed at the float floor) stay visible
+# and figures survive black-and-white printing.
+ENGINE_STYLES = {"hf": "-", "vllm-v0": "--", "vllm-v1": "-", "vllm-v1-processed": ":", "vllm-v1-fixed": "-."}
+
+
+def engine_style(name: str) -> str:
+    return ENGINE_STYLES.get(name.split("+")[0], "-")
 
 
 def engine_color(name: str) -> str:
@@ -90,3 +97,123 @@ def accuracy_by_digits(samples, style: str = "notebook"):
     ax.set_title("Default policy: accuracy by problem size")
     fig.tight_layout()
     return fig
+
+
+# -- notebook 01: logprob mismatch ------------------------------------------------------------------
+LADDER_METRICS = [("abs_dlogp_mean", "mean |Δlogp|"), ("abs_dlogp_max", "max |Δlogp|"),
+                  ("k3_mean", "k3 KL"), ("full_kl_mean", "exact KL"), ("chi2_token", "|χ²|")]
+FLOOR_VALUE = 1e-9  # log-scale plots: values at or below this are drawn at the floor
+
+
+def _order(engines) -> list[str]:
+    engines = list(dict.fromkeys(engines))
+    return sorted(engines, key=lambda e: (LADDER.index(e) if e in LADDER else len(LADDER), e))
+
+
+def ablation_ladder(metrics_df, style: str = "notebook"):
+    """One bar group per metric, engines in ladder order, log scale."""
+    engines = _order(metrics_df["engine"])
+    mets = [(k, lbl) for k, lbl in LADDER_METRICS if k in set(metrics_df["metric"])]
+    table = metrics_df.pivot_table(index="engine", columns="metric", values="value", aggfunc="first")
+    fig, ax = plt.subplots(figsize=figsize(style, 1.2))
+    width = 0.8 / max(1, len(engines))
+    for i, e in enumerate(engines):
+        vals = [abs(table.loc[e, k]) if e in table.index and np.isfinite(table.loc[e, k]) else np.nan for k, _ in mets]
+        vals = np.maximum(np.asarray(vals, float), FLOOR_VALUE)
+        ax.bar(np.arange(len(mets)) + (i - (len(engines) - 1) / 2) * width, vals, width, label=e,
+               color=engine_color(e))
+    ax.set_yscale("log")
+    ax.set_ylim(FLOOR_VALUE / 2, None)
+    ax.set_xticks(np.arange(len(mets)), [lbl for _, lbl in mets])
+    ax.set_ylabel("engine vs trainer (log scale)")
+    ax.set_title("Mismatch ablation ladder")
+    ax.grid(axis="x", visible=False)
+    ax.legend(ncols=min(5, len(engines)), loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def prob_scatter(rollouts_df, style: str = "notebook"):
+    """p_engine vs p_trainer per engine, with Pearson r."""
+    engines = _order(rollouts_df["engine"])
+    n = len(engines)
+    fig, axes = plt.subplots(1, n, figsize=figsize(style, 0.35 * n + 0.3, 0.8), sharex=True, sharey=True,
+                             squeeze=False)
+    for ax, e in zip(axes[0], engines):
+        d = rollouts_df[rollouts_df["engine"] == e]
+        pe, pt = np.exp(d["logp_engine"]), np.exp(d["logp_trainer"])
+        r = np.corrcoef(pe, pt)[0, 1] if len(d) > 1 and pe.std() > 0 and pt.std() > 0 else np.nan
+        ax.plot([0, 1], [0, 1], color="0.7", lw=0.8, zorder=0)
+        ax.scatter(pt, pe, s=4, alpha=0.4, color=engine_color(e), linewidths=0, rasterized=True)
+        rtxt = f"1 − r = {1 - r:.1e}" if np.isfinite(r) and r > 0.999 else f"r = {r:.4f}"
+        ax.set_title(f"{e}\nPearson {rtxt}", fontsize="small")
+        ax.set_xlabel("p trainer")
+        ax.set_aspect("equal")
+    axes[0][0].set_ylabel("p engine")
+    fig.suptitle("Sampled-token probability: engine vs trainer")
+    fig.tight_layout()
+    return fig
+
+
+def log_ratio_hist(rollouts_df, style: str = "notebook"):
+    """Distribution of |log r| per engine on log-spaced bins (exact zeros drawn at the floor)."""
+    engines = _order(rollouts_df["engine"])
+    fig, ax = plt.subplots(figsize=figsize(style))
+    bins = np.logspace(-9, 1, 61)
+    for e in engines:
+        d = rollouts_df[rollouts_df["engine"] == e]
+        x = np.clip(np.abs(d["logp_trainer"] - d["logp_engine"]), FLOOR_VALUE * 1.01, 10)
+        ax.hist(x, bins=bins, histtype="step", lw=1.5, color=engine_color(e), ls=engine_style(e), label=e,
+                weights=np.full(len(x), 1 / max(1, len(x))))
+    ax.set_xscale("log")
+    ax.set_xlabel("|log r| = |logp trainer − logp engine| per token (exact 0 drawn at 1e-9)")
+    ax.set_ylabel("fraction of tokens")
+    ax.set_title("Per-token log-ratio distribution")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def mismatch_vs_position(rollouts_df, style: str = "notebook", position_col: str = "position",
+                         xlabel: str = "position in the completion"):
+    """Mean |log r| per position, one line per engine (log y)."""
+    fig, ax = plt.subplots(figsize=figsize(style))
+    for e in _order(rollouts_df["engine"]):
+        d = rollouts_df[rollouts_df["engine"] == e]
+        g = (d["logp_trainer"] - d["logp_engine"]).abs().groupby(d[position_col]).mean()
+        ax.plot(g.index, np.maximum(g.values, FLOOR_VALUE), color=engine_color(e), ls=engine_style(e), label=e,
+                marker=".", ms=3)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("mean |Δlogp|")
+    ax.set_title("Mismatch vs position")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def mismatch_vs_prob(rollouts_df, style: str = "notebook"):
+    """Mean |log r| per bin of the trainer's token probability (log y)."""
+    edges = np.array([0, 0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0 + 1e-9])
+    labels = ["<.01", ".01-.1", ".1-.3", ".3-.5", ".5-.7", ".7-.9", ".9-.99", ">.99"]
+    fig, ax = plt.subplots(figsize=figsize(style))
+    for e in _order(rollouts_df["engine"]):
+        d = rollouts_df[rollouts_df["engine"] == e]
+        b = np.digitize(np.exp(d["logp_trainer"]), edges) - 1
+        g = (d["logp_trainer"] - d["logp_engine"]).abs().groupby(b).mean().reindex(range(len(labels)))
+        ax.plot(range(len(labels)), np.maximum(g.values, FLOOR_VALUE), color=engine_color(e), ls=engine_style(e),
+                label=e, marker="o", ms=3)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_yscale("log")
+    ax.set_xlabel("trainer probability of the sampled token")
+    ax.set_ylabel("mean |Δlogp|")
+    ax.set_title("Mismatch vs token probability")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+MISMATCH_FIGURES = {"ablation_ladder": ("metrics", ablation_ladder), "prob_scatter": ("rollouts", prob_scatter),
+                    "log_ratio_hist": ("rollouts", log_ratio_hist),
+                    "mismatch_vs_position": ("rollouts", mismatch_vs_position),
+                    "mismatch_vs_prob": ("rollouts", mismatch_vs_prob)}
