@@ -5,15 +5,18 @@ RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
 
-.PHONY: setup kernel engines model reports test lab clean-outputs
+.PHONY: setup kernel engines browser model reports test lab clean-outputs
 
-setup: kernel engines model          ## everything: kernel env, engine envs, the default model
+setup: kernel engines browser model  ## everything: kernel env, engine envs, chromium, the default model
 
 kernel:                              ## .venv: notebook kernel + rlwb (editable) + the `rlwb` Jupyter kernel
 	bash scripts/setup.sh kernel
 
 engines:                             ## .venvs/vllm-v1 (current vLLM) and .venvs/vllm-v0 (vLLM 0.8.5, V0)
 	bash scripts/setup.sh engines
+
+browser:                             ## Debian's chromium, for the index-page and JupyterLab browser tests
+	bash scripts/setup.sh browser
 
 model: kernel                        ## build (or reuse from $RLWB_CACHE) the embedded default policy
 	$(RLWB) build-model > /dev/null
@@ -24,6 +27,7 @@ reports: setup                       ## run every notebook with its default para
 	  $(RLWB) run $$nb -f params/$$stem/default.yaml; \
 	done
 	$(RLWB) runs
+	$(RLWB) index
 
 test: setup                          ## the whole test suite (real engines included)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

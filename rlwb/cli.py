@@ -1,4 +1,4 @@
-"""`rlwb` command line: run | runs | build-model | engines check.
+"""`rlwb` command line: run | runs | figures | compare | index | rerun | build-model | engines check.
 
 Exit codes: 0 success, 1 a run failed / a check did not pass, 2 bad input (params, paths, presets).
 `rlwb run` prints the run directory as the last line of stdout, so scripts can `dir=$(rlwb run ... | tail -1)`.
@@ -85,6 +85,68 @@ def _cmd_engines_check(a) -> int:
     return 0 if all(r["ok"] for r in report.values()) else 1
 
 
+def _cmd_figures(a) -> int:
+    from .reports import regenerate_figures
+
+    for path in regenerate_figures(a.run_dir, a.style):
+        print(path)
+    return 0
+
+
+def _cmd_compare(a) -> int:
+    from .reports import compare, compare_table, dump_json
+
+    ok, rows = compare(a.run_a, a.run_b, a.rtol, a.atol, a.include_timing)
+    if a.json:
+        print(dump_json({"ok": ok, "rows": rows}))
+    else:
+        print(compare_table(rows))
+        drift = [r["metric"] for r in rows if r["status"] == "DRIFT"]
+        print(f"\n{'OK: all shared metrics agree' if ok else f'DRIFT in {len(drift)} metric(s): ' + ', '.join(drift)}"
+              f" (rtol={a.rtol:g}, atol={a.atol:g})")
+    return 0 if ok else 1
+
+
+def _cmd_index(a) -> int:
+    from .paths import outputs_dir
+    from .reports import build_index
+
+    print(build_index(outputs_dir(a.outputs)))
+    return 0
+
+
+def _cmd_rerun(a) -> int:
+    from pathlib import Path
+
+    from . import runner
+    from .paths import NOTEBOOKS_DIR, outputs_dir
+    from .reports import build_index, compare, compare_table, latest_ok_run
+
+    root = outputs_dir(a.outputs)
+    notebooks = a.notebooks or sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+    status = 0
+    for nb in notebooks:
+        nb = Path(nb).stem
+        prev = latest_ok_run(root, nb)
+        if prev is None:
+            print(f"== {nb}: no successful run to rerun; skipped", file=sys.stderr)
+            continue
+        print(f"== {nb}: rerunning {prev.name} with its resolved params", file=sys.stderr)
+        try:
+            new = runner.run(nb, [str(prev / "params.yaml")], None, root)
+        except runner.RunFailed as e:
+            print(f"{nb}: rerun failed: {e.error}", file=sys.stderr)
+            status = 1
+            continue
+        ok, rows = compare(prev, new, a.rtol, a.atol)
+        print(compare_table(rows, only_interesting=True), file=sys.stderr)
+        print(f"{nb}: {'no drift' if ok else 'DRIFT'} ({prev.name} -> {new.name})", file=sys.stderr)
+        print(new)
+        status |= 0 if ok else 1
+    build_index(root)
+    return status
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlwb", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -104,6 +166,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=_cmd_runs)
 
+    r = sub.add_parser("figures", help="regenerate a run's figures from its data/ alone")
+    r.add_argument("run_dir")
+    r.add_argument("--style", choices=["notebook", "paper", "blog"], default="notebook",
+                   help="notebook: overwrite figures/ as the notebook made them; paper/blog: figures/<style>/")
+    r.set_defaults(fn=_cmd_figures)
+
+    r = sub.add_parser("compare", help="compare the metrics of two runs (exit 1 on drift)")
+    r.add_argument("run_a")
+    r.add_argument("run_b")
+    r.add_argument("--rtol", type=float, default=1e-6)
+    r.add_argument("--atol", type=float, default=1e-9)
+    r.add_argument("--include-timing", action="store_true", help="let timing metrics fail the comparison too")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=_cmd_compare)
+
+    r = sub.add_parser("index", help="write <outputs>/index.html")
+    r.add_argument("--outputs")
+    r.set_defaults(fn=_cmd_index)
+
+    r = sub.add_parser("rerun", help="rerun notebooks with their latest successful params and compare")
+    r.add_argument("notebooks", nargs="*", help="stems (default: all notebooks)")
+    r.add_argument("--outputs")
+    r.add_argument("--compare-to", choices=["latest"], default="latest")
+    r.add_argument("--rtol", type=float, default=1e-6)
+    r.add_argument("--atol", type=float, default=1e-9)
+    r.set_defaults(fn=_cmd_rerun)
+
     r = sub.add_parser("build-model", help="build (or show the cached) embedded default policy")
     r.add_argument("--force", action="store_true")
     r.set_defaults(fn=_cmd_build_model)
@@ -121,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ParamError, OSError) as e:
+    except (ParamError, OSError, ValueError) as e:
         print(f"rlwb {args.cmd}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -20,20 +20,22 @@ from .rollouts import Rollouts, sample_and_score
 from .trainer import TrainerScorer
 
 
-def task_prompts(n: int, seed: int, heterogeneous: bool = False) -> list[list[int]]:
+def task_prompts(n: int, seed: int, heterogeneous: bool = False,
+                 codec: tokenizer.PromptCodec | None = None) -> list[list[int]]:
     """Token ids of `n` task prompts. `heterogeneous`: every other prompt carries a long context of solved
     examples (up to ~40x longer), so one batch mixes very different lengths - the case where batch
     composition changes kernels and hence logprobs."""
+    codec = codec or tokenizer.PromptCodec()
     probs = tasks.make_problems(n, seed=seed)
     if not heterogeneous:
-        return [tokenizer.encode_prompt(p.prompt) for p in probs]
+        return [codec.encode(p.prompt) for p in probs]
     rng = np.random.default_rng(seed)
     shots = tasks.make_problems(64, seed=seed + 7919)
     out = []
     for i, p in enumerate(probs):
         k = 0 if i % 2 == 0 else int(rng.integers(4, 12))
         ctx = "".join(f"{s.prompt}{s.worked_answer};" for s in shots[:k])
-        out.append(tokenizer.encode_prompt(ctx + p.prompt))
+        out.append(codec.encode(ctx + p.prompt))
     return out
 
 
@@ -75,7 +77,7 @@ def engine_metrics(ro: Rollouts, clip_eps: float) -> dict[str, float]:
 def run_audit(p, model_path, on_start=None, progress: bool = True) -> Audit:
     """Sample `p.prompts` prompts from each engine in `p.engines`, score with the trainer, compute metrics."""
     scorer = TrainerScorer(model_path, p.trainer_dtype)
-    prompts = task_prompts(p.prompts, p.seed, p.heterogeneous_batch)
+    prompts = task_prompts(p.prompts, p.seed, p.heterogeneous_batch, tokenizer.PromptCodec(model_path))
     sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed)
     out, mets = {}, {}
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):

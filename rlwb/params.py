@@ -95,13 +95,19 @@ class DefaultPolicyParams(Params):
 
 
 @dataclass
-class EngineExperimentParams(Params):
-    """Fields shared by the experiments that sample from engines and score with the trainer."""
+class EngineParams(Params):
+    """Fields of every notebook that uses engines."""
 
     model: str = P("default", "'default' (embedded policy), a model directory, or an HF id", check=_check_model)
     engines: list[str] = P(["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"],
                            "engine presets (params/engines.yaml), in ladder order", choices=_engine_presets)
     dtype: str = P("float32", "engine weights/activations dtype", choices=DTYPES)
+
+
+@dataclass
+class EngineExperimentParams(EngineParams):
+    """Fields shared by the experiments that sample from engines and score with the trainer."""
+
     trainer_dtype: str = P("float32", "trainer (scorer) dtype", choices=DTYPES)
     prompts: int = P(64, "number of task prompts sampled per engine", ge=1)
     max_tokens: int = P(32, "max completion tokens per request", ge=1)
@@ -121,7 +127,62 @@ class MismatchParams(EngineExperimentParams):
     heterogeneous_batch: bool = P(False, "mix prompts of very different lengths into one batch")
 
 
-SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams)}
+@dataclass
+class KLTemperatureParams(EngineExperimentParams):
+    NOTEBOOK: typing.ClassVar[str] = "02_kl_vs_temperature"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/T=0.5/k3_mean", "vllm-v0/T=0.5/k3_mean"]
+
+    engines: list[str] = P(["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed"],
+                           "engine presets (params/engines.yaml)", choices=_engine_presets)
+    prompts: int = P(32, "number of task prompts sampled per engine and setting", ge=1)
+    temperatures: list[float] = P([0.3, 0.5, 0.7, 0.9, 1.0, 1.1, 1.3, 1.5], "sampling temperatures (> 0)",
+                                  gt=0, le=10)
+    top_p_values: list[float] = P([1.0, 0.9], "top-p variants; 1.0 means untruncated", gt=0, le=1)
+    top_k_values: list[int] = P([0], "top-k variants; 0 means off", ge=0)
+    full_vocab: bool = P(True, "also fetch full-vocabulary logprobs (exact KL); small vocabularies only")
+
+
+@dataclass
+class GRPOParams(EngineParams):
+    NOTEBOOK: typing.ClassVar[str] = "03_toy_grpo"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1-fixed+none/reward_last", "vllm-v1+none/reward_last"]
+
+    engines: list[str] = P(["vllm-v0", "vllm-v1", "vllm-v1-fixed"], "engine presets that generate the rollouts",
+                           choices=_engine_presets)
+    corrections: list[str] = P(["none", "tis"], "off-policy corrections: none, tis, mis, seq_mask",
+                               choices=["none", "tis", "mis", "seq_mask"])
+    num_seeds: int = P(3, "seeds per configuration: seed, seed+1, ...", ge=1)
+    steps: int = P(40, "GRPO steps per run", ge=1)
+    prompts_per_step: int = P(16, "distinct prompts per step", ge=1)
+    group_size: int = P(8, "completions per prompt (the GRPO group)", ge=2)
+    lr: float = P(1e-4, "AdamW learning rate of the trainer", gt=0, lt=1)
+    temperature: float = P(0.7, "sampling temperature (> 0)", gt=0, le=10)
+    max_tokens: int = P(32, "max completion tokens", ge=1)
+    old_logprobs: str = P("engine", "behaviour logprobs in the PPO ratio: engine or trainer",
+                          choices=["engine", "trainer"])
+    clip_eps: float = P(0.2, "PPO clip epsilon", gt=0, lt=1)
+    tis_cap: float = P(2.0, "TIS truncation cap C", gt=0)
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(self.num_seeds)]
+
+
+@dataclass
+class DeterminismParams(EngineParams):
+    NOTEBOOK: typing.ClassVar[str] = "04_determinism_and_staleness"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/stale_cache_abs_dlogp_max", "vllm-v1/batch_invariant_frac"]
+
+    engines: list[str] = P(["hf", "vllm-v0", "vllm-v1", "vllm-v1-fixed"], "engine presets to measure",
+                           choices=_engine_presets)
+    prompts: int = P(16, "requests whose outputs are compared", ge=1)
+    batch_sizes: list[int] = P([1, 64], "batch sizes; each > 1 is a heterogeneous batch holding the requests", ge=1)
+    prefix_tokens: int = P(400, "shared prefix length in tokens (several KV-cache blocks)", ge=1)
+    max_tokens: int = P(16, "max completion tokens", ge=1)
+
+
+SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams,
+                                                            KLTemperatureParams, GRPOParams, DeterminismParams)}
 
 
 # ---------------------------------------------------------------------------------------------------

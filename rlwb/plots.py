@@ -83,7 +83,7 @@ def accuracy_by_digits(samples, style: str = "notebook"):
     """Greedy accuracy of the default policy per operand size (max digits of a, b)."""
     import pandas as pd
 
-    df = pd.DataFrame(samples)
+    df = pd.DataFrame(samples).copy()
     df["digits"] = df["prompt"].str.rstrip("=").str.split("+").map(lambda ab: max(len(x) for x in ab))
     acc = df.groupby("digits")["reward"].agg(["mean", "count"])
     fig, ax = plt.subplots(figsize=figsize(style, 0.7))
@@ -217,3 +217,206 @@ MISMATCH_FIGURES = {"ablation_ladder": ("metrics", ablation_ladder), "prob_scatt
                     "log_ratio_hist": ("rollouts", log_ratio_hist),
                     "mismatch_vs_position": ("rollouts", mismatch_vs_position),
                     "mismatch_vs_prob": ("rollouts", mismatch_vs_prob)}
+
+
+# -- notebook 02: KL vs temperature -----------------------------------------------------------------
+def _sweep_lines(ax, rows, metric: str, top_p: float = 1.0, top_k: int = 0, trainer: str = "renorm",
+                 dashed: bool = False, label_suffix: str = ""):
+    d = rows[(rows["metric"] == metric) & (rows["top_p"] == top_p) & (rows["top_k"] == top_k)
+             & (rows["trainer"] == trainer)]
+    for e in _order(d["engine"]):
+        g = d[d["engine"] == e].sort_values("temperature")
+        v = np.maximum(np.abs(g["value"].astype(float)), FLOOR_VALUE)
+        ax.plot(g["temperature"], v, color=engine_color(e), ls="--" if dashed else engine_style(e), marker="o",
+                ms=3, label=e + label_suffix)
+
+
+def kl_vs_temperature(rows, style: str = "notebook", top_p: float = 1.0):
+    """k3 and exact KL vs temperature, one line per engine (log y). With top_p < 1, dashed lines show the
+    same engines against a trainer that does not renormalise over the kept tokens."""
+    fig, axes = plt.subplots(1, 2, figsize=figsize(style, 1.4), sharey=True)
+    for ax, (metric, title) in zip(axes, [("k3_mean", "k3 estimator"), ("full_kl_mean", "exact KL (full vocab)")]):
+        _sweep_lines(ax, rows, metric, top_p=top_p)
+        if top_p < 1.0:
+            _sweep_lines(ax, rows, metric, top_p=top_p, trainer="no_renorm", dashed=True,
+                         label_suffix=" (trainer w/o renorm)")
+        ax.axvline(1.0, color="0.6", lw=0.8, ls=":")
+        ax.set_yscale("log")
+        ax.set_xlabel("temperature T")
+        ax.set_title(title)
+    axes[0].set_ylabel("KL(engine ‖ trainer) per token")
+    axes[1].legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.suptitle("Engine-vs-trainer KL across temperatures" + (f", top_p={top_p:g}" if top_p < 1 else ""))
+    fig.tight_layout()
+    return fig
+
+
+def kl_vs_temperature_top_p(rows, style: str = "notebook"):
+    tps = sorted(x for x in rows["top_p"].unique() if x < 1.0)
+    return kl_vs_temperature(rows, style, top_p=tps[0] if tps else 1.0)
+
+
+def analytic_scatter(tokens, style: str = "notebook"):
+    """Measured log r against its analytical expectation (raw engines: log softmax(z/T) - log softmax(z))."""
+    d = tokens[(tokens["top_p"] == 1.0) & (tokens["top_k"] == 0)]
+    fig, ax = plt.subplots(figsize=figsize(style, 0.75, 1.1))
+    lim = [min(d["expected_log_r"].min(), d["measured_log_r"].min()), max(d["expected_log_r"].max(), d["measured_log_r"].max())]
+    ax.plot(lim, lim, color="0.7", lw=0.8, zorder=0)
+    for e in _order(d["engine"]):
+        g = d[d["engine"] == e]
+        err = np.max(np.abs(g["measured_log_r"] - g["expected_log_r"])) if len(g) else np.nan
+        ax.scatter(g["expected_log_r"], g["measured_log_r"], s=5, alpha=0.5, color=engine_color(e), linewidths=0,
+                   label=f"{e} (max err {err:.1e})", rasterized=True)
+    ax.set_xlabel("expected log r (from the trainer's logits)")
+    ax.set_ylabel("measured log r")
+    ax.set_title("Measured vs analytical log ratio, all temperatures")
+    ax.legend(fontsize="x-small", markerscale=3)
+    fig.tight_layout()
+    return fig
+
+
+def dlogp_heatmap(rows, style: str = "notebook"):
+    """Engine x temperature heat map of mean |Δlogp| (log colour scale), untruncated sampling."""
+    from matplotlib.colors import LogNorm
+
+    d = rows[(rows["metric"] == "abs_dlogp_mean") & (rows["top_p"] == 1.0) & (rows["top_k"] == 0)
+             & (rows["trainer"] == "renorm")]
+    t = d.pivot_table(index="engine", columns="temperature", values="value", aggfunc="first")
+    t = t.loc[_order(t.index)]
+    v = np.maximum(t.values.astype(float), FLOOR_VALUE)
+    fig, ax = plt.subplots(figsize=figsize(style, 1.0, 0.3 + 0.15 * len(t)))
+    im = ax.imshow(v, aspect="auto", cmap="viridis", norm=LogNorm(vmin=FLOOR_VALUE, vmax=max(1e-1, v.max())))
+    ax.set_xticks(range(t.shape[1]), [f"{x:g}" for x in t.columns])
+    ax.set_yticks(range(t.shape[0]), t.index)
+    for i in range(v.shape[0]):
+        for j in range(v.shape[1]):
+            ax.text(j, i, f"{v[i, j]:.0e}", ha="center", va="center", fontsize=7,
+                    color="white" if v[i, j] < 1e-4 else "black")
+    ax.grid(False)
+    ax.set_xlabel("temperature T")
+    ax.set_title("mean |Δlogp| per token")
+    fig.colorbar(im, ax=ax, label="mean |Δlogp|")
+    fig.tight_layout()
+    return fig
+
+
+KL_FIGURES = {"kl_vs_temperature": ("sweep", kl_vs_temperature), "kl_vs_temperature_top_p": ("sweep", kl_vs_temperature_top_p),
+              "analytic_scatter": ("tokens", analytic_scatter), "dlogp_heatmap": ("sweep", dlogp_heatmap)}
+
+
+# -- notebook 03: toy GRPO ---------------------------------------------------------------------------
+def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log: bool = False):
+    corrections = list(dict.fromkeys(curves["correction"]))
+    fig, axes = plt.subplots(1, len(corrections), figsize=figsize(style, 0.55 * len(corrections) + 0.3),
+                             sharey=True, squeeze=False)
+    for ax, c in zip(axes[0], corrections):
+        for e in _order(curves["engine"]):
+            d = curves[(curves["engine"] == e) & (curves["correction"] == c)]
+            if d.empty:
+                continue
+            g = d.groupby("step")[column]
+            mean, lo, hi = g.mean(), g.min(), g.max()
+            if log:
+                mean, lo, hi = (np.maximum(x, FLOOR_VALUE) for x in (mean, lo, hi))
+            ax.plot(mean.index, mean.values, color=engine_color(e), ls=engine_style(e), label=e)
+            ax.fill_between(mean.index, lo.values, hi.values, color=engine_color(e), alpha=0.15, lw=0)
+        ax.set_title(f"correction: {c}")
+        ax.set_xlabel("GRPO step")
+        if log:
+            ax.set_yscale("log")
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize="small")
+    fig.suptitle(title + " (line: mean over seeds; band: min–max)")
+    fig.tight_layout()
+    return fig
+
+
+def reward_curves(curves, style: str = "notebook"):
+    return _curve_panels(curves, "reward_mean", "mean reward", "Reward", style)
+
+
+def clip_curves(curves, style: str = "notebook"):
+    return _curve_panels(curves, "clip_frac", "PPO clip fraction", "Clip fraction", style)
+
+
+def mismatch_curves(curves, style: str = "notebook"):
+    return _curve_panels(curves, "mismatch_k3", "k3(engine ‖ trainer)", "Engine-trainer mismatch", style, log=True)
+
+
+def time_breakdown(curves, style: str = "notebook"):
+    parts = [("t_rollout", "rollout"), ("t_score", "scoring"), ("t_update", "update"), ("t_sync", "weight sync")]
+    engines = _order(curves["engine"])
+    means = curves.groupby("engine")[[p for p, _ in parts]].mean().loc[engines]
+    fig, ax = plt.subplots(figsize=figsize(style, 0.8))
+    left = np.zeros(len(engines))
+    for (col, label), color in zip(parts, OKABE_ITO[1:]):
+        ax.barh(engines, means[col], left=left, label=label, color=color)
+        left += means[col].values
+    for y, total in enumerate(left):
+        ax.text(total, y, f" {total:.2f} s", va="center", fontsize="small")
+    ax.set_xlabel("seconds per GRPO step (mean)")
+    ax.set_title("Where a GRPO step's time goes")
+    ax.grid(axis="y", visible=False)
+    ax.legend(fontsize="small", ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    fig.tight_layout()
+    return fig
+
+
+GRPO_FIGURES = {"reward_curves": ("curves", reward_curves), "clip_curves": ("curves", clip_curves),
+                "mismatch_curves": ("curves", mismatch_curves), "time_breakdown": ("curves", time_breakdown)}
+
+
+# -- notebook 04: determinism and staleness ---------------------------------------------------------
+DETERMINISM_MEASURES = [("batch_invariant_frac", "batch-invariant fraction", False),
+                        ("rerun_identical_frac", "rerun-identical fraction", False),
+                        ("stale_cache_abs_dlogp_max", "max |Δlogp|, stale cache", True),
+                        ("after_reset_abs_dlogp_max", "max |Δlogp|, after reset", True)]
+
+
+def determinism_bars(summary, style: str = "notebook"):
+    """The four measures per engine (fractions on a linear axis, |Δlogp| on a shared log axis), values printed."""
+    engines = _order(summary["engine"])
+    fig, axes = plt.subplots(1, 4, figsize=figsize(style, 1.6, 0.9))
+    t = summary.pivot_table(index="engine", columns="measure", values="value", aggfunc="first")
+    top = max(1.0, float(np.nanmax(t[[k for k, _, log in DETERMINISM_MEASURES if log]].values)) * 3)
+    for ax, (key, title, log) in zip(axes, DETERMINISM_MEASURES):
+        raw = np.asarray([t.loc[e, key] if e in t.index else np.nan for e in engines], float)
+        vals = np.maximum(raw, FLOOR_VALUE) if log else raw
+        ax.bar(range(len(engines)), vals, color=[engine_color(e) for e in engines])
+        for x, (v, r) in enumerate(zip(vals, raw)):
+            ax.text(x, v, (f"{r:.0e}" if log else f"{r:.0%}"), ha="center", va="bottom", fontsize="x-small")
+        ax.set_xticks(range(len(engines)), engines, rotation=35, ha="right", fontsize="small")
+        ax.set_title(title, fontsize="small")
+        ax.grid(axis="x", visible=False)
+        if log:
+            ax.set_yscale("log")
+            ax.set_ylim(FLOOR_VALUE / 2, top)
+        else:
+            ax.set_ylim(0, 1.12)
+    fig.suptitle("Determinism, batch invariance and prefix-cache staleness")
+    fig.tight_layout()
+    return fig
+
+
+def stale_vs_position(stale_rows, style: str = "notebook"):
+    """|Δlogp| vs completion position after an in-flight update, with the prefix cache left stale (solid)
+    and after a reset (dotted). Every completion token attends to the shared prefix served from the cache."""
+    fig, ax = plt.subplots(figsize=figsize(style))
+    for case, ls, alpha in (("stale", "-", 1.0), ("after_reset", ":", 0.6)):
+        d = stale_rows[stale_rows["case"] == case]
+        for e in _order(d["engine"]):
+            g = d[d["engine"] == e]
+            m = g.groupby(g["position"] - g["prompt_len"])["abs_dlogp"].mean()
+            ax.plot(m.index, np.maximum(m.values, FLOOR_VALUE), color=engine_color(e), ls=ls, alpha=alpha,
+                    marker=".", ms=3, label=f"{e}, {'stale cache' if case == 'stale' else 'after reset'}")
+    prefix = int(stale_rows["prompt_len"].min()) if len(stale_rows) else 0
+    ax.set_yscale("log")
+    ax.set_xlabel(f"position in the completion (after a ≥{prefix}-token prompt sharing one cached prefix)")
+    ax.set_ylabel("mean |Δlogp| vs trainer (new weights)")
+    ax.set_title("In-flight weight update: stale prefix cache vs reset")
+    ax.legend(fontsize="x-small", ncols=2)
+    fig.tight_layout()
+    return fig
+
+
+DETERMINISM_FIGURES = {"determinism_bars": ("summary", determinism_bars), "stale_vs_position": ("stale", stale_vs_position)}

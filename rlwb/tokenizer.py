@@ -66,3 +66,25 @@ def decode(ids) -> str:
         if i >= len(SPECIALS):
             out.append(VOCAB[i])
     return "".join(out)
+
+
+class PromptCodec:
+    """Text <-> token ids for the model under test: the char tokenizer for the embedded default policy,
+    the model's own tokenizer (with its special tokens, e.g. BOS) for anything else."""
+
+    def __init__(self, model_path=None):
+        self.hf = None
+        from pathlib import Path
+
+        if model_path is not None and not (Path(str(model_path)) / "model.json").exists():
+            from transformers import AutoTokenizer
+
+            self.hf = AutoTokenizer.from_pretrained(str(model_path))
+
+    def encode(self, text: str) -> list[int]:
+        return encode_prompt(text) if self.hf is None else list(self.hf(text)["input_ids"])
+
+    def decode(self, ids) -> str:
+        if self.hf is None:
+            return decode(ids)
+        return self.hf.decode(list(ids), skip_special_tokens=True)

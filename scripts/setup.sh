@@ -95,9 +95,20 @@ setup_v0() {
   echo "$h" > $v/.rlwb-stamp
 }
 
+ensure_chromium() {
+  command -v chromium >/dev/null 2>&1 && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing Debian's chromium (browser tests)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "the browser tests need chromium: run  sudo apt-get install -y chromium" >&2; exit 1
+  fi
+}
+
 case "${1:-all}" in
   kernel) setup_kernel ;;
+  browser) ensure_chromium ;;
   engines) setup_v1; setup_v0 ;;
-  all) setup_kernel; setup_v1; setup_v0 ;;
-  *) echo "usage: $0 kernel|engines|all" >&2; exit 2 ;;
+  all) setup_kernel; setup_v1; setup_v0; ensure_chromium ;;
+  *) echo "usage: $0 kernel|engines|browser|all" >&2; exit 2 ;;
 esac

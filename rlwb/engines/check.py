@@ -32,7 +32,8 @@ def check_engines(presets: list[str] | None = None, model: str = "default", prom
     path = resolve_model(model, progress=False)
     scorer = TrainerScorer(path, "float32")
     problems = tasks.make_problems(prompts, seed=123)
-    ids = [tokenizer.encode_prompt(p.prompt) for p in problems]
+    codec = tokenizer.PromptCodec(path)
+    ids = [codec.encode(p.prompt) for p in problems]
     report = {}
     for name in presets:
         r = {"ok": False, "vllm_version": None, "engine": None, "max_abs_dlogp_T1": None,

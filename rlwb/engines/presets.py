@@ -17,7 +17,8 @@ from ..params import ParamError
 from ..paths import PARAMS_DIR, REPO_ROOT
 
 PRESET_KEYS = {"description", "backend", "python", "env", "vllm_kwargs", "fp32_lm_head",
-               "reset_prefix_cache_on_update", "extends", "on_cpu", "on_cuda", "full_vocab_limit"}
+               "reset_prefix_cache_on_update", "extends", "on_cpu", "on_cuda", "full_vocab_limit",
+               "idle_spin_s"}
 BACKENDS = ("vllm", "hf")
 
 
@@ -35,6 +36,7 @@ class Preset:
     fp32_lm_head: bool = False
     reset_prefix_cache_on_update: bool = False
     full_vocab_limit: int = 4096
+    idle_spin_s: float | None = None  # vLLM V1 worker queue busy-wait after each message (None: vLLM's 1 s)
     description: str = ""
 
     def check_interpreter(self) -> None:
@@ -130,5 +132,6 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
         fp32_lm_head=bool(d.get("fp32_lm_head", False)),
         reset_prefix_cache_on_update=bool(d.get("reset_prefix_cache_on_update", False)),
         full_vocab_limit=int(d.get("full_vocab_limit", 4096)),
+        idle_spin_s=None if d.get("idle_spin_s") is None else float(d["idle_spin_s"]),
         description=str(d.get("description", "")),
     )

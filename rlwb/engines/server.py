@@ -48,6 +48,8 @@ class VllmBackend:
         self.llm = LLM(model=spec["model"], tokenizer=spec.get("tokenizer") or spec["model"], **kwargs)
         mod = type(self.llm.llm_engine).__module__
         self.engine = "v1" if mod.startswith("vllm.v1") else "v0"
+        if self.engine == "v1" and spec.get("idle_spin_s") is not None:
+            self.llm.collective_rpc("rlwb_idle_spin", args=(float(spec["idle_spin_s"]),))
         if spec.get("fp32_lm_head") and kwargs["dtype"] not in ("float32", "torch.float32"):
             self.llm.collective_rpc("rlwb_fp32_lm_head", args=(spec["model"],))
 
@@ -70,6 +72,7 @@ class VllmBackend:
                 max_logprobs=mc.max_logprobs,
                 block_size=cc.block_size,
             )
+        settings["idle_spin_s"] = self.spec.get("idle_spin_s")
         settings["fp32_lm_head"] = bool(self.spec.get("fp32_lm_head")) and settings.get("dtype") != "float32"
         return {"backend": "vllm", "engine": self.engine, "vllm_version": vllm.__version__,
                 "torch_version": torch.__version__, "transformers_version": transformers.__version__,

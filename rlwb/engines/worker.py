@@ -120,7 +120,7 @@ class EngineWorker:
                 "vllm_kwargs": {**self.preset.vllm_kwargs, **(extra_vllm_kwargs or {})},
                 "fp32_lm_head": self.preset.fp32_lm_head,
                 "reset_prefix_cache_on_update": self.preset.reset_prefix_cache_on_update,
-                "full_vocab_limit": self.preset.full_vocab_limit}
+                "full_vocab_limit": self.preset.full_vocab_limit, "idle_spin_s": self.preset.idle_spin_s}
         try:
             protocol.write_frame(self.proc.stdin, spec)
             self._info = self._reply(start_timeout, "start")

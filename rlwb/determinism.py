@@ -1,0 +1,172 @@
+"""Notebook 04's measurements: batch invariance, rerun determinism, and stale prefix caches after in-flight
+weight updates (the bug class of vLLM #9744 / NeMo-RL #4018).
+
+Stale cache, the mechanism: with prefix caching on, the KV blocks of a shared prompt prefix are computed
+once and reused. An in-flight weight update changes the model but not those cached blocks, so the next
+requests with the same prefix attend to keys/values from the *old* weights. The trainer, holding the new
+weights, recomputes everything - and the two disagree until the cache is reset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import tasks
+from .engines.worker import Completion, EngineWorker, Sampling
+from .mismatch import iter_engines
+from .tokenizer import PromptCodec
+from .trainer import TrainerScorer
+
+
+def _identical(a: Completion, b: Completion) -> bool:
+    return a.token_ids == b.token_ids and np.array_equal(a.logprobs, b.logprobs)
+
+
+def _common_prefix_max_dlogp(a: Completion, b: Completion) -> float:
+    n = 0
+    while n < min(len(a.token_ids), len(b.token_ids)) and a.token_ids[n] == b.token_ids[n]:
+        n += 1
+    return float(np.max(np.abs(a.logprobs[:n] - b.logprobs[:n]))) if n else 0.0
+
+
+def filler_prompts(n: int, seed: int, codec: PromptCodec) -> list[list[int]]:
+    """Prompts of very different lengths (0 to ~15 solved examples of context) to fill a batch."""
+    rng = np.random.default_rng(seed)
+    shots = tasks.make_problems(32, seed=seed + 1)
+    out = []
+    for i, p in enumerate(tasks.make_problems(n, seed=seed + 2)):
+        k = int(rng.integers(0, 16))
+        out.append(codec.encode("".join(f"{s.prompt}{s.worked_answer};" for s in shots[:k]) + p.prompt))
+    return out
+
+
+def batch_invariance(w: EngineWorker, prompts, fillers, max_tokens: int) -> tuple[float, float]:
+    """Greedy: each request alone vs inside one big heterogeneous batch (cache reset before each pass)."""
+    greedy = Sampling(temperature=0.0, max_tokens=max_tokens, seed=None)
+    alone = []
+    for p in prompts:
+        w.reset_prefix_cache()
+        alone += w.generate([p], greedy)
+    w.reset_prefix_cache()
+    mixed = w.generate(list(prompts) + list(fillers), greedy)[: len(prompts)]
+    same = [_identical(a, b) for a, b in zip(alone, mixed)]
+    return float(np.mean(same)), max(_common_prefix_max_dlogp(a, b) for a, b in zip(alone, mixed))
+
+
+def rerun_identical(w: EngineWorker, prompts, fillers, max_tokens: int, seed: int) -> float:
+    """Seeded sampling, the same requests twice in fresh batches (other requests reshuffled)."""
+    s = [Sampling(temperature=1.0, max_tokens=max_tokens, seed=seed + i) for i in range(len(prompts))]
+    fill = [Sampling(temperature=1.0, max_tokens=max_tokens, seed=10_000 + i) for i in range(len(fillers))]
+    w.reset_prefix_cache()
+    a = w.generate(list(prompts) + list(fillers), s + fill)[: len(prompts)]
+    w.reset_prefix_cache()
+    b = w.generate(list(fillers[::-1]) + list(prompts), fill[::-1] + s)[len(fillers):]
+    return float(np.mean([_identical(x, y) for x, y in zip(a, b)]))
+
+
+def perturbed_state(model: torch.nn.Module, seed: int, scale: float = 0.02) -> dict:
+    """A known weight perturbation (seeded Gaussian noise), standing in for one training step."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + torch.randn(v.shape, generator=g) * scale if v.is_floating_point() else v
+            for k, v in model.state_dict().items()}
+
+
+def staleness(w: EngineWorker, prompts, new_state: dict, new_scorer: TrainerScorer, old_state: dict,
+              max_tokens: int, seed: int) -> tuple[dict, pd.DataFrame]:
+    """Warm the prefix cache, update weights in flight without a reset, sample, compare with the trainer
+    (new weights); then reset and repeat. Restores the old weights at the end."""
+    # ignore_eos: every request yields max_tokens tokens to compare (the default policy tends to stop
+    # right after an unfamiliar long context)
+    s = Sampling(temperature=1.0, max_tokens=max_tokens, seed=seed, ignore_eos=True)
+    w.reset_prefix_cache()
+    w.generate(prompts, s)  # warm: prefix blocks now hold KV from the old weights
+    w._call("update_weights", path=_save(w, new_state))  # the raw op: never resets, whatever the preset
+    stale = w.generate(prompts, s)
+    w.reset_prefix_cache()
+    fresh = w.generate(prompts, s)
+    rows, out = [], {}
+    for label, comps in (("stale", stale), ("after_reset", fresh)):
+        sc = new_scorer.score([c.prompt_token_ids for c in comps], [c.token_ids for c in comps])
+        d = np.concatenate([np.abs(c.logprobs.astype(np.float64) - t) for c, t in zip(comps, sc["logp"])])
+        out[label] = float(d.max())
+        for c, t in zip(comps, sc["logp"]):
+            L = len(c.token_ids)
+            rows.append(pd.DataFrame({"engine": w.preset.name, "case": label, "prompt_len": len(c.prompt_token_ids),
+                                      "position": len(c.prompt_token_ids) + np.arange(L),
+                                      "abs_dlogp": np.abs(c.logprobs.astype(np.float64) - t)}))
+    w.update_weights(old_state)
+    w.reset_prefix_cache()
+    return out, pd.concat(rows, ignore_index=True)
+
+
+def _save(w: EngineWorker, state: dict) -> str:
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    path = Path(w._tmp.name) / "perturbed.safetensors"
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    return str(path)
+
+
+@dataclass
+class Determinism:
+    metrics: dict
+    summary: pd.DataFrame  # engine, measure, value
+    stale_rows: pd.DataFrame
+
+
+def run(p, model_path, on_start=None, progress: bool = True) -> Determinism:
+    codec = PromptCodec(model_path)
+    probs = tasks.make_problems(p.prompts, seed=p.seed)
+    prompts = [codec.encode(x.prompt) for x in probs]
+    big = max(p.batch_sizes)
+    fillers = filler_prompts(max(0, big - len(prompts)), p.seed, codec)
+    shots = tasks.make_problems(64, seed=p.seed + 99)
+    prefix_text = ""
+    for s in shots:
+        if len(codec.encode(prefix_text)) >= p.prefix_tokens:
+            break
+        prefix_text += f"{s.prompt}{s.worked_answer};"
+    prefixed = [codec.encode(prefix_text + x.prompt) for x in probs]
+    scorer = TrainerScorer(model_path, "float32")
+    old_state = {k: v.clone() for k, v in scorer.model.state_dict().items()}
+    new_state = perturbed_state(scorer.model, p.seed)
+    new_scorer = TrainerScorer(model_path, "float32")
+    new_scorer.load_state_dict(new_state)
+    metrics, rows, stale_frames = {}, [], []
+    for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
+        e = w.preset.name
+        inv = [batch_invariance(w, prompts, fillers[: max(0, b - len(prompts))], p.max_tokens) for b in p.batch_sizes
+               if b > 1]
+        m = {"batch_invariant_frac": min(x[0] for x in inv) if inv else float("nan"),
+             "batch_max_abs_dlogp": max(x[1] for x in inv) if inv else float("nan"),
+             "rerun_identical_frac": rerun_identical(w, prompts, fillers, p.max_tokens, p.seed)}
+        st, frame = staleness(w, prefixed, new_state, new_scorer, old_state, p.max_tokens, p.seed)
+        m["stale_cache_abs_dlogp_max"], m["after_reset_abs_dlogp_max"] = st["stale"], st["after_reset"]
+        m["prefix_caching"] = float(bool(w.info()["settings"].get("enable_prefix_caching")))
+        stale_frames.append(frame)
+        for k, v in m.items():
+            metrics[f"{e}/{k}"] = v
+            rows.append({"engine": e, "measure": k, "value": v})
+    return Determinism(metrics, pd.DataFrame(rows), pd.concat(stale_frames, ignore_index=True))
+
+
+def conclusion(metrics: dict, p) -> str:
+    lines = []
+    for e in p.engines:
+        g = lambda k: metrics.get(f"{e}/{k}")  # noqa: E731
+        if g("batch_invariant_frac") is None:
+            continue
+        lines.append(
+            f"- `{e}` (prefix caching {'on' if g('prefix_caching') else 'off'}): "
+            f"{g('batch_invariant_frac'):.0%} of greedy requests bitwise identical alone vs in a batch of "
+            f"{max(p.batch_sizes)} (max |Δlogp| {g('batch_max_abs_dlogp'):.1e}); "
+            f"{g('rerun_identical_frac'):.0%} of seeded reruns identical; after an in-flight update without a "
+            f"cache reset max |Δlogp| vs the trainer = {g('stale_cache_abs_dlogp_max'):.1e}, after a reset "
+            f"{g('after_reset_abs_dlogp_max'):.1e}.")
+    return "\n".join(lines)

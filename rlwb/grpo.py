@@ -1,0 +1,216 @@
+"""A toy GRPO loop whose rollouts come from a real engine worker, with in-flight weight sync.
+
+Each step: sample prompts x group from the engine -> verifiable rewards -> group-normalised advantages ->
+trainer recomputes old logprobs (for mismatch logging and corrections) -> token-level clipped loss ->
+optimizer step -> `update_weights` into the running engine (prefix cache reset or not, as its preset says).
+
+`old_logprobs="engine"` uses the engine's reported logprobs as the behaviour policy (PipelineRL style):
+any engine/trainer mismatch then enters the PPO ratio directly. `"trainer"` recomputes them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import losses, tasks, tokenizer
+from . import metrics as M
+from .engines.worker import EngineWorker, Sampling
+from .trainer import completion_logprobs, make_batch
+
+CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "clip_frac", "mismatch_k3", "abs_dlogp_mean",
+                 "entropy", "grad_norm", "t_rollout", "t_score", "t_update", "t_sync"]
+
+
+@dataclass
+class GRPOConfig:
+    steps: int = 40
+    prompts_per_step: int = 8
+    group_size: int = 8
+    lr: float = 1e-3
+    temperature: float = 0.7
+    max_tokens: int = 32
+    clip_eps: float = 0.2
+    beta: float = 0.0
+    old_logprobs: str = "engine"  # engine | trainer
+    correction: str = "none"  # none | tis | mis | seq_mask
+    tis_cap: float = 2.0
+    mask_lo: float = 0.5
+    mask_hi: float = 2.0
+    seed: int = 0
+    max_grad_norm: float = 1.0
+    max_digits: int = 3  # operand size of the training prompts
+
+
+def _pad(rows: list[np.ndarray], width: int, fill: float = 0.0) -> torch.Tensor:
+    out = torch.full((len(rows), width), fill, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
+    return out
+
+
+def _per_seq(flat: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """Flat completion-token tensor -> [B, width] (zeros beyond each length), keeping grad."""
+    out, s = [], 0
+    for n in lengths:
+        out.append(torch.nn.functional.pad(flat[s: s + n], (0, width - n)))
+        s += n
+    return torch.stack(out)
+
+
+@dataclass
+class StepResult:
+    row: dict
+    batch: dict = field(default_factory=dict)  # the step's rollouts, for post-mortems (drift monitor)
+
+
+def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
+              ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None) -> StepResult:
+    codec = codec or tokenizer.PromptCodec()
+    t0 = time.perf_counter()
+    problems = tasks.make_problems(cfg.prompts_per_step, seed=cfg.seed * 1_000_003 + step, max_digits=cfg.max_digits)
+    prompts = [codec.encode(p.prompt) for p in problems for _ in range(cfg.group_size)]
+    sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed * 10_000_019 + step * 1000)
+    comps = engine.generate(prompts, sampling)
+    rewards = torch.tensor([tasks.reward(problems[i // cfg.group_size], codec.decode(c.token_ids))
+                            for i, c in enumerate(comps)])
+    t1 = time.perf_counter()
+
+    batch = make_batch([c.prompt_token_ids for c in comps], [c.token_ids for c in comps])
+    lengths = batch.completion_lens
+    width = max(lengths)
+    mask = _pad([np.ones(n) for n in lengths], width).bool()
+    logp_engine = _pad([c.logprobs for c in comps], width)
+    with torch.no_grad():
+        old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
+    logp_trainer_old = _per_seq(old["logp"], lengths, width)
+    adv = losses.group_advantages(rewards, cfg.group_size)
+    e_flat, t_flat = logp_engine[mask].double().numpy(), logp_trainer_old[mask].double().numpy()
+    mm = M.mismatch_metrics(e_flat, t_flat)
+    t2 = time.perf_counter()
+
+    behaviour = logp_engine if cfg.old_logprobs == "engine" else logp_trainer_old
+    weights, keep = losses.correction_terms(cfg.correction, logp_trainer_old, logp_engine, mask, cfg.tis_cap,
+                                            cfg.mask_lo, cfg.mask_hi)
+    ref = None
+    if ref_model is not None and cfg.beta:
+        with torch.no_grad():
+            ref = _per_seq(completion_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
+    cur = _per_seq(completion_logprobs(model, batch, cfg.temperature)["logp"], lengths, width)
+    loss, st = losses.grpo_loss(cur, behaviour, adv, mask, cfg.clip_eps, weights, keep, ref, cfg.beta)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+    opt.step()
+    t3 = time.perf_counter()
+
+    engine.update_weights(model.state_dict())
+    t4 = time.perf_counter()
+    row = {"step": step, "reward_mean": float(rewards.mean()), "clip_frac": st.clip_frac,
+           "mismatch_k3": mm["k3_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
+           "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
+           "kept_frac": st.kept_frac, "completion_tokens": float(np.mean(lengths)),
+           "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3, "t_step": t4 - t0}
+    batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],
+                    "logp_engine": [c.logprobs for c in comps],
+                    "logp_trainer": [x.numpy() for x in old["logp"].split(lengths)], "reward": rewards.numpy()}
+    return StepResult(row, batch_record)
+
+
+def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial_state: dict | None = None,
+          monitor=None, progress: bool = True, desc: str = "grpo", on_step=None,
+          codec: tokenizer.PromptCodec | None = None) -> pd.DataFrame:
+    """Run `cfg.steps` GRPO steps from `initial_state` (weights are loaded into the trainer *and* the engine
+    first, so every run starts from the same policy). Returns one row per step."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(cfg.seed)
+    if initial_state is not None:
+        model.load_state_dict(initial_state)
+        engine.update_weights(initial_state)
+        engine.reset_prefix_cache()
+    ref_model = None
+    if cfg.beta:
+        import copy
+
+        ref_model = copy.deepcopy(model).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    rows = []
+    bar = tqdm(range(cfg.steps), desc=desc, disable=not progress, leave=False)
+    for step in bar:
+        res = grpo_step(step, model, opt, engine, cfg, ref_model, codec)
+        rows.append(res.row)
+        bar.set_postfix(reward=f"{res.row['reward_mean']:.2f}", k3=f"{res.row['mismatch_k3']:.1e}")
+        if on_step:
+            on_step(res)
+        if monitor is not None:
+            monitor.update(res.row, res.batch)
+    return pd.DataFrame(rows)
+
+
+# -- notebook 03: every engine x correction x seed from the same initial weights ---------------------
+def config_from_params(p, correction: str, seed: int) -> GRPOConfig:
+    return GRPOConfig(steps=p.steps, prompts_per_step=p.prompts_per_step, group_size=p.group_size, lr=p.lr,
+                      temperature=p.temperature, max_tokens=p.max_tokens, clip_eps=p.clip_eps,
+                      old_logprobs=p.old_logprobs, correction=correction, tis_cap=p.tis_cap, seed=seed)
+
+
+def run_grid(p, model_path, on_start=None, progress: bool = True, monitor_factory=None) -> pd.DataFrame:
+    """`data/curves.parquet`: one row per (engine, correction, seed, step). Each engine starts once; every
+    run reloads the initial weights into the trainer and (in flight) into the engine."""
+    from transformers import AutoModelForCausalLM
+
+    from .mismatch import iter_engines
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    frames = []
+    for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
+        for corr in p.corrections:
+            for seed in p.seeds:
+                monitor = monitor_factory(w.preset.name, corr, seed) if monitor_factory else None
+                df = train(model, w, config_from_params(p, corr, seed), initial, monitor=monitor, progress=progress,
+                           desc=f"{w.preset.name}+{corr} seed {seed}", codec=tokenizer.PromptCodec(model_path))
+                df.insert(1, "engine", w.preset.name)
+                df.insert(2, "correction", corr)
+                df.insert(3, "seed", seed)
+                frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
+    """Per `<engine>+<correction>`, means over seeds: reward over the first / last 10% of steps, clip
+    fraction, engine-trainer k3 and seconds per step."""
+    out = {}
+    for (e, c), d in curves.groupby(["engine", "correction"], sort=False):
+        steps = sorted(d["step"].unique())
+        k = max(1, round(0.1 * len(steps)))
+        first, last = d[d["step"].isin(steps[:k])], d[d["step"].isin(steps[-k:])]
+        L = f"{e}+{c}"
+        out[f"{L}/reward_first"] = float(first.groupby("seed")["reward_mean"].mean().mean())
+        out[f"{L}/reward_last"] = float(last.groupby("seed")["reward_mean"].mean().mean())
+        out[f"{L}/clip_frac_mean"] = float(d["clip_frac"].mean())
+        out[f"{L}/mismatch_k3_mean"] = float(d["mismatch_k3"].mean())
+        out[f"{L}/step_s_mean"] = float(d[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1).mean())
+    return out
+
+
+def conclusion(metrics: dict, p) -> str:
+    lines = [f"**Setup.** {p.steps} steps × {p.prompts_per_step} prompts × {p.group_size} completions, "
+             f"T={p.temperature:g}, lr={p.lr:g}, old logprobs from the {p.old_logprobs}, {p.num_seeds} seeds "
+             f"(means over seeds; first/last = first/last 10% of steps)."]
+    for e in p.engines:
+        for c in p.corrections:
+            L = f"{e}+{c}"
+            if f"{L}/reward_first" not in metrics:
+                continue
+            a, b = metrics[f"{L}/reward_first"], metrics[f"{L}/reward_last"]
+            lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f} ({b - a:+.3f}); clip fraction "
+                         f"{metrics[f'{L}/clip_frac_mean']:.1%}; engine-trainer k3 {metrics[f'{L}/mismatch_k3_mean']:.1e}; "
+                         f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""Notebook 02's experiment: engine-vs-trainer KL across temperatures and truncation settings.
+
+Why it matters: V1's default returns raw logprobs, log softmax(z)[y], while the tokens were sampled from
+softmax(z / T). Its per-token log ratio is then exactly  log softmax(z/T)[y] - log softmax(z)[y]  (zero
+at T = 1, growing with |T - 1|): a bias, not noise. We compute that expectation from the trainer's logits
+and check the measured gap against it.
+
+Truncation (top-p / top-k): the sampling distribution is renormalised over the kept tokens. A trainer
+that scores with a full-vocabulary softmax at temperature T is off by log(kept mass) on every token
+(TRL issue 6789); `trainer="no_renorm"` rows measure that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from . import metrics as M
+from .engines.check import expects_raw
+from .engines.worker import Sampling
+from .mismatch import iter_engines, task_prompts
+from .rollouts import sample_and_score
+from .tokenizer import PromptCodec
+from .trainer import TrainerScorer
+
+SWEEP_METRICS = ("k3_mean", "k1_mean", "abs_dlogp_mean", "abs_dlogp_max", "full_kl_mean", "n_tokens")
+
+
+def setting_label(temperature: float, top_p: float = 1.0, top_k: int = 0) -> str:
+    """`T=0.7`, `T=0.7,top_p=0.9`, `T=1,top_k=20`: the middle segment of the metric keys."""
+    s = f"T={temperature:g}"
+    if top_p < 1.0:
+        s += f",top_p={top_p:g}"
+    if top_k > 0:
+        s += f",top_k={top_k}"
+    return s
+
+
+def grid(p) -> list[tuple[float, float, int]]:
+    """(T, top_p, top_k) settings: every temperature untruncated, then with each top-p and top-k variant."""
+    out = []
+    for T in p.temperatures:
+        out.append((T, 1.0, 0))
+        out += [(T, tp, 0) for tp in p.top_p_values if tp < 1.0]
+        out += [(T, 1.0, tk) for tk in p.top_k_values if tk > 0]
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class Sweep:
+    rows: pd.DataFrame  # engine, temperature, top_p, top_k, trainer, metric, value
+    tokens: pd.DataFrame  # per token: engine, temperature, top_p, top_k, measured_log_r, expected_log_r
+    metrics: dict[str, float]
+
+
+def run_sweep(p, model_path, on_start=None, progress: bool = True) -> Sweep:
+    from tqdm.auto import tqdm
+
+    scorer = TrainerScorer(model_path, p.trainer_dtype)
+    prompts = task_prompts(p.prompts, p.seed, codec=PromptCodec(model_path))
+    settings = grid(p)
+    rows, toks, mets = [], [], {}
+    for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
+        raw_engine = expects_raw(w.info())
+        for T, tp, tk in tqdm(settings, desc=w.preset.name, disable=not progress, leave=False):
+            s = Sampling(temperature=T, top_p=tp, top_k=tk, max_tokens=p.max_tokens, seed=p.seed)
+            ro = sample_and_score(w, scorer, prompts, s, full=p.full_vocab)
+            e, t = ro.flat()
+            seq = ro.seq_ids()
+            label = setting_label(T, tp, tk)
+            variants = {"renorm": (t, ro.full_trainer)}
+            if tp < 1.0 or tk > 0:  # the same tokens scored by a trainer that applies T but does not truncate
+                nr = scorer.score([c.prompt_token_ids for c in ro.completions], [c.token_ids for c in ro.completions],
+                                  temperature=T, full=p.full_vocab)
+                variants["no_renorm"] = (np.concatenate(nr["logp"]).astype(np.float64), nr.get("full"))
+            for trainer_kind, (tt, full_t) in variants.items():
+                m = M.mismatch_metrics(e, tt, seq_ids=seq, full_engine=ro.full_engine, full_trainer=full_t)
+                group = w.preset.name if trainer_kind == "renorm" else f"{w.preset.name}+trainer_no_renorm"
+                for k in SWEEP_METRICS:
+                    mets[f"{group}/{label}/{k}"] = m[k]
+                    rows.append({"engine": w.preset.name, "temperature": T, "top_p": tp, "top_k": tk,
+                                 "trainer": trainer_kind, "metric": k, "value": m[k]})
+            # analytical expectation of log r for this engine's logprob semantics
+            raw_t = np.concatenate(ro.logp_trainer_raw).astype(np.float64)
+            expected = (t - raw_t) if raw_engine else np.zeros_like(t)
+            measured = t - e
+            err = float(np.max(np.abs(measured - expected))) if measured.size else float("nan")
+            mets[f"{w.preset.name}/{label}/analytic_abs_err_max"] = err
+            rows.append({"engine": w.preset.name, "temperature": T, "top_p": tp, "top_k": tk, "trainer": "renorm",
+                         "metric": "analytic_abs_err_max", "value": err})
+            toks.append(pd.DataFrame({"engine": w.preset.name, "temperature": T, "top_p": tp, "top_k": tk,
+                                      "measured_log_r": measured, "expected_log_r": expected}))
+    return Sweep(pd.DataFrame(rows), pd.concat(toks, ignore_index=True), mets)
+
+
+def conclusion(metrics: dict, p) -> str:
+    lines = []
+    temps = sorted(p.temperatures)
+    for e in p.engines:
+        vals = [metrics.get(f"{e}/{setting_label(T)}/abs_dlogp_max") for T in temps]
+        if all(v is None for v in vals):
+            continue
+        worst = max((v for v in vals if v is not None), default=float("nan"))
+        at1 = metrics.get(f"{e}/{setting_label(1.0)}/abs_dlogp_max") if 1.0 in temps else None
+        err = max((metrics.get(f"{e}/{setting_label(T)}/analytic_abs_err_max") or 0) for T in temps)
+        lines.append(f"- `{e}`: max |Δlogp| over T ∈ [{temps[0]:g}, {temps[-1]:g}] is {worst:.2e}"
+                     + (f" ({at1:.2e} at T=1)" if at1 is not None else "")
+                     + f"; measured log r matches the analytical expectation to {err:.1e}.")
+    for tp in [x for x in p.top_p_values if x < 1.0]:
+        for e in p.engines:
+            a = metrics.get(f"{e}/{setting_label(0.7 if 0.7 in temps else temps[0], tp)}/k3_mean")
+            b = metrics.get(f"{e}+trainer_no_renorm/{setting_label(0.7 if 0.7 in temps else temps[0], tp)}/k3_mean")
+            if a is not None and b is not None:
+                lines.append(f"- top_p={tp:g}, `{e}`: k3 = {a:.1e} against a renormalising trainer vs {b:.1e} "
+                             f"against one that does not renormalise (the TRL #6789 bias).")
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""Reports for people: regenerate figures from archived data, compare runs, rerun notebooks, index page.
+
+Why figures come from `data/` alone: a figure in a paper must be rebuildable years later without engines,
+GPUs or training - only the archived parquet files and the plotting function (the same one the notebook
+called). Why `compare` separates timings: a nightly rerun should fail on drifted *numbers*, not on a
+busier machine.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from . import archive, plots
+
+FIGURES = {
+    "00_default_policy": {"accuracy_by_digits": ("samples", plots.accuracy_by_digits)},
+    "01_logprob_mismatch": plots.MISMATCH_FIGURES,
+    "02_kl_vs_temperature": plots.KL_FIGURES,
+    "03_toy_grpo": plots.GRPO_FIGURES,
+    "04_determinism_and_staleness": plots.DETERMINISM_FIGURES,
+}
+TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "tok_s", "throughput")
+
+
+def notebook_of(run_dir: Path) -> str:
+    info = archive.read_json(run_dir / "run.json", {})
+    return info.get("notebook") or run_dir.parent.name
+
+
+def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> list[Path]:
+    """Rebuild every figure of a run from `data/*.parquet`. `notebook` style overwrites `figures/`
+    (reproducing the notebook's files); `paper` / `blog` write to `figures/<style>/`."""
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "run.json").exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
+    nb = notebook_of(run_dir)
+    if nb not in FIGURES:
+        raise ValueError(f"no figure recipes for notebook {nb!r}")
+    plots.set_style(style)
+    out_dir = run_dir / "figures" if style == "notebook" else run_dir / "figures" / style
+    written, cache = [], {}
+    for name, (data, fn) in FIGURES[nb].items():
+        if data not in cache:
+            path = run_dir / "data" / f"{data}.parquet"
+            if not path.exists():
+                raise FileNotFoundError(f"{path} is missing: cannot rebuild figure {name!r}")
+            cache[data] = pd.read_parquet(path)
+        fig = fn(cache[data], style=style)
+        written.append(plots.save_figure(fig, out_dir / name))
+        plt.close(fig)
+    return written
+
+
+def is_timing(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return name.startswith("t_") or name.endswith(TIMING_SUFFIXES) or key.startswith(("tput/", "bench/"))
+
+
+def compare(run_a: str | os.PathLike, run_b: str | os.PathLike, rtol: float = 1e-6, atol: float = 1e-9,
+            include_timing: bool = False) -> tuple[bool, list[dict]]:
+    """Every metric the two runs share: both values, difference, and whether it agrees within tolerance.
+    Timing metrics are listed but only fail the comparison with `include_timing`."""
+    ma = archive.read_json(Path(run_a) / "metrics.json")
+    mb = archive.read_json(Path(run_b) / "metrics.json")
+    for p, m in ((run_a, ma), (run_b, mb)):
+        if m is None:
+            raise FileNotFoundError(f"{p}/metrics.json is missing or unreadable")
+    rows, ok = [], True
+    for k in sorted(set(ma) | set(mb)):
+        a, b = ma.get(k), mb.get(k)
+        timing = is_timing(k)
+        if k not in ma or k not in mb:
+            rows.append({"metric": k, "a": a, "b": b, "diff": None, "status": "only in " + ("a" if k in ma else "b"),
+                         "timing": timing})
+            continue
+        if a is None or b is None:
+            agree = a is None and b is None
+            diff = None
+        else:
+            diff = b - a
+            agree = math.isclose(a, b, rel_tol=rtol, abs_tol=atol)
+        status = "ok" if agree else ("timing" if timing and not include_timing else "DRIFT")
+        ok &= status != "DRIFT"
+        rows.append({"metric": k, "a": a, "b": b, "diff": diff, "status": status, "timing": timing})
+    return ok, rows
+
+
+def latest_ok_run(root: Path, notebook: str) -> Path | None:
+    runs = [r for r in archive.list_runs(root) if r["notebook"] == notebook and r.get("status") == "ok"]
+    return Path(runs[0]["dir"]) if runs else None
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return html.escape(str(v))
+
+
+def build_index(root: Path) -> Path:
+    """`<outputs>/index.html`: one static page listing every run, newest first, filterable."""
+    from .params import SCHEMAS
+
+    runs = archive.list_runs(root)
+    rows = []
+    for r in runs:
+        rel = os.path.relpath(r["dir"], root)
+        engines = r.get("engines") or {}
+        eng = ", ".join(f"{k} ({v.get('engine')}{' ' + v['vllm_version'] if v.get('vllm_version') else ''})"
+                        for k, v in engines.items())
+        heads = SCHEMAS[r["notebook"]].HEADLINE if r["notebook"] in SCHEMAS else []
+        head = "<br>".join(f"<code>{html.escape(k)}</code> = {_fmt(r['metrics'].get(k))}" for k in heads[:3])
+        figs = sorted(Path(r["dir"], "figures").glob("*.png"))
+        fig_links = " ".join(f'<a href="{html.escape(os.path.relpath(f, root))}">{html.escape(f.stem)}</a>' for f in figs)
+        commit = (r.get("git_commit") or "")[:10] + (" (dirty)" if r.get("git_dirty") else "")
+        status = r.get("status", "?")
+        rows.append(
+            f'<tr class="run" data-notebook="{html.escape(r["notebook"])}" data-status="{html.escape(status)}">'
+            f"<td>{html.escape(r['notebook'])}</td>"
+            f'<td><a href="{html.escape(rel)}/report.html">{html.escape(r["run_id"])}</a></td>'
+            f"<td>{html.escape((r.get('started_at') or '')[:19].replace('T', ' '))}</td>"
+            f'<td class="status {html.escape(status)}">{html.escape(status)}'
+            + (f'<div class="err">{html.escape((r.get("error") or "")[:200])}</div>' if status != "ok" else "")
+            + f"</td><td>{_fmt(r.get('duration_s'))}</td><td><code>{html.escape(commit)}</code></td>"
+            f"<td>{html.escape(eng)}</td><td>{head}</td>"
+            f'<td>{fig_links} · <a href="{html.escape(rel)}/params.yaml">params</a></td></tr>')
+    notebooks = sorted({r["notebook"] for r in runs})
+    opts = "".join(f'<option value="{html.escape(n)}">{html.escape(n)}</option>' for n in notebooks)
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>rlwb runs</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #222; }}
+table {{ border-collapse: collapse; width: 100%; font-size: 0.9rem; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 0.4rem 0.6rem; text-align: left; vertical-align: top; }}
+th {{ background: #f4f4f4; position: sticky; top: 0; }}
+.status.ok {{ color: #009E73; font-weight: 600; }}
+.status.failed {{ color: #fff; background: #D55E00; font-weight: 600; }}
+.err {{ font-size: 0.75rem; font-weight: 400; }}
+.filters {{ margin: 1rem 0; }}
+</style></head><body>
+<h1>rlwb runs</h1>
+<p>{len(runs)} archived runs under <code>{html.escape(str(root))}</code>, newest first.</p>
+<div class="filters">notebook <select id="nb"><option value="">all</option>{opts}</select>
+status <select id="st"><option value="">all</option><option>ok</option><option>failed</option></select></div>
+<table id="runs"><thead><tr><th>notebook</th><th>run</th><th>started (UTC)</th><th>status</th><th>duration s</th>
+<th>git commit</th><th>engines</th><th>headline metrics</th><th>files</th></tr></thead>
+<tbody>{''.join(rows)}</tbody></table>
+<script>
+function apply() {{
+  const nb = document.getElementById('nb').value, st = document.getElementById('st').value;
+  for (const tr of document.querySelectorAll('tr.run'))
+    tr.style.display = (!nb || tr.dataset.notebook === nb) && (!st || tr.dataset.status === st) ? '' : 'none';
+}}
+document.getElementById('nb').onchange = apply; document.getElementById('st').onchange = apply;
+</script></body></html>
+"""
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / "index.html"
+    tmp = root / ".index.html.tmp"
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def compare_table(rows: list[dict], only_interesting: bool = False) -> str:
+    shown = [r for r in rows if not only_interesting or r["status"] != "ok"]
+    w = max([len(r["metric"]) for r in shown] + [6])
+    lines = [f"{'metric':<{w}}  {'run A':>12}  {'run B':>12}  {'B - A':>12}  status"]
+    for r in shown:
+        lines.append(f"{r['metric']:<{w}}  {_num(r['a']):>12}  {_num(r['b']):>12}  {_num(r['diff']):>12}  {r['status']}")
+    return "\n".join(lines)
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.5g}" if isinstance(v, float) else str(v)
+
+
+def dump_json(obj) -> str:
+    return json.dumps(obj, indent=2, default=str)

@@ -1,0 +1,105 @@
+"""Figures from archived data, run comparison, the index page (checked in headless Chromium), rerun."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlwb import archive, reports
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def rlwb(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "rlwb.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, default_model):
+    """Notebook 00 twice with identical params and once with another seed (real runs)."""
+    out = tmp_path_factory.mktemp("outputs")
+    dirs = []
+    for seed in ("0", "0", "5"):
+        r = rlwb("run", "notebooks/00_default_policy.ipynb", "-f", "params/00_default_policy/smoke.yaml",
+                 "-p", "seed", seed, "--outputs", str(out))
+        assert r.returncode == 0, r.stderr[-2000:]
+        dirs.append(Path(r.stdout.strip().splitlines()[-1]))
+    return out, dirs
+
+
+@pytest.mark.slow
+def test_figures_regenerate_byte_identical_png(two_runs):
+    _, (a, _, _) = two_runs
+    before = {p.name: p.read_bytes() for p in (a / "figures").glob("*.png")}
+    assert before
+    r = rlwb("figures", str(a))
+    assert r.returncode == 0, r.stderr
+    after = {p.name: p.read_bytes() for p in (a / "figures").glob("*.png")}
+    assert after == before
+    r = rlwb("figures", str(a), "--style", "paper")
+    assert r.returncode == 0 and (a / "figures" / "paper" / "accuracy_by_digits.pdf").exists()
+    assert (a / "figures" / "paper" / "accuracy_by_digits.svg").read_text().count("serif") >= 1
+
+
+@pytest.mark.slow
+def test_compare_identical_params_agree_and_changed_params_drift(two_runs):
+    _, (a, b, c) = two_runs
+    r = rlwb("compare", str(a), str(b))
+    assert r.returncode == 0, r.stdout
+    r = rlwb("compare", str(a), str(c), "--json")
+    assert r.returncode == 1
+    out = json.loads(r.stdout)
+    drifted = {row["metric"] for row in out["rows"] if row["status"] == "DRIFT"}
+    assert "policy/greedy_accuracy" in drifted or "policy/mean_completion_tokens" in drifted
+
+
+def test_compare_ignores_timing_unless_asked(tmp_path):
+    for name, v in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        archive.write_json(tmp_path / name / "metrics.json", {"x/k3_mean": 0.5, "x/step_s_mean": v})
+    ok, rows = reports.compare(tmp_path / "a", tmp_path / "b")
+    assert ok and {r["metric"]: r["status"] for r in rows}["x/step_s_mean"] == "timing"
+    ok, _ = reports.compare(tmp_path / "a", tmp_path / "b", include_timing=True)
+    assert not ok
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_index_page_lists_runs_in_chromium(two_runs, tmp_path):
+    out, dirs = two_runs
+    # a failed run, archived as such, must be listed and marked
+    failed = out / "00_default_policy" / "20000101-000000-deadbeef"
+    shutil.copytree(dirs[0], failed)
+    info = json.loads((failed / "run.json").read_text())
+    info.update(status="failed", error="RuntimeError: boom", started_at="2000-01-01T00:00:00Z")
+    (failed / "run.json").write_text(json.dumps(info))
+    r = rlwb("index", "--outputs", str(out))
+    assert r.returncode == 0
+    page = out / "index.html"
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is required (make setup installs it)"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    rows = dom.stdout.count('<tr class="run"')
+    assert rows == 4
+    for d in dirs:
+        assert d.name in dom.stdout
+    assert 'data-status="failed"' in dom.stdout and "RuntimeError: boom" in dom.stdout
+    # newest first: the fake failed run (year 2000) is the last row
+    assert dom.stdout.rfind('<tr class="run"') == dom.stdout.find('data-status="failed"') - len('<tr class="run" data-notebook="00_default_policy" ')
+    shot = tmp_path / "index.png"
+    subprocess.run([chromium, *flags, f"--screenshot={shot}", "--window-size=1400,700", page.as_uri()],
+                   capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 5000
+
+
+def test_figures_on_a_non_run_dir_is_a_clear_error(tmp_path):
+    r = rlwb("figures", str(tmp_path))
+    assert r.returncode == 2 and "not a run directory" in r.stderr
