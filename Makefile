@@ -5,7 +5,7 @@ RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
 
-.PHONY: setup kernel engines browser model reports test lab clean-outputs
+.PHONY: setup kernel engines browser model reports test bench lab clean-outputs
 
 setup: kernel engines browser model  ## everything: kernel env, engine envs, chromium, the default model
 
@@ -32,8 +32,11 @@ reports: setup                       ## run every notebook with its default para
 test: setup                          ## the whole test suite (real engines included)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
+bench: setup                         ## throughput / overhead benchmark -> outputs/bench/<time>/
+	$(RLWB) bench
+
 lab: kernel                          ## JupyterLab on 127.0.0.1, opened on notebooks/
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 clean-outputs:                       ## remove archived runs (asks first)
 	@read -p "delete everything under outputs/ except README.md? [y/N] " a && [ "$$a" = y ] && \

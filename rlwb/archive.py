@@ -150,13 +150,22 @@ class Run:
         self._update_run_json(model={"path": str(path), "recipe_hash": (card or {}).get("recipe_hash"),
                                      "card": card})
 
+    @staticmethod
+    def _safe_name(name: str) -> str:
+        """File names come from notebooks and params: keep them inside the run dir."""
+        import re
+
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.=,+-]*", name) or ".." in name:
+            raise ValueError(f"bad file name {name!r}: use letters, digits and _.=,+- (no paths)")
+        return name
+
     def save_figure(self, fig, name: str) -> Path:
         from .plots import save_figure
 
-        return save_figure(fig, self.dir / "figures" / name)
+        return save_figure(fig, self.dir / "figures" / self._safe_name(name))
 
     def save_data(self, df, name: str) -> Path:
-        path = self.dir / "data" / f"{name}.parquet"
+        path = self.dir / "data" / f"{self._safe_name(name)}.parquet"
         df.to_parquet(path, index=False)
         return path
 

@@ -1,4 +1,4 @@
-"""`rlwb` command line: run | runs | figures | compare | index | rerun | build-model | engines check.
+"""`rlwb` command line: run | runs | figures | compare | index | rerun | bench | build-model | engines check.
 
 Exit codes: 0 success, 1 a run failed / a check did not pass, 2 bad input (params, paths, presets).
 `rlwb run` prints the run directory as the last line of stdout, so scripts can `dir=$(rlwb run ... | tail -1)`.
@@ -147,6 +147,16 @@ def _cmd_rerun(a) -> int:
     return status
 
 
+def _cmd_bench(a) -> int:
+    from . import bench
+    from .paths import outputs_dir
+
+    out = bench.run(outputs_dir(a.outputs), quick=a.quick)
+    print((out / "bench.md").read_text())
+    print(out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlwb", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -192,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rtol", type=float, default=1e-6)
     r.add_argument("--atol", type=float, default=1e-9)
     r.set_defaults(fn=_cmd_rerun)
+
+    r = sub.add_parser("bench", help="throughput and overhead ratios (outputs/bench/<time>/)")
+    r.add_argument("--quick", action="store_true", help="fewer batch sizes and repeats (a few minutes)")
+    r.add_argument("--outputs")
+    r.set_defaults(fn=_cmd_bench)
 
     r = sub.add_parser("build-model", help="build (or show the cached) embedded default policy")
     r.add_argument("--force", action="store_true")

@@ -1,0 +1,131 @@
+"""Reliability: bad input never reaches compute, crashes and interrupts are archived honestly, runs reproduce."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlwb import params
+from rlwb.params import ParamError
+from tests.conftest import process_group_members
+
+REPO = Path(__file__).resolve().parent.parent
+
+junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+                    max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(params.SCHEMAS)),
+       st.dictionaries(st.sampled_from(["seed", "prompts", "temperature", "engines", "top_p", "top_k", "dtype",
+                                        "model", "temperatures", "steps", "lr", "corrections", "batch_sizes",
+                                        "full_vocab", "bogus"]), junk, max_size=4))
+def test_random_junk_params_give_param_errors_not_tracebacks(nb, values):
+    """Whatever the values, loading either succeeds or raises ParamError with a message naming a key."""
+    try:
+        params.load(nb, overrides=values)
+    except ParamError as e:
+        assert "parameter" in str(e) or "model" in str(e)
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+def test_sigint_interrupts_run_archives_failed_and_leaves_no_workers(outputs, default_model):
+    """Ctrl-C during notebook 01: the run is archived as failed ('interrupted'), `latest` is not updated,
+    earlier runs are untouched and no engine process survives."""
+    earlier = outputs / "01_logprob_mismatch" / "20000101-000000-00000000"
+    earlier.mkdir(parents=True)
+    (earlier / "run.json").write_text(json.dumps({"status": "ok"}))
+    proc = subprocess.Popen([sys.executable, "-m", "rlwb.cli", "run", "notebooks/01_logprob_mismatch.ipynb",
+                             "-f", "params/01_logprob_mismatch/smoke.yaml", "-p", "engines", "[vllm-v1]"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # wait until the engine worker is up, then interrupt
+    deadline, workers = time.time() + 300, []
+    while time.time() < deadline and not workers:
+        time.sleep(1)
+        workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_worker(int(p))]
+    assert workers, "the engine worker never started"
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode != 0
+    run_dir = Path(out.strip().splitlines()[-1])
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed" and "interrupt" in info["error"].lower()
+    assert not (outputs / "latest" / "01_logprob_mismatch").exists()
+    assert json.loads((earlier / "run.json").read_text()) == {"status": "ok"}
+    time.sleep(3)
+    for pid in workers:
+        assert process_group_members(pid) == [], "engine worker left running"
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return "rlwb/engines/server.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="ignore")
+    except OSError:
+        return False
+
+
+@pytest.mark.engines
+def test_workers_listen_on_no_tcp_port(engine):
+    """Workers talk over pipes: none of their processes holds a listening TCP socket."""
+    w = engine("hf")
+    w2 = engine("vllm-v1")
+    for worker in (w, w2):
+        inodes = set()
+        for pid in process_group_members(worker.pid):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                try:
+                    link = os.readlink(fd)
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        listening = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "0A":  # LISTEN
+                    listening.add(f[9])
+        assert not (inodes & listening), f"{worker.preset.name} listens on a TCP port"
+
+
+def test_no_insecure_serialization_and_named_extension():
+    src = (REPO / "rlwb" / "engines" / "server.py").read_text()
+    assert 'worker_extension_cls"] = "vllm_ext.RlwbWorkerExtension"' in src
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in src
+    assert 'env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION"' in (REPO / "rlwb" / "engines" / "worker.py").read_text()
+
+
+def test_names_from_params_cannot_escape_the_outputs_dir(tmp_path):
+    from rlwb.archive import Run
+
+    run = Run(tmp_path / "r")
+    for bad in ("../evil", "/abs", "a/../../b"):
+        with pytest.raises(ValueError, match="name"):
+            run.save_data(__import__("pandas").DataFrame({"a": [1]}), bad)
+        with pytest.raises(ValueError, match="name"):
+            run.save_figure(None, bad)
+
+
+@pytest.mark.slow
+def test_same_params_twice_give_identical_metrics(outputs, default_model):
+    dirs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-m", "rlwb.cli", "run", "notebooks/00_default_policy.ipynb", "-f",
+                            "params/00_default_policy/smoke.yaml"], cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0
+        dirs.append(Path(r.stdout.strip().splitlines()[-1]))
+    from rlwb.reports import compare
+
+    ok, rows = compare(*dirs, rtol=0, atol=0)
+    assert ok, [r for r in rows if r["status"] == "DRIFT"]
