@@ -71,7 +71,7 @@ def rerun_identical(w: EngineWorker, prompts, fillers, max_tokens: int, seed: in
 def perturbed_state(model: torch.nn.Module, seed: int, scale: float = 0.02) -> dict:
     """A known weight perturbation (seeded Gaussian noise), standing in for one training step."""
     g = torch.Generator().manual_seed(seed)
-    return {k: v + torch.randn(v.shape, generator=g) * scale if v.is_floating_point() else v
+    return {k: v + (torch.randn(v.shape, generator=g) * scale).to(v.device) if v.is_floating_point() else v
             for k, v in model.state_dict().items()}
 
 

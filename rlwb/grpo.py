@@ -80,16 +80,17 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
                             for i, c in enumerate(comps)])
     t1 = time.perf_counter()
 
+    dev = next(model.parameters()).device
     batch = make_batch([c.prompt_token_ids for c in comps], [c.token_ids for c in comps])
     lengths = batch.completion_lens
     width = max(lengths)
-    mask = _pad([np.ones(n) for n in lengths], width).bool()
-    logp_engine = _pad([c.logprobs for c in comps], width)
+    mask = _pad([np.ones(n) for n in lengths], width).bool().to(dev)
+    logp_engine = _pad([c.logprobs for c in comps], width).to(dev)
     with torch.no_grad():
         old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
     logp_trainer_old = _per_seq(old["logp"], lengths, width)
-    adv = losses.group_advantages(rewards, cfg.group_size)
-    e_flat, t_flat = logp_engine[mask].double().numpy(), logp_trainer_old[mask].double().numpy()
+    adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
+    e_flat, t_flat = logp_engine[mask].double().cpu().numpy(), logp_trainer_old[mask].double().cpu().numpy()
     mm = M.mismatch_metrics(e_flat, t_flat)
     t2 = time.perf_counter()
 
@@ -108,7 +109,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     opt.step()
     t3 = time.perf_counter()
 
-    engine.update_weights(model.state_dict())
+    engine.update_weights(model.state_dict())  # moved to CPU and written to shared memory by the worker client
     t4 = time.perf_counter()
     row = {"step": step, "reward_mean": float(rewards.mean()), "clip_frac": st.clip_frac,
            "mismatch_k3": mm["k3_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
@@ -117,7 +118,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
            "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3, "t_step": t4 - t0}
     batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],
                     "logp_engine": [c.logprobs for c in comps],
-                    "logp_trainer": [x.numpy() for x in old["logp"].split(lengths)], "reward": rewards.numpy()}
+                    "logp_trainer": [x.cpu().numpy() for x in old["logp"].split(lengths)], "reward": rewards.numpy()}
     return StepResult(row, batch_record)
 
 
@@ -153,6 +154,11 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
 
 
 # -- notebook 03: every engine x correction x seed from the same initial weights ---------------------
+def trainer_device() -> str:
+    """The trainer runs on the GPU when there is one (engines manage their own devices)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def config_from_params(p, correction: str, seed: int) -> GRPOConfig:
     return GRPOConfig(steps=p.steps, prompts_per_step=p.prompts_per_step, group_size=p.group_size, lr=p.lr,
                       temperature=p.temperature, max_tokens=p.max_tokens, clip_eps=p.clip_eps,
@@ -167,8 +173,8 @@ def run_grid(p, model_path, on_start=None, progress: bool = True, monitor_factor
     from .mismatch import iter_engines
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(trainer_device())
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     frames = []
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         for corr in p.corrections:
@@ -213,4 +219,11 @@ def conclusion(metrics: dict, p) -> str:
             lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f} ({b - a:+.3f}); clip fraction "
                          f"{metrics[f'{L}/clip_frac_mean']:.1%}; engine-trainer k3 {metrics[f'{L}/mismatch_k3_mean']:.1e}; "
                          f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
+    deltas = {k.rsplit("/", 1)[0]: metrics[k] - metrics[k.replace("reward_first", "reward_last")]
+              for k in metrics if k.endswith("/reward_first")}
+    deltas = {L: -d for L, d in deltas.items()}
+    if deltas and max(deltas.values()) < 0.05:
+        lines.append(f"\nNo configuration improved its reward by 0.05 or more within {p.steps} steps (best: "
+                     f"{max(deltas.values()):+.3f}); on this budget the reward curves do not separate the engines, "
+                     f"while the clip fraction and k3 above do.")
     return "\n".join(lines)

@@ -41,6 +41,17 @@ def _engine_presets() -> list[str]:
     return available_presets()
 
 
+def _check_engine(name: str) -> str | None:
+    """A known preset whose interpreter exists (else the run would fail minutes later, at engine start)."""
+    from .engines.presets import PresetError, resolve_preset
+
+    try:
+        resolve_preset(name).check_interpreter()
+    except PresetError as e:
+        return str(e)
+    return None
+
+
 def _check_model(value: str) -> str | None:
     """`default`, an existing model directory holding a causal LM, or a hub id (loaded by the user's GPU box)."""
     if value == "default":
@@ -100,7 +111,7 @@ class EngineParams(Params):
 
     model: str = P("default", "'default' (embedded policy), a model directory, or an HF id", check=_check_model)
     engines: list[str] = P(["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"],
-                           "engine presets (params/engines.yaml), in ladder order", choices=_engine_presets)
+                           "engine presets (params/engines.yaml), in ladder order", choices=_engine_presets, check=_check_engine)
     dtype: str = P("float32", "engine weights/activations dtype", choices=DTYPES)
 
 
@@ -133,7 +144,7 @@ class KLTemperatureParams(EngineExperimentParams):
     HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/T=0.5/k3_mean", "vllm-v0/T=0.5/k3_mean"]
 
     engines: list[str] = P(["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed"],
-                           "engine presets (params/engines.yaml)", choices=_engine_presets)
+                           "engine presets (params/engines.yaml)", choices=_engine_presets, check=_check_engine)
     prompts: int = P(32, "number of task prompts sampled per engine and setting", ge=1)
     temperatures: list[float] = P([0.3, 0.5, 0.7, 0.9, 1.0, 1.1, 1.3, 1.5], "sampling temperatures (> 0)",
                                   gt=0, le=10)
@@ -148,7 +159,7 @@ class GRPOParams(EngineParams):
     HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1-fixed+none/reward_last", "vllm-v1+none/reward_last"]
 
     engines: list[str] = P(["vllm-v0", "vllm-v1", "vllm-v1-fixed"], "engine presets that generate the rollouts",
-                           choices=_engine_presets)
+                           choices=_engine_presets, check=_check_engine)
     corrections: list[str] = P(["none", "tis"], "off-policy corrections: none, tis, mis, seq_mask",
                                choices=["none", "tis", "mis", "seq_mask"])
     num_seeds: int = P(3, "seeds per configuration: seed, seed+1, ...", ge=1)
@@ -174,7 +185,7 @@ class DeterminismParams(EngineParams):
     HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/stale_cache_abs_dlogp_max", "vllm-v1/batch_invariant_frac"]
 
     engines: list[str] = P(["hf", "vllm-v0", "vllm-v1", "vllm-v1-fixed"], "engine presets to measure",
-                           choices=_engine_presets)
+                           choices=_engine_presets, check=_check_engine)
     prompts: int = P(16, "requests whose outputs are compared", ge=1)
     batch_sizes: list[int] = P([1, 64], "batch sizes; each > 1 is a heterogeneous batch holding the requests", ge=1)
     prefix_tokens: int = P(400, "shared prefix length in tokens (several KV-cache blocks)", ge=1)

@@ -174,17 +174,16 @@ def log_ratio_hist(rollouts_df, style: str = "notebook"):
     return fig
 
 
-def mismatch_vs_position(rollouts_df, style: str = "notebook", position_col: str = "position",
-                         xlabel: str = "position in the completion"):
+def mismatch_vs_position(rollouts_df, style: str = "notebook"):
     """Mean |log r| per position, one line per engine (log y)."""
     fig, ax = plt.subplots(figsize=figsize(style))
     for e in _order(rollouts_df["engine"]):
         d = rollouts_df[rollouts_df["engine"] == e]
-        g = (d["logp_trainer"] - d["logp_engine"]).abs().groupby(d[position_col]).mean()
+        g = (d["logp_trainer"] - d["logp_engine"]).abs().groupby(d["position"]).mean()
         ax.plot(g.index, np.maximum(g.values, FLOOR_VALUE), color=engine_color(e), ls=engine_style(e), label=e,
                 marker=".", ms=3)
     ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel("position in the completion")
     ax.set_ylabel("mean |Δlogp|")
     ax.set_title("Mismatch vs position")
     ax.legend(fontsize="small")
@@ -305,7 +304,7 @@ KL_FIGURES = {"kl_vs_temperature": ("sweep", kl_vs_temperature), "kl_vs_temperat
 
 
 # -- notebook 03: toy GRPO ---------------------------------------------------------------------------
-def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log: bool = False):
+def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log: bool = False, smooth: int = 1):
     corrections = list(dict.fromkeys(curves["correction"]))
     fig, axes = plt.subplots(1, len(corrections), figsize=figsize(style, 0.55 * len(corrections) + 0.3),
                              sharey=True, squeeze=False)
@@ -315,7 +314,7 @@ def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log:
             if d.empty:
                 continue
             g = d.groupby("step")[column]
-            mean, lo, hi = g.mean(), g.min(), g.max()
+            mean, lo, hi = (x.rolling(smooth, center=True, min_periods=1).mean() for x in (g.mean(), g.min(), g.max()))
             if log:
                 mean, lo, hi = (np.maximum(x, FLOOR_VALUE) for x in (mean, lo, hi))
             ax.plot(mean.index, mean.values, color=engine_color(e), ls=engine_style(e), label=e)
@@ -326,13 +325,14 @@ def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log:
             ax.set_yscale("log")
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize="small")
-    fig.suptitle(title + " (line: mean over seeds; band: min–max)")
+    avg = f"{smooth}-step moving average of " if smooth > 1 else ""
+    fig.suptitle(f"{title} (line: {avg}the mean over seeds; band: min–max over seeds)")
     fig.tight_layout()
     return fig
 
 
 def reward_curves(curves, style: str = "notebook"):
-    return _curve_panels(curves, "reward_mean", "mean reward", "Reward", style)
+    return _curve_panels(curves, "reward_mean", "mean reward", "Reward", style, smooth=5)
 
 
 def clip_curves(curves, style: str = "notebook"):

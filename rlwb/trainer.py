@@ -116,7 +116,10 @@ def split_by_lengths(flat: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
 class TrainerScorer:
     """A transformers causal LM in a chosen dtype that scores engine rollouts (no grad)."""
 
-    def __init__(self, model: str | Path | torch.nn.Module, dtype: str = "float32", device: str = "cpu"):
+    def __init__(self, model: str | Path | torch.nn.Module, dtype: str = "float32", device: str = "auto"):
+        """`device="auto"`: CUDA when available (a GPU box), else CPU."""
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype not in DTYPES:
             raise ValueError(f"trainer dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if isinstance(model, torch.nn.Module):

@@ -112,3 +112,11 @@ def test_injected_unknown_names_are_caught_inside_the_notebook():
         params.from_namespace("00_default_policy", ns)
     ns["In"] = ["", "# Parameters\nseed = 1\n"]
     assert params.from_namespace("00_default_policy", ns).seed == 1
+
+
+def test_preset_with_missing_interpreter_is_rejected_before_compute(tmp_path, monkeypatch):
+    extra = tmp_path / "mine.yaml"
+    extra.write_text("mine:\n  extends: vllm-v1\n  python: /nonexistent/bin/python\n")
+    monkeypatch.setenv("RLWB_ENGINE_PRESETS", str(extra))
+    with pytest.raises(ParamError, match=r"'engines\[0\]'.*interpreter /nonexistent/bin/python does not exist"):
+        params.load("01_logprob_mismatch", overrides={"engines": ["mine"]})
