@@ -79,7 +79,9 @@ def _is_worker(pid: int) -> bool:
 
 @pytest.mark.engines
 def test_workers_listen_on_no_tcp_port(engine):
-    """Workers talk over pipes: none of their processes holds a listening TCP socket."""
+    """rlwb talks to workers over pipes: the HF worker holds no listening TCP socket at all. vLLM V1 itself
+    opens listening sockets for its own process group (torch.distributed/zmq); those must be bound to
+    loopback only, never to an address reachable from outside the machine."""
     w = engine("hf")
     w2 = engine("vllm-v1")
     for worker in (w, w2):
@@ -92,13 +94,17 @@ def test_workers_listen_on_no_tcp_port(engine):
                     continue
                 if link.startswith("socket:["):
                     inodes.add(link[8:-1])
-        listening = set()
+        listening = {}
         for table in ("/proc/net/tcp", "/proc/net/tcp6"):
             for line in Path(table).read_text().splitlines()[1:]:
                 f = line.split()
                 if f[3] == "0A":  # LISTEN
-                    listening.add(f[9])
-        assert not (inodes & listening), f"{worker.preset.name} listens on a TCP port"
+                    listening[f[9]] = f[1].split(":")[0]
+        mine = {i: listening[i] for i in inodes & set(listening)}
+        if worker.preset.backend == "hf":
+            assert not mine, "the HF worker listens on a TCP port"
+        loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+        assert all(addr in loopback for addr in mine.values()), f"{worker.preset.name} listens beyond loopback: {mine}"
 
 
 def test_no_insecure_serialization_and_named_extension():
