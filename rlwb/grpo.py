@@ -219,9 +219,8 @@ def conclusion(metrics: dict, p) -> str:
             lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f} ({b - a:+.3f}); clip fraction "
                          f"{metrics[f'{L}/clip_frac_mean']:.1%}; engine-trainer k3 {metrics[f'{L}/mismatch_k3_mean']:.1e}; "
                          f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
-    deltas = {k.rsplit("/", 1)[0]: metrics[k] - metrics[k.replace("reward_first", "reward_last")]
+    deltas = {k.rsplit("/", 1)[0]: metrics[k.replace("reward_first", "reward_last")] - metrics[k]
               for k in metrics if k.endswith("/reward_first")}
-    deltas = {L: -d for L, d in deltas.items()}
     if deltas and max(deltas.values()) < 0.05:
         lines.append(f"\nNo configuration improved its reward by 0.05 or more within {p.steps} steps (best: "
                      f"{max(deltas.values()):+.3f}); on this budget the reward curves do not separate the engines, "
