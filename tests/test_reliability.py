@@ -51,7 +51,8 @@ def test_sigint_interrupts_run_archives_failed_and_leaves_no_workers(outputs, de
     deadline, workers = time.time() + 300, []
     while time.time() < deadline and not workers:
         time.sleep(1)
-        workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_worker(int(p))]
+        workers = [int(p) for p in os.listdir("/proc")
+                   if p.isdigit() and _is_worker(int(p)) and _descends_from(int(p), proc.pid)]
     assert workers, "the engine worker never started"
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
@@ -68,6 +69,18 @@ def test_sigint_interrupts_run_archives_failed_and_leaves_no_workers(outputs, de
         time.sleep(1)
     for pid in workers:
         assert process_group_members(pid) == [], "engine worker left running"
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Only this run's workers count: the session's shared engine fixture keeps its own workers alive."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
 
 
 def _is_worker(pid: int) -> bool:
