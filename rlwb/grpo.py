@@ -22,16 +22,17 @@ from . import metrics as M
 from .engines.worker import EngineWorker, Sampling
 from .trainer import completion_logprobs, make_batch
 
-CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "clip_frac", "mismatch_k3", "abs_dlogp_mean",
-                 "entropy", "grad_norm", "t_rollout", "t_score", "t_update", "t_sync"]
+LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
+CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "reversed_frac", "clip_frac", "mismatch_k3",
+                 "abs_dlogp_mean", "entropy", "grad_norm", "t_rollout", "t_score", "t_update", "t_sync"]
 
 
 @dataclass
 class GRPOConfig:
-    steps: int = 40
+    steps: int = 50
     prompts_per_step: int = 8
     group_size: int = 8
-    lr: float = 1e-3
+    lr: float = 1.5e-4
     temperature: float = 0.7
     max_tokens: int = 32
     clip_eps: float = 0.2
@@ -62,6 +63,12 @@ def _per_seq(flat: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor
     return torch.stack(out)
 
 
+def _is_reversed(problem: tasks.Problem, text: str) -> bool:
+    """The completion shows the SFT habit: its answer is the sum reversed (palindromic sums excluded)."""
+    digits = str(problem.answer)
+    return digits != digits[::-1] and tasks.parse_answer(text) == int(digits[::-1])
+
+
 @dataclass
 class StepResult:
     row: dict
@@ -76,8 +83,9 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     prompts = [codec.encode(p.prompt) for p in problems for _ in range(cfg.group_size)]
     sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed * 10_000_019 + step * 1000)
     comps = engine.generate(prompts, sampling)
-    rewards = torch.tensor([tasks.reward(problems[i // cfg.group_size], codec.decode(c.token_ids))
-                            for i, c in enumerate(comps)])
+    texts = [codec.decode(c.token_ids) for c in comps]
+    rewards = torch.tensor([tasks.reward(problems[i // cfg.group_size], t) for i, t in enumerate(texts)])
+    reversed_frac = float(np.mean([_is_reversed(problems[i // cfg.group_size], t) for i, t in enumerate(texts)]))
     t1 = time.perf_counter()
 
     dev = next(model.parameters()).device
@@ -111,7 +119,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
 
     engine.update_weights(model.state_dict())  # moved to CPU and written to shared memory by the worker client
     t4 = time.perf_counter()
-    row = {"step": step, "reward_mean": float(rewards.mean()), "clip_frac": st.clip_frac,
+    row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
+           "clip_frac": st.clip_frac,
            "mismatch_k3": mm["k3_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
            "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
            "kept_frac": st.kept_frac, "completion_tokens": float(np.mean(lengths)),
@@ -221,8 +230,17 @@ def conclusion(metrics: dict, p) -> str:
                          f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
     deltas = {k.rsplit("/", 1)[0]: metrics[k.replace("reward_first", "reward_last")] - metrics[k]
               for k in metrics if k.endswith("/reward_first")}
+    ref = "vllm-v1-fixed+none"
+    if ref in deltas:
+        verdict = "learns" if deltas[ref] >= LEARNING_MIN_GAIN else "does NOT learn"
+        lines.append(f"\n**Learning check.** The correct configuration `{ref}` {verdict} on this budget: reward "
+                     f"{deltas[ref]:+.3f} (criterion: ≥ {LEARNING_MIN_GAIN:+.2f}).")
+    others = {k: v for k, v in deltas.items() if k != ref}
+    if ref in deltas and others:
+        worst = min(others, key=others.get)
+        lines.append(f"Smallest gain elsewhere: `{worst}` {others[worst]:+.3f}, {others[worst] - deltas[ref]:+.3f} "
+                     f"relative to `{ref}`.")
     if deltas and max(deltas.values()) < 0.05:
         lines.append(f"\nNo configuration improved its reward by 0.05 or more within {p.steps} steps (best: "
-                     f"{max(deltas.values()):+.3f}); on this budget the reward curves do not separate the engines, "
-                     f"while the clip fraction and k3 above do.")
+                     f"{max(deltas.values()):+.3f}).")
     return "\n".join(lines)

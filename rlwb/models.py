@@ -4,6 +4,15 @@ Why: nothing can be downloaded from a model hub here, and the experiments need a
 vLLM loads as a Llama, (b) is deterministic from a seed, (c) solves the toy task only partly, so RL has
 headroom, and (d) writes completions long enough for per-token mismatch to accumulate.
 
+Why the SFT corpus has a bad habit: half its examples write the final sum reversed ("#521" for 125). A
+policy whose only errors are capability errors (miscopied digits) gives an RL gradient that is mostly
+noise at this size: with the habit-free recipe (190 steps, greedy accuracy 0.435) every learning rate
+tried made GRPO *lower* the reward (Adam lr 3e-4: 0.45 -> 0.03 in 40 steps; a step of norm 0.03 along
+a 512-rollout policy gradient already lowered the sampled reward 0.437 -> 0.409). A habit that the
+reward alone reveals is one consistent direction, so GRPO learns it in tens of steps (measured with the
+HF engine, lr 1e-4, T 0.7: batch reward 0.67 -> 0.86 over 30 steps, greedy accuracy 0.525 -> 0.84) and
+the engines' logprob errors have something to disturb. Toy RL testbeds use the same construction.
+
 The built model is cached under `cache_dir()/models/default-<recipe hash>/` and reused: the hash covers
 every recipe value, so changing the recipe builds a new model and never silently reuses an old one.
 """
@@ -13,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -36,7 +46,8 @@ class ModelRecipe:
     max_position_embeddings: int = 4096  # long enough for the long-context checks on CPU
     rope_theta: float = 10000.0
     seed: int = 0
-    train_steps: int = 190  # SFT steps: 150 gave greedy accuracy 0.27, 300 gave 0.95; 190 lands mid-range
+    train_steps: int = 400  # SFT steps: digits copied reliably, the reversal habit the only common error
+    reversed_answer_frac: float = 0.5  # share of SFT targets with the sum reversed (the habit RL removes)
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 50
@@ -67,14 +78,17 @@ def llama_config(recipe: ModelRecipe):
     )
 
 
-def sft_batch(problems: list[tasks.Problem]):
-    """(input_ids, labels) for teacher forcing: loss only on completion tokens (+ EOS)."""
+def sft_batch(problems: list[tasks.Problem], reversed_mask: list[bool] | None = None):
+    """(input_ids, labels) for teacher forcing: loss only on completion tokens (+ EOS). `reversed_mask[i]`
+    makes example i a `reversed_answer` (the corpus's bad habit)."""
     import torch
 
+    reversed_mask = reversed_mask or [False] * len(problems)
     seqs, labels = [], []
-    for p in problems:
+    for p, rev in zip(problems, reversed_mask):
         prompt = tokenizer.encode_prompt(p.prompt)
-        completion = tokenizer.encode_prompt(p.worked_answer)[1:] + [tokenizer.EOS_ID]
+        target = p.reversed_answer if rev else p.worked_answer
+        completion = tokenizer.encode_prompt(target)[1:] + [tokenizer.EOS_ID]
         seqs.append(prompt + completion)
         labels.append([-100] * len(prompt) + completion)
     width = max(len(s) for s in seqs)
@@ -101,8 +115,10 @@ def train(recipe: ModelRecipe, progress: bool = True):
     # Training data seeds are disjoint from evaluation seeds (eval uses seed + 10**6 upward).
     model.train()
     for step in tqdm(range(recipe.train_steps), desc="SFT default policy", disable=not progress):
-        ids, lab = sft_batch(tasks.make_problems(recipe.batch_size, seed=recipe.seed * 100_003 + step,
-                                                 max_digits=recipe.max_digits))
+        problems = tasks.make_problems(recipe.batch_size, seed=recipe.seed * 100_003 + step,
+                                       max_digits=recipe.max_digits)
+        habit = random.Random(f"habit-{recipe.seed}-{step}")  # independent of the problem stream
+        ids, lab = sft_batch(problems, [habit.random() < recipe.reversed_answer_frac for _ in problems])
         loss = model(input_ids=ids, labels=lab).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -123,7 +139,8 @@ def weights_hash(model) -> str:
 
 
 def greedy_eval(model, n: int = 200, seed: int = 10**6, max_digits: int = 3, max_new_tokens: int = 40):
-    """Greedy accuracy and mean completion length (tokens incl. EOS) on `n` held-out problems."""
+    """Greedy accuracy, mean completion length (tokens incl. EOS) and the share of answers written reversed
+    (the SFT habit; sums that read the same both ways are not counted) on `n` held-out problems."""
     import torch
 
     problems = tasks.make_problems(n, seed=seed, max_digits=max_digits)
@@ -137,7 +154,7 @@ def greedy_eval(model, n: int = 200, seed: int = 10**6, max_digits: int = 3, max
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                              pad_token_id=tokenizer.PAD_ID, eos_token_id=tokenizer.EOS_ID)
-    rows, lengths, rewards = [], [], []
+    rows, lengths, rewards, habit = [], [], [], 0
     for p, seq in zip(problems, out[:, width:].tolist()):
         n_tok = seq.index(tokenizer.EOS_ID) + 1 if tokenizer.EOS_ID in seq else len(seq)
         text = tokenizer.decode(seq)
@@ -145,8 +162,11 @@ def greedy_eval(model, n: int = 200, seed: int = 10**6, max_digits: int = 3, max
         rows.append({"prompt": p.prompt, "completion": text, "target": p.worked_answer, "reward": r})
         lengths.append(n_tok)
         rewards.append(r)
+        digits = str(p.answer)
+        habit += digits != digits[::-1] and tasks.parse_answer(text) == int(digits[::-1])
     return {
         "greedy_accuracy": sum(rewards) / n,
+        "reversed_answer_frac": habit / n,
         "mean_completion_tokens": sum(lengths) / n,
         "samples": rows,
     }
@@ -200,6 +220,7 @@ def build_default_model(recipe: ModelRecipe = ModelRecipe(), force: bool = False
         "params": sum(p.numel() for p in model.parameters()),
         "weights_sha256_16": weights_hash(model),
         "greedy_accuracy": ev["greedy_accuracy"],
+        "reversed_answer_frac": ev["reversed_answer_frac"],
         "mean_completion_tokens": ev["mean_completion_tokens"],
         "eval_problems": 200,
         "build_s": round(build_s, 1),
@@ -235,6 +256,7 @@ def evaluate_policy(path: str | Path, n: int = 200, seed: int = 0) -> dict:
 def policy_metrics(ev: dict) -> dict:
     """Notebook 00's metrics from `evaluate_policy`."""
     return {"policy/greedy_accuracy": ev["greedy_accuracy"],
+            "policy/reversed_answer_frac": ev["reversed_answer_frac"],
             "policy/mean_completion_tokens": ev["mean_completion_tokens"], "policy/params": ev["params"]}
 
 

@@ -166,7 +166,7 @@ class GRPOParams(EngineParams):
     steps: int = P(50, "GRPO steps per run", ge=1)
     prompts_per_step: int = P(8, "distinct prompts per step", ge=1)
     group_size: int = P(8, "completions per prompt (the GRPO group)", ge=2)
-    lr: float = P(3e-5, "AdamW learning rate of the trainer", gt=0, lt=1)
+    lr: float = P(1.5e-4, "AdamW learning rate of the trainer", gt=0, lt=1)
     temperature: float = P(0.7, "sampling temperature (> 0)", gt=0, le=10)
     max_tokens: int = P(32, "max completion tokens", ge=1)
     old_logprobs: str = P("engine", "behaviour logprobs in the PPO ratio: engine or trainer",

@@ -41,6 +41,13 @@ class Problem:
             carry = s // 10
         return ",".join(steps) + f"#{self.answer}"
 
+    @property
+    def reversed_answer(self) -> str:
+        """The worked answer with the final sum's digits reversed ("...#521" for 125): the SFT corpus's
+        deliberate bad habit (see `rlwb.models.ModelRecipe.reversed_answer_frac`). Rewarded 0 unless the
+        sum is a palindrome, so RL can find the fix from the reward alone."""
+        return self.worked_answer.rsplit("#", 1)[0] + f"#{str(self.answer)[::-1]}"
+
 
 def make_problems(n: int, seed: int, max_digits: int = 3) -> list[Problem]:
     """`n` problems drawn from a seeded RNG: operands with 1..max_digits digits (uniform in digit count)."""

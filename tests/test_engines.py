@@ -115,7 +115,9 @@ def test_seeded_sampling_is_reproducible(engine, prompts):
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
 
 
-def test_killed_worker_raises_engine_crashed_with_stderr_tail(default_model, prompts):
+def test_killed_worker_raises_engine_crashed_with_stderr_tail(default_model, prompts, tmp_path, monkeypatch):
+    """Inside a run (RLWB_RUN_DIR set, as `rlwb run` does) the engine's whole log is archived with the run."""
+    monkeypatch.setenv("RLWB_RUN_DIR", str(tmp_path))
     w = EngineWorker("vllm-v0", default_model.path)
     group = w.pid
     assert process_group_members(group)
@@ -126,6 +128,10 @@ def test_killed_worker_raises_engine_crashed_with_stderr_tail(default_model, pro
             w.generate(prompts * 8, Sampling(temperature=1.0, max_tokens=64, seed=0, ignore_eos=True))
     killer.join()
     assert "SIGKILL" in str(ei.value) and ei.value.stderr_tail
+    log = tmp_path / "logs" / "engine-vllm-v0.log"
+    assert str(log) in str(ei.value)
+    text = log.read_text(errors="replace")
+    assert text.startswith("=== rlwb: starting vllm-v0") and "vllm" in text.lower() and len(text) > 1000
     w.close()
     time.sleep(1)
     assert process_group_members(group) == [], "no orphaned engine processes"

@@ -19,11 +19,25 @@ def test_recipe_hash_covers_every_field():
     base = models.ModelRecipe()
     assert base.hash() != replace(base, train_steps=base.train_steps + 1).hash()
     assert base.hash() != replace(base, num_key_value_heads=1).hash()
+    assert base.hash() != replace(base, reversed_answer_frac=0.0).hash()
+
+
+def test_sft_targets_carry_the_habit_where_asked():
+    from rlwb import tasks, tokenizer
+
+    probs = tasks.make_problems(4, seed=0, max_digits=3)
+    _, lab = models.sft_batch(probs, [True, False, True, False])
+    targets = [tokenizer.decode([t for t in row.tolist() if t >= 0]) for row in lab]
+    assert targets == [probs[0].reversed_answer, probs[1].worked_answer, probs[2].reversed_answer,
+                       probs[3].worked_answer]
 
 
 def test_default_model_card_meets_the_requirements(default_model):
     card = default_model.card
     assert 0.2 <= card["greedy_accuracy"] <= 0.8, "headroom for RL"
+    # the SFT habit RL has to remove is there, and it is most of what stands between the policy and 100%
+    assert 0.15 <= card["reversed_answer_frac"] <= 0.6
+    assert card["greedy_accuracy"] + card["reversed_answer_frac"] >= 0.85
     assert card["mean_completion_tokens"] >= 8
     assert card["build_s"] <= 180
     assert card["recipe_hash"] == models.ModelRecipe().hash()

@@ -7,6 +7,13 @@ def test_worked_answer_with_carries():
     assert tasks.Problem(999, 1).worked_answer == "9+1=10,9+0+1=10,9+0+1=10#1000"
 
 
+def test_reversed_answer_is_the_habit_the_reward_rejects():
+    p = tasks.Problem(58, 67)
+    assert p.reversed_answer == "8+7=15,5+6+1=12#521"
+    assert tasks.reward(p, p.reversed_answer) == 0.0
+    assert tasks.reward(tasks.Problem(5, 6), tasks.Problem(5, 6).reversed_answer) == 1.0  # 11 reads both ways
+
+
 def test_reward_is_exact_on_the_final_answer():
     p = tasks.Problem(58, 67)
     assert tasks.reward(p, "8+7=15,5+6+1=12#125") == 1.0

@@ -108,8 +108,16 @@ class EngineWorker:
         self.model, self.dtype = str(model), dtype
         self._tmp = tempfile.TemporaryDirectory(prefix=f"rlwb-{self.preset.name}-",
                                                 dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        self.log_path = Path(log_dir or self._tmp.name) / f"engine-{self.preset.name}.log"
-        self._log = open(self.log_path, "wb")
+        # Inside `rlwb run` the log is part of the archive (logs/engine-<preset>.log): when an engine dies,
+        # its full stderr stays with the failed run, not only the tail in the error message.
+        run_dir = os.environ.get("RLWB_RUN_DIR")
+        log_dir = log_dir or (Path(run_dir) / "logs" if run_dir and Path(run_dir).is_dir() else self._tmp.name)
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self.log_path = Path(log_dir) / f"engine-{self.preset.name}.log"
+        self._log = open(self.log_path, "ab")  # append: a restarted engine never erases the previous log
+        self._log.write(f"=== rlwb: starting {self.preset.name} on {model} ({dtype}) at "
+                        f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} ===\n".encode())
+        self._log.flush()
         env = {**os.environ, **self.preset.env, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(SERVER.parent), "TOKENIZERS_PARALLELISM": "false"}
         env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # never needed: no pickled callables
@@ -150,6 +158,7 @@ class EngineWorker:
             reason += f" (killed by signal {signal.Signals(-code).name})"
         elif code is not None:
             reason += f" (exit code {code})"
+        reason += f"; full log: {self.log_path}"
         err = EngineCrashed(self.preset.name, reason, self.stderr_tail())
         self._kill_group()
         return err
@@ -172,8 +181,8 @@ class EngineWorker:
         except (EOFError, ValueError) as e:
             raise self._crashed(f"pipe closed during {what}: {e}") from None
         if not msg.get("ok"):
-            raise EngineError(f"engine {self.preset.name!r} failed in {what}: {msg.get('error')}\n"
-                              f"{msg.get('traceback', '')}")
+            raise EngineError(f"engine {self.preset.name!r} failed in {what}: {msg.get('error')} "
+                              f"(full log: {self.log_path})\n{msg.get('traceback', '')}")
         return msg.get("result")
 
     def _call(self, op: str, timeout: float | None = None, **args):
