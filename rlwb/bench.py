@@ -96,7 +96,7 @@ def grpo_cost(model_path, steps: int) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
     with EngineWorker("vllm-v1-fixed", model_path) as w:
-        cfg = grpo.GRPOConfig(steps=steps + 1, prompts_per_step=8, group_size=8, lr=1e-5)
+        cfg = grpo.GRPOConfig(steps=steps + 1, prompts_per_step=8, group_size=8)  # the notebook-03 step shape: 8 x 8, 32 tokens, T 0.7
         df = grpo.train(model, w, cfg, progress=False).iloc[1:]  # first step warms up
     parts = df[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1)
     return {"grpo/step_s": float(df["t_step"].median()), "grpo/overhead_ratio": float((df["t_step"] / parts).median()),
@@ -135,14 +135,30 @@ def score_memory() -> dict:
     return out
 
 
-def trl_step() -> dict:
+def trl_step(model_path, steps: int, rlwb_step_s: float | None) -> dict:
+    """The same toy GRPO step (default model, 8 prompts x 8 completions, 32 tokens, T 0.7, lr, clip) with TRL's
+    GRPOTrainer on CPU (transformers generation: TRL's vLLM mode needs CUDA). Median of TRL's own per-step
+    `step_time` after the first step."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from . import trl_peer
+
     try:
-        import trl  # noqa: F401
-    except ImportError:
-        return {"trl/step_s": None, "speedup_vs_trl": None,
-                "trl/reason": "TRL is not installed in the kernel environment (.venv); this version of rlwb does "
-                              "not yet build a separate TRL environment, so the TRL comparison was not run."}
-    return {"trl/step_s": None, "speedup_vs_trl": None, "trl/reason": "TRL found but the comparison is not implemented"}
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        with tempfile.TemporaryDirectory() as d:
+            trainer = trl_peer.make_trainer(model, model_path, d, steps=steps + 1)
+            trainer.train()
+        times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h][1:]
+    except Exception as e:  # a peer that cannot run here is reported, never silently skipped
+        return {"trl/step_s": None, "speedup_vs_trl": None, "trl/reason": f"TRL failed: {type(e).__name__}: {e}"}
+    step_s = statistics.median(times)
+    return {"trl/step_s": step_s, "trl/version": trl_peer.version(),
+            "speedup_vs_trl": step_s / rlwb_step_s if rlwb_step_s else None,
+            "trl/setup": "GRPOTrainer, loss_type bnpo, beta 0, transformers generation on CPU, same model and "
+                         "batch shape as grpo/step_s"}
 
 
 def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
@@ -166,7 +182,7 @@ def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
     res.update(worker_overhead(model_path, "vllm-v1-fixed", batch_sizes[-1], max_tokens, repeats + 1))
     res.update(grpo_cost(model_path, 3 if quick else 8))
     res.update(score_memory())
-    res.update(trl_step())
+    res.update(trl_step(model_path, 2 if quick else 5, res.get("grpo/step_s")))
     res["finished_at"] = archive.utc_now()
     out = outputs / "bench" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
@@ -186,8 +202,8 @@ def markdown(res: dict) -> str:
     lines += ["", "| ratio | value |", "|---|---|"]
     for b in bss:
         lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {res[f'retention/vllm-v1-fixed_vs_vllm-v0/bs{b}']:.2f} |")
-    for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/overhead_ratio", "memory/score_peak_mb",
-              "memory/naive_peak_mb"):
+    for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/overhead_ratio", "trl/step_s", "speedup_vs_trl",
+              "memory/score_peak_mb", "memory/naive_peak_mb"):
         if res.get(k) is not None:
             lines.append(f"| {k} | {res[k]:.3g} |")
     if res.get("trl/reason"):

@@ -1,8 +1,8 @@
 """GRPO loss and corrections on hand-made tensors.
 
-Peer check: TRL is not installed in the kernel environment (it would pull accelerate/datasets and its
-GRPOTrainer loss is a method that needs a full trainer to call), so `test_grpo_loss_matches_independent_
-derivation` re-derives the DAPO/TRL token-level clipped objective with plain Python loops instead.
+The peer check against TRL's own GRPOTrainer loss is `tests/test_trl_peer.py`; here
+`test_grpo_loss_matches_independent_derivation` also re-derives the token-level clipped objective with
+plain Python loops, including the correction weights TRL does not have.
 """
 
 import math
@@ -68,14 +68,14 @@ def test_grpo_loss_matches_independent_derivation():
         loss, st = losses.grpo_loss(logp, old, adv, mask, 0.2, weights=weights)
         ref, ref_clip = _reference_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2,
                                         None if weights is None else weights.tolist())
-        assert float(loss) == pytest.approx(ref, rel=1e-5)
+        assert loss.item() == pytest.approx(ref, rel=1e-5)
         assert st.clip_frac == pytest.approx(ref_clip)
 
 
 def test_grpo_loss_gradient_direction_and_on_policy_value():
     logp = torch.log(torch.tensor([[0.5, 0.5]])).requires_grad_()
     loss, st = losses.grpo_loss(logp, logp.detach(), torch.tensor([2.0]), torch.ones(1, 2, dtype=torch.bool))
-    assert float(loss) == pytest.approx(-2.0) and st.ratio_mean == pytest.approx(1.0) and st.clip_frac == 0
+    assert loss.item() == pytest.approx(-2.0) and st.ratio_mean == pytest.approx(1.0) and st.clip_frac == 0
     loss.backward()
     assert (logp.grad < 0).all()  # descending the loss raises the logprob of positive-advantage tokens
 
@@ -86,7 +86,7 @@ def test_keep_mask_and_kl_term():
     mask = torch.ones(1, 3, dtype=torch.bool)
     keep = torch.tensor([[True, False, True]])
     loss, st = losses.grpo_loss(logp, old, torch.tensor([1.0]), mask, keep=keep)
-    assert st.kept_frac == pytest.approx(2 / 3) and float(loss) == pytest.approx(-1.0)
+    assert st.kept_frac == pytest.approx(2 / 3) and loss.item() == pytest.approx(-1.0)
     ref = torch.full((1, 3), -0.1)
     loss_kl, st = losses.grpo_loss(logp, old, torch.tensor([0.0]), mask, ref_logp=ref, beta=0.5)
     k3 = math.exp(-0.1) - 1 + 0.1
