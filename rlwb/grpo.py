@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import losses, tasks, tokenizer
+from . import losses, stats, tasks, tokenizer
 from . import metrics as M
 from .engines.worker import EngineWorker, Sampling
 from .trainer import completion_logprobs, make_batch
@@ -199,16 +199,22 @@ def run_grid(p, model_path, on_start=None, progress: bool = True, monitor_factor
 
 
 def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
-    """Per `<engine>+<correction>`, means over seeds: reward over the first / last 10% of steps, clip
-    fraction, engine-trainer k3 and seconds per step."""
+    """Per `<engine>+<correction>`, means over seeds: reward over the first / last 10% of steps (with 95%
+    Student-t intervals across seeds), clip fraction, engine-trainer k3 and seconds per step."""
     out = {}
     for (e, c), d in curves.groupby(["engine", "correction"], sort=False):
         steps = sorted(d["step"].unique())
         k = max(1, round(0.1 * len(steps)))
         first, last = d[d["step"].isin(steps[:k])], d[d["step"].isin(steps[-k:])]
         L = f"{e}+{c}"
-        out[f"{L}/reward_first"] = float(first.groupby("seed")["reward_mean"].mean().mean())
-        out[f"{L}/reward_last"] = float(last.groupby("seed")["reward_mean"].mean().mean())
+        per_seed = {}
+        for name, window in (("reward_first", first), ("reward_last", last)):
+            per_seed[name] = window.groupby("seed")["reward_mean"].mean()
+            out[f"{L}/{name}"] = float(per_seed[name].mean())
+            out[f"{L}/{name}_ci_low"], out[f"{L}/{name}_ci_high"] = stats.seed_ci(per_seed[name].to_numpy())
+        gain = (per_seed["reward_last"] - per_seed["reward_first"]).to_numpy()  # paired within each seed
+        out[f"{L}/reward_gain"] = float(gain.mean())
+        out[f"{L}/reward_gain_ci_low"], out[f"{L}/reward_gain_ci_high"] = stats.seed_ci(gain)
         out[f"{L}/clip_frac_mean"] = float(d["clip_frac"].mean())
         out[f"{L}/mismatch_k3_mean"] = float(d["mismatch_k3"].mean())
         out[f"{L}/step_s_mean"] = float(d[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1).mean())
@@ -225,7 +231,9 @@ def conclusion(metrics: dict, p) -> str:
             if f"{L}/reward_first" not in metrics:
                 continue
             a, b = metrics[f"{L}/reward_first"], metrics[f"{L}/reward_last"]
-            lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f} ({b - a:+.3f}); clip fraction "
+            lo, hi = metrics.get(f"{L}/reward_last_ci_low"), metrics.get(f"{L}/reward_last_ci_high")
+            ci = f" [95% CI {lo:.3f}, {hi:.3f}]" if lo is not None and np.isfinite(lo) else ""
+            lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f}{ci} ({b - a:+.3f}); clip fraction "
                          f"{metrics[f'{L}/clip_frac_mean']:.1%}; engine-trainer k3 {metrics[f'{L}/mismatch_k3_mean']:.1e}; "
                          f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
     deltas = {k.rsplit("/", 1)[0]: metrics[k.replace("reward_first", "reward_last")] - metrics[k]
@@ -233,8 +241,10 @@ def conclusion(metrics: dict, p) -> str:
     ref = "vllm-v1-fixed+none"
     if ref in deltas:
         verdict = "learns" if deltas[ref] >= LEARNING_MIN_GAIN else "does NOT learn"
+        lo, hi = metrics.get(f"{ref}/reward_gain_ci_low"), metrics.get(f"{ref}/reward_gain_ci_high")
+        ci = f" [95% CI over seeds {lo:+.3f}, {hi:+.3f}]" if lo is not None and np.isfinite(lo) else ""
         lines.append(f"\n**Learning check.** The correct configuration `{ref}` {verdict} on this budget: reward "
-                     f"{deltas[ref]:+.3f} (criterion: ≥ {LEARNING_MIN_GAIN:+.2f}).")
+                     f"{deltas[ref]:+.3f}{ci} (criterion: ≥ {LEARNING_MIN_GAIN:+.2f}).")
     others = {k: v for k, v in deltas.items() if k != ref}
     if ref in deltas and others:
         worst = min(others, key=others.get)

@@ -18,14 +18,16 @@ import numpy as np
 import pandas as pd
 
 from . import metrics as M
+from . import stats
 from .engines.check import expects_raw
 from .engines.worker import Sampling
-from .mismatch import iter_engines, task_prompts
+from .mismatch import ci_text, iter_engines, task_prompts
 from .rollouts import sample_and_score
 from .tokenizer import PromptCodec
 from .trainer import TrainerScorer
 
 SWEEP_METRICS = ("k3_mean", "k1_mean", "abs_dlogp_mean", "abs_dlogp_max", "full_kl_mean", "n_tokens")
+SWEEP_CIS = tuple(f"{k}_ci_{s}" for k in stats.CI_METRICS for s in ("low", "high"))
 
 
 def setting_label(temperature: float, top_p: float = 1.0, top_k: int = 0) -> str:
@@ -75,10 +77,12 @@ def run_sweep(p, model_path, on_start=None, progress: bool = True) -> Sweep:
                 nr = scorer.score([c.prompt_token_ids for c in ro.completions], [c.token_ids for c in ro.completions],
                                   temperature=T, full=p.full_vocab)
                 variants["no_renorm"] = (np.concatenate(nr["logp"]).astype(np.float64), nr.get("full"))
+            splits = np.cumsum([len(c.token_ids) for c in ro.completions])[:-1]
             for trainer_kind, (tt, full_t) in variants.items():
                 m = M.mismatch_metrics(e, tt, seq_ids=seq, full_engine=ro.full_engine, full_trainer=full_t)
+                m.update(stats.mismatch_cis(np.split(tt - e, splits), n_boot=1000, seed=p.seed))
                 group = w.preset.name if trainer_kind == "renorm" else f"{w.preset.name}+trainer_no_renorm"
-                for k in SWEEP_METRICS:
+                for k in SWEEP_METRICS + SWEEP_CIS:
                     mets[f"{group}/{label}/{k}"] = m[k]
                     rows.append({"engine": w.preset.name, "temperature": T, "top_p": tp, "top_k": tk,
                                  "trainer": trainer_kind, "metric": k, "value": m[k]})
@@ -108,11 +112,19 @@ def conclusion(metrics: dict, p) -> str:
         lines.append(f"- `{e}`: max |Δlogp| over T ∈ [{temps[0]:g}, {temps[-1]:g}] is {worst:.2e}"
                      + (f" ({at1:.2e} at T=1)" if at1 is not None else "")
                      + f"; measured log r matches the analytical expectation to {err:.1e}.")
+    T0 = 0.7 if 0.7 in temps else temps[0]
+    for e in p.engines:
+        k3 = metrics.get(f"{e}/{setting_label(T0)}/k3_mean")
+        if k3 is not None:
+            lines.append(f"- `{e}` at T={T0:g}: k3 = {k3:.2e} {ci_text(metrics, f'{e}/{setting_label(T0)}', 'k3_mean')}.")
     for tp in [x for x in p.top_p_values if x < 1.0]:
         for e in p.engines:
-            a = metrics.get(f"{e}/{setting_label(0.7 if 0.7 in temps else temps[0], tp)}/k3_mean")
-            b = metrics.get(f"{e}+trainer_no_renorm/{setting_label(0.7 if 0.7 in temps else temps[0], tp)}/k3_mean")
+            a = metrics.get(f"{e}/{setting_label(T0, tp)}/k3_mean")
+            b = metrics.get(f"{e}+trainer_no_renorm/{setting_label(T0, tp)}/k3_mean")
             if a is not None and b is not None:
-                lines.append(f"- top_p={tp:g}, `{e}`: k3 = {a:.1e} against a renormalising trainer vs {b:.1e} "
-                             f"against one that does not renormalise (the TRL #6789 bias).")
+                lines.append(f"- top_p={tp:g}, `{e}`: k3 = {a:.1e} {ci_text(metrics, f'{e}/{setting_label(T0, tp)}', 'k3_mean')} "
+                             f"against a renormalising trainer vs {b:.1e} "
+                             f"{ci_text(metrics, f'{e}+trainer_no_renorm/{setting_label(T0, tp)}', 'k3_mean')} against one "
+                             f"that does not renormalise (the TRL #6789 bias).")
+    lines.append("\nBrackets: 95% intervals from resampling whole sequences.")
     return "\n".join(lines)

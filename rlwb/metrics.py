@@ -53,6 +53,11 @@ def log_ratio(logp_engine, logp_trainer, mask=None) -> np.ndarray:
     return (t - e)[m]
 
 
+def abs_mean(lr: np.ndarray) -> float:
+    """Mean |log r| (TRL's sampling logp difference)."""
+    return float(np.mean(np.abs(lr))) if lr.size else float("nan")
+
+
 def k1(lr: np.ndarray) -> float:
     """Mean of -log r: unbiased for KL(engine||trainer), high variance, can be negative."""
     return float(np.mean(-lr)) if lr.size else float("nan")
@@ -132,7 +137,7 @@ def mismatch_metrics(logp_engine, logp_trainer, seq_ids=None, mask=None, clip_ep
     m = np.ones_like(e, dtype=bool) if mask is None else np.asarray(mask, dtype=bool).ravel()
     seq = np.zeros(e.size, dtype=int) if seq_ids is None else np.asarray(seq_ids).ravel()
     out = {
-        "abs_dlogp_mean": float(np.mean(np.abs(lr))) if lr.size else float("nan"),
+        "abs_dlogp_mean": abs_mean(lr),
         "abs_dlogp_max": float(np.max(np.abs(lr))) if lr.size else float("nan"),
         "k1_mean": k1(lr), "k2_mean": k2(lr), "k3_mean": k3(lr),
         "prob_pearson": prob_pearson(e[m], t[m]),

@@ -8,13 +8,14 @@ notebook only wires them together and displays the results.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from . import metrics as M
-from . import tasks, tokenizer
+from . import stats, tasks, tokenizer
 from .engines.worker import EngineWorker, Sampling
 from .rollouts import Rollouts, sample_and_score
 from .trainer import TrainerScorer
@@ -56,7 +57,14 @@ def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = Tr
 @dataclass
 class Audit:
     rollouts: dict[str, Rollouts]
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # per engine: `<engine>/<metric>`
+    rewards: dict[str, np.ndarray] = field(default_factory=dict)  # reward-equivalence rollouts per engine
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+
+    def rewards_frame(self) -> pd.DataFrame:
+        """`data/rewards.parquet`: one row per reward-equivalence rollout (prompt index = row // 8)."""
+        return pd.DataFrame([{"engine": e, "prompt_index": i // REWARD_GROUP, "reward": float(x)}
+                             for e, r in self.rewards.items() for i, x in enumerate(r)])
 
     def frame(self) -> pd.DataFrame:
         """`data/rollouts.parquet`: one row per completion token."""
@@ -68,10 +76,40 @@ class Audit:
         return pd.DataFrame(rows)
 
 
-def engine_metrics(ro: Rollouts, clip_eps: float) -> dict[str, float]:
+def engine_metrics(ro: Rollouts, clip_eps: float, seed: int = 0) -> dict[str, float]:
+    """Every mismatch metric, plus 95% sequence-bootstrap intervals of the headline ones."""
     e, t = ro.flat()
-    return M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps,
-                              full_engine=ro.full_engine, full_trainer=ro.full_trainer)
+    return {**M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps,
+                                 full_engine=ro.full_engine, full_trainer=ro.full_trainer),
+            **stats.mismatch_cis(ro.log_ratios(), clip_eps, seed=seed)}
+
+
+REWARD_GROUP = 8  # rollouts per prompt in the reward-equivalence sample
+
+
+def reward_rollouts(w: EngineWorker, p, codec: tokenizer.PromptCodec) -> np.ndarray:
+    """`p.reward_samples` task rewards from engine `w`: the same prompts and seeds for every engine, 8
+    rollouts per prompt, sampled exactly as the audit samples (temperature, top-p, top-k, max_tokens)."""
+    probs = tasks.make_problems(-(-p.reward_samples // REWARD_GROUP), seed=p.seed + 104_729)
+    reqs = [q for q in probs for _ in range(REWARD_GROUP)][: p.reward_samples]
+    s = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed + 1)
+    comps = w.generate([codec.encode(q.prompt) for q in reqs], s)
+    return np.array([tasks.reward(q, codec.decode(c.token_ids)) for q, c in zip(reqs, comps)])
+
+
+def reward_equivalence(rewards: dict[str, np.ndarray], seed: int = 0) -> dict[str, float]:
+    """Per engine the mean reward with a 95% CI; per engine pair the difference (CI), permutation and
+    Mann-Whitney p-values and Cliff's delta (`A_vs_B/reward_*`)."""
+    out: dict[str, float] = {}
+    for e, r in rewards.items():
+        out[f"{e}/reward_mean"] = float(r.mean())
+        out[f"{e}/reward_mean_ci_low"], out[f"{e}/reward_mean_ci_high"] = stats.mean_ci(r, seed=seed)
+    for a, b in itertools.combinations(rewards, 2):
+        c = stats.compare_rewards(rewards[a], rewards[b], seed=seed)
+        out.update({f"{a}_vs_{b}/reward_mean_diff": c.mean_diff, f"{a}_vs_{b}/reward_mean_diff_ci_low": c.diff_ci[0],
+                    f"{a}_vs_{b}/reward_mean_diff_ci_high": c.diff_ci[1], f"{a}_vs_{b}/reward_pvalue": c.perm_pvalue,
+                    f"{a}_vs_{b}/reward_mw_pvalue": c.mw_pvalue, f"{a}_vs_{b}/reward_cliffs_delta": c.cliffs_delta})
+    return out
 
 
 def run_audit(p, model_path, on_start=None, progress: bool = True) -> Audit:
@@ -79,12 +117,15 @@ def run_audit(p, model_path, on_start=None, progress: bool = True) -> Audit:
     scorer = TrainerScorer(model_path, p.trainer_dtype)
     prompts = task_prompts(p.prompts, p.seed, p.heterogeneous_batch, tokenizer.PromptCodec(model_path))
     sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed)
-    out, mets = {}, {}
+    codec = tokenizer.PromptCodec(model_path)
+    out, mets, rewards = {}, {}, {}
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         ro = sample_and_score(w, scorer, prompts, sampling, full=p.full_vocab)
         out[w.preset.name] = ro
-        mets.update(M.prefixed(w.preset.name, engine_metrics(ro, p.clip_eps)))
-    return Audit(out, mets)
+        mets.update(M.prefixed(w.preset.name, engine_metrics(ro, p.clip_eps, p.seed)))
+        if p.reward_samples:
+            rewards[w.preset.name] = reward_rollouts(w, p, codec)
+    return Audit(out, mets, rewards, reward_equivalence(rewards, p.seed) if rewards else {})
 
 
 def conclusion(metrics: dict, p) -> str:
@@ -98,9 +139,10 @@ def conclusion(metrics: dict, p) -> str:
     for e in p.engines:
         if g(e, "abs_dlogp_max") is None:
             continue
-        lines.append(f"- `{e}`: max |Δlogp| = {g(e, 'abs_dlogp_max'):.2e}, mean = {g(e, 'abs_dlogp_mean'):.2e}, "
-                     f"k3 = {g(e, 'k3_mean'):.2e}, clip fraction = {g(e, 'clip_frac'):.1%} "
-                     f"over {g(e, 'n_tokens')} tokens.")
+        lines.append(f"- `{e}`: max |Δlogp| = {g(e, 'abs_dlogp_max'):.2e}, mean = {g(e, 'abs_dlogp_mean'):.2e} "
+                     f"{ci_text(metrics, e, 'abs_dlogp_mean', '.2e')}, k3 = {g(e, 'k3_mean'):.2e} "
+                     f"{ci_text(metrics, e, 'k3_mean', '.2e')}, clip fraction = {g(e, 'clip_frac'):.1%} "
+                     f"{ci_text(metrics, e, 'clip_frac', '.1%')} over {g(e, 'n_tokens')} tokens.")
     floor = [e for e in p.engines if (g(e, "abs_dlogp_max") or 1) <= 1e-4]
     off = [e for e in p.engines if (g(e, "abs_dlogp_max") or 0) > 1e-4]
     if floor:
@@ -111,4 +153,36 @@ def conclusion(metrics: dict, p) -> str:
         lines.append(f"`vllm-v1` reports raw (T=1) logprobs by default, so at T={p.temperature:g} its "
                      f"importance ratios are off by construction, not by numerics; "
                      f"`logprobs_mode=processed_logprobs` removes the gap.")
+    lines += reward_conclusion(metrics, p)
+    lines.append("\nIntervals: 95%, bootstrap over sequences (mismatch) or rollouts (reward).")
     return "\n".join(lines)
+
+
+def ci_text(metrics: dict, group: str, name: str, fmt: str = ".1e") -> str:
+    lo, hi = metrics.get(f"{group}/{name}_ci_low"), metrics.get(f"{group}/{name}_ci_high")
+    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return ""
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def reward_conclusion(metrics: dict, p) -> list[str]:
+    """Reward equivalence in words: every engine's mean reward with its interval, then the pairs whose
+    reward distributions differ at the 5% level (permutation test)."""
+    engines = [e for e in p.engines if f"{e}/reward_mean" in metrics]
+    if not engines:
+        return []
+    lines = [f"\n**Reward equivalence** ({p.reward_samples} rollouts per engine, the same prompts and seeds): "
+             + ", ".join(f"`{e}` {metrics[f'{e}/reward_mean']:.3f} {ci_text(metrics, e, 'reward_mean', '.3f')}"
+                         for e in engines) + "."]
+    pairs = [k.rsplit("/", 1)[0] for k in metrics if k.endswith("/reward_pvalue")]
+    differ = [(k, metrics[f"{k}/reward_mean_diff"], metrics[f"{k}/reward_pvalue"]) for k in pairs
+              if metrics[f"{k}/reward_pvalue"] < 0.05]
+    if differ:
+        lines.append("Pairs whose rewards differ (permutation p < 0.05): " + "; ".join(
+            f"`{k}` Δ = {d:+.3f} {ci_text(metrics, k, 'reward_mean_diff', '+.3f')}, p = {pv:.3g}" for k, d, pv in differ) + ".")
+    else:
+        smallest = min(pairs, key=lambda k: metrics[f"{k}/reward_pvalue"])
+        lines.append(f"No pair's rewards differ at the 5% level (smallest p = "
+                     f"{metrics[f'{smallest}/reward_pvalue']:.3g}, `{smallest}`); on this sample size the engines are "
+                     f"reward-equivalent although their logprobs are not.")
+    return lines

@@ -136,6 +136,8 @@ class MismatchParams(EngineExperimentParams):
     clip_eps: float = P(0.2, "PPO clip epsilon for clip_frac", gt=0, lt=1)
     full_vocab: bool = P(True, "also fetch full-vocabulary logprobs (exact KL); small vocabularies only")
     heterogeneous_batch: bool = P(False, "mix prompts of very different lengths into one batch")
+    reward_samples: int = P(512, "rollouts per engine for the reward-equivalence test (8 per prompt); 0 skips it",
+                            ge=0)
 
 
 @dataclass

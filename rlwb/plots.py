@@ -111,24 +111,65 @@ def _order(engines) -> list[str]:
 
 
 def ablation_ladder(metrics_df, style: str = "notebook"):
-    """One bar group per metric, engines in ladder order, log scale."""
+    """One bar group per metric, engines in ladder order, log scale; 95% sequence-bootstrap intervals as
+    error bars where the run has them (`<metric>_ci_low/high`)."""
     engines = _order(metrics_df["engine"])
     mets = [(k, lbl) for k, lbl in LADDER_METRICS if k in set(metrics_df["metric"])]
     table = metrics_df.pivot_table(index="engine", columns="metric", values="value", aggfunc="first")
+
+    def cell(e, k):
+        return abs(table.loc[e, k]) if e in table.index and k in table.columns and np.isfinite(table.loc[e, k]) \
+            else np.nan
+
     fig, ax = plt.subplots(figsize=figsize(style, 1.2))
     width = 0.8 / max(1, len(engines))
     for i, e in enumerate(engines):
-        vals = [abs(table.loc[e, k]) if e in table.index and np.isfinite(table.loc[e, k]) else np.nan for k, _ in mets]
-        vals = np.maximum(np.asarray(vals, float), FLOOR_VALUE)
+        vals = np.maximum(np.asarray([cell(e, k) for k, _ in mets], float), FLOOR_VALUE)
+        lo = np.maximum(np.asarray([cell(e, f"{k}_ci_low") for k, _ in mets], float), FLOOR_VALUE)
+        hi = np.maximum(np.asarray([cell(e, f"{k}_ci_high") for k, _ in mets], float), FLOOR_VALUE)
+        yerr = np.nan_to_num(np.vstack([vals - lo, hi - vals]).clip(min=0))
         ax.bar(np.arange(len(mets)) + (i - (len(engines) - 1) / 2) * width, vals, width, label=e,
-               color=engine_color(e))
+               color=engine_color(e), yerr=yerr, capsize=2, error_kw={"lw": 0.8, "ecolor": "0.2"})
     ax.set_yscale("log")
     ax.set_ylim(FLOOR_VALUE / 2, None)
     ax.set_xticks(np.arange(len(mets)), [lbl for _, lbl in mets])
     ax.set_ylabel("engine vs trainer (log scale)")
-    ax.set_title("Mismatch ablation ladder")
+    ax.set_title("Mismatch ablation ladder (error bars: 95% CI, sequences resampled)")
     ax.grid(axis="x", visible=False)
     ax.legend(ncols=min(5, len(engines)), loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def reward_distributions(rewards_df, style: str = "notebook"):
+    """Reward equivalence: per engine the mean reward with its 95% bootstrap interval (left) and the
+    distribution over prompts of the per-prompt success rate (right, 8 rollouts per prompt)."""
+    from . import stats
+
+    engines = _order(rewards_df["engine"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=figsize(style, 1.4))
+    for i, e in enumerate(engines):
+        r = rewards_df[rewards_df["engine"] == e]["reward"].to_numpy()
+        lo, hi = stats.mean_ci(r)
+        a.errorbar([i], [r.mean()], yerr=[[r.mean() - lo], [hi - r.mean()]], fmt="o", color=engine_color(e),
+                   capsize=4, ms=6)
+        rates = rewards_df[rewards_df["engine"] == e].groupby("prompt_index")["reward"].mean()
+        parts = b.violinplot([rates.to_numpy()], positions=[i], widths=0.7, showmeans=True, showextrema=False)
+        for body in parts["bodies"]:
+            body.set_facecolor(engine_color(e))
+            body.set_alpha(0.35)
+        parts["cmeans"].set_color(engine_color(e))
+    for ax in (a, b):
+        ax.set_xticks(range(len(engines)), engines, rotation=20, ha="right")
+        ax.set_xlim(-0.6, len(engines) - 0.4)
+        ax.grid(axis="x", visible=False)
+    a.set_ylabel("mean reward (95% CI)")
+    a.set_title("Mean reward per engine")
+    b.set_ylabel("success rate per prompt")
+    b.set_ylim(-0.05, 1.05)
+    b.set_title("Distribution over prompts")
+    n = int(rewards_df.groupby("engine").size().iloc[0]) if len(rewards_df) else 0
+    fig.suptitle(f"Reward equivalence: {n} rollouts per engine, same prompts and seeds")
     fig.tight_layout()
     return fig
 
@@ -215,7 +256,8 @@ def mismatch_vs_prob(rollouts_df, style: str = "notebook"):
 MISMATCH_FIGURES = {"ablation_ladder": ("metrics", ablation_ladder), "prob_scatter": ("rollouts", prob_scatter),
                     "log_ratio_hist": ("rollouts", log_ratio_hist),
                     "mismatch_vs_position": ("rollouts", mismatch_vs_position),
-                    "mismatch_vs_prob": ("rollouts", mismatch_vs_prob)}
+                    "mismatch_vs_prob": ("rollouts", mismatch_vs_prob),
+                    "reward_distributions": ("rewards", reward_distributions)}
 
 
 # -- notebook 02: KL vs temperature -----------------------------------------------------------------
@@ -223,11 +265,17 @@ def _sweep_lines(ax, rows, metric: str, top_p: float = 1.0, top_k: int = 0, trai
                  dashed: bool = False, label_suffix: str = ""):
     d = rows[(rows["metric"] == metric) & (rows["top_p"] == top_p) & (rows["top_k"] == top_k)
              & (rows["trainer"] == trainer)]
+    ci = rows[(rows["top_p"] == top_p) & (rows["top_k"] == top_k) & (rows["trainer"] == trainer)]
     for e in _order(d["engine"]):
         g = d[d["engine"] == e].sort_values("temperature")
         v = np.maximum(np.abs(g["value"].astype(float)), FLOOR_VALUE)
         ax.plot(g["temperature"], v, color=engine_color(e), ls="--" if dashed else engine_style(e), marker="o",
                 ms=3, label=e + label_suffix)
+        band = [ci[(ci["engine"] == e) & (ci["metric"] == f"{metric}_ci_{s}")].sort_values("temperature")
+                for s in ("low", "high")]
+        if len(band[0]) == len(g) and len(band[1]) == len(g):  # 95% sequence-bootstrap interval
+            ax.fill_between(g["temperature"], *(np.maximum(b["value"].astype(float).to_numpy(), FLOOR_VALUE)
+                                                for b in band), color=engine_color(e), alpha=0.15, lw=0)
 
 
 def kl_vs_temperature(rows, style: str = "notebook", top_p: float = 1.0):
@@ -304,7 +352,16 @@ KL_FIGURES = {"kl_vs_temperature": ("sweep", kl_vs_temperature), "kl_vs_temperat
 
 
 # -- notebook 03: toy GRPO ---------------------------------------------------------------------------
-def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log: bool = False, smooth: int = 1):
+def t_quantile(n):
+    """Two-sided 95% Student-t quantile for n samples (NaN for n < 2: no interval from one seed)."""
+    from scipy import stats as st
+
+    n = np.asarray(n, dtype=float)
+    return np.where(n >= 2, st.t.ppf(0.975, np.maximum(n - 1, 1)), np.nan)
+
+
+def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log: bool = False, smooth: int = 1,
+                  bounds: tuple[float, float] | None = None):
     corrections = list(dict.fromkeys(curves["correction"]))
     fig, axes = plt.subplots(1, len(corrections), figsize=figsize(style, 0.55 * len(corrections) + 0.3),
                              sharey=True, squeeze=False)
@@ -313,8 +370,14 @@ def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log:
             d = curves[(curves["engine"] == e) & (curves["correction"] == c)]
             if d.empty:
                 continue
-            g = d.groupby("step")[column]
-            mean, lo, hi = (x.rolling(smooth, center=True, min_periods=1).mean() for x in (g.mean(), g.min(), g.max()))
+            # smooth each seed's curve first, then the mean and a 95% Student-t interval across seeds
+            per_seed = d.pivot_table(index="step", columns="seed", values=column, aggfunc="mean")
+            per_seed = per_seed.rolling(smooth, center=True, min_periods=1).mean()
+            mean = per_seed.mean(axis=1)
+            half = per_seed.sem(axis=1) * t_quantile(per_seed.count(axis=1))  # NaN (no band) for one seed
+            lo, hi = mean - half, mean + half
+            if bounds is not None:
+                lo, hi = lo.clip(*bounds), hi.clip(*bounds)
             if log:
                 mean, lo, hi = (np.maximum(x, FLOOR_VALUE) for x in (mean, lo, hi))
             ax.plot(mean.index, mean.values, color=engine_color(e), ls=engine_style(e), label=e)
@@ -325,14 +388,14 @@ def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log:
             ax.set_yscale("log")
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize="small")
-    avg = f"{smooth}-step moving average of " if smooth > 1 else ""
-    fig.suptitle(f"{title} (line: {avg}the mean over seeds; band: min–max over seeds)")
+    avg = f"{smooth}-step moving average per seed; " if smooth > 1 else ""
+    fig.suptitle(f"{title} ({avg}line: mean over seeds; band: 95% CI over seeds)")
     fig.tight_layout()
     return fig
 
 
 def reward_curves(curves, style: str = "notebook"):
-    return _curve_panels(curves, "reward_mean", "mean reward", "Reward", style, smooth=5)
+    return _curve_panels(curves, "reward_mean", "mean reward", "Reward", style, smooth=5, bounds=(0.0, 1.0))
 
 
 def clip_curves(curves, style: str = "notebook"):

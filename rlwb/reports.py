@@ -51,6 +51,8 @@ def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> l
         if data not in cache:
             path = run_dir / "data" / f"{data}.parquet"
             if not path.exists():
+                if not (run_dir / "figures" / f"{name}.png").exists():
+                    continue  # the run never made this figure (e.g. reward_samples 0, or an older run)
                 raise FileNotFoundError(f"{path} is missing: cannot rebuild figure {name!r}")
             cache[data] = pd.read_parquet(path)
         fig = fn(cache[data], style=style)

@@ -36,6 +36,11 @@ class Rollouts:
             return None
         return [c.full for c in self.completions]
 
+    def log_ratios(self) -> list[np.ndarray]:
+        """Per completion, log r = logp_trainer - logp_engine (float64): what the CIs resample."""
+        return [t.astype(np.float64) - c.logprobs.astype(np.float64)
+                for c, t in zip(self.completions, self.logp_trainer)]
+
     def flat(self) -> tuple[np.ndarray, np.ndarray]:
         """(logp_engine, logp_trainer) over all completion tokens."""
         e = np.concatenate(self.logp_engine) if self.completions else np.zeros(0)

@@ -40,6 +40,21 @@ def test_mismatch_notebook_smoke(outputs, default_model):
     assert set(info["engines"]) == set(engines)
     assert info["engines"]["vllm-v0"]["vllm_version"].startswith("0.8.5") and info["engines"]["vllm-v0"]["engine"] == "v0"
     figs = {f.stem for f in (run_dir / "figures").glob("*.png")}
-    assert figs == {"ablation_ladder", "prob_scatter", "log_ratio_hist", "mismatch_vs_position", "mismatch_vs_prob"}
+    assert figs == {"ablation_ladder", "prob_scatter", "log_ratio_hist", "mismatch_vs_position", "mismatch_vs_prob",
+                    "reward_distributions"}
+    # 95% sequence-bootstrap intervals around the headline metrics
+    for e in engines:
+        for k in ("abs_dlogp_mean", "k3_mean", "clip_frac"):
+            assert m[f"{e}/{k}_ci_low"] <= m[f"{e}/{k}"] + 1e-15 <= m[f"{e}/{k}_ci_high"] + 2e-15, (e, k)
+    assert m["vllm-v1/k3_mean_ci_low"] > m["vllm-v1-fixed/k3_mean_ci_high"]  # the gap is not noise
+    # reward equivalence: every engine and every pair, with valid p-values
+    rewards = pd.read_parquet(run_dir / "data" / "rewards.parquet")
+    assert rewards.groupby("engine").size().to_dict() == {e: 64 for e in engines}
+    for e in engines:
+        assert m[f"{e}/reward_mean_ci_low"] <= m[f"{e}/reward_mean"] <= m[f"{e}/reward_mean_ci_high"]
+        assert m[f"{e}/reward_mean"] == pytest.approx(rewards[rewards["engine"] == e]["reward"].mean())
+    pairs = [k for k in m if k.endswith("/reward_pvalue")]
+    assert len(pairs) == len(engines) * (len(engines) - 1) // 2
+    assert all(0 < m[k] <= 1 for k in pairs)
     html = (run_dir / "report.html").read_text()
-    assert "At the float floor" in html
+    assert "At the float floor" in html and "Reward equivalence" in html

@@ -66,6 +66,8 @@ def test_kl_vs_temperature_smoke(outputs, default_model):
     # V1 default: ~0 at T=1, grows with |T-1|; the processed engines stay at the float floor everywhere
     assert m["vllm-v1/T=1/abs_dlogp_max"] <= 1e-4
     assert m["vllm-v1/T=0.5/k3_mean"] > 1e-4 and m["vllm-v1/T=1.5/k3_mean"] > 1e-4
+    assert m["vllm-v1/T=0.5/k3_mean_ci_low"] <= m["vllm-v1/T=0.5/k3_mean"] <= m["vllm-v1/T=0.5/k3_mean_ci_high"]
+    assert m["vllm-v1/T=0.5/k3_mean_ci_low"] > 1e-4  # the raw-logprob gap is outside the noise
     for e in ("hf", "vllm-v0", "vllm-v1-processed"):
         for t in ("0.5", "1", "1.5"):
             assert m[f"{e}/T={t}/abs_dlogp_max"] <= 1e-4, (e, t)
@@ -87,12 +89,14 @@ def test_toy_grpo_smoke(outputs, default_model):
     from rlwb.grpo import CURVE_COLUMNS
 
     assert set(CURVE_COLUMNS) <= set(curves.columns)
-    assert len(curves) == 3 * 2  # steps x corrections x 1 seed
+    assert len(curves) == 3 * 2 * 2  # steps x corrections x seeds
     assert (curves["t_sync"] > 0).all() and (curves["grad_norm"] > 0).any()
     m = json.loads((d / "metrics.json").read_text())
     for c in ("none", "tis"):
         for k in ("reward_first", "reward_last", "clip_frac_mean", "mismatch_k3_mean", "step_s_mean"):
             assert f"vllm-v1-fixed+{c}/{k}" in m
+        L = f"vllm-v1-fixed+{c}"  # Student-t interval over the 2 seeds
+        assert m[f"{L}/reward_last_ci_low"] <= m[f"{L}/reward_last"] <= m[f"{L}/reward_last_ci_high"]
 
 
 @pytest.mark.engines
@@ -106,3 +110,4 @@ def test_determinism_smoke_shows_the_stale_cache_mechanism(outputs, default_mode
     assert m["vllm-v1-fixed/stale_cache_abs_dlogp_max"] <= 1e-4  # caching off: nothing to go stale
     for e in ("vllm-v0", "vllm-v1", "vllm-v1-fixed"):
         assert 0 <= m[f"{e}/batch_invariant_frac"] <= 1 and 0 <= m[f"{e}/rerun_identical_frac"] <= 1
+        assert "=== rlwb: starting" in (d / "logs" / f"engine-{e}.log").read_text()  # engine logs archived

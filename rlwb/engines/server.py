@@ -173,8 +173,8 @@ class HfBackend:
                       eos_token_id=self.eos, attention_mask=torch.ones_like(ids))
             if T > 0:
                 kw.update(temperature=T, top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)) or None)
-            if s.get("ignore_eos"):
-                kw["min_new_tokens"] = int(s["max_tokens"])
+            if s.get("ignore_eos"):  # as vLLM: keep going past EOS, but EOS stays in the distribution
+                kw["eos_token_id"] = None  # (min_new_tokens would mask EOS and change the logprobs)
             with torch.no_grad():
                 out = self.model.generate(ids, **kw)
             scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [n, steps, V]

@@ -139,6 +139,14 @@ class EngineWorker:
         self._info["model"] = self.model
 
     # -- plumbing -----------------------------------------------------------------------------------
+    def log_ref(self) -> str:
+        """Where to read the whole log: relative to the run directory when it is archived with a run (the
+        run's temporary directory is renamed when the run ends, so an absolute path would go stale)."""
+        run_dir = os.environ.get("RLWB_RUN_DIR")
+        if run_dir and self.log_path.parent == Path(run_dir) / "logs":
+            return f"logs/{self.log_path.name} in the run directory"
+        return str(self.log_path)
+
     def stderr_tail(self, lines: int = 40) -> str:
         try:
             self._log.flush()
@@ -158,7 +166,7 @@ class EngineWorker:
             reason += f" (killed by signal {signal.Signals(-code).name})"
         elif code is not None:
             reason += f" (exit code {code})"
-        reason += f"; full log: {self.log_path}"
+        reason += f"; full log: {self.log_ref()}"
         err = EngineCrashed(self.preset.name, reason, self.stderr_tail())
         self._kill_group()
         return err
@@ -182,7 +190,7 @@ class EngineWorker:
             raise self._crashed(f"pipe closed during {what}: {e}") from None
         if not msg.get("ok"):
             raise EngineError(f"engine {self.preset.name!r} failed in {what}: {msg.get('error')} "
-                              f"(full log: {self.log_path})\n{msg.get('traceback', '')}")
+                              f"(full log: {self.log_ref()})\n{msg.get('traceback', '')}")
         return msg.get("result")
 
     def _call(self, op: str, timeout: float | None = None, **args):

@@ -1,0 +1,143 @@
+"""Uncertainty on reported numbers: sequence-level bootstrap intervals, reward-distribution tests, seed CIs.
+
+Why resample *sequences*, not tokens: the tokens of one completion share a context (and, for an engine
+bug, a cause), so they are correlated; a token-level bootstrap treats ~20 correlated tokens as 20
+independent draws and gives intervals that are too narrow. Resampling whole sequences (the cluster
+bootstrap; Davison & Hinkley 1997, sec. 3.8; Field & Welsh 2007, https://doi.org/10.1111/j.1467-9868.2007.00593.x)
+keeps the within-sequence dependence. Intervals are percentile intervals.
+
+Reward equivalence between engines follows the advice to compare reward *distributions* of many
+rollouts of the same prompts (Mann-Whitney U for a shift, a permutation test on the mean difference,
+Cliff's delta as the effect size: https://doi.org/10.1037/0033-2909.114.3.494).
+
+Pure numpy/scipy functions of arrays; nothing here touches an engine or a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+ALPHA = 0.05  # two-sided: 95% intervals
+N_BOOT = 2000
+CI_METRICS = ("abs_dlogp_mean", "k3_mean", "clip_frac")  # the headline mismatch metrics that get intervals
+
+
+def sequence_bootstrap_ci(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float], n_boot: int = N_BOOT,
+                          alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of `stat(concatenated tokens)` when whole sequences (`groups`) are resampled
+    with replacement. `stat` is any token-level metric (e.g. `rlwb.metrics.k3` of the log ratios)."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    groups = [np.asarray(g, dtype=np.float64) for g in groups]
+    if not groups:
+        return float("nan"), float("nan")
+    flat = np.concatenate(groups)
+    lengths = np.array([len(g) for g in groups])
+    starts = np.cumsum(lengths) - lengths
+    rng = np.random.default_rng(seed)
+    vals = np.empty(n_boot)
+    for b in range(n_boot):
+        pick = rng.integers(0, len(groups), len(groups))
+        lens = lengths[pick]
+        # token indices of the picked sequences, back to back, without a Python loop over sequences
+        idx = np.repeat(starts[pick] - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())
+        vals[b] = stat(flat[idx])
+    vals = vals[np.isfinite(vals)]
+    if vals.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(vals, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def mean_ci(x: np.ndarray, n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of independent samples (e.g. one reward per rollout)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, (n_boot, x.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def seed_ci(values: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
+    """Student-t interval of the mean across seeds (few seeds: a bootstrap would be degenerate).
+    One seed gives (nan, nan): no interval can be claimed."""
+    from scipy import stats as st
+
+    v = np.asarray(values, dtype=np.float64)
+    if v.size < 2:
+        return float("nan"), float("nan")
+    m, se = v.mean(), v.std(ddof=1) / np.sqrt(v.size)
+    if se == 0:
+        return float(m), float(m)
+    h = st.t.ppf(1 - alpha / 2, v.size - 1) * se
+    return float(m - h), float(m + h)
+
+
+@dataclass(frozen=True)
+class RewardComparison:
+    mean_a: float
+    mean_b: float
+    mean_diff: float  # mean_a - mean_b
+    diff_ci: tuple[float, float]  # bootstrap interval of mean_a - mean_b
+    mw_pvalue: float  # Mann-Whitney U, two-sided
+    perm_pvalue: float  # permutation test on the mean difference, two-sided
+    cliffs_delta: float  # P(a > b) - P(a < b), in [-1, 1]
+    n_a: int
+    n_b: int
+
+
+def permutation_pvalue(a: np.ndarray, b: np.ndarray, n_perm: int = 5000, seed: int = 0) -> float:
+    """Two-sided permutation test of mean(a) - mean(b); (k + 1) / (n_perm + 1) so it is never 0."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    pooled = np.concatenate([a, b])
+    obs = abs(a.mean() - b.mean())
+    rng = np.random.default_rng(seed)
+    k = 0
+    for _ in range(n_perm):
+        p = rng.permutation(pooled)
+        k += abs(p[: a.size].mean() - p[a.size:].mean()) >= obs - 1e-12
+    return (k + 1) / (n_perm + 1)
+
+
+def compare_rewards(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, n_perm: int = 5000,
+                    seed: int = 0) -> RewardComparison:
+    """Are two engines' reward distributions the same? Means, difference with CI, Mann-Whitney and
+    permutation p-values, Cliff's delta."""
+    from scipy import stats as st
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.size < 2 or b.size < 2:
+        raise ValueError(f"need at least 2 rewards per side, got {a.size} and {b.size}")
+    rng = np.random.default_rng(seed)
+    diffs = (a[rng.integers(0, a.size, (n_boot, a.size))].mean(1) - b[rng.integers(0, b.size, (n_boot, b.size))].mean(1))
+    lo, hi = np.quantile(diffs, [ALPHA / 2, 1 - ALPHA / 2])
+    if np.all(a == a[0]) and np.all(b == a[0]):
+        mw_p = 1.0  # identical constant samples: scipy's U test is undefined, there is no difference
+    else:
+        mw_p = float(st.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    u = st.mannwhitneyu(a, b, alternative="two-sided").statistic if mw_p < 1.0 else a.size * b.size / 2
+    return RewardComparison(mean_a=float(a.mean()), mean_b=float(b.mean()), mean_diff=float(a.mean() - b.mean()),
+                            diff_ci=(float(lo), float(hi)), mw_pvalue=mw_p,
+                            perm_pvalue=permutation_pvalue(a, b, n_perm, seed),
+                            cliffs_delta=float(2 * u / (a.size * b.size) - 1), n_a=int(a.size), n_b=int(b.size))
+
+
+def mismatch_cis(log_ratios: Sequence[np.ndarray], clip_eps: float = 0.2, n_boot: int = N_BOOT,
+                 seed: int = 0) -> dict[str, float]:
+    """`<metric>_ci_low` / `<metric>_ci_high` for each of `CI_METRICS`, resampling sequences. `log_ratios`:
+    one array of log r = logp_trainer - logp_engine per completion."""
+    from . import metrics as M
+
+    fns = {"abs_dlogp_mean": M.abs_mean, "k3_mean": M.k3, "clip_frac": lambda lr: M.clip_frac(lr, clip_eps)}
+    out = {}
+    for k in CI_METRICS:
+        lo, hi = sequence_bootstrap_ci(log_ratios, fns[k], n_boot=n_boot, seed=seed)
+        out[f"{k}_ci_low"], out[f"{k}_ci_high"] = lo, hi
+    return out

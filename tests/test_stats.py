@@ -1,0 +1,90 @@
+"""rlwb.stats against known distributions: interval coverage, p-value calibration, power, hand-made values."""
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from rlwb import stats
+
+
+def _clustered(rng, n_seq=40, mean=0.5):
+    """Sequences whose tokens share a per-sequence effect: token-level resampling would be overconfident."""
+    return [mean + rng.normal(0, 1.0) + rng.normal(0, 0.3, rng.integers(5, 15)) for _ in range(n_seq)]
+
+
+def _token_mean(x):
+    return float(np.mean(x))
+
+
+def test_sequence_bootstrap_covers_the_true_mean_and_token_bootstrap_does_not():
+    rng = np.random.default_rng(0)
+    seq_hits = tok_hits = 0
+    n = 200
+    for i in range(n):
+        groups = _clustered(rng)
+        # the estimand: the expected token mean (sequence lengths are independent of the effects)
+        lo, hi = stats.sequence_bootstrap_ci(groups, _token_mean, n_boot=400, seed=i)
+        seq_hits += lo <= 0.5 <= hi
+        flat = np.concatenate(groups)
+        lo, hi = stats.sequence_bootstrap_ci(list(flat[:, None]), _token_mean, n_boot=400, seed=i)
+        tok_hits += lo <= 0.5 <= hi
+    assert 0.88 <= seq_hits / n <= 0.99, seq_hits / n
+    assert tok_hits / n < 0.6, "resampling correlated tokens must undercover (why rlwb resamples sequences)"
+
+
+def test_sequence_bootstrap_resamples_whole_sequences():
+    # two sequences: [0, 0, 0] and [1]; any resample's token mean is one of 0, 1/4... exactly these values
+    seen = set()
+    for s in range(30):
+        lo, hi = stats.sequence_bootstrap_ci([np.zeros(3), np.ones(1)], _token_mean, n_boot=50, seed=s)
+        seen.update((round(lo, 6), round(hi, 6)))
+    assert seen <= {0.0, 0.25, 1.0}
+    with pytest.raises(ValueError, match="alpha"):
+        stats.sequence_bootstrap_ci([np.zeros(3)], _token_mean, alpha=1.5)
+    assert all(np.isnan(stats.sequence_bootstrap_ci([], _token_mean)))
+
+
+def test_mean_ci_coverage_on_bernoulli_rewards():
+    rng = np.random.default_rng(1)
+    hits = sum(lo <= 0.3 <= hi for lo, hi in (stats.mean_ci(rng.random(200) < 0.3, n_boot=500, seed=i)
+                                               for i in range(200)))
+    assert 0.9 <= hits / 200 <= 0.985
+
+
+def test_seed_ci_is_the_student_t_interval():
+    v = [0.61, 0.72, 0.66]
+    lo, hi = stats.seed_ci(v)
+    ref = st.t.interval(0.95, 2, loc=np.mean(v), scale=st.sem(v))
+    assert (lo, hi) == pytest.approx(ref)
+    assert all(np.isnan(stats.seed_ci([0.5])))
+
+
+def test_p_values_are_uniform_under_the_null():
+    rng = np.random.default_rng(2)
+    perm, mw = [], []
+    for i in range(150):
+        a, b = rng.normal(0, 1, 30), rng.normal(0, 1, 30)
+        c = stats.compare_rewards(a, b, n_boot=100, n_perm=300, seed=i)
+        perm.append(c.perm_pvalue)
+        mw.append(c.mw_pvalue)
+    for p in (np.array(perm), np.array(mw)):
+        assert 0.01 <= np.mean(p < 0.05) <= 0.11
+        assert 0.38 <= np.mean(p < 0.5) <= 0.62
+        assert st.kstest(p, "uniform").pvalue > 0.01
+
+
+def test_compare_rewards_detects_a_real_difference():
+    rng = np.random.default_rng(3)
+    a, b = (rng.random(300) < 0.8).astype(float), (rng.random(300) < 0.6).astype(float)
+    c = stats.compare_rewards(a, b, seed=0)
+    assert c.mean_diff == pytest.approx(a.mean() - b.mean())
+    assert c.diff_ci[0] > 0 and c.perm_pvalue < 1e-3 and c.mw_pvalue < 1e-3 and c.cliffs_delta > 0
+
+
+def test_cliffs_delta_hand_computed_and_identical_samples():
+    assert stats.compare_rewards(np.array([3.0, 4.0]), np.array([1.0, 2.0]), n_perm=10).cliffs_delta == 1.0
+    assert stats.compare_rewards(np.array([1.0, 2.0, 3.0]), np.array([2.0, 2.0]), n_perm=10).cliffs_delta == 0.0
+    same = stats.compare_rewards(np.ones(5), np.ones(5), n_perm=10)
+    assert same.mw_pvalue == 1.0 and same.perm_pvalue == 1.0 and same.cliffs_delta == 0.0
+    with pytest.raises(ValueError, match="at least 2"):
+        stats.compare_rewards(np.ones(1), np.ones(5))
