@@ -157,6 +157,30 @@ def _cmd_bench(a) -> int:
     return 0
 
 
+def _cmd_validate(a) -> int:
+    from pathlib import Path
+
+    from . import validate
+    from .engines import EngineWorker
+    from .models import resolve_model
+    from .trainer import TrainerScorer
+
+    if not 0 <= a.min_pass_rate <= 1:
+        raise ValueError(f"--min-pass-rate must be in [0, 1], got {a.min_pass_rate}")
+    if a.cases < 1 or a.tolerance <= 0:
+        raise ValueError(f"--cases must be >= 1 and --tolerance > 0, got {a.cases} and {a.tolerance}")
+    path = resolve_model(a.model, progress=False)
+    scorer = TrainerScorer(path, "float32")
+    with EngineWorker(a.engine, path, dtype=a.dtype) as w:
+        report = validate.validate(w, scorer, a.cases, a.seed, a.tolerance)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report.to_dict(), indent=2))
+    print(report.table())
+    ok = report.pass_rate >= a.min_pass_rate
+    print(f"{'PASS' if ok else 'FAIL'}: pass rate {report.pass_rate:.0%} (required {a.min_pass_rate:.0%})")
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlwb", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -207,6 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quick", action="store_true", help="fewer batch sizes and repeats (a few minutes)")
     r.add_argument("--outputs")
     r.set_defaults(fn=_cmd_bench)
+
+    r = sub.add_parser("validate", help="property-based equivalence check of an engine against the fp32 trainer "
+                                        "(exit 1 when the pass rate is below --min-pass-rate)")
+    r.add_argument("--engine", required=True, help="engine preset (params/engines.yaml)")
+    r.add_argument("--cases", type=int, default=50, help="random cases drawn by hypothesis (default 50)")
+    r.add_argument("--seed", type=int, default=0, help="hypothesis seed: the same cases for every engine")
+    r.add_argument("--tolerance", type=float, default=1e-3, help="max |Δlogp| per case (default 1e-3)")
+    r.add_argument("--min-pass-rate", type=float, default=1.0, help="exit 1 below this pass rate (default 1)")
+    r.add_argument("--model", default="default")
+    r.add_argument("--dtype", default="float32", help="engine dtype")
+    r.add_argument("--json", help="also write the report as JSON to this path")
+    r.set_defaults(fn=_cmd_validate)
 
     r = sub.add_parser("build-model", help="build (or show the cached) embedded default policy")
     r.add_argument("--force", action="store_true")

@@ -84,7 +84,7 @@ def staleness(w: EngineWorker, prompts, new_state: dict, new_scorer: TrainerScor
     s = Sampling(temperature=1.0, max_tokens=max_tokens, seed=seed, ignore_eos=True)
     w.reset_prefix_cache()
     w.generate(prompts, s)  # warm: prefix blocks now hold KV from the old weights
-    w._call("update_weights", path=_save(w, new_state))  # the raw op: never resets, whatever the preset
+    w.update_weights(new_state, reset_prefix_cache=False)  # whatever the preset says: the stale case
     stale = w.generate(prompts, s)
     w.reset_prefix_cache()
     fresh = w.generate(prompts, s)
@@ -101,16 +101,6 @@ def staleness(w: EngineWorker, prompts, new_state: dict, new_scorer: TrainerScor
     w.update_weights(old_state)
     w.reset_prefix_cache()
     return out, pd.concat(rows, ignore_index=True)
-
-
-def _save(w: EngineWorker, state: dict) -> str:
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
-    path = Path(w._tmp.name) / "perturbed.safetensors"
-    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
-    return str(path)
 
 
 @dataclass

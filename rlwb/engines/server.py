@@ -113,9 +113,9 @@ class VllmBackend:
             results.append({"prompt_token_ids": list(out.prompt_token_ids), "samples": samples})
         return results
 
-    def update_weights(self, path: str) -> dict:
+    def update_weights(self, path: str, reset: bool | None = None) -> dict:
         n = self.llm.collective_rpc("rlwb_update_weights", args=(path,))
-        reset = bool(self.spec.get("reset_prefix_cache_on_update"))
+        reset = bool(self.spec.get("reset_prefix_cache_on_update")) if reset is None else bool(reset)
         if reset:
             self.reset_prefix_cache()
         return {"tensors": n[0] if isinstance(n, list) else n, "prefix_cache_reset": reset}
@@ -196,7 +196,7 @@ class HfBackend:
             results.append({"prompt_token_ids": list(r["prompt_token_ids"]), "samples": samples})
         return results
 
-    def update_weights(self, path: str) -> dict:
+    def update_weights(self, path: str, reset: bool | None = None) -> dict:
         from safetensors.torch import load_file
 
         sd = load_file(path)
@@ -261,7 +261,7 @@ def main() -> None:
             if op == "generate":
                 result = backend.generate(args["requests"], bool(args.get("full", False)))
             elif op == "update_weights":
-                result = backend.update_weights(args["path"])
+                result = backend.update_weights(args["path"], args.get("reset"))
             elif op == "reset_prefix_cache":
                 result = backend.reset_prefix_cache()
             elif op == "weights_checksum":

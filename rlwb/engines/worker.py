@@ -243,9 +243,10 @@ class EngineWorker:
                                         s.get("finish_reason") or "", s.get("full")))
         return comps
 
-    def update_weights(self, weights: dict | str | os.PathLike) -> dict:
+    def update_weights(self, weights: dict | str | os.PathLike, reset_prefix_cache: bool | None = None) -> dict:
         """In-flight weight update (no restart). `weights`: a state dict or a safetensors file of HF names.
-        Resets the prefix cache afterwards when the preset says so."""
+        Resets the prefix cache afterwards when the preset says so; `reset_prefix_cache` overrides the
+        preset (notebook 04 updates without a reset on purpose, to measure the stale cache)."""
         if isinstance(weights, dict):
             from safetensors.torch import save_file
 
@@ -253,7 +254,7 @@ class EngineWorker:
             save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path))
         else:
             path = Path(weights)
-        return self._call("update_weights", path=str(path))
+        return self._call("update_weights", path=str(path), reset=reset_prefix_cache)
 
     def reset_prefix_cache(self) -> bool:
         return bool(self._call("reset_prefix_cache"))

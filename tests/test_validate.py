@@ -1,0 +1,59 @@
+"""`rlwb validate`: hypothesis-drawn cases through real engines, checked against the fp32 trainer."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlwb import validate
+from rlwb.trainer import TrainerScorer
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.engines
+
+
+@pytest.fixture(scope="module")
+def fp32_scorer(default_model):
+    return TrainerScorer(default_model.path, "float32")
+
+
+def test_processed_logprob_engine_passes_every_drawn_case(engine, fp32_scorer):
+    rep = validate.validate(engine("vllm-v1-processed"), fp32_scorer, cases=12, seed=0, progress=False)
+    assert rep.pass_rate == 1.0, rep.table()
+    assert rep.shrunk is None
+    cases = [r.case for r in rep.results]
+    # the drawn cases span the axes: batches, temperatures, truncation, several samples, long prompts
+    assert any(len(c.prompt_lens) > 1 for c in cases) and any(c.temperature != 1.0 for c in cases)
+    assert any(c.top_k > 0 or c.top_p < 1 for c in cases) and any(c.n > 1 for c in cases)
+    assert any(max(c.prompt_lens) > 32 for c in cases)
+    assert all(r.n_tokens > 0 for r in rep.results)
+
+
+def test_raw_logprob_engine_fails_and_the_shrunk_case_names_the_cause(engine, fp32_scorer):
+    """V1's default logprobs are raw: they ignore temperature *and* top-k/top-p. The shrunk case keeps exactly
+    one such processing step (here: top_k=1 at T=1, where the processed logprob is 0 and the raw one is not)
+    and shrinks everything else to one request, one sample, one token."""
+    rep = validate.validate(engine("vllm-v1"), fp32_scorer, cases=12, seed=0, progress=False)
+    assert rep.pass_rate < 1.0
+    failing = [r.case for r in rep.results if not r.passed]
+    assert all(c.temperature != 1.0 or c.top_p < 1 or c.top_k > 0 for c in failing)
+    s = rep.shrunk
+    assert s is not None and not rep.shrunk_result.passed
+    processing = [s.temperature != 1.0, s.top_p < 1.0, s.top_k > 0]
+    assert sum(processing) == 1, f"exactly one sampling-processing step is left: {s}"
+    assert s.n == 1 and len(s.prompt_lens) == 1 and s.max_tokens == 1, f"everything else shrinks away: {s}"
+    d = rep.to_dict()
+    assert d["pass_rate"] == rep.pass_rate and d["shrunk_case"]["top_k"] == s.top_k
+
+
+def test_cli_exit_codes_and_json(tmp_path, default_model):
+    out = tmp_path / "v.json"
+    r = subprocess.run([sys.executable, "-m", "rlwb.cli", "validate", "--engine", "hf", "--cases", "4",
+                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "PASS" in r.stdout and json.loads(out.read_text())["cases"] == 4
+    bad = subprocess.run([sys.executable, "-m", "rlwb.cli", "validate", "--engine", "no-such-preset"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no-such-preset" in bad.stderr
