@@ -174,9 +174,24 @@ def config_from_params(p, correction: str, seed: int) -> GRPOConfig:
                       old_logprobs=p.old_logprobs, correction=correction, tis_cap=p.tis_cap, seed=seed)
 
 
-def run_grid(p, model_path, on_start=None, progress: bool = True, monitor_factory=None) -> pd.DataFrame:
+DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windows, 2 in a row above
+
+
+def drift_monitor_factory(threshold: float, save_dir=None):
+    """Monitors that record (never stop) a trip per run, saving the offending batch under `save_dir`."""
+    from .monitor import DriftMonitor
+
+    def make(engine: str, correction: str, seed: int) -> DriftMonitor:
+        return DriftMonitor(threshold, DRIFT_WINDOW, DRIFT_PATIENCE, raise_on_trip=False, save_dir=save_dir,
+                            name=f"drift_{engine}+{correction}_seed{seed}")
+    return make
+
+
+def run_grid(p, model_path, on_start=None, progress: bool = True, monitor_factory=None,
+             drift_dir=None) -> pd.DataFrame:
     """`data/curves.parquet`: one row per (engine, correction, seed, step). Each engine starts once; every
-    run reloads the initial weights into the trainer and (in flight) into the engine."""
+    run reloads the initial weights into the trainer and (in flight) into the engine. With
+    `p.drift_threshold` > 0 every run has a drift monitor; `drift_trip_step` records where it tripped."""
     from transformers import AutoModelForCausalLM
 
     from .mismatch import iter_engines
@@ -185,6 +200,8 @@ def run_grid(p, model_path, on_start=None, progress: bool = True, monitor_factor
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(trainer_device())
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     frames = []
+    if monitor_factory is None and getattr(p, "drift_threshold", 0) > 0:
+        monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir)
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         for corr in p.corrections:
             for seed in p.seeds:
@@ -194,6 +211,7 @@ def run_grid(p, model_path, on_start=None, progress: bool = True, monitor_factor
                 df.insert(1, "engine", w.preset.name)
                 df.insert(2, "correction", corr)
                 df.insert(3, "seed", seed)
+                df["drift_trip_step"] = np.nan if monitor is None or monitor.trip_step is None else monitor.trip_step
                 frames.append(df)
     return pd.concat(frames, ignore_index=True)
 
@@ -218,6 +236,10 @@ def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
         out[f"{L}/clip_frac_mean"] = float(d["clip_frac"].mean())
         out[f"{L}/mismatch_k3_mean"] = float(d["mismatch_k3"].mean())
         out[f"{L}/step_s_mean"] = float(d[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1).mean())
+        if "drift_trip_step" in d:
+            trips = d.groupby("seed")["drift_trip_step"].first()
+            out[f"{L}/drift_trip_frac"] = float(trips.notna().mean())
+            out[f"{L}/drift_trip_step_mean"] = float(trips.mean()) if trips.notna().any() else float("nan")
     return out
 
 
@@ -250,6 +272,14 @@ def conclusion(metrics: dict, p) -> str:
         worst = min(others, key=others.get)
         lines.append(f"Smallest gain elsewhere: `{worst}` {others[worst]:+.3f}, {others[worst] - deltas[ref]:+.3f} "
                      f"relative to `{ref}`.")
+    if getattr(p, "drift_threshold", 0) > 0:
+        tripped = [f"`{L}` ({metrics[f'{L}/drift_trip_frac']:.0%} of seeds, at step "
+                   f"{metrics[f'{L}/drift_trip_step_mean']:.0f} on average)" for L in deltas
+                   if (metrics.get(f"{L}/drift_trip_frac") or 0) > 0]
+        quiet = [f"`{L}`" for L in deltas if metrics.get(f"{L}/drift_trip_frac") == 0]
+        lines.append(f"\n**Drift monitor** (engine-trainer k3 above {p.drift_threshold:g} in {DRIFT_PATIENCE} "
+                     f"consecutive {DRIFT_WINDOW}-step windows): tripped on " + (", ".join(tripped) or "none")
+                     + "; quiet on " + (", ".join(quiet) or "none") + ".")
     if deltas and max(deltas.values()) < 0.05:
         lines.append(f"\nNo configuration improved its reward by 0.05 or more within {p.steps} steps (best: "
                      f"{max(deltas.values()):+.3f}).")

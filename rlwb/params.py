@@ -175,6 +175,8 @@ class GRPOParams(EngineParams):
                           choices=["engine", "trainer"])
     clip_eps: float = P(0.2, "PPO clip epsilon", gt=0, lt=1)
     tis_cap: float = P(2.0, "TIS truncation cap C", gt=0)
+    drift_threshold: float = P(1e-5, "drift monitor: k3 level (mean of 2-step windows, twice in a row) that trips "
+                                     "it; 0 turns it off", ge=0)
 
     @property
     def seeds(self) -> list[int]:

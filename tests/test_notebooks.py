@@ -96,6 +96,7 @@ def test_toy_grpo_smoke(outputs, default_model):
         for k in ("reward_first", "reward_last", "clip_frac_mean", "mismatch_k3_mean", "step_s_mean"):
             assert f"vllm-v1-fixed+{c}/{k}" in m
         L = f"vllm-v1-fixed+{c}"  # Student-t interval over the 2 seeds
+        assert m[f"{L}/drift_trip_frac"] == 0  # the drift monitor stays quiet on the fixed engine
         assert m[f"{L}/reward_last_ci_low"] <= m[f"{L}/reward_last"] <= m[f"{L}/reward_last_ci_high"]
 
 
