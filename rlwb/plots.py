@@ -373,13 +373,15 @@ def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log:
             # smooth each seed's curve first, then the mean and a 95% Student-t interval across seeds
             per_seed = d.pivot_table(index="step", columns="seed", values=column, aggfunc="mean")
             per_seed = per_seed.rolling(smooth, center=True, min_periods=1).mean()
+            if log:  # spans decades: mean and interval of log10 (a geometric mean), never below zero
+                per_seed = np.log10(np.maximum(per_seed, FLOOR_VALUE))
             mean = per_seed.mean(axis=1)
             half = per_seed.sem(axis=1) * t_quantile(per_seed.count(axis=1))  # NaN (no band) for one seed
             lo, hi = mean - half, mean + half
+            if log:
+                mean, lo, hi = (np.maximum(10.0 ** x, FLOOR_VALUE) for x in (mean, lo, hi))
             if bounds is not None:
                 lo, hi = lo.clip(*bounds), hi.clip(*bounds)
-            if log:
-                mean, lo, hi = (np.maximum(x, FLOOR_VALUE) for x in (mean, lo, hi))
             ax.plot(mean.index, mean.values, color=engine_color(e), ls=engine_style(e), label=e)
             ax.fill_between(mean.index, lo.values, hi.values, color=engine_color(e), alpha=0.15, lw=0)
         ax.set_title(f"correction: {c}")
@@ -389,7 +391,8 @@ def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log:
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize="small")
     avg = f"{smooth}-step moving average per seed; " if smooth > 1 else ""
-    fig.suptitle(f"{title} ({avg}line: mean over seeds; band: 95% CI over seeds)")
+    center = "geometric mean" if log else "mean"
+    fig.suptitle(f"{title} ({avg}line: {center} over seeds; band: 95% CI over seeds)")
     fig.tight_layout()
     return fig
 
