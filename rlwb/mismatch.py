@@ -180,7 +180,7 @@ def reward_conclusion(metrics: dict, p) -> list[str]:
     if differ:
         lines.append("Pairs whose rewards differ (permutation p < 0.05): " + "; ".join(
             f"`{k}` Δ = {d:+.3f} {ci_text(metrics, k, 'reward_mean_diff', '+.3f')}, p = {pv:.3g}" for k, d, pv in differ) + ".")
-    else:
+    elif pairs:
         smallest = min(pairs, key=lambda k: metrics[f"{k}/reward_pvalue"])
         lines.append(f"No pair's rewards differ at the 5% level (smallest p = "
                      f"{metrics[f'{smallest}/reward_pvalue']:.3g}, `{smallest}`); on this sample size the engines are "

@@ -27,6 +27,7 @@ def scorer(default_model):
 
 
 _ENGINES: dict = {}
+_CHECKSUMS: dict = {}
 
 
 @pytest.fixture(scope="session")
@@ -35,9 +36,16 @@ def engine(default_model):
     from rlwb.engines import EngineWorker
 
     def get(name: str):
+        """A shared worker holding the default model's weights: tests that train (GRPO, drift monitor) update
+        engine weights in flight, so a worker whose weights changed gets the originals back (and an empty
+        prefix cache) before the next test uses it."""
         w = _ENGINES.get(name)
         if w is None or w.proc.poll() is not None:
             w = _ENGINES[name] = EngineWorker(name, default_model.path)
+            _CHECKSUMS[name] = w.weights_checksum()
+        elif w.weights_checksum() != _CHECKSUMS[name]:
+            w.update_weights(default_model.path / "model.safetensors", reset_prefix_cache=True)
+            assert w.weights_checksum() == _CHECKSUMS[name], f"{name}: could not restore the default weights"
         return w
 
     yield get

@@ -67,7 +67,9 @@ def test_kl_vs_temperature_smoke(outputs, default_model):
     assert m["vllm-v1/T=1/abs_dlogp_max"] <= 1e-4
     assert m["vllm-v1/T=0.5/k3_mean"] > 1e-4 and m["vllm-v1/T=1.5/k3_mean"] > 1e-4
     assert m["vllm-v1/T=0.5/k3_mean_ci_low"] <= m["vllm-v1/T=0.5/k3_mean"] <= m["vllm-v1/T=0.5/k3_mean_ci_high"]
-    assert m["vllm-v1/T=0.5/k3_mean_ci_low"] > 1e-4  # the raw-logprob gap is outside the noise
+    # the raw-logprob gap is far outside the processed engines' intervals (a smoke sample is small, so the
+    # interval itself is wide: a few sequences carry most of the gap)
+    assert m["vllm-v1/T=0.5/k3_mean_ci_low"] > 1e3 * m["vllm-v0/T=0.5/k3_mean_ci_high"]
     for e in ("hf", "vllm-v0", "vllm-v1-processed"):
         for t in ("0.5", "1", "1.5"):
             assert m[f"{e}/T={t}/abs_dlogp_max"] <= 1e-4, (e, t)

@@ -45,7 +45,8 @@ def test_sigint_interrupts_run_archives_failed_and_leaves_no_workers(outputs, de
     earlier.mkdir(parents=True)
     (earlier / "run.json").write_text(json.dumps({"status": "ok"}))
     proc = subprocess.Popen([sys.executable, "-m", "rlwb.cli", "run", "notebooks/01_logprob_mismatch.ipynb",
-                             "-f", "params/01_logprob_mismatch/smoke.yaml", "-p", "engines", "[vllm-v1]"],
+                             "-f", "params/01_logprob_mismatch/smoke.yaml", "-p", "engines", "[vllm-v1]",
+                             "-p", "reward_samples", "16384"],  # ~1 min of sampling: the interrupt lands mid-run
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # wait until the engine worker is up, then interrupt
     deadline, workers = time.time() + 300, []

@@ -88,3 +88,13 @@ def test_cliffs_delta_hand_computed_and_identical_samples():
     assert same.mw_pvalue == 1.0 and same.perm_pvalue == 1.0 and same.cliffs_delta == 0.0
     with pytest.raises(ValueError, match="at least 2"):
         stats.compare_rewards(np.ones(1), np.ones(5))
+
+
+def test_reward_equivalence_with_one_engine_has_means_and_no_pairs():
+    from rlwb import mismatch, params
+
+    m = mismatch.reward_equivalence({"hf": np.array([1.0, 0.0, 1.0, 1.0])})
+    assert m["hf/reward_mean"] == 0.75 and not any("_vs_" in k for k in m)
+    p = params.load("01_logprob_mismatch", overrides={"engines": ["hf"], "reward_samples": 4})
+    text = "\n".join(mismatch.reward_conclusion(m, p))
+    assert "`hf` 0.750" in text
