@@ -47,7 +47,10 @@ def test_sigint_interrupts_run_archives_failed_and_leaves_no_workers(outputs, de
     proc = subprocess.Popen([sys.executable, "-m", "rlwb.cli", "run", "notebooks/01_logprob_mismatch.ipynb",
                              "-f", "params/01_logprob_mismatch/smoke.yaml", "-p", "engines", "[vllm-v1]",
                              "-p", "reward_samples", "16384"],  # ~1 min of sampling: the interrupt lands mid-run
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as at a terminal: a launcher that runs the suite in the background (`cmd &`)
+                            # leaves SIGINT ignored, and an ignored signal is inherited
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # wait until the engine worker is up, then interrupt
     deadline, workers = time.time() + 300, []
     while time.time() < deadline and not workers:
