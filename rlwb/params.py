@@ -196,8 +196,26 @@ class DeterminismParams(EngineParams):
     max_tokens: int = P(16, "max completion tokens", ge=1)
 
 
+@dataclass
+class StressParams(EngineParams):
+    NOTEBOOK: typing.ClassVar[str] = "05_equivalence_and_stress"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/validate_pass_rate", "vllm-v1-fixed/validate_pass_rate",
+                                             "vllm-v1-fixed/pressure_abs_dlogp_max"]
+
+    validate_cases: int = P(50, "hypothesis-drawn validator cases per engine", ge=1)
+    validate_tolerance: float = P(1e-3, "a validator case passes when its max abs dlogp is within this", gt=0)
+    pressure_prompts: int = P(32, "requests in the memory-pressure batch (short and long prompts mixed)", ge=1)
+    pressure_kv_tokens: int = P(1024, "KV-cache capacity of the pressure engine in tokens (whole blocks)", ge=1)
+    max_tokens: int = P(64, "completion tokens per memory-pressure request (EOS ignored)", ge=1)
+    stress_temperature: float = P(1.0, "sampling temperature of both stress checks (> 0)", gt=0, le=10)
+    longctx_lengths: list[int] = P([16, 512, 1024, 2048, 3072, 4064], "long-context prompt lengths in tokens", ge=1)
+    longctx_prompts: int = P(2, "prompts per long-context length", ge=1)
+    longctx_max_tokens: int = P(16, "completion tokens after each long prompt (EOS ignored)", ge=1)
+
+
 SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams,
-                                                            KLTemperatureParams, GRPOParams, DeterminismParams)}
+                                                            KLTemperatureParams, GRPOParams, DeterminismParams,
+                                                            StressParams)}
 
 
 # ---------------------------------------------------------------------------------------------------

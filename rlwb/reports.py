@@ -24,6 +24,7 @@ FIGURES = {
     "02_kl_vs_temperature": plots.KL_FIGURES,
     "03_toy_grpo": plots.GRPO_FIGURES,
     "04_determinism_and_staleness": plots.DETERMINISM_FIGURES,
+    "05_equivalence_and_stress": plots.STRESS_FIGURES,
 }
 TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "tok_s", "throughput")
 

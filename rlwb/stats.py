@@ -65,6 +65,23 @@ def mean_ci(x: np.ndarray, n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int
     return float(lo), float(hi)
 
 
+def proportion_ci(successes: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """Wilson score interval of a pass rate (Wilson 1927, https://doi.org/10.1080/01621459.1927.10502953):
+    unlike the normal approximation it stays inside [0, 1] and is not degenerate at 0/n or n/n, which is
+    where a validator's pass rate usually sits."""
+    from scipy import stats as st
+
+    if n < 1:
+        return float("nan"), float("nan")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, n={n}], got {successes}")
+    z = st.norm.ppf(1 - alpha / 2)
+    ph = successes / n
+    center = (ph + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n))
+    return float(max(0.0, center - half)), float(min(1.0, center + half))
+
+
 def seed_ci(values: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
     """Student-t interval of the mean across seeds (few seeds: a bootstrap would be degenerate).
     One seed gives (nan, nan): no interval can be claimed."""

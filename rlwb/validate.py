@@ -75,8 +75,8 @@ class Report:
         return {"engine": self.engine, "tolerance": self.tolerance, "cases": len(self.results),
                 "pass_rate": self.pass_rate, "worst_abs_dlogp": max((r.abs_dlogp_max for r in self.results), default=None),
                 "k3_quantiles": {q: float(np.quantile(k3, q)) for q in (0.0, 0.5, 0.9, 1.0)} if k3.size else {},
-                "worst_cases": [_row(r) for r in self.worst()],
-                "shrunk_case": _row(self.shrunk_result) if self.shrunk_result else None,
+                "worst_cases": [case_row(r) for r in self.worst()],
+                "shrunk_case": case_row(self.shrunk_result) if self.shrunk_result else None,
                 "settings": self.settings}
 
     def table(self) -> str:
@@ -90,17 +90,17 @@ class Report:
                          f"{c.top_k:>5} {c.max_tokens:>7} {c.n:>2} {r.abs_dlogp_max:>11.2e} {r.k3_mean:>9.1e}  "
                          f"{'yes' if r.passed else 'NO'}")
         if self.shrunk_result:
-            lines.append(f"minimal failing case: {_describe(self.shrunk_result.case)} -> max |Δlogp| "
+            lines.append(f"minimal failing case: {describe(self.shrunk_result.case)} -> max |Δlogp| "
                          f"{self.shrunk_result.abs_dlogp_max:.2e}")
         return "\n".join(lines)
 
 
-def _row(r: CaseResult) -> dict:
+def case_row(r: CaseResult) -> dict:
     return {**asdict(r.case), "prompt_lens": list(r.case.prompt_lens), "abs_dlogp_max": r.abs_dlogp_max,
             "k3_mean": r.k3_mean, "n_tokens": r.n_tokens, "passed": r.passed}
 
 
-def _describe(c: Case) -> str:
+def describe(c: Case) -> str:
     return (f"{len(c.prompt_lens)} request(s) of {list(c.prompt_lens)} prompt tokens, T={c.temperature:g}, "
             f"top_p={c.top_p:g}, top_k={c.top_k}, max_tokens={c.max_tokens}, n={c.n}")
 

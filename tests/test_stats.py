@@ -51,6 +51,22 @@ def test_mean_ci_coverage_on_bernoulli_rewards():
     assert 0.9 <= hits / 200 <= 0.985
 
 
+def test_proportion_ci_wilson_coverage_and_edges():
+    """Exact coverage over all outcomes of Binomial(50, p): Wilson stays near 95% where the Wald interval
+    (p +- z*se) collapses; at 50/50 the interval is not degenerate and stays inside [0, 1]."""
+    n = 50
+    for p in (0.05, 0.5, 0.9):
+        pmf = st.binom.pmf(np.arange(n + 1), n, p)
+        cover = sum(w for k, w in enumerate(pmf) if (lambda ci: ci[0] <= p <= ci[1])(stats.proportion_ci(k, n)))
+        assert 0.92 <= cover <= 0.99, (p, cover)
+    lo, hi = stats.proportion_ci(n, n)
+    assert hi == 1.0 and 0.9 < lo < 1.0  # 50/50 passes: the pass rate is >= ~0.93, not exactly 1
+    assert stats.proportion_ci(0, n)[0] == 0.0
+    assert stats.proportion_ci(7, 20) == pytest.approx((0.1812, 0.5671), abs=1e-4)  # Wilson's, by hand
+    with pytest.raises(ValueError, match="successes"):
+        stats.proportion_ci(21, 20)
+
+
 def test_seed_ci_is_the_student_t_interval():
     v = [0.61, 0.72, 0.66]
     lo, hi = stats.seed_ci(v)

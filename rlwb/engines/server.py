@@ -127,6 +127,20 @@ class VllmBackend:
         r = self.llm.collective_rpc("rlwb_weights_checksum")
         return float(r[0] if isinstance(r, list) else r)
 
+    def stats(self) -> dict:
+        """Scheduler counters since start. Preemptions: V0 keeps them on its scheduler objects; V1 only in
+        its Prometheus metrics, which exist when the engine was started with `disable_log_stats=False`."""
+        preemptions = None
+        if self.engine == "v0":
+            preemptions = int(sum(s.num_cumulative_preemption for s in self.llm.llm_engine.scheduler))
+        else:
+            try:
+                vals = [m.value for m in self.llm.get_metrics() if m.name == "vllm:num_preemptions"]
+                preemptions = int(sum(vals)) if vals else None
+            except Exception:  # stats logging off: no counters to read
+                preemptions = None
+        return {"preemptions": preemptions}
+
 
 class HfBackend:
     """transformers `generate`: the reference engine. Scores are the processed (warped) logits."""
@@ -211,6 +225,9 @@ class HfBackend:
     def weights_checksum(self) -> float:
         return float(sum(p.detach().double().sum().item() for p in self.model.parameters()))
 
+    def stats(self) -> dict:
+        return {"preemptions": None}  # no paged KV cache: nothing is ever preempted
+
 
 def _die_with_parent() -> None:
     """If the kernel that started us dies (even by SIGKILL), end this whole process group: vLLM's
@@ -266,6 +283,8 @@ def main() -> None:
                 result = backend.reset_prefix_cache()
             elif op == "weights_checksum":
                 result = backend.weights_checksum()
+            elif op == "stats":
+                result = backend.stats()
             elif op == "info":
                 result = backend.info()
             elif op == "close":

@@ -263,6 +263,11 @@ class EngineWorker:
         """Sum of all parameters inside the engine: a cheap check that an update really landed."""
         return float(self._call("weights_checksum"))
 
+    def stats(self) -> dict:
+        """Engine counters since start: `preemptions` (None where the engine does not expose them: the HF
+        engine has no paged KV cache; V1 counts only when started with `disable_log_stats=False`)."""
+        return dict(self._call("stats"))
+
     def close(self) -> None:
         proc = getattr(self, "proc", None)
         if proc is not None and proc.poll() is None:
