@@ -181,20 +181,27 @@ def test_cpu_presets_resolve_differently_on_cuda():
     cpu, cuda = resolve_preset("vllm-v1", cuda=False), resolve_preset("vllm-v1", cuda=True)
     assert cpu.vllm_kwargs.get("enforce_eager") is True and "VLLM_CPU_KVCACHE_SPACE" in cpu.env
     assert "gpu_memory_utilization" not in cuda.vllm_kwargs and "VLLM_CPU_KVCACHE_SPACE" not in cuda.env
+    # the vllm-cpu chunked-prefill workaround is CPU-only and reaches every V1 preset, not V0
+    for name in ("vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"):
+        assert resolve_preset(name, cuda=False).vllm_kwargs["enable_chunked_prefill"] is False
+        assert "enable_chunked_prefill" not in resolve_preset(name, cuda=True).vllm_kwargs
+    assert "enable_chunked_prefill" not in resolve_preset("vllm-v0", cuda=False).vllm_kwargs
     fixed = resolve_preset("vllm-v1-fixed", cuda=True)
     assert fixed.vllm_kwargs["logprobs_mode"] == "processed_logprobs" and fixed.reset_prefix_cache_on_update
 
 
 @pytest.mark.engines
-def test_seeded_heterogeneous_long_batch_survives_on_vllm_v1_fixed(engine):
-    """vllm-cpu 0.32 with async scheduling off died (EngineDeadError, "CPU Generator does not use offset")
-    when a seeded request was split by chunked prefill: notebook 04's default batch of 64 long prompts.
-    The preset's on_cpu `enable_chunked_prefill: false` keeps it alive; seeded reruns stay identical."""
+@pytest.mark.parametrize("name", ["vllm-v1", "vllm-v1-fixed"])
+def test_seeded_heterogeneous_long_batch_survives_on_v1(engine, name):
+    """vllm-cpu 0.32 died (EngineDeadError, "CPU Generator does not use offset") when a seeded request was
+    scheduled without finishing its prefill: notebook 04's default batch of 64 long prompts (async scheduling
+    off) and notebook 05's long contexts (async on). On CPU every V1 preset inherits `enable_chunked_prefill:
+    false` from `vllm-v1`; a batch over one step's token budget then runs, and seeded reruns stay identical."""
     from rlwb import determinism, tokenizer
     from rlwb.mismatch import task_prompts
 
     codec = tokenizer.PromptCodec()
-    w = engine("vllm-v1-fixed")
+    w = engine(name)
     assert w.preset.vllm_kwargs.get("enable_chunked_prefill") is False
     prompts = task_prompts(16, 0, heterogeneous=True, codec=codec)
     fillers = determinism.filler_prompts(48, 0, codec)

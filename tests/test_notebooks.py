@@ -1,4 +1,4 @@
-"""Notebooks 02-04 with their smoke params through `rlwb run` (real engines), plus notebook hygiene."""
+"""Notebooks 02-05 with their smoke params through `rlwb run` (real engines), plus notebook hygiene."""
 
 import json
 import subprocess
@@ -114,3 +114,26 @@ def test_determinism_smoke_shows_the_stale_cache_mechanism(outputs, default_mode
     for e in ("vllm-v0", "vllm-v1", "vllm-v1-fixed"):
         assert 0 <= m[f"{e}/batch_invariant_frac"] <= 1 and 0 <= m[f"{e}/rerun_identical_frac"] <= 1
         assert "=== rlwb: starting" in (d / "logs" / f"engine-{e}.log").read_text()  # engine logs archived
+
+
+@pytest.mark.engines
+@pytest.mark.slow
+def test_equivalence_and_stress_smoke(outputs, default_model):
+    d = run_smoke("05_equivalence_and_stress")
+    m = json.loads((d / "metrics.json").read_text())
+    # the validator: processed-logprob engines pass every case, V1's raw logprobs fail and get shrunk
+    for e in ("vllm-v0", "vllm-v1-fixed"):
+        assert m[f"{e}/validate_pass_rate"] == 1.0 and m[f"{e}/validate_worst_abs_dlogp"] <= 1e-3
+    assert m["vllm-v1/validate_pass_rate"] < 1.0
+    assert m["vllm-v1/validate_pass_rate_ci_low"] <= m["vllm-v1/validate_pass_rate"] <= m["vllm-v1/validate_pass_rate_ci_high"]
+    shrunk = pd.read_parquet(d / "data" / "shrunk.parquet")
+    assert list(shrunk["engine"]) == ["vllm-v1"] and shrunk["max_tokens"].iloc[0] == 1
+    # memory pressure preempts on every vLLM preset; logprobs stay at the float floor
+    for e in ("vllm-v0", "vllm-v1", "vllm-v1-fixed"):
+        assert m[f"{e}/pressure_preemptions"] >= 1
+        assert m[f"{e}/pressure_abs_dlogp_max"] <= 1e-4 and m[f"{e}/longctx_dist_abs_dlogp_max"] <= 1e-4
+        assert m[f"{e}/longctx_max_position"] == 4064 + 8 - 1
+    for f in ("validate_cases", "pressure_bars", "longctx_vs_position"):
+        assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
+    html = (d / "report.html").read_text()
+    assert "95% CI" in html and "preemptions" in html
