@@ -489,12 +489,13 @@ DETERMINISM_FIGURES = {"determinism_bars": ("summary", determinism_bars), "stale
 
 
 def validate_cases(cases, style: str = "notebook", tolerance: float | None = None):
-    """Validator: every drawn case's max |Δlogp| (one dot per case; KLΔ distribution on the right) with
-    the tolerance line, and the pass rate with its 95% Wilson interval above each engine."""
+    """Validator: every drawn case's max |Δlogp| (one dot per case, grey = outside the tolerance), the
+    distribution of KLΔ per case, and the pass rate with its 95% Wilson interval (error bars)."""
     from .stats import proportion_ci
 
     engines = _order(cases["engine"])
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=figsize(style, 1.5), gridspec_kw={"width_ratios": [1.3, 1]})
+    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=figsize(style, 1.7),
+                                     gridspec_kw={"width_ratios": [1.3, 1, 0.8]})
     rng = np.random.default_rng(0)
     tol = tolerance if tolerance is not None else (float(cases["tolerance"].iloc[0]) if "tolerance" in cases else None)
     for x, e in enumerate(engines):
@@ -505,17 +506,21 @@ def validate_cases(cases, style: str = "notebook", tolerance: float | None = Non
             panel.scatter(x + rng.uniform(-0.18, 0.18, len(v)), v, s=10, c=colors, alpha=0.75, lw=0)
         n, k = len(g), int(g["passed"].sum())
         lo, hi = proportion_ci(k, n)
-        ax.text(x, 1.0, f"{k}/{n}\n[{lo:.0%}, {hi:.0%}]", transform=ax.get_xaxis_transform(), ha="center",
-                va="bottom", fontsize="x-small")
-    for panel, label in ((ax, "max |Δlogp| per case"), (bx, "KLΔ (k3) per case")):
-        panel.set_yscale("log")
+        rate = k / n if n else np.nan
+        cx.bar(x, rate, color=engine_color(e), alpha=0.85)
+        cx.errorbar(x, rate, yerr=[[rate - lo], [hi - rate]], color="#333333", capsize=3, lw=1)
+        cx.text(x, hi + 0.02, f"{k}/{n}", ha="center", va="bottom", fontsize="x-small")
+    for panel, label in ((ax, "max |Δlogp| per case"), (bx, "KLΔ (k3) per case"), (cx, "pass rate (95% Wilson CI)")):
+        if panel is not cx:
+            panel.set_yscale("log")
         panel.set_xticks(range(len(engines)), engines, rotation=35, ha="right", fontsize="small")
         panel.set_ylabel(label)
         panel.grid(axis="x", visible=False)
+    cx.set_ylim(0, 1.15)
     if tol is not None:
         ax.axhline(tol, color="#555555", ls="--", lw=1)
         ax.text(len(engines) - 0.5, tol, f" tolerance {tol:g}", va="bottom", ha="right", fontsize="x-small")
-    fig.suptitle("Equivalence validator: drawn cases (grey = failed); passed/cases with 95% CI", y=1.02)
+    fig.suptitle("Equivalence validator: hypothesis-drawn cases per engine (grey = failed)")
     fig.tight_layout()
     return fig
 

@@ -8,8 +8,10 @@ Used in two places, so it lives here once:
 
 Mapping: rlwb aggregates the clipped surrogate as a mean over all completion tokens of the batch, which is
 TRL's `loss_type="bnpo"`; `beta=0` (no reference model), `epsilon` = rlwb's `clip_eps`, and TRL divides
-the logits by `temperature` as rlwb's trainer does. TRL tokenizes prompts with `add_special_tokens=False`,
-so the prompt text carries the BOS token itself (`<bos>`), giving token ids identical to rlwb's.
+the logits by `temperature` as rlwb's trainer does. TRL 1.16 tokenizes plain-text prompts with the tokenizer's
+defaults, which put BOS first, so the dataset holds the bare task prompt and TRL's prompt ids equal rlwb's
+(`tests/test_trl_peer.py` checks it through TRL's own `_tokenize_prompts`). An earlier version also wrote
+`<bos>` into the text: TRL then sampled after a doubled BOS, and its rollouts scored ~0.2 instead of ~0.6.
 https://huggingface.co/docs/trl/grpo_trainer
 """
 
@@ -19,11 +21,8 @@ from pathlib import Path
 
 from . import tasks
 
-BOS_TEXT = "<bos>"
-
-
 def _reward(prompts: list[str], completions: list[str], **_) -> list[float]:
-    return [tasks.reward(tasks.parse_prompt(p.removeprefix(BOS_TEXT)), c) for p, c in zip(prompts, completions)]
+    return [tasks.reward(tasks.parse_prompt(p), c) for p, c in zip(prompts, completions)]
 
 
 def make_trainer(model, model_path: str | Path, out_dir: str | Path, *, steps: int = 1, prompts_per_step: int = 8,
@@ -36,7 +35,7 @@ def make_trainer(model, model_path: str | Path, out_dir: str | Path, *, steps: i
 
     tok = AutoTokenizer.from_pretrained(str(model_path))
     problems = tasks.make_problems(prompts_per_step * steps, seed=seed)
-    data = Dataset.from_list([{"prompt": BOS_TEXT + p.prompt} for p in problems])
+    data = Dataset.from_list([{"prompt": p.prompt} for p in problems])
     args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=prompts_per_step * group_size,
                       num_generations=group_size, max_completion_length=max_tokens, learning_rate=lr,
                       temperature=temperature, epsilon=clip_eps, beta=0.0, loss_type="bnpo", max_steps=steps,

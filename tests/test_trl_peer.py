@@ -25,6 +25,21 @@ def _batch():
     return prompts, comps
 
 
+def test_trl_tokenizes_the_peer_prompts_exactly_as_rlwb(default_model, tmp_path):
+    """Through TRL's own prompt tokenization: one BOS, then the task prompt (a doubled BOS once lowered the
+    rewards of TRL's rollouts in `rlwb bench` from ~0.6 to ~0.2)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(default_model.path), dtype=torch.float32)
+    trainer = trl_peer.make_trainer(model, default_model.path, tmp_path, steps=1)
+    texts = list(trainer.train_dataset["prompt"])
+    ids = trainer._tokenize_prompts(texts)[0]
+    assert [list(x) for x in ids] == [tokenizer.encode_prompt(t) for t in texts]
+    assert all(list(x).count(tokenizer.BOS_ID) == 1 for x in ids)
+    r = trl_peer._reward(texts[:1], [tasks.make_problems(8, seed=0)[0].worked_answer])
+    assert r == [1.0]  # the reward parses the dataset's prompt text
+
+
 def test_rlwb_grpo_loss_equals_trl_compute_loss(default_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
