@@ -199,6 +199,11 @@ def build_default_model(recipe: ModelRecipe = ModelRecipe(), force: bool = False
     card_path = out / "model.json"
     if card_path.exists() and not force:
         return DefaultModel(out, json.loads(card_path.read_text()))
+    try:  # fail before a minute of training, not after it, when the cache cannot take the model
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NotADirectoryError(f"model cache {out.parent} is not a usable directory (set RLWB_CACHE to one): "
+                                 f"{type(e).__name__}: {e}") from None
     t0 = time.time()
     torch.set_num_threads(min(2, os.cpu_count() or 1))  # thread count changes float sums: pin it
     model = train(recipe, progress=progress)
