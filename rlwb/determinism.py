@@ -26,11 +26,13 @@ def _identical(a: Completion, b: Completion) -> bool:
     return a.token_ids == b.token_ids and np.array_equal(a.logprobs, b.logprobs)
 
 
-def _common_prefix_max_dlogp(a: Completion, b: Completion) -> float:
+def common_prefix_max_dlogp(a: Completion, b: Completion) -> float:
+    """Largest |Δlogp| between two completions of one request over the tokens they share before the first
+    difference (0 when they differ at once): compares runs of an engine, not engine and trainer."""
     n = 0
     while n < min(len(a.token_ids), len(b.token_ids)) and a.token_ids[n] == b.token_ids[n]:
         n += 1
-    return float(np.max(np.abs(a.logprobs[:n] - b.logprobs[:n]))) if n else 0.0
+    return float(np.max(np.abs(a.logprobs[:n].astype(np.float64) - b.logprobs[:n].astype(np.float64)))) if n else 0.0
 
 
 def filler_prompts(n: int, seed: int, codec: PromptCodec) -> list[list[int]]:
@@ -54,7 +56,7 @@ def batch_invariance(w: EngineWorker, prompts, fillers, max_tokens: int) -> tupl
     w.reset_prefix_cache()
     mixed = w.generate(list(prompts) + list(fillers), greedy)[: len(prompts)]
     same = [_identical(a, b) for a, b in zip(alone, mixed)]
-    return float(np.mean(same)), max(_common_prefix_max_dlogp(a, b) for a, b in zip(alone, mixed))
+    return float(np.mean(same)), max(common_prefix_max_dlogp(a, b) for a, b in zip(alone, mixed))
 
 
 def rerun_identical(w: EngineWorker, prompts, fillers, max_tokens: int, seed: int) -> float:

@@ -27,6 +27,7 @@ import pandas as pd
 
 from . import stats
 from . import validate as V
+from .determinism import common_prefix_max_dlogp
 from .engines.worker import Completion, EngineWorker, Sampling
 from .mismatch import iter_engines, task_prompts
 from .tokenizer import PromptCodec
@@ -96,18 +97,13 @@ def memory_pressure(free: EngineWorker, prompts: list[list[int]], sampling: Samp
     d_free = _abs_diffs(free_comps, trainer_logp(scorer, free_comps, sampling, raw))
     d_press = _abs_diffs(press, trainer_logp(scorer, press, sampling, raw))
     same = [a.token_ids == b.token_ids for a, b in zip(free_comps, press)]
-    common = []
-    for a, b in zip(free_comps, press):
-        n = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
-                 min(len(a.token_ids), len(b.token_ids)))
-        common.append(np.abs(a.logprobs[:n].astype(np.float64) - b.logprobs[:n].astype(np.float64)))
     lo, hi = stats.sequence_bootstrap_ci(d_press, np.mean)
     m = {"pressure_abs_dlogp_max": _max(d_press), "pressure_abs_dlogp_mean": float(np.mean(np.concatenate(d_press))),
          "pressure_abs_dlogp_mean_ci_low": lo, "pressure_abs_dlogp_mean_ci_high": hi,
          "free_abs_dlogp_max": _max(d_free),
          "pressure_preemptions": float("nan") if after is None else float(after - (before or 0)),
          "pressure_identical_frac": float(np.mean(same)),
-         "pressure_vs_free_abs_dlogp_max": _max(common),
+         "pressure_vs_free_abs_dlogp_max": max(common_prefix_max_dlogp(a, b) for a, b in zip(free_comps, press)),
          "pressure_kv_tokens": float(kw["num_gpu_blocks_override"] * block)}
     if free_pre is not None:  # V0 always counts; V1 only with stats logging on (not the presets' default)
         m["free_preemptions"] = float(free_pre)
