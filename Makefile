@@ -19,7 +19,7 @@ browser:                             ## Debian's chromium, for the index-page an
 	bash scripts/setup.sh browser
 
 model: kernel                        ## build (or reuse from $RLWB_CACHE) the embedded default policy
-	$(RLWB) build-model > /dev/null
+	set -o pipefail; $(RLWB) build-model | tail -2
 
 reports: setup                       ## run every notebook with its default params and archive it
 	@set -e; for nb in $(NOTEBOOKS); do \

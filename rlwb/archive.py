@@ -147,8 +147,10 @@ class Run:
         self._update_run_json(engines=engines)
 
     def record_model(self, path, card: dict | None = None) -> None:
+        """The model a run used: path, recipe hash and the weights' checksum (so `compare` can tell a run on
+        another build of the same recipe from a run whose engine drifted), plus the whole card."""
         self._update_run_json(model={"path": str(path), "recipe_hash": (card or {}).get("recipe_hash"),
-                                     "card": card})
+                                     "weights_sha256_16": (card or {}).get("weights_sha256_16"), "card": card})
 
     @staticmethod
     def _safe_name(name: str) -> str:

@@ -162,7 +162,7 @@ def trl_step(model_path, steps: int, rlwb_step_s: float | None) -> dict:
 
 
 def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     model_path = resolve_model("default", progress=False)
     batch_sizes = [1, 16] if quick else [1, 16, 64]
@@ -171,7 +171,7 @@ def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
                  "settings": {"batch_sizes": batch_sizes, "repeats": repeats, "max_tokens": max_tokens,
                               "dtype": "float32", "quick": quick}}
     engines = {}
-    for name in tqdm(PRESETS, desc="throughput", disable=not progress):
+    for name in progress_bar(PRESETS, desc="throughput", disable=not progress):
         with EngineWorker(name, model_path) as w:
             engines[name] = {k: w.info().get(k) for k in ("engine", "vllm_version", "torch_version")}
             for bs in batch_sizes:

@@ -66,6 +66,11 @@ def _cmd_build_model(a) -> int:
 
     m = build_default_model(force=a.force)
     print(json.dumps(m.card, indent=2))
+    pub = m.card.get("weights_published_sha256_16")
+    verdict = ("no published build for this recipe" if pub is None else
+               "matches the published build" if pub == m.card["weights_sha256_16"] else
+               f"DIFFERS from the published build {pub}")
+    print(f"weights checksum {m.card['weights_sha256_16']} ({verdict})")
     print(m.path)
     return 0
 
@@ -94,16 +99,15 @@ def _cmd_figures(a) -> int:
 
 
 def _cmd_compare(a) -> int:
-    from .reports import compare, compare_table, dump_json
+    from .reports import compare, compare_table, drift_summary, dump_json, provenance_differences
 
     ok, rows = compare(a.run_a, a.run_b, a.rtol, a.atol, a.include_timing)
+    prov = provenance_differences(a.run_a, a.run_b)
     if a.json:
-        print(dump_json({"ok": ok, "rows": rows}))
+        print(dump_json({"ok": ok, "rows": rows, "provenance": prov}))
     else:
         print(compare_table(rows))
-        drift = [r["metric"] for r in rows if r["status"] == "DRIFT"]
-        print(f"\n{'OK: all shared metrics agree' if ok else f'DRIFT in {len(drift)} metric(s): ' + ', '.join(drift)}"
-              f" (rtol={a.rtol:g}, atol={a.atol:g})")
+        print(f"\n{drift_summary(ok, rows, prov)}\n(rtol={a.rtol:g}, atol={a.atol:g})")
     return 0 if ok else 1
 
 
@@ -120,7 +124,7 @@ def _cmd_rerun(a) -> int:
 
     from . import runner
     from .paths import NOTEBOOKS_DIR, outputs_dir
-    from .reports import build_index, compare, compare_table, latest_ok_run
+    from .reports import build_index, compare, compare_table, drift_summary, latest_ok_run, provenance_differences
 
     root = outputs_dir(a.outputs)
     notebooks = a.notebooks or sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
@@ -140,6 +144,9 @@ def _cmd_rerun(a) -> int:
             continue
         ok, rows = compare(prev, new, a.rtol, a.atol)
         print(compare_table(rows, only_interesting=True), file=sys.stderr)
+        prov = provenance_differences(prev, new)
+        if prov:
+            print(drift_summary(ok, rows, prov), file=sys.stderr)
         print(f"{nb}: {'no drift' if ok else 'DRIFT'} ({prev.name} -> {new.name})", file=sys.stderr)
         print(new)
         status |= 0 if ok else 1

@@ -136,7 +136,7 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
           codec: tokenizer.PromptCodec | None = None) -> pd.DataFrame:
     """Run `cfg.steps` GRPO steps from `initial_state` (weights are loaded into the trainer *and* the engine
     first, so every run starts from the same policy). Returns one row per step."""
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     torch.manual_seed(cfg.seed)
     if initial_state is not None:
@@ -150,7 +150,7 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
         ref_model = copy.deepcopy(model).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     rows = []
-    bar = tqdm(range(cfg.steps), desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(range(cfg.steps), desc=desc, disable=not progress, leave=False)
     for step in bar:
         res = grpo_step(step, model, opt, engine, cfg, ref_model, codec)
         rows.append(res.row)

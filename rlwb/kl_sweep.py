@@ -58,7 +58,7 @@ class Sweep:
 
 
 def run_sweep(p, model_path, on_start=None, progress: bool = True) -> Sweep:
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     scorer = TrainerScorer(model_path, p.trainer_dtype)
     prompts = task_prompts(p.prompts, p.seed, codec=PromptCodec(model_path))
@@ -66,7 +66,7 @@ def run_sweep(p, model_path, on_start=None, progress: bool = True) -> Sweep:
     rows, toks, mets = [], [], {}
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         raw_engine = expects_raw(w.info())
-        for T, tp, tk in tqdm(settings, desc=w.preset.name, disable=not progress, leave=False):
+        for T, tp, tk in progress_bar(settings, desc=w.preset.name, disable=not progress, leave=False):
             s = Sampling(temperature=T, top_p=tp, top_k=tk, max_tokens=p.max_tokens, seed=p.seed)
             ro = sample_and_score(w, scorer, prompts, s, full=p.full_vocab)
             e, t = ro.flat()

@@ -43,9 +43,9 @@ def task_prompts(n: int, seed: int, heterogeneous: bool = False,
 def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = True,
                  on_start: Callable[[dict], None] | None = None) -> Iterator[EngineWorker]:
     """Start each preset in turn (one engine process alive at a time), yield it, close it."""
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
-    bar = tqdm(presets, desc="engines", disable=not progress)
+    bar = progress_bar(presets, desc="engines", disable=not progress)
     for name in bar:
         bar.set_postfix_str(name)
         with EngineWorker(name, model_path, dtype=dtype) as w:

@@ -15,6 +15,12 @@ the engines' logprob errors have something to disturb. Toy RL testbeds use the s
 
 The built model is cached under `cache_dir()/models/default-<recipe hash>/` and reused: the hash covers
 every recipe value, so changing the recipe builds a new model and never silently reuses an old one.
+
+Why the build runs in a child process with pinned CPU code paths (`BUILD_ENV`): the same recipe gave
+other weights on an AVX-512 machine than on an AVX2 one (greedy accuracy 0.595 vs 0.645), because torch
+and MKL pick vectorised kernels per CPU and 400 SFT steps amplify the rounding differences. Those choices
+are made when torch loads, so they can only be pinned in a fresh process. The card records the weights'
+checksum and whether it equals the published one (`PUBLISHED_WEIGHTS`), which tests assert on every machine.
 """
 
 from __future__ import annotations
@@ -31,7 +37,26 @@ from pathlib import Path
 from . import tasks, tokenizer
 from .paths import cache_dir
 
-RECIPE_VERSION = 1  # bump when the training code changes in a way the fields below do not capture
+RECIPE_VERSION = 2  # bump when the training code changes in a way the fields below do not capture
+# 2: built under BUILD_ENV (ISA-independent weights); version-1 builds depended on the machine's CPU.
+
+# What makes the build bit-identical across x86-64 CPUs, each measured with 40-step builds on an AMD EPYC
+# with AVX-512 (weights hash per setting):
+# - ATEN_CPU_CAPABILITY: torch's own vectorised kernels are chosen per CPU when torch loads; AVX512, AVX2
+#   and DEFAULT gave three different hashes. avx2 is the widest set every CPU vLLM's CPU backend runs on has.
+# - MKL_CBWR=COMPATIBLE: MKL's sgemm computes the linear layers (setting CBWR changed the hash) and picks
+#   its kernels per CPU model and vendor. COMPATIBLE is the conditional-numerical-reproducibility branch MKL
+#   documents as giving the same results on Intel and non-Intel processors (the AVX2 branch is only
+#   guaranteed on Intel). The price: the build takes longer (see the card's build_s).
+# - ONEDNN_MAX_CPU_ISA=AVX2: oneDNN was not in this model's path (capping it at SSE41 left the hash
+#   unchanged); pinned so a torch that routes a matmul through oneDNN cannot bring the dependence back.
+# - Threads: float reductions are split by thread count; always 2 (MKL's reproducibility needs a fixed count).
+BUILD_THREADS = 2
+BUILD_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "OMP_NUM_THREADS": str(BUILD_THREADS), "MKL_NUM_THREADS": str(BUILD_THREADS)}
+# recipe hash -> weights checksum of the build every machine must reproduce (README numbers come from it).
+# Measured: the build of record (AMD EPYC, AVX-512, 2026-11-22); tests assert every machine reproduces it.
+PUBLISHED_WEIGHTS: dict[str, str] = {"e681a5e09fd3": "55ff690a01f1bba5"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +128,7 @@ def sft_batch(problems: list[tasks.Problem], reversed_mask: list[bool] | None = 
 def train(recipe: ModelRecipe, progress: bool = True):
     """SFT from a seeded random init. Deterministic for a given recipe and thread count."""
     import torch
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(recipe.seed)
@@ -114,7 +139,7 @@ def train(recipe: ModelRecipe, progress: bool = True):
     )
     # Training data seeds are disjoint from evaluation seeds (eval uses seed + 10**6 upward).
     model.train()
-    for step in tqdm(range(recipe.train_steps), desc="SFT default policy", disable=not progress):
+    for step in progress_bar(range(recipe.train_steps), desc="SFT default policy", disable=not progress):
         problems = tasks.make_problems(recipe.batch_size, seed=recipe.seed * 100_003 + step,
                                        max_digits=recipe.max_digits)
         habit = random.Random(f"habit-{recipe.seed}-{step}")  # independent of the problem stream
@@ -190,22 +215,68 @@ def build_default_model(recipe: ModelRecipe = ModelRecipe(), force: bool = False
                         progress: bool = True) -> DefaultModel:
     """Build (or reuse from the cache) the default policy; returns its path and model card.
 
-    Written to a temporary directory and renamed, so an interrupted build never leaves a half model
-    that a later run would reuse.
+    The build itself runs in a child process under `BUILD_ENV` (see the module docstring): that is the
+    only way to pin the CPU kernels torch picks when it loads. The child writes to a temporary directory
+    and renames it, so an interrupted build never leaves a half model that a later run would reuse.
     """
-    import torch
-
     out = default_model_dir(recipe)
     card_path = out / "model.json"
     if card_path.exists() and not force:
-        return DefaultModel(out, json.loads(card_path.read_text()))
+        return DefaultModel(out, with_published(json.loads(card_path.read_text())))
     try:  # fail before a minute of training, not after it, when the cache cannot take the model
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise NotADirectoryError(f"model cache {out.parent} is not a usable directory (set RLWB_CACHE to one): "
                                  f"{type(e).__name__}: {e}") from None
+    run_pinned_build(recipe, force=force, progress=progress)
+    return DefaultModel(out, with_published(json.loads(card_path.read_text())))
+
+
+def with_published(card: dict) -> dict:
+    """The card with today's `PUBLISHED_WEIGHTS` verdict (a cache may predate the published checksum)."""
+    published = PUBLISHED_WEIGHTS.get(card.get("recipe_hash", ""))
+    return {**card, "weights_published_sha256_16": published,
+            "weights_match_published": None if published is None else card.get("weights_sha256_16") == published}
+
+
+def run_pinned_build(recipe: ModelRecipe, *, force: bool = False, progress: bool = True,
+                     env: dict | None = None) -> None:
+    """`python -m rlwb.models` in a child process whose environment is `env` (default: ours) plus BUILD_ENV.
+    The child's progress goes to our stderr (a terminal directly; otherwise forwarded line by line, so it
+    shows in a notebook or a log)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "rlwb.models", json.dumps(asdict(recipe))]
+    cmd += ["--force"] * force + ["--quiet"] * (not progress)
+    child_env = {**(os.environ if env is None else env), **BUILD_ENV}
+    tty = sys.stderr.isatty()
+    proc = subprocess.Popen(cmd, env=child_env, stderr=None if tty else subprocess.PIPE, text=True)
+    tail: list[str] = []
+    if not tty:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            tail = (tail + [line])[-20:]
+    if proc.wait() != 0:
+        raise RuntimeError(f"building the default policy failed (exit {proc.returncode}): {''.join(tail).strip()}")
+
+
+def _build_here(recipe: ModelRecipe, force: bool, progress: bool) -> DefaultModel:
+    """The build proper; only inside the pinned child process (`run_pinned_build`)."""
+    unpinned = {k: os.environ.get(k) for k, v in BUILD_ENV.items() if os.environ.get(k) != v}
+    if unpinned:
+        raise RuntimeError(f"the default policy must be built under BUILD_ENV (call build_default_model); "
+                           f"differs here: {unpinned}")
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" is noise in a build log
+    out = default_model_dir(recipe)
+    if (out / "model.json").exists() and not force:
+        return DefaultModel(out, json.loads((out / "model.json").read_text()))
     t0 = time.time()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))  # thread count changes float sums: pin it
+    torch.set_num_threads(BUILD_THREADS)
+    torch.use_deterministic_algorithms(True)
     model = train(recipe, progress=progress)
     build_s = time.time() - t0
     ev = greedy_eval(model, max_digits=recipe.max_digits)
@@ -217,26 +288,53 @@ def build_default_model(recipe: ModelRecipe = ModelRecipe(), force: bool = False
     gen_cfg.write_text(json.dumps({"bos_token_id": tokenizer.BOS_ID, "eos_token_id": tokenizer.EOS_ID,
                                    "pad_token_id": tokenizer.PAD_ID}, indent=2))
     tokenizer.save_tokenizer(tokenizer.build_tokenizer(), tmp)
-    card = {
+    checksum = weights_hash(model)
+    published = PUBLISHED_WEIGHTS.get(recipe.hash())
+    card = with_published({
         "name": "rlwb-default-policy",
         "architecture": "LlamaForCausalLM (GQA + RoPE), char-level tokenizer",
         "recipe": asdict(recipe),
         "recipe_hash": recipe.hash(),
         "params": sum(p.numel() for p in model.parameters()),
-        "weights_sha256_16": weights_hash(model),
+        "weights_sha256_16": checksum,
         "greedy_accuracy": ev["greedy_accuracy"],
         "reversed_answer_frac": ev["reversed_answer_frac"],
         "mean_completion_tokens": ev["mean_completion_tokens"],
         "eval_problems": 200,
         "build_s": round(build_s, 1),
         "torch_threads": torch.get_num_threads(),
+        "build_env": dict(BUILD_ENV),
+        "build_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "host_cpu": host_cpu(),
+        "torch_version": torch.__version__,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    })
     (tmp / "model.json").write_text(json.dumps(card, indent=2))
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
+    if published is not None and checksum != published:
+        import sys
+
+        print(f"warning: this build's weights ({checksum}) differ from the published build ({published}) of "
+              f"recipe {recipe.hash()}: numbers will not match the README's", file=sys.stderr)
     return DefaultModel(out, card)
+
+
+def host_cpu() -> dict:
+    """The build machine's CPU model and widest vector ISA (recorded, not used: the build is pinned)."""
+    import platform
+    import re
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"model": platform.processor(), "isa": "unknown"}
+    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+    flags_line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    flags = set(flags_line.group(1).split()) if flags_line else set()
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+    return {"model": model.group(1).strip() if model else platform.processor(), "isa": isa}
 
 
 def resolve_model(model: str, progress: bool = True) -> Path:
@@ -268,4 +366,20 @@ def policy_metrics(ev: dict) -> dict:
 def model_card(path) -> dict | None:
     """The model card rlwb wrote for a default-policy build, or None for other models."""
     p = Path(str(path)) / "model.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    return with_published(json.loads(p.read_text())) if p.exists() else None
+
+
+def _main(argv: list[str] | None = None) -> None:
+    """`python -m rlwb.models RECIPE_JSON [--force] [--quiet]`: the pinned child of `run_pinned_build`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="build the default policy (run via build_default_model)")
+    ap.add_argument("recipe", help="ModelRecipe fields as JSON")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    _build_here(ModelRecipe(**json.loads(a.recipe)), force=a.force, progress=not a.quiet)
+
+
+if __name__ == "__main__":
+    _main()

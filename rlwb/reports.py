@@ -96,6 +96,50 @@ def compare(run_a: str | os.PathLike, run_b: str | os.PathLike, rtol: float = 1e
     return ok, rows
 
 
+def provenance_differences(run_a: str | os.PathLike, run_b: str | os.PathLike) -> list[str]:
+    """What differs between two runs' builds, in words: the model's weights (checksum), torch, and each
+    engine's vLLM / torch / transformers version. A metric that drifts between runs with a difference listed
+    here may be explained by the build or the upgrade, not by the engine's behaviour; `compare` and `rerun`
+    print these lines beside the drift so nobody has to guess."""
+    ra = archive.read_json(Path(run_a) / "run.json", {}) or {}
+    rb = archive.read_json(Path(run_b) / "run.json", {}) or {}
+    out = []
+
+    def model_fact(r: dict, key: str):
+        m = r.get("model") or {}
+        return m.get(key, (m.get("card") or {}).get(key))
+
+    wa, wb = model_fact(ra, "weights_sha256_16"), model_fact(rb, "weights_sha256_16")
+    if wa != wb:
+        same_recipe = model_fact(ra, "recipe_hash") == model_fact(rb, "recipe_hash")
+        out.append(f"model build differs: weights {wa or 'unknown'} vs {wb or 'unknown'}"
+                   + (" (same recipe, another build)" if same_recipe else
+                      f" (recipe {model_fact(ra, 'recipe_hash')} vs {model_fact(rb, 'recipe_hash')})"))
+    pa, pb = (ra.get("packages") or {}), (rb.get("packages") or {})
+    for pkg in sorted(set(pa) | set(pb)):
+        if pkg in ("torch", "transformers", "vllm") and pa.get(pkg) != pb.get(pkg):
+            out.append(f"kernel {pkg} differs: {pa.get(pkg)} vs {pb.get(pkg)}")
+    ea, eb = (ra.get("engines") or {}), (rb.get("engines") or {})
+    for name in sorted(set(ea) | set(eb)):
+        a, b = ea.get(name) or {}, eb.get(name) or {}
+        if not a or not b:
+            continue  # an engine used by one run only shows up as metrics present in one run
+        for key in ("vllm_version", "torch_version", "transformers_version"):
+            if a.get(key) != b.get(key):
+                out.append(f"engine {name}: {key.replace('_version', '')} {a.get(key)} vs {b.get(key)}")
+    return out
+
+
+def drift_summary(ok: bool, rows: list[dict], provenance: list[str]) -> str:
+    """The closing line(s) of `compare` / `rerun`: what drifted and, if the builds differ, that they do."""
+    drift = [r["metric"] for r in rows if r["status"] == "DRIFT"]
+    lines = ["OK: all shared metrics agree" if ok else f"DRIFT in {len(drift)} metric(s): " + ", ".join(drift)]
+    if provenance:
+        head = "the runs differ in build or versions" + (" - the drift may come from that:" if not ok else ":")
+        lines += [head] + [f"  {p}" for p in provenance]
+    return "\n".join(lines)
+
+
 def latest_ok_run(root: Path, notebook: str) -> Path | None:
     runs = [r for r in archive.list_runs(root) if r["notebook"] == notebook and r.get("status") == "ok"]
     return Path(runs[0]["dir"]) if runs else None

@@ -138,14 +138,14 @@ def long_context(w: EngineWorker, scorer: TrainerScorer, lengths: list[int], per
     |Δlogp| alone can read 0 where the logits do differ. The error of a logit does not shrink with its
     probability, so the largest |Δlogp| over the vocabulary (`dist_abs_dlogp_max`, small vocabularies
     only) shows the position dependence at every position."""
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     raw = reports_raw(w.info())
     # full distributions compare in processed semantics; a raw engine's equal them only at T = 1, no truncation
     full = (scorer.model.config.vocab_size <= w.preset.full_vocab_limit
             and (not raw or (sampling.temperature == 1.0 and sampling.top_k == 0 and sampling.top_p == 1.0)))
     frames, diffs, dists, by_len = [], [], [], {}
-    for L in tqdm(sorted(lengths), desc=f"long context {w.preset.name}", disable=not progress, leave=False):
+    for L in progress_bar(sorted(lengths), desc=f"long context {w.preset.name}", disable=not progress, leave=False):
         prompts = [V.prompt_ids(L, 1000 * L + i, codec) for i in range(per_length)]
         w.reset_prefix_cache()
         comps = w.generate(prompts, sampling, full=full)

@@ -150,7 +150,7 @@ def validate(worker: EngineWorker, scorer: TrainerScorer, cases: int = 50, seed:
     one failing case to a minimal example."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     if cases < 1:
         raise ValueError(f"cases must be >= 1, got {cases}")
@@ -161,7 +161,7 @@ def validate(worker: EngineWorker, scorer: TrainerScorer, cases: int = 50, seed:
     strategy = case_strategy(max_context)
     codec = tokenizer.PromptCodec()
     results: list[CaseResult] = []
-    bar = tqdm(total=cases, desc=f"validate {worker.preset.name}", disable=not progress)
+    bar = progress_bar(total=cases, desc=f"validate {worker.preset.name}", disable=not progress)
     quiet = settings(max_examples=cases, database=None, deadline=None, phases=[Phase.generate],
                      suppress_health_check=list(HealthCheck))
 

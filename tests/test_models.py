@@ -1,4 +1,8 @@
+import json
+import os
 from dataclasses import replace
+
+import pytest
 
 from rlwb import models
 
@@ -50,3 +54,62 @@ def test_default_model_card_meets_the_requirements(default_model):
 def test_cached_model_is_reused(default_model):
     again = models.build_default_model(progress=False)
     assert again.path == default_model.path and again.card == default_model.card
+
+
+def _unpinned_train_hash(env_over: dict, steps: int) -> str:
+    """models.train in a fresh process *without* rlwb's pins: what a build did before them."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in models.BUILD_ENV}
+    code = ("import torch; torch.set_num_threads(2)\nfrom dataclasses import replace\nfrom rlwb import models\n"
+            f"print(models.weights_hash(models.train(replace(models.ModelRecipe(), train_steps={steps}), "
+            "progress=False)))")
+    r = subprocess.run([sys.executable, "-c", code], env={**env, **env_over}, capture_output=True, text=True,
+                       check=True)
+    return r.stdout.strip()
+
+
+def test_build_is_bit_identical_whatever_cpu_the_caller_looks_like(tmp_path):
+    """Issue: the same recipe built other weights on AVX-512 than on AVX2 machines. The build as rlwb runs
+    it (a pinned child process) gives one checksum whether the caller's environment is this machine's default,
+    an AVX2-only machine's (ATen and MKL limited to AVX2) or one with no vector kernels at all; the control
+    shows the same math unpinned depends on those settings, so the assertion can fail."""
+    steps = 30
+    recipe = replace(models.ModelRecipe(), train_steps=steps)
+    base = {k: v for k, v in os.environ.items() if k not in models.BUILD_ENV}
+    callers = {
+        "machine default": {},
+        "AVX2-only machine": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                              "ONEDNN_MAX_CPU_ISA": "AVX2"},
+        "no vector kernels, 1 thread": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+                                        "OMP_NUM_THREADS": "1", "MKL_CBWR": "AUTO"},
+    }
+    cards = {}
+    for name, over in callers.items():
+        cache = tmp_path / name.replace(" ", "_").replace(",", "")
+        models.run_pinned_build(recipe, progress=False, env={**base, **over, "RLWB_CACHE": str(cache)})
+        cards[name] = json.loads(next(cache.glob("models/default-*/model.json")).read_text())
+    checksums = {name: c["weights_sha256_16"] for name, c in cards.items()}
+    assert len(set(checksums.values())) == 1, checksums
+    assert {c["build_cpu_capability"] for c in cards.values()} == {"AVX2"}
+    assert all(c["build_env"] == models.BUILD_ENV for c in cards.values())
+    # control: without the pins, ATen's kernel choice alone changes the weights
+    assert _unpinned_train_hash({"ATEN_CPU_CAPABILITY": "default"}, steps) != \
+        _unpinned_train_hash({"ATEN_CPU_CAPABILITY": "avx2"}, steps)
+
+
+def test_build_outside_the_pinned_process_is_refused(monkeypatch):
+    for k in models.BUILD_ENV:
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(RuntimeError, match="BUILD_ENV"):
+        models._build_here(models.ModelRecipe(), force=False, progress=False)
+
+
+def test_default_model_reproduces_the_published_build(default_model):
+    """The default policy built on this machine, whatever its CPU, has the published weights: the README's
+    numbers and every archived run come from the same model on AVX2 and AVX-512 machines."""
+    card = default_model.card
+    assert card["weights_published_sha256_16"] == models.PUBLISHED_WEIGHTS[card["recipe_hash"]]
+    assert card["weights_sha256_16"] == card["weights_published_sha256_16"], card["host_cpu"]
+    assert card["weights_match_published"] is True

@@ -108,3 +108,31 @@ def test_index_page_lists_runs_in_chromium(two_runs, tmp_path):
 def test_figures_on_a_non_run_dir_is_a_clear_error(tmp_path):
     r = rlwb("figures", str(tmp_path))
     assert r.returncode == 2 and "not a run directory" in r.stderr
+
+
+def test_compare_names_a_different_model_build_or_engine_version(tmp_path):
+    """Drift between runs on different builds of the default model, or after a vLLM upgrade, is named as such."""
+    def fake_run(name, weights, vllm_version, k3):
+        d = tmp_path / name
+        d.mkdir()
+        archive.write_json(d / "metrics.json", {"vllm-v1/k3_mean": k3})
+        archive.write_json(d / "run.json", {
+            "packages": {"torch": "2.13.0+cpu"},
+            "model": {"recipe_hash": "r1", "weights_sha256_16": weights},
+            "engines": {"vllm-v1": {"vllm_version": vllm_version, "torch_version": "2.13.0+cpu"},
+                        "hf": {"vllm_version": None, "torch_version": "2.13.0+cpu"}}})
+        return d
+
+    a = fake_run("a", "aaaa", "0.32.0", 1e-3)
+    same = fake_run("same", "aaaa", "0.32.0", 1e-3)
+    other = fake_run("other", "bbbb", "0.33.0", 2e-3)
+    assert reports.provenance_differences(a, same) == []
+    prov = reports.provenance_differences(a, other)
+    assert any("model build differs: weights aaaa vs bbbb (same recipe" in p for p in prov)
+    assert "engine vllm-v1: vllm 0.32.0 vs 0.33.0" in prov and not any("hf" in p for p in prov)
+    r = rlwb("compare", str(a), str(other))
+    assert r.returncode == 1
+    assert "DRIFT in 1 metric(s): vllm-v1/k3_mean" in r.stdout
+    assert "the drift may come from that" in r.stdout and "model build differs" in r.stdout
+    r = rlwb("compare", str(a), str(other), "--json")
+    assert json.loads(r.stdout)["provenance"] == prov

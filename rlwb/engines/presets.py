@@ -43,6 +43,10 @@ class Preset:
         if not self.python.exists():
             hint = "run `make engines`" if str(self.python).startswith(str(REPO_ROOT)) else "create that environment"
             raise PresetError(f"engine preset {self.name!r}: interpreter {self.python} does not exist ({hint})")
+        env_root = self.python.parent.parent
+        if (env_root / ".rlwb-incomplete").exists():  # written by scripts/setup.sh until the env imports
+            raise PresetError(f"engine preset {self.name!r}: the setup of {env_root} did not finish (it failed or "
+                              f"was interrupted); run `make engines` again")
 
 
 def _merge(base: dict, over: dict) -> dict:

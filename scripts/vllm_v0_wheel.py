@@ -1,0 +1,228 @@
+"""Find or build the vLLM 0.8.5 CPU wheel (the V0 engine) in rlwb's wheel cache, keyed by what it depends on.
+
+Run with the V0 environment's interpreter (it reads that environment's torch):
+
+    python scripts/vllm_v0_wheel.py ensure CACHE_DIR      → prints the wheel's path (built if needed)
+    python scripts/vllm_v0_wheel.py key [--torch V] [--isa avx2|avx512] [--python cp311] ...
+                                                         → prints the key and the facts it hashes
+    python scripts/vllm_v0_wheel.py explain-log LOG      → the one-line diagnosis of a failed build's log
+
+Why a key. A wheel is native code built against one torch ABI, one glibc / libstdc++, one compiler and
+one instruction set. The old cache (`wheels/vllm-0.8.5+cpu-*.whl`, any file that matched) installed a
+wheel built on an AVX-512 machine onto an AVX2 machine, or one built against another torch, and failed at
+run time far from the cause. Now every cached wheel lives in `wheels/vllm-0.8.5+cpu/<key>/` beside a
+`key.json` listing the facts; a wheel whose key differs from this machine's is never looked at (it is
+rebuilt), and one that was built here but does not load is removed and rebuilt.
+
+Why the AVX2 kernels by default (`VLLM_CPU_DISABLE_AVX512=true`, `--isa avx2`). vLLM 0.8.5's
+`cmake/cpu_extension.cmake` fetches oneDNN from GitHub with FetchContent whenever the CPU reports avx512f
+(`if (AVX512_FOUND AND NOT AVX512_DISABLED)`), and these machines reach only package registries: no
+registry ships a oneDNN source tree that `FETCHCONTENT_SOURCE_DIR_ONEDNN` could point at (PyPI's `onednn`
+packages are binaries without the CMake project FetchContent needs). Building the AVX2 kernels needs no
+download and runs on every x86-64 CPU vLLM supports, so AVX2-only and AVX-512 machines build the same V0
+kernels and get the same V0 numerics. What is given up: oneDNN's W8A8 GEMMs and AVX-512 speed in V0, which
+rlwb uses as the reference for V0's semantics, not for speed. `RLWB_V0_ISA=avx512` opts back in on a
+machine that can reach GitHub (the key then says avx512, and the wheel is never installed on an AVX2 CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VLLM_VERSION = "0.8.5"
+# Bump when the build procedure below changes in a way the facts in `wheel_facts` do not capture.
+BUILD_RECIPE = 2
+ISAS = ("avx2", "avx512")
+HERE = Path(__file__).resolve().parent
+
+
+def log(msg: str) -> None:
+    print(f"\033[1m[setup]\033[0m {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    m = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    return set(m.group(1).split()) if m else set()
+
+
+def host_supports(isa: str, flags: set[str] | None = None) -> bool:
+    flags = cpu_flags() if flags is None else flags
+    return {"avx2": "avx2" in flags, "avx512": "avx512f" in flags}[isa]
+
+
+def build_env(isa: str) -> dict[str, str]:
+    """The environment variables vLLM's CMake reads; part of the key."""
+    return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_DISABLE_AVX512": "true" if isa == "avx2" else "false"}
+
+
+def compiler_version() -> str:
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+        return out.splitlines()[0].strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "none"
+
+
+def wheel_facts(*, torch: str, isa: str, python: str, machine: str, libc: str, compiler: str,
+                sdist_sha256: str) -> dict:
+    """Everything the built wheel depends on. Two machines with equal facts can share a wheel."""
+    if isa not in ISAS:
+        raise SystemExit(f"vllm_v0_wheel: unknown ISA {isa!r} (RLWB_V0_ISA must be one of {', '.join(ISAS)})")
+    return {"vllm": VLLM_VERSION, "sdist_sha256": sdist_sha256, "torch": torch, "python": python,
+            "machine": machine, "libc": libc, "compiler": compiler, "isa": isa, "build_env": build_env(isa),
+            "build_recipe": BUILD_RECIPE}
+
+
+def wheel_key(facts: dict) -> str:
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def this_machine_facts(isa: str, sdist_sha256: str) -> dict:
+    from importlib.metadata import version
+
+    return wheel_facts(torch=version("torch"), isa=isa, python=f"cp{sys.version_info[0]}{sys.version_info[1]}",
+                       machine=platform.machine(), libc="-".join(platform.libc_ver()), compiler=compiler_version(),
+                       sdist_sha256=sdist_sha256)
+
+
+# A build that reaches for the network fails deep inside CMake or git; these lines name what it tried.
+_NET_PATTERNS = [
+    re.compile(r"unable to access '(?P<what>[^']+)'"),
+    re.compile(r"Could not resolve host:? (?P<what>[\w.-]+)"),
+    re.compile(r"[Ee]rror: downloading '(?P<what>[^']+)' failed"),
+    re.compile(r"Failed to connect to (?P<what>[\w.-]+)"),
+    re.compile(r"Temporary failure in name resolution.*?(?P<what>https?://\S+)?$"),
+]
+
+
+def explain_log(text: str) -> str | None:
+    """One line saying what a failed build tried to download, or None when it was not a network failure."""
+    for pat in _NET_PATTERNS:
+        m = pat.search(text)
+        if m:
+            what = m.group("what") or "a URL"
+            return (f"the vLLM {VLLM_VERSION} build tried to download {what} and the network is unreachable "
+                    "(only package registries are). rlwb builds the AVX2 kernels to avoid vLLM's oneDNN download "
+                    "(RLWB_V0_ISA=avx2, the default); RLWB_V0_ISA=avx512 needs access to github.com")
+    return None
+
+
+def sdist_path(cache: Path) -> Path:
+    out = subprocess.run([sys.executable, str(HERE / "fetch_sdist.py"), "vllm", VLLM_VERSION, str(cache / "sdist")],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"could not fetch the vLLM {VLLM_VERSION} sdist: {out.stderr.strip() or out.stdout.strip()}")
+    return Path(out.stdout.strip())
+
+
+def build(sdist: Path, dest: Path, isa: str, log_path: Path) -> Path:
+    """pip wheel the sdist into `dest`; on failure print one diagnosis line and the log's path, then exit 1."""
+    env = dict(os.environ, **build_env(isa), MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the venv's cmake>=3.26 first
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building vLLM {VLLM_VERSION} for CPU ({isa} kernels) from its sdist (~2-4 min on 2 cores); "
+        f"log: {log_path}")
+    t0 = time.time()
+    with open(log_path, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                                 str(sdist), "-w", str(dest)], env=env, stdout=f, stderr=subprocess.STDOUT)
+        last = t0
+        while proc.poll() is None:  # a heartbeat every minute, so a log shows the build is alive
+            time.sleep(1)
+            if time.time() - last >= 60:
+                last = time.time()
+                log(f"  still building ({last - t0:.0f} s)")
+    if proc.returncode != 0:
+        text = log_path.read_text(errors="replace")
+        why = explain_log(text)
+        if why is None:
+            tail = "\n".join(text.splitlines()[-25:])
+            print(tail, file=sys.stderr)
+            why = "the build failed (last lines above)"
+        raise SystemExit(f"vLLM {VLLM_VERSION} build failed: {why}. Full log: {log_path}")
+    wheels = sorted(dest.glob(f"vllm-{VLLM_VERSION}+cpu-*.whl"))
+    if not wheels:
+        raise SystemExit(f"vLLM {VLLM_VERSION} build produced no wheel in {dest}. Full log: {log_path}")
+    log(f"built {wheels[0].name} in {time.time() - t0:.0f} s")
+    return wheels[0]
+
+
+def ensure(cache: Path, isa: str, rebuild: bool = False) -> Path:
+    if not host_supports("avx2"):
+        raise SystemExit("vLLM's CPU backend needs an x86-64 CPU with AVX2 (no avx2 in /proc/cpuinfo); "
+                         "rlwb's V0 engine cannot be built on this machine")
+    if not host_supports(isa):
+        raise SystemExit(f"RLWB_V0_ISA={isa} but this CPU lacks it; use RLWB_V0_ISA=avx2")
+    sdist = sdist_path(cache)
+    facts = this_machine_facts(isa, hashlib.sha256(sdist.read_bytes()).hexdigest())
+    key = wheel_key(facts)
+    home = cache / "wheels" / f"vllm-{VLLM_VERSION}+cpu"
+    slot = home / key
+    found = sorted(slot.glob("*.whl")) if (slot / "key.json").exists() else []
+    if found and not rebuild:
+        log(f"using cached V0 wheel {found[0]} (key {key})")
+        return found[0]
+    others = [p.name for p in home.glob("*") if p.is_dir() and p.name != key]
+    legacy = sorted((cache / "wheels").glob(f"vllm-{VLLM_VERSION}+cpu-*.whl"))
+    if others or legacy:
+        log(f"cached V0 wheels built for other machines or settings are ignored "
+            f"({len(others) + len(legacy)} found; this machine's key is {key})")
+    shutil.rmtree(slot, ignore_errors=True)
+    home.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=home))
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    whl = build(sdist, work, isa, cache / "logs" / f"vllm-{VLLM_VERSION}-cpu-{key}-{stamp}.log")
+    (work / "key.json").write_text(json.dumps({"key": key, "facts": facts, "built_at": stamp}, indent=2))
+    work.rename(slot)  # atomic: a slot either holds a finished wheel with its key or does not exist
+    return slot / whl.name
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("ensure", help="print the cached wheel's path, building it if this machine has none")
+    e.add_argument("cache", type=Path)
+    e.add_argument("--rebuild", action="store_true", help="build even if a wheel with this key is cached")
+    k = sub.add_parser("key", help="print the wheel key for the given facts (defaults: this machine)")
+    k.add_argument("--torch")
+    k.add_argument("--isa", default=os.environ.get("RLWB_V0_ISA", "avx2"))
+    k.add_argument("--python", default=f"cp{sys.version_info[0]}{sys.version_info[1]}")
+    k.add_argument("--machine", default=platform.machine())
+    k.add_argument("--libc", default="-".join(platform.libc_ver()))
+    k.add_argument("--compiler", default=None)
+    k.add_argument("--sdist-sha256", default="unknown")
+    x = sub.add_parser("explain-log", help="diagnose a failed build's log in one line")
+    x.add_argument("log", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "ensure":
+        print(ensure(a.cache, os.environ.get("RLWB_V0_ISA", "avx2"), rebuild=a.rebuild))
+    elif a.cmd == "key":
+        if a.torch is None:
+            from importlib.metadata import version
+
+            a.torch = version("torch")
+        facts = wheel_facts(torch=a.torch, isa=a.isa, python=a.python, machine=a.machine, libc=a.libc,
+                            compiler=a.compiler or compiler_version(), sdist_sha256=a.sdist_sha256)
+        print(json.dumps({"key": wheel_key(facts), "facts": facts}, indent=2))
+    else:
+        print(explain_log(a.log.read_text(errors="replace")) or "not a network failure")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Setup from nothing: the V0 wheel's cache key, the one-line diagnosis of a build that reaches for the
+network, env markers, progress in logs, and `scripts/setup.sh engines` run against an empty cache."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WHEEL = [sys.executable, str(REPO / "scripts" / "vllm_v0_wheel.py")]
+FACTS = ["--torch", "2.13.0+cpu", "--isa", "avx2", "--python", "cp311", "--machine", "x86_64",
+         "--libc", "glibc-2.36", "--compiler", "c++ (Debian 12.2.0-14) 12.2.0", "--sdist-sha256", "abc"]
+
+
+def wheel_key(*overrides: str) -> dict:
+    args = list(FACTS)
+    for flag, value in zip(overrides[::2], overrides[1::2]):
+        args[args.index(flag) + 1] = value
+    r = subprocess.run([*WHEEL, "key", *args], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def test_wheel_key_changes_with_everything_the_wheel_depends_on():
+    base = wheel_key()
+    assert wheel_key()["key"] == base["key"]  # deterministic
+    assert base["facts"]["build_env"] == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_DISABLE_AVX512": "true"}
+    for flag, other in (("--isa", "avx512"), ("--torch", "2.13.1+cpu"), ("--python", "cp312"),
+                        ("--libc", "glibc-2.38"), ("--compiler", "c++ 13.3"), ("--machine", "aarch64"),
+                        ("--sdist-sha256", "def")):
+        assert wheel_key(flag, other)["key"] != base["key"], flag
+    assert wheel_key("--isa", "avx512")["facts"]["build_env"]["VLLM_CPU_DISABLE_AVX512"] == "false"
+
+
+def test_unknown_isa_is_refused():
+    r = subprocess.run([*WHEEL, "key", *FACTS[:2], "--isa", "sse4"], capture_output=True, text=True)
+    assert r.returncode != 0 and "unknown ISA 'sse4'" in r.stderr
+
+
+# Lines of the build log of a real failure: vLLM 0.8.5 built with its AVX-512 path on an AVX-512 machine
+# that reaches only package registries (RLWB_V0_ISA=avx512 here; before this fix, every AVX-512 machine).
+FAILED_BUILD_LOG = """\
+-- Enabling C extension.
+CMake Warning at cmake/cpu_extension.cmake:99 (message):
+[1/9] Performing download step (git clone) for 'onednn-populate'
+Cloning into 'onednn-src'...
+fatal: unable to access 'https://github.com/oneapi-src/oneDNN.git/': Could not resolve host: github.com
+Had to git clone more than once: 3 times.
+CMake Error at onednn-subbuild/onednn-populate-prefix/tmp/onednn-populate-gitclone.cmake:50 (message):
+  Failed to clone repository: 'https://github.com/oneapi-src/oneDNN.git'
+FAILED: onednn-populate-prefix/src/onednn-populate-stamp/onednn-populate-download
+CMake Error at /usr/share/cmake/Modules/FetchContent.cmake:1679 (message):
+  Build step for onednn failed: 2
+"""
+
+
+def test_a_build_that_reaches_for_the_network_is_named_in_one_line(tmp_path):
+    log = tmp_path / "build.log"
+    log.write_text(FAILED_BUILD_LOG)
+    r = subprocess.run([*WHEEL, "explain-log", str(log)], capture_output=True, text=True, check=True)
+    line = r.stdout.strip()
+    assert "\n" not in line
+    assert "https://github.com/oneapi-src/oneDNN.git/" in line and "unreachable" in line
+    assert "RLWB_V0_ISA" in line  # says what to do
+    log.write_text("error: command 'c++' failed: No such file or directory\n")
+    r = subprocess.run([*WHEEL, "explain-log", str(log)], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "not a network failure"
+
+
+def test_engine_from_an_unfinished_env_is_refused(tmp_path):
+    from rlwb.engines.presets import PresetError, resolve_preset
+
+    env = tmp_path / "venv"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("")
+    (env / ".rlwb-incomplete").touch()
+    presets = tmp_path / "presets.yaml"
+    presets.write_text(f"broken:\n  backend: vllm\n  python: {env / 'bin' / 'python'}\n")
+    preset = resolve_preset("broken", files=[presets])
+    with pytest.raises(PresetError, match="did not finish"):
+        preset.check_interpreter()
+    (env / ".rlwb-incomplete").unlink()
+    preset.check_interpreter()
+
+
+def test_progress_in_a_log_is_a_few_whole_lines():
+    """A bar of 2,000 quick updates, stderr a pipe (a log): a handful of lines, not one per redraw."""
+    code = ("import time\nfrom rlwb.progress import progress_bar\n"
+            "for _ in progress_bar(range(2000), desc='steps'):\n    time.sleep(0.0005)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = r.stderr.splitlines()
+    assert 1 <= len(lines) <= 3, lines
+    assert "\r" not in r.stderr
+    assert "2000/2000" in lines[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_setup_engines_from_nothing(tmp_path):
+    """`scripts/setup.sh engines` with an empty cache and no envs: the V0 wheel is built (with the AVX2
+    kernels, offline), cached under its key, both envs import and get stamps; a second run reuses everything."""
+    env = dict(os.environ, RLWB_CACHE=str(tmp_path / "cache"), RLWB_ENVS=str(tmp_path / "envs"))
+    r = subprocess.run(["bash", "scripts/setup.sh", "engines"], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "building vLLM 0.8.5 for CPU (avx2 kernels)" in r.stderr
+    assert len(r.stderr.splitlines()) < 40, r.stderr  # a readable log, not the compiler's
+    for name in ("vllm-v0", "vllm-v1"):
+        venv = tmp_path / "envs" / name
+        assert (venv / ".rlwb-stamp").exists() and not (venv / ".rlwb-incomplete").exists()
+    slots = list((tmp_path / "cache" / "wheels" / "vllm-0.8.5+cpu").iterdir())
+    assert len(slots) == 1
+    key = json.loads((slots[0] / "key.json").read_text())
+    assert slots[0].name == key["key"] and key["facts"]["isa"] == "avx2"
+    v0_python = str(tmp_path / "envs" / "vllm-v0" / "bin" / "python")
+    here = subprocess.run([v0_python, "scripts/vllm_v0_wheel.py", "key", "--sdist-sha256",
+                           key["facts"]["sdist_sha256"]], cwd=REPO, capture_output=True, text=True, check=True)
+    assert json.loads(here.stdout)["key"] == key["key"]  # the key describes this machine and this env's torch
+    assert list((tmp_path / "cache" / "logs").glob("vllm-0.8.5-cpu-*.log"))  # the full log is kept on disk
+
+    # a foreign wheel (another machine's key) lying in the cache is never installed
+    foreign = slots[0].parent / "0123456789abcdef"
+    foreign.mkdir()
+    (foreign / "vllm-0.8.5+cpu-cp311-cp311-linux_x86_64.whl").write_text("not a wheel")
+    (foreign / "key.json").write_text(json.dumps({"key": "0123456789abcdef", "facts": {"isa": "avx512"}}))
+    again = subprocess.run(["bash", "scripts/setup.sh", "engines"], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "vLLM V1 env is up to date" in again.stderr and "vLLM V0 env is up to date" in again.stderr
+    (tmp_path / "envs" / "vllm-v0" / ".rlwb-stamp").unlink()  # force a reinstall from the cache
+    third = subprocess.run(["bash", "scripts/setup.sh", "v0"], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=900)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"using cached V0 wheel {slots[0]}" in third.stderr and "building" not in third.stderr
