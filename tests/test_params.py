@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
     ("01_logprob_mismatch", {"model": "/no/such/model"}, r"model path '/no/such/model' does not exist"),
     ("01_logprob_mismatch", {"temperature": float("nan")}, r"'temperature' must be finite"),
     ("00_default_policy", {"eval_prompts": 0}, r"'eval_prompts' must be >= 1"),
+    # a tolerance that cannot fail on anything short of raw-vs-processed logprobs is refused
+    ("05_equivalence_and_stress", {"validate_tolerance": 0.5}, r"'validate_tolerance' must be <= 0.05"),
 ])
 def test_bad_values_name_the_key(nb, overrides, pattern):
     with pytest.raises(ParamError, match=pattern):

@@ -136,3 +136,19 @@ def test_compare_names_a_different_model_build_or_engine_version(tmp_path):
     assert "the drift may come from that" in r.stdout and "model build differs" in r.stdout
     r = rlwb("compare", str(a), str(other), "--json")
     assert json.loads(r.stdout)["provenance"] == prov
+
+
+def test_a_metric_missing_from_one_run_is_drift(tmp_path):
+    """A nightly rerun whose engine metrics vanished must fail, naming what is missing; a missing timing does not."""
+    for name, m in (("a", {"vllm-v0/k3_mean": 1e-14, "vllm-v1/k3_mean": 4e-4, "vllm-v1/step_s_mean": 1.0}),
+                    ("b", {"vllm-v0/k3_mean": 1e-14})):
+        (tmp_path / name).mkdir()
+        archive.write_json(tmp_path / name / "metrics.json", m)
+    ok, rows = reports.compare(tmp_path / "a", tmp_path / "b")
+    status = {r["metric"]: r["status"] for r in rows}
+    assert not ok and status["vllm-v1/k3_mean"] == "MISSING in b" and status["vllm-v1/step_s_mean"] == "timing"
+    assert [r["metric"] for r in reports.failing(rows)] == ["vllm-v1/k3_mean"]
+    r = rlwb("compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert r.returncode == 1 and "present in one run only: vllm-v1/k3_mean (MISSING in b)" in r.stdout
+    ok, _ = reports.compare(tmp_path / "b", tmp_path / "b")
+    assert ok

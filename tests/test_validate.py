@@ -57,3 +57,26 @@ def test_cli_exit_codes_and_json(tmp_path, default_model):
     bad = subprocess.run([sys.executable, "-m", "rlwb.cli", "validate", "--engine", "no-such-preset"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no-such-preset" in bad.stderr
+
+
+def test_prompts_are_built_with_the_models_own_tokenizer_even_without_bos(tmp_path):
+    """A byte-level BPE tokenizer without BOS (as Qwen2.5's): prompts of exactly the drawn length, cut from
+    the left, decoding to the task's text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlwb import tasks, tokenizer
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [f"{p.prompt}{p.worked_answer};" for p in tasks.make_problems(500, seed=1)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"]))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(tmp_path)
+    codec = tokenizer.PromptCodec(tmp_path)
+    assert codec.encode("") == [] and codec.describe().endswith(f"({tmp_path})")
+    for length in (1, 7, 60, 400):
+        ids = validate.prompt_ids(length, 5, codec)
+        assert len(ids) == length
+        assert "+" in codec.decode(validate.prompt_ids(60, 5, codec))
+    assert codec.decode(validate.prompt_ids(60, 5, codec)).endswith("=")  # ends with the question

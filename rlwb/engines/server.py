@@ -48,10 +48,24 @@ class VllmBackend:
         self.llm = LLM(model=spec["model"], tokenizer=spec.get("tokenizer") or spec["model"], **kwargs)
         mod = type(self.llm.llm_engine).__module__
         self.engine = "v1" if mod.startswith("vllm.v1") else "v0"
+        self.warnings: list[str] = []
+        self.idle_spin_patched = None
         if self.engine == "v1" and spec.get("idle_spin_s") is not None:
-            self.llm.collective_rpc("rlwb_idle_spin", args=(float(spec["idle_spin_s"]),))
+            counts = self.llm.collective_rpc("rlwb_idle_spin", args=(float(spec["idle_spin_s"]),))
+            self.idle_spin_patched = int(sum(counts)) if isinstance(counts, list) else int(counts)
+            if self.idle_spin_patched == 0:  # vLLM renamed its queue internals: the setting does nothing
+                self.warnings.append(f"idle_spin_s={spec['idle_spin_s']} patched no SpinCondition reader in this "
+                                     f"vLLM ({self._version()}): its queues keep vLLM's own busy-wait")
         if spec.get("fp32_lm_head") and kwargs["dtype"] not in ("float32", "torch.float32"):
             self.llm.collective_rpc("rlwb_fp32_lm_head", args=(spec["model"],))
+        for w in self.warnings:
+            print(f"rlwb warning: {w}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _version() -> str:
+        import vllm
+
+        return vllm.__version__
 
     def info(self) -> dict:
         import torch
@@ -60,9 +74,13 @@ class VllmBackend:
 
         cfg = getattr(self.llm.llm_engine, "vllm_config", None)
         settings = {"vllm_kwargs": {k: v for k, v in self.kwargs.items() if k != "worker_extension_cls"}}
-        if cfg is not None:
-            mc, cc, sc = cfg.model_config, cfg.cache_config, cfg.scheduler_config
+        if cfg is not None:  # the effective settings, read from the running engine's config
+            mc, cc, sc, pc = cfg.model_config, cfg.cache_config, cfg.scheduler_config, cfg.parallel_config
             settings.update(
+                tensor_parallel_size=pc.tensor_parallel_size,
+                enable_chunked_prefill=bool(getattr(sc, "chunked_prefill_enabled",
+                                                    getattr(sc, "enable_chunked_prefill", False))),
+                kv_cache_dtype=str(cc.cache_dtype),
                 dtype=str(mc.dtype).replace("torch.", ""),
                 max_model_len=mc.max_model_len,
                 enforce_eager=mc.enforce_eager,
@@ -73,10 +91,15 @@ class VllmBackend:
                 block_size=cc.block_size,
             )
         settings["idle_spin_s"] = self.spec.get("idle_spin_s")
-        settings["fp32_lm_head"] = bool(self.spec.get("fp32_lm_head")) and settings.get("dtype") != "float32"
+        settings["idle_spin_patched"] = self.idle_spin_patched
+        # read back from every rank's model, not from the preset: the hook is either there or it is not
+        rows = self.llm.collective_rpc("rlwb_fp32_lm_head_rows")
+        rows = rows if isinstance(rows, list) else [rows]
+        settings["fp32_lm_head"] = bool(rows) and all(r > 0 for r in rows)
+        settings["fp32_lm_head_rows"] = [int(r) for r in rows]  # per rank: the vocab slice each projects
         return {"backend": "vllm", "engine": self.engine, "vllm_version": vllm.__version__,
                 "torch_version": torch.__version__, "transformers_version": transformers.__version__,
-                "settings": settings}
+                "settings": settings, "warnings": list(self.warnings)}
 
     def generate(self, requests: list[dict], full: bool) -> list[dict]:
         from vllm import SamplingParams
@@ -115,17 +138,24 @@ class VllmBackend:
 
     def update_weights(self, path: str, reset: bool | None = None) -> dict:
         n = self.llm.collective_rpc("rlwb_update_weights", args=(path,))
+        per_rank = n if isinstance(n, list) else [n]
+        if len(set(per_rank)) != 1:  # every rank must have loaded the whole update
+            raise RuntimeError(f"weight update loaded different tensor counts per rank: {per_rank}")
         reset = bool(self.spec.get("reset_prefix_cache_on_update")) if reset is None else bool(reset)
-        if reset:
-            self.reset_prefix_cache()
-        return {"tensors": n[0] if isinstance(n, list) else n, "prefix_cache_reset": reset}
+        cache_reset = self.reset_prefix_cache() if reset else False
+        return {"tensors": per_rank[0], "ranks": len(per_rank), "prefix_cache_reset": reset,
+                "prefix_cache_reset_ok": cache_reset}
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache())
 
-    def weights_checksum(self) -> float:
+    def weights_checksums(self) -> list[float]:
+        """One checksum per tensor-parallel rank (each rank holds its own shards)."""
         r = self.llm.collective_rpc("rlwb_weights_checksum")
-        return float(r[0] if isinstance(r, list) else r)
+        return [float(x) for x in (r if isinstance(r, list) else [r])]
+
+    def weights_checksum(self) -> float:
+        return float(sum(self.weights_checksums()))
 
     def stats(self) -> dict:
         """Scheduler counters since start. Preemptions: V0 keeps them on its scheduler objects; V1 only in
@@ -225,6 +255,9 @@ class HfBackend:
     def weights_checksum(self) -> float:
         return float(sum(p.detach().double().sum().item() for p in self.model.parameters()))
 
+    def weights_checksums(self) -> list[float]:
+        return [self.weights_checksum()]
+
     def stats(self) -> dict:
         return {"preemptions": None}  # no paged KV cache: nothing is ever preempted
 
@@ -283,6 +316,8 @@ def main() -> None:
                 result = backend.reset_prefix_cache()
             elif op == "weights_checksum":
                 result = backend.weights_checksum()
+            elif op == "weights_checksums":
+                result = backend.weights_checksums()
             elif op == "stats":
                 result = backend.stats()
             elif op == "info":

@@ -12,6 +12,29 @@ def _model(worker):
     return worker.model_runner.model
 
 
+def _fp32_head_shard(head, full):
+    """This rank's rows of an fp32 lm_head weight, laid out like the engine's own (vocab-parallel) head.
+
+    Why: with tensor parallelism each rank's `ParallelLMHead` holds only its slice of the vocabulary (padded
+    to the partition size) and vLLM gathers the ranks' logits; a rank projecting with the whole matrix
+    would hand back a full-vocab block where a slice is expected. The slice comes from the head's own
+    `shard_indices`, as vLLM's `weight_loader` uses them (vLLM 0.8.5 and current)."""
+    import torch
+
+    out = torch.zeros(head.weight.shape, dtype=torch.float32, device=head.weight.device)
+    si = getattr(head, "shard_indices", None)
+    start, end = (si.org_vocab_start_index, si.org_vocab_end_index) if si is not None else (0, full.shape[0])
+    out[: end - start] = full[start:end].float()
+    return out
+
+
+def _head_weight(sd: dict):
+    """The lm_head matrix of a checkpoint: `lm_head.weight`, or the embedding when the two are tied."""
+    if "lm_head.weight" in sd:
+        return sd["lm_head.weight"]
+    return sd.get("model.embed_tokens.weight")
+
+
 class _Fp32HeadMethod:
     """lm_head projection in fp32 from fp32 master weights (PipelineRL's `bf16_last_layer_fp32`)."""
 
@@ -43,8 +66,8 @@ class RlwbWorkerExtension:
         else:  # vLLM 0.8.5 (V0): parameters keep their checkpoint layout
             model.load_weights(weights=iter(sd.items()))
         head = getattr(model, "lm_head", None)
-        if head is not None and hasattr(head, "rlwb_weight_fp32") and "lm_head.weight" in sd:
-            head.rlwb_weight_fp32 = sd["lm_head.weight"].float().to(head.weight.device)
+        if head is not None and hasattr(head, "rlwb_weight_fp32") and _head_weight(sd) is not None:
+            head.rlwb_weight_fp32 = _fp32_head_shard(head, _head_weight(sd))
         return len(sd)
 
     def rlwb_fp32_lm_head(self, model_dir: str) -> bool:
@@ -56,15 +79,22 @@ class RlwbWorkerExtension:
         head = _model(self).lm_head
         w = None
         for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
-            sd = load_file(f)
-            if "lm_head.weight" in sd:
-                w = sd["lm_head.weight"]
+            w = _head_weight(load_file(f))  # tied embeddings: the fp32 embedding matrix is the head
+            if w is not None:
                 break
-        if w is None:  # tied embeddings: upcast what the engine holds
-            w = head.weight.detach()
-        head.rlwb_weight_fp32 = w.float().to(head.weight.device)
+        if w is None:
+            raise ValueError(f"no lm_head.weight or model.embed_tokens.weight in {model_dir}/*.safetensors")
+        head.rlwb_weight_fp32 = _fp32_head_shard(head, w)
         head.quant_method = _Fp32HeadMethod(head.quant_method)
         return True
+
+    def rlwb_fp32_lm_head_rows(self) -> int:
+        """Read back from the running model: vocabulary rows this rank's lm_head projects in fp32 (0: the
+        hook is not active). With tensor parallelism each rank holds only its slice."""
+        head = getattr(_model(self), "lm_head", None)
+        w = getattr(head, "rlwb_weight_fp32", None)
+        return int(w.shape[0]) if head is not None and isinstance(head.quant_method, _Fp32HeadMethod) and \
+            w is not None else 0
 
     def rlwb_weights_checksum(self) -> float:
         return float(sum(p.detach().double().sum().item() for p in _model(self).parameters()))

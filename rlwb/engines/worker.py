@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import warnings
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -124,8 +125,12 @@ class EngineWorker:
         self.proc = subprocess.Popen([str(self.preset.python), str(SERVER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
         _LIVE.add(self)
+        from ..memory_plan import engine_kwargs
+        from .presets import cuda_available
+
         spec = {"backend": self.preset.backend, "model": self.model, "dtype": dtype,
-                "vllm_kwargs": {**self.preset.vllm_kwargs, **(extra_vllm_kwargs or {})},
+                "vllm_kwargs": engine_kwargs({**self.preset.vllm_kwargs, **(extra_vllm_kwargs or {})},
+                                             cuda=cuda_available()),
                 "fp32_lm_head": self.preset.fp32_lm_head,
                 "reset_prefix_cache_on_update": self.preset.reset_prefix_cache_on_update,
                 "full_vocab_limit": self.preset.full_vocab_limit, "idle_spin_s": self.preset.idle_spin_s}
@@ -137,6 +142,8 @@ class EngineWorker:
             raise
         self._info["preset"] = self.preset.name
         self._info["model"] = self.model
+        for w in self._info.get("warnings") or []:  # visible in the notebook / terminal, not only the log
+            warnings.warn(f"engine {self.preset.name}: {w}", RuntimeWarning, stacklevel=2)
 
     # -- plumbing -----------------------------------------------------------------------------------
     def log_ref(self) -> str:
@@ -260,8 +267,13 @@ class EngineWorker:
         return bool(self._call("reset_prefix_cache"))
 
     def weights_checksum(self) -> float:
-        """Sum of all parameters inside the engine: a cheap check that an update really landed."""
+        """Sum of all parameters inside the engine, over every tensor-parallel rank: a cheap check that an
+        update really landed."""
         return float(self._call("weights_checksum"))
+
+    def weights_checksums(self) -> list[float]:
+        """One checksum per tensor-parallel rank: an update must change every rank's, not only rank 0's."""
+        return [float(x) for x in self._call("weights_checksums")]
 
     def stats(self) -> dict:
         """Engine counters since start: `preemptions` (None where the engine does not expose them: the HF

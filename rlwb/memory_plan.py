@@ -1,0 +1,218 @@
+"""GPU memory plan of a notebook run: how much of one GPU the trainer and each engine may use.
+
+Why: vLLM reserves `gpu_memory_utilization` of the *whole* GPU (0.9 by default) when it starts. On one GPU,
+notebook 03 trains the fp32 policy with AdamW beside a running engine and notebook 05 starts a second engine
+(memory pressure) while the first runs: with vLLM's default the trainer runs out of memory and the second
+engine refuses to start, minutes or hours into a run. The plan splits the GPU up front from the model's
+shape, the notebook's needs and the GPU's size, fails before any compute when the pieces cannot fit, and
+is written into `run.json` so a run states what it assumed.
+
+The estimates are deliberately simple and on the safe side (bytes per parameter, a KV cache for one
+full-length sequence, a fixed CUDA/allocator overhead); they decide whether a configuration can work and
+what each engine may reserve, not how fast it runs. Sources: AdamW in fp32 keeps weights + grads + two
+moments = 16 bytes/parameter (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1); activation memory of a
+transformer layer ~34·s·b·h bytes in 16-bit without recomputation (Korthikanti et al. 2022, sec. 4.1),
+doubled here for fp32; vLLM's KV cache holds 2·layers·kv_heads·head_dim values per token.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+GiB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# What every process on a GPU costs before holding anything: CUDA context, cuBLAS workspace, allocator slack.
+PROCESS_OVERHEAD = 1.0 * GiB
+# An engine's working memory beyond weights and KV cache: CUDA graphs, activations of the largest batch,
+# the sampler's logits. vLLM's own profiling measures it at start; this is its planning allowance.
+ENGINE_WORKSPACE = 2.0 * GiB
+# Notebook -> (engines alive at once, trainer role). "score": fp32 scorer(s), no grad. "train": fp32 policy
+# with AdamW and a copy of its initial weights (every run restarts from them). "none": no trainer on GPU.
+NOTEBOOK_NEEDS = {
+    "00_default_policy": (0, "score"),
+    "01_logprob_mismatch": (1, "score"),
+    "02_kl_vs_temperature": (1, "score"),
+    "03_toy_grpo": (1, "train"),
+    "04_determinism_and_staleness": (1, "score2"),  # old and new weights are scored side by side
+    "05_equivalence_and_stress": (2, "score"),  # the memory-pressure engine starts beside the first one
+}
+ENV_VAR = "RLWB_GPU_MEMORY_UTILIZATION"  # what a planned run hands its engines (see `engine_kwargs`)
+
+
+class MemoryPlanError(ValueError):
+    """The run cannot fit the GPU; the message says how much is needed, how much there is, and what to change."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The parts of a transformers config the plan needs."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    head_dim: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg) -> "ModelShape":
+        get = (lambda k, d=None: cfg.get(k, d)) if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+        return cls(hidden_size=get("hidden_size"), num_hidden_layers=get("num_hidden_layers"),
+                   num_attention_heads=get("num_attention_heads"),
+                   num_key_value_heads=get("num_key_value_heads") or get("num_attention_heads"),
+                   intermediate_size=get("intermediate_size"), vocab_size=get("vocab_size"),
+                   max_position_embeddings=get("max_position_embeddings"),
+                   tie_word_embeddings=bool(get("tie_word_embeddings", False)), head_dim=get("head_dim"))
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * (self.head_dim or self.hidden_size // self.num_attention_heads)
+
+    def params(self) -> int:
+        """Parameters of a Llama/Qwen2-style decoder (q/k/v biases counted; they are tiny either way)."""
+        h, kv, i = self.hidden_size, self.kv_dim, self.intermediate_size
+        attn = h * h + 2 * h * kv + h * h + h + 2 * kv
+        mlp = 3 * h * i
+        per_layer = attn + mlp + 2 * h
+        embed = self.vocab_size * h
+        return embed * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + h
+
+    def kv_bytes_per_token(self, dtype: str) -> int:
+        return 2 * self.num_hidden_layers * self.kv_dim * DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    notebook: str
+    gpu_gib: float
+    model_params: int
+    engine_dtype: str
+    engines_at_once: int
+    trainer_gib: float
+    engine_min_gib: float  # weights + one full-length sequence's KV cache + workspace
+    engine_gib: float  # what each engine may reserve (>= engine_min_gib when the plan fits)
+    kv_cache_gib: float  # of which KV cache
+    gpu_memory_utilization: float  # vLLM's argument: engine_gib / gpu_gib
+
+    def as_dict(self) -> dict:
+        return {"device": "cuda", **asdict(self)}
+
+
+MARGIN = 1.10  # on top of every trainer estimate: allocator rounding, temporaries the formulas leave out
+
+
+def trainer_bytes(shape: ModelShape, role: str, seqs: int, seq_len: int) -> int:
+    """The trainer process's peak on the GPU for a notebook role (see NOTEBOOK_NEEDS): `seqs` sequences of
+    `seq_len` tokens in one forward (the scorer's batch, or the policy update's micro-batch)."""
+    n = shape.params()
+    h, L, V, a, i = (shape.hidden_size, shape.num_hidden_layers, shape.vocab_size, shape.num_attention_heads,
+                     shape.intermediate_size)
+    tokens = seqs * seq_len
+    one = a * seq_len**2 * 4 * 2  # fp32 scores and softmax of one layer for one sequence (SDPA's math path)
+    attn_scores = seqs * one
+    if role == "none":
+        return 0
+    if role in ("score", "score2"):
+        copies = 2 if role == "score2" else 1
+        # no grad: one layer's transients at a time (the MLP's three I-wide tensors dominate) + a logits chunk;
+        # the scorer cuts its batches at ATTENTION_BUDGET_BYTES of scores (a longer sequence goes alone)
+        from .trainer import ATTENTION_BUDGET_BYTES
+
+        attn = one if one > ATTENTION_BUDGET_BYTES else min(attn_scores, ATTENTION_BUDGET_BYTES // one * one)
+        transient = tokens * (3 * i + 4 * h) * 4 + attn + 2048 * V * 4 * 3
+        return int(MARGIN * (copies * 4 * n + transient)) + PROCESS_OVERHEAD
+    if role == "train":
+        # saved for backward, every layer: ~68·h bytes per token in fp32 (twice the 16-bit 34·s·b·h of
+        # Korthikanti et al.) plus the attention scores; every logits chunk's fp32 logits, log-softmax and grad
+        activations = tokens * L * 68 * h + L * attn_scores
+        logits = tokens * V * 4 * 3
+        return int(MARGIN * (16 * n + 4 * n + activations + logits)) + PROCESS_OVERHEAD  # + initial weights
+    raise ValueError(f"unknown trainer role {role!r}")
+
+
+def plan(notebook: str, shape: ModelShape, gpu_bytes: int, engine_dtype: str, *, max_model_len: int | None = None,
+         seqs: int = 8, seq_len: int = 1024, engines_at_once: int | None = None) -> MemoryPlan:
+    """Split one GPU between the notebook's trainer and its engines; raise MemoryPlanError if it cannot fit.
+
+    `seqs` x `seq_len`: the trainer's largest forward (the scorer's batch, or GRPO's micro-batch). Each
+    engine gets an equal share of what the trainer leaves (minus a 5% margin for fragmentation); its share
+    must hold its weights, the KV cache of one `max_model_len` sequence (vLLM refuses to start with less)
+    and its workspace."""
+    if notebook not in NOTEBOOK_NEEDS:
+        raise ValueError(f"no memory needs known for notebook {notebook!r}")
+    if engine_dtype not in DTYPE_BYTES:
+        raise ValueError(f"engine dtype must be one of {sorted(DTYPE_BYTES)}, got {engine_dtype!r}")
+    at_once, role = NOTEBOOK_NEEDS[notebook]
+    at_once = at_once if engines_at_once is None else engines_at_once
+    n = shape.params()
+    ctx = max_model_len or shape.max_position_embeddings
+    trainer = trainer_bytes(shape, role, seqs, seq_len)
+    engine_min = n * DTYPE_BYTES[engine_dtype] + ctx * shape.kv_bytes_per_token(engine_dtype) + ENGINE_WORKSPACE
+    usable = 0.95 * gpu_bytes
+    left = usable - trainer
+    per_engine = left / at_once if at_once else 0.0
+    need = trainer + at_once * engine_min
+    if need > usable:
+        parts = [f"trainer ({role}, {seqs} x {seq_len} tokens per forward) {trainer / GiB:.1f} GiB"]
+        if at_once:
+            parts.append(f"{at_once} engine(s) x {engine_min / GiB:.1f} GiB ({engine_dtype} weights, KV cache of one "
+                         f"{ctx}-token sequence, workspace)")
+        hint = ("use a smaller micro_batch, a smaller model, or a larger GPU" if role == "train"
+                else "use a smaller model, a 16-bit engine dtype, a shorter max_model_len, or a larger GPU")
+        raise MemoryPlanError(f"{notebook} needs ~{need / GiB:.1f} GiB on the GPU ({' + '.join(parts)}) but "
+                              f"{usable / GiB:.1f} GiB of this {gpu_bytes / GiB:.0f} GiB GPU are usable: {hint}")
+    weights = n * DTYPE_BYTES[engine_dtype]
+    return MemoryPlan(notebook=notebook, gpu_gib=round(gpu_bytes / GiB, 2), model_params=n, engine_dtype=engine_dtype,
+                      engines_at_once=at_once, trainer_gib=round(trainer / GiB, 2),
+                      engine_min_gib=round(engine_min / GiB, 2), engine_gib=round(per_engine / GiB, 2),
+                      kv_cache_gib=round(max(0.0, per_engine - weights - ENGINE_WORKSPACE) / GiB, 2),
+                      gpu_memory_utilization=round(per_engine / gpu_bytes, 3) if at_once else 0.0)
+
+
+def plan_for_run(notebook: str, params) -> dict:
+    """The plan of a notebook run on this machine, for run.json: `{"device": "cpu"}` without CUDA, else the
+    CUDA plan (raising MemoryPlanError before any compute when it cannot fit). Exports the engines' share
+    through `RLWB_GPU_MEMORY_UTILIZATION` for `engine_kwargs`."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": "cpu", "note": "no CUDA: engines size their KV cache from VLLM_CPU_KVCACHE_SPACE"}
+    from transformers import AutoConfig
+
+    from .models import resolve_model
+
+    model = getattr(params, "model", "default")
+    cfg = AutoConfig.from_pretrained(str(resolve_model(model, progress=False)))
+    seqs, seq_len = forward_size(notebook, params, int(cfg.max_position_embeddings))
+    p = plan(notebook, ModelShape.from_config(cfg), torch.cuda.get_device_properties(0).total_memory,
+             getattr(params, "dtype", "bfloat16"), seqs=seqs, seq_len=seq_len)
+    os.environ[ENV_VAR] = str(p.gpu_memory_utilization)
+    return p.as_dict()
+
+
+PROMPT_ALLOWANCE = 256  # tokens of prompt the plan allows for on top of max_tokens
+
+
+def forward_size(notebook: str, params, context: int) -> tuple[int, int]:
+    """(sequences, tokens each) of the trainer's largest forward pass in a notebook run with `params`, for a
+    model of `context` positions."""
+    seq_len = int(getattr(params, "max_tokens", 256)) + PROMPT_ALLOWANCE + int(getattr(params, "prefix_tokens", 0))
+    if notebook == "03_toy_grpo":
+        micro = int(getattr(params, "micro_batch", 0) or 0)
+        return micro or int(params.prompts_per_step) * int(params.group_size), seq_len
+    if notebook == "05_equivalence_and_stress":  # long contexts are scored one at a time; validator cases batch
+        longest = max(list(params.longctx_lengths)) + int(params.longctx_max_tokens)
+        return 1, max(longest, int(params.validate_max_context or context), seq_len)
+    return 64, seq_len  # TrainerScorer.score's batch_size
+
+
+def engine_kwargs(vllm_kwargs: dict, cuda: bool) -> dict:
+    """vLLM kwargs with the run's planned `gpu_memory_utilization` on CUDA, unless the preset sets its own."""
+    share = os.environ.get(ENV_VAR)
+    if cuda and share and "gpu_memory_utilization" not in vllm_kwargs:
+        return {**vllm_kwargs, "gpu_memory_utilization": float(share)}
+    return dict(vllm_kwargs)
