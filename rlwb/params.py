@@ -177,8 +177,8 @@ class GRPOParams(EngineParams):
     tis_cap: float = P(2.0, "TIS truncation cap C", gt=0)
     drift_threshold: float = P(1e-5, "drift monitor: k3 level (mean of 2-step windows, twice in a row) that trips "
                                      "it; 0 turns it off", ge=0)
-    micro_batch: int = P(0, "sequences per forward/backward of the update (gradient accumulation); 0 = all at once",
-                         ge=0)
+    micro_batch: int = P(0, "sequences per forward/backward of the update (gradient accumulation); "
+                            "0 means all at once", ge=0)
 
     @property
     def seeds(self) -> list[int]:
@@ -216,8 +216,8 @@ class StressParams(EngineParams):
     longctx_lengths: list[int] = P([16, 512, 1024, 2048, 3072, 4064], "long-context prompt lengths in tokens", ge=1)
     longctx_prompts: int = P(2, "prompts per long-context length", ge=1)
     longctx_max_tokens: int = P(16, "completion tokens after each long prompt (EOS ignored)", ge=1)
-    validate_max_context: int = P(0, "longest validator case (prompt + completion) in tokens; 0 = the model's context",
-                                  ge=0)
+    validate_max_context: int = P(0, "longest validator case (prompt + completion) in tokens; "
+                                     "0 means the whole model context", ge=0)
 
 
 SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams,
