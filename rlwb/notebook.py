@@ -15,8 +15,14 @@ def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Para
     fit), and open the run; the plan goes into run.json."""
     from .memory_plan import plan_for_run
 
+    import os
+
     params = from_namespace(notebook, namespace)
     set_style(style)
+    if os.environ.get("RLWB_RUN_DIR"):  # an archived run: transformers' "Loading weights" bars stay out of it
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     plan = plan_for_run(notebook, params)
     run = start_notebook_run(params)
     run.record_memory_plan(plan)

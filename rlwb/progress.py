@@ -1,14 +1,18 @@
-"""Progress bars that suit where they are shown: live on a terminal and in JupyterLab, sparse in logs.
+"""Progress bars that suit where they are shown: live on a terminal and in JupyterLab, sparse in logs,
+never in an archived report.
 
 Why: tqdm redraws a bar up to ten times a second. On a terminal that is one line rewritten in place; in a
 log file (`make setup > log`, CI, `nohup`) every redraw is a line of its own, and building the default
 policy wrote ~800 of them. Here, when stderr is neither a terminal nor a Jupyter kernel, a bar prints a
-whole line at most every `LOG_INTERVAL_S` seconds, plus its final state.
+whole line at most every `LOG_INTERVAL_S` seconds, plus its final state. Inside an archived run (`rlwb run`:
+a kernel with RLWB_RUN_DIR set) the bars go to the kernel process's own stderr - the terminal or log of
+`rlwb run` - instead of into the executed notebook, where they were a pink block of redraws in report.html.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import sys
 
 LOG_INTERVAL_S = 30.0
@@ -40,13 +44,17 @@ class _LineLog(io.TextIOBase):
 def progress_bar(iterable=None, *, desc: str, total: int | None = None, disable: bool = False, leave: bool = True,
              **kwargs):
     """`tqdm` for rlwb's long loops. Same arguments as tqdm; see the module docstring for where it prints."""
-    if _in_kernel():
+    kernel = _in_kernel()
+    if kernel and not os.environ.get("RLWB_RUN_DIR"):  # JupyterLab: the notebook's own widgets / text
         from tqdm.auto import tqdm
 
         return tqdm(iterable, desc=desc, total=total, disable=disable, leave=leave, **kwargs)
     from tqdm import tqdm
 
-    if sys.stderr.isatty():
-        return tqdm(iterable, desc=desc, total=total, disable=disable, leave=leave, **kwargs)
-    return tqdm(iterable, desc=desc, total=total, disable=disable, leave=True, file=_LineLog(sys.stderr),
+    stream = sys.__stderr__ if kernel else sys.stderr  # an archived run: the terminal of `rlwb run`, not the report
+    if stream is None:
+        return tqdm(iterable, desc=desc, total=total, disable=True, **kwargs)
+    if stream.isatty():
+        return tqdm(iterable, desc=desc, total=total, disable=disable, leave=leave, file=stream, **kwargs)
+    return tqdm(iterable, desc=desc, total=total, disable=disable, leave=True, file=_LineLog(stream),
                 mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S, miniters=1, ascii=True, **kwargs)

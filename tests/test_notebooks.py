@@ -83,6 +83,9 @@ def test_kl_vs_temperature_smoke(outputs, default_model):
     assert m["vllm-v0+trainer_no_renorm/T=0.5,top_p=0.9/abs_dlogp_mean"] > 10 * m["vllm-v0/T=0.5,top_p=0.9/abs_dlogp_mean"]
     sweep = pd.read_parquet(d / "data" / "sweep.parquet")
     assert {"engine", "temperature", "top_p", "top_k", "trainer", "metric", "value"} <= set(sweep.columns)
+    # progress bars go to the terminal of `rlwb run`, not into the archived report
+    html = (d / "report.html").read_text()
+    assert "it/s" not in html and "IProgress" not in html and "Loading weights" not in html
 
 
 @pytest.mark.engines

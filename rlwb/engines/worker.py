@@ -95,6 +95,22 @@ def _close_all() -> None:
 atexit.register(_close_all)
 
 
+def without_aliases(state: dict) -> dict:
+    """A state dict safetensors can write: on the CPU, every name with its own memory.
+
+    Why: with tied embeddings (Qwen2.5-0.5B) `model.embed_tokens.weight` and `lm_head.weight` are one tensor,
+    and safetensors refuses to write shared memory. The alias is written as a copy rather than dropped: with
+    the embedding alone, vLLM V1's layerwise reload left the tied engine 0.5 nat from the trainer (measured;
+    V0 was at the float floor either way, it skips `lm_head.weight` of a tied model)."""
+    out, seen = {}, set()
+    for k, v in state.items():
+        t = v.detach()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype) if t.numel() else None
+        out[k] = t.cpu().clone() if key is not None and key in seen else t.contiguous().cpu()
+        seen.add(key)
+    return out
+
+
 class EngineWorker:
     """Start with `EngineWorker(preset, model)` (or as a context manager); `close()` ends it.
 
@@ -258,7 +274,7 @@ class EngineWorker:
             from safetensors.torch import save_file
 
             path = Path(self._tmp.name) / "weights.safetensors"
-            save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path))
+            save_file(without_aliases(weights), str(path))
         else:
             path = Path(weights)
         return self._call("update_weights", path=str(path), reset=reset_prefix_cache)
