@@ -5,17 +5,22 @@
 
 from __future__ import annotations
 
-from .archive import Run, start_notebook_run
-from .params import Params, from_namespace
-from .plots import set_style
+import os
+import warnings
+
+if os.environ.get("RLWB_RUN_DIR"):  # an archived run: its bars go to the terminal (rlwb.progress), so tqdm's
+    # advice to install ipywidgets for notebook bars (raised when a library imports tqdm.auto) is noise there
+    warnings.filterwarnings("ignore", message="IProgress not found")
+
+from .archive import Run, start_notebook_run  # noqa: E402
+from .params import Params, from_namespace  # noqa: E402
+from .plots import set_style  # noqa: E402
 
 
 def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Params, Run]:
     """Validate the parameters, plan GPU memory (on CUDA; raises before any compute when the run cannot
     fit), and open the run; the plan goes into run.json."""
     from .memory_plan import plan_for_run
-
-    import os
 
     params = from_namespace(notebook, namespace)
     set_style(style)

@@ -85,7 +85,8 @@ def test_kl_vs_temperature_smoke(outputs, default_model):
     assert {"engine", "temperature", "top_p", "top_k", "trainer", "metric", "value"} <= set(sweep.columns)
     # progress bars go to the terminal of `rlwb run`, not into the archived report
     html = (d / "report.html").read_text()
-    assert "it/s" not in html and "IProgress" not in html and "Loading weights" not in html
+    assert "it/s]" not in html and "s/it]" not in html and "Loading weights" not in html
+    assert "IProgress" not in html and "TqdmWarning" not in html
 
 
 @pytest.mark.engines
