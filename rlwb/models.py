@@ -220,16 +220,15 @@ def build_default_model(recipe: ModelRecipe = ModelRecipe(), force: bool = False
     and renames it, so an interrupted build never leaves a half model that a later run would reuse.
     """
     out = default_model_dir(recipe)
-    card_path = out / "model.json"
-    if card_path.exists() and not force:
-        return DefaultModel(out, with_published(json.loads(card_path.read_text())))
+    if (out / "model.json").exists() and not force:
+        return DefaultModel(out, model_card(out))
     try:  # fail before a minute of training, not after it, when the cache cannot take the model
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise NotADirectoryError(f"model cache {out.parent} is not a usable directory (set RLWB_CACHE to one): "
                                  f"{type(e).__name__}: {e}") from None
     run_pinned_build(recipe, force=force, progress=progress)
-    return DefaultModel(out, with_published(json.loads(card_path.read_text())))
+    return DefaultModel(out, model_card(out))
 
 
 def with_published(card: dict) -> dict:
