@@ -21,7 +21,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from .paths import REPO_ROOT, outputs_dir
+from rlwb.paths import REPO_ROOT, outputs_dir
 
 RUN_FILES = ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json")
 PACKAGES = ("rlwb", "torch", "transformers", "tokenizers", "numpy", "pandas", "papermill", "nbconvert",
@@ -102,7 +102,7 @@ def check_writable(root: Path) -> None:
         raise OSError(f"outputs dir {root} is not writable: {e.strerror or e}") from None
 
 
-def validate_metrics(metrics: dict) -> dict:
+def check_metrics(metrics: dict) -> dict:
     """Flat `"group/name": number` (or null); anything else is a bug in the notebook, caught here."""
     out = {}
     for k, v in metrics.items():
@@ -130,7 +130,7 @@ class Run:
         return read_json(self.dir / "metrics.json", {})
 
     def log_metrics(self, metrics: dict) -> dict:
-        merged = {**self.metrics, **validate_metrics(metrics)}
+        merged = {**self.metrics, **check_metrics(metrics)}
         write_json(self.dir / "metrics.json", merged)
         return merged
 
@@ -147,7 +147,7 @@ class Run:
         self._update_run_json(engines=engines)
 
     def record_memory_plan(self, plan: dict) -> None:
-        """How the run split the GPU (rlwb.memory_plan), or `{"device": "cpu"}`."""
+        """How the run split the GPU (rlwb.core.memory_plan), or `{"device": "cpu"}`."""
         self._update_run_json(memory_plan=plan)
 
     def record_model(self, path, card: dict | None = None) -> None:
@@ -165,10 +165,32 @@ class Run:
             raise ValueError(f"bad file name {name!r}: use letters, digits and _.=,+- (no paths)")
         return name
 
-    def save_figure(self, fig, name: str) -> Path:
-        from .plots import save_figure
+    def use_model(self, model: str, rebuild: bool = False) -> Path | str:
+        """Resolve a `model` param (building the embedded default if needed, or again with `rebuild`) and
+        record it in run.json; returns what engines and the trainer load."""
+        from rlwb.core import models
 
-        return save_figure(fig, self.dir / "figures" / self._safe_name(name))
+        if model == "default":
+            built = models.build_default_model(force=rebuild)
+            self.record_model(built.path, built.card)
+            return built.path
+        path = models.resolve_model(model)
+        self.record_model(path, models.model_card(path))
+        return path
+
+    def save_result(self, result) -> dict:
+        """An experiment's `Result`: its metrics into metrics.json, its frames into data/. Returns all metrics
+        of the run so far."""
+        for name, frame in result.frames().items():
+            self.save_data(frame, name)
+        return self.log_metrics(result.metrics)
+
+    def save_figure(self, fig, name: str) -> None:
+        """figures/<name>.{png,pdf,svg}; the figure still displays in the notebook. Returns nothing on purpose:
+        a path as a cell's last value would print a temporary directory into the report."""
+        from rlwb.plots import save_figure
+
+        save_figure(fig, self.dir / "figures" / self._safe_name(name))
 
     def save_data(self, df, name: str) -> Path:
         path = self.dir / "data" / f"{self._safe_name(name)}.parquet"

@@ -1,4 +1,5 @@
-"""`rlwb` command line: run | runs | figures | compare | index | rerun | bench | build-model | engines check.
+"""`rlwb` command line: run | runs | figures | compare | index | rerun | bench | validate | build-model |
+engines check | sync-params.
 
 Exit codes: 0 success, 1 a run failed / a check did not pass, 2 bad input (params, paths, presets).
 `rlwb run` prints the run directory as the last line of stdout, so scripts can `dir=$(rlwb run ... | tail -1)`.
@@ -9,19 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from .params import ParamError, parse_override
+from rlwb.errors import ParamError, RunFailed
+from rlwb.formatting import number
+from rlwb.params import parse_override
 
 
 def _cmd_run(a) -> int:
-    from . import runner
+    from rlwb import runner
 
     overrides = {}
     for key, value in a.param or []:
         overrides[key] = parse_override(key, value)
     try:
         run_dir = runner.run(a.notebook, a.file or [], overrides, a.outputs, log_output=a.log_output)
-    except runner.RunFailed as e:
+    except RunFailed as e:
         print(f"rlwb run: {e.error}", file=sys.stderr)
         print(e.run_dir)
         return 1
@@ -29,18 +33,10 @@ def _cmd_run(a) -> int:
     return 0
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return str(v)
-
-
 def _cmd_runs(a) -> int:
-    from .archive import list_runs
-    from .params import SCHEMAS
-    from .paths import outputs_dir
+    from rlwb.archive import list_runs
+    from rlwb.params import SCHEMAS
+    from rlwb.paths import outputs_dir
 
     runs = list_runs(outputs_dir(a.outputs))
     if a.notebook:
@@ -51,8 +47,8 @@ def _cmd_runs(a) -> int:
     rows = [("notebook", "run id", "status", "duration_s", "headline")]
     for r in runs:
         keys = SCHEMAS[r["notebook"]].HEADLINE[:1] if r["notebook"] in SCHEMAS else []
-        head = ", ".join(f"{k}={_fmt(r['metrics'].get(k))}" for k in keys)
-        rows.append((r["notebook"], r["run_id"], r.get("status", "?"), _fmt(r.get("duration_s")), head))
+        head = ", ".join(f"{k}={number(r['metrics'].get(k))}" for k in keys)
+        rows.append((r["notebook"], r["run_id"], r.get("status", "?"), number(r.get("duration_s")), head))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -62,7 +58,7 @@ def _cmd_runs(a) -> int:
 
 
 def _cmd_build_model(a) -> int:
-    from .models import build_default_model
+    from rlwb.core.models import build_default_model
 
     m = build_default_model(force=a.force)
     print(json.dumps(m.card, indent=2))
@@ -76,14 +72,14 @@ def _cmd_build_model(a) -> int:
 
 
 def _cmd_engines_check(a) -> int:
-    from .engines.check import check_engines
+    from rlwb.engines.check import check_engines
 
     report = check_engines(a.engines or None, model=a.model)
     if a.json:
         print(json.dumps(report, indent=2))
     else:
         for name, r in report.items():
-            cols = " ".join(f"{k}={_fmt(v)}" for k, v in r.items() if k != "error")
+            cols = " ".join(f"{k}={number(v)}" for k, v in r.items() if k != "error")
             print(f"{name:20s} {cols}")
             if r.get("error"):
                 print(f"{'':20s} error: {r['error'].splitlines()[0]}")
@@ -91,7 +87,7 @@ def _cmd_engines_check(a) -> int:
 
 
 def _cmd_figures(a) -> int:
-    from .reports import regenerate_figures
+    from rlwb.reports import regenerate_figures
 
     for path in regenerate_figures(a.run_dir, a.style):
         print(path)
@@ -99,7 +95,7 @@ def _cmd_figures(a) -> int:
 
 
 def _cmd_compare(a) -> int:
-    from .reports import compare, compare_table, drift_summary, dump_json, provenance_differences
+    from rlwb.reports import compare, compare_table, drift_summary, dump_json, provenance_differences
 
     ok, rows = compare(a.run_a, a.run_b, a.rtol, a.atol, a.include_timing)
     prov = provenance_differences(a.run_a, a.run_b)
@@ -112,33 +108,32 @@ def _cmd_compare(a) -> int:
 
 
 def _cmd_index(a) -> int:
-    from .paths import outputs_dir
-    from .reports import build_index
+    from rlwb.paths import outputs_dir
+    from rlwb.reports import build_index
 
     print(build_index(outputs_dir(a.outputs)))
     return 0
 
 
 def _cmd_rerun(a) -> int:
-    from pathlib import Path
 
-    from . import runner
-    from .paths import NOTEBOOKS_DIR, outputs_dir
-    from .reports import build_index, compare, compare_table, drift_summary, latest_ok_run, provenance_differences
+    from rlwb import runner
+    from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
+    from rlwb.reports import build_index, compare, compare_table, drift_summary, latest_ok_run, provenance_differences
 
     root = outputs_dir(a.outputs)
-    notebooks = a.notebooks or sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+    notebooks = [Path(n).stem for n in a.notebooks] or sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+    reference = None if a.compare_to == "latest" else reference_run(Path(a.compare_to), notebooks)
     status = 0
     for nb in notebooks:
-        nb = Path(nb).stem
-        prev = latest_ok_run(root, nb)
+        prev = reference or latest_ok_run(root, nb)
         if prev is None:
             print(f"== {nb}: no successful run to rerun; skipped", file=sys.stderr)
             continue
         print(f"== {nb}: rerunning {prev.name} with its resolved params", file=sys.stderr)
         try:
             new = runner.run(nb, [str(prev / "params.yaml")], None, root)
-        except runner.RunFailed as e:
+        except RunFailed as e:
             print(f"{nb}: rerun failed: {e.error}", file=sys.stderr)
             status = 1
             continue
@@ -154,9 +149,35 @@ def _cmd_rerun(a) -> int:
     return status
 
 
+def reference_run(run_dir: Path, notebooks: list[str]) -> Path:
+    """`rerun --compare-to RUN_DIR`: a successful archived run of the one notebook being rerun."""
+    from rlwb.archive import read_json
+
+    info = read_json(run_dir / "run.json")
+    if info is None:
+        raise ParamError(f"--compare-to {run_dir}: not an archived run (no run.json)")
+    if len(notebooks) != 1 or info.get("notebook") != notebooks[0]:
+        raise ParamError(f"--compare-to {run_dir} is a run of {info.get('notebook')!r}: rerun exactly that notebook "
+                         f"(got {notebooks})")
+    if info.get("status") != "ok":
+        raise ParamError(f"--compare-to {run_dir}: its status is {info.get('status')!r}, not ok")
+    return run_dir.resolve()
+
+
+def _cmd_sync_params(a) -> int:
+    from rlwb.params.cells import sync
+
+    changed = sync(write=not a.check)
+    for path in changed:
+        print(f"{'out of date' if a.check else 'wrote'}: {path}")
+    if not changed:
+        print("parameters cells and default.yaml files match the schemas")
+    return 1 if (a.check and changed) else 0
+
+
 def _cmd_bench(a) -> int:
-    from . import bench
-    from .paths import outputs_dir
+    from rlwb.bench import throughput as bench
+    from rlwb.paths import outputs_dir
 
     out = bench.run(outputs_dir(a.outputs), quick=a.quick)
     print((out / "bench.md").read_text())
@@ -165,12 +186,11 @@ def _cmd_bench(a) -> int:
 
 
 def _cmd_validate(a) -> int:
-    from pathlib import Path
 
-    from . import validate
-    from .engines import EngineWorker
-    from .models import resolve_model
-    from .trainer import TrainerScorer
+    from rlwb.core import equivalence
+    from rlwb.core.models import resolve_model
+    from rlwb.core.trainer import TrainerScorer
+    from rlwb.engines import EngineWorker
 
     if not 0 <= a.min_pass_rate <= 1:
         raise ValueError(f"--min-pass-rate must be in [0, 1], got {a.min_pass_rate}")
@@ -179,7 +199,7 @@ def _cmd_validate(a) -> int:
     path = resolve_model(a.model, progress=False)
     scorer = TrainerScorer(path, "float32")
     with EngineWorker(a.engine, path, dtype=a.dtype) as w:
-        report = validate.validate(w, scorer, a.cases, a.seed, a.tolerance)
+        report = equivalence.validate(w, scorer, a.cases, a.seed, a.tolerance)
     if a.json:
         Path(a.json).write_text(json.dumps(report.to_dict(), indent=2))
     print(report.table())
@@ -229,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rerun", help="rerun notebooks with their latest successful params and compare")
     r.add_argument("notebooks", nargs="*", help="stems (default: all notebooks)")
     r.add_argument("--outputs")
-    r.add_argument("--compare-to", choices=["latest"], default="latest")
+    r.add_argument("--compare-to", default="latest", metavar="latest|RUN_DIR",
+                   help="latest (default): rerun each notebook's newest successful run and compare with it; RUN_DIR: "
+                        "rerun that archived run (one notebook) and compare with it, e.g. a pinned reference")
     r.add_argument("--rtol", type=float, default=1e-6)
     r.add_argument("--atol", type=float, default=1e-9)
     r.set_defaults(fn=_cmd_rerun)
@@ -254,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("build-model", help="build (or show the cached) embedded default policy")
     r.add_argument("--force", action="store_true")
     r.set_defaults(fn=_cmd_build_model)
+
+    r = sub.add_parser("sync-params", help="write every notebook's parameters cell and params/<stem>/default.yaml "
+                                           "from the schemas (rlwb/params/schemas.py)")
+    r.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is out of date")
+    r.set_defaults(fn=_cmd_sync_params)
 
     e = sub.add_parser("engines", help="engine workers").add_subparsers(dest="engines_cmd", required=True)
     c = e.add_parser("check", help="start each preset, sample at T=1 and T=0.7, compare with the fp32 trainer")

@@ -12,15 +12,15 @@ if os.environ.get("RLWB_RUN_DIR"):  # an archived run: its bars go to the termin
     # advice to install ipywidgets for notebook bars (raised when a library imports tqdm.auto) is noise there
     warnings.filterwarnings("ignore", message="IProgress not found")
 
-from .archive import Run, start_notebook_run  # noqa: E402
-from .params import Params, from_namespace  # noqa: E402
-from .plots import set_style  # noqa: E402
+from rlwb.archive import Run, start_notebook_run  # noqa: E402
+from rlwb.params import Params, from_namespace  # noqa: E402
+from rlwb.plots import set_style  # noqa: E402
 
 
 def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Params, Run]:
     """Validate the parameters, plan GPU memory (on CUDA; raises before any compute when the run cannot
     fit), and open the run; the plan goes into run.json."""
-    from .memory_plan import plan_for_run
+    from rlwb.core.memory_plan import plan_for_run
 
     params = from_namespace(notebook, namespace)
     set_style(style)

@@ -144,7 +144,7 @@ def ablation_ladder(metrics_df, style: str = "notebook"):
 def reward_distributions(rewards_df, style: str = "notebook"):
     """Reward equivalence: per engine the mean reward with its 95% bootstrap interval (left) and the
     distribution over prompts of the per-prompt success rate (right, 8 rollouts per prompt)."""
-    from . import stats
+    from rlwb.core import stats
 
     engines = _order(rewards_df["engine"])
     fig, (a, b) = plt.subplots(1, 2, figsize=figsize(style, 1.4))
@@ -307,7 +307,8 @@ def analytic_scatter(tokens, style: str = "notebook"):
     """Measured log r against its analytical expectation (raw engines: log softmax(z/T) - log softmax(z))."""
     d = tokens[(tokens["top_p"] == 1.0) & (tokens["top_k"] == 0)]
     fig, ax = plt.subplots(figsize=figsize(style, 0.75, 1.1))
-    lim = [min(d["expected_log_r"].min(), d["measured_log_r"].min()), max(d["expected_log_r"].max(), d["measured_log_r"].max())]
+    lim = [min(d["expected_log_r"].min(), d["measured_log_r"].min()),
+           max(d["expected_log_r"].max(), d["measured_log_r"].max())]
     ax.plot(lim, lim, color="0.7", lw=0.8, zorder=0)
     for e in _order(d["engine"]):
         g = d[d["engine"] == e]
@@ -347,7 +348,8 @@ def dlogp_heatmap(rows, style: str = "notebook"):
     return fig
 
 
-KL_FIGURES = {"kl_vs_temperature": ("sweep", kl_vs_temperature), "kl_vs_temperature_top_p": ("sweep", kl_vs_temperature_top_p),
+KL_FIGURES = {"kl_vs_temperature": ("sweep", kl_vs_temperature),
+              "kl_vs_temperature_top_p": ("sweep", kl_vs_temperature_top_p),
               "analytic_scatter": ("tokens", analytic_scatter), "dlogp_heatmap": ("sweep", dlogp_heatmap)}
 
 
@@ -485,13 +487,14 @@ def stale_vs_position(stale_rows, style: str = "notebook"):
     return fig
 
 
-DETERMINISM_FIGURES = {"determinism_bars": ("summary", determinism_bars), "stale_vs_position": ("stale", stale_vs_position)}
+DETERMINISM_FIGURES = {"determinism_bars": ("summary", determinism_bars),
+                       "stale_vs_position": ("stale", stale_vs_position)}
 
 
 def validate_cases(cases, style: str = "notebook", tolerance: float | None = None):
     """Validator: every drawn case's max |Δlogp| (one dot per case, grey = outside the tolerance), the
     distribution of KLΔ per case, and the pass rate with its 95% Wilson interval (error bars)."""
-    from .stats import proportion_ci
+    from rlwb.core.stats import proportion_ci
 
     engines = _order(cases["engine"])
     fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=figsize(style, 1.7),

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import archive, plots
+from rlwb import archive, plots
+from rlwb.formatting import metric, number
 
 FIGURES = {
     "00_default_policy": {"accuracy_by_digits": ("samples", plots.accuracy_by_digits)},
@@ -158,17 +159,9 @@ def latest_ok_run(root: Path, notebook: str) -> Path | None:
     return Path(runs[0]["dir"]) if runs else None
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return html.escape(str(v))
-
-
 def build_index(root: Path) -> Path:
     """`<outputs>/index.html`: one static page listing every run, newest first, filterable."""
-    from .params import SCHEMAS
+    from rlwb.params import SCHEMAS
 
     runs = archive.list_runs(root)
     rows = []
@@ -178,9 +171,11 @@ def build_index(root: Path) -> Path:
         eng = ", ".join(f"{k} ({v.get('engine')}{' ' + v['vllm_version'] if v.get('vllm_version') else ''})"
                         for k, v in engines.items())
         heads = SCHEMAS[r["notebook"]].HEADLINE if r["notebook"] in SCHEMAS else []
-        head = "<br>".join(f"<code>{html.escape(k)}</code> = {_fmt(r['metrics'].get(k))}" for k in heads[:3])
+        head = "<br>".join(f"<code>{html.escape(k)}</code> = {html.escape(metric(k, r['metrics'].get(k), '.4g'))}"
+                           for k in heads[:3])
         figs = sorted(Path(r["dir"], "figures").glob("*.png"))
-        fig_links = " ".join(f'<a href="{html.escape(os.path.relpath(f, root))}">{html.escape(f.stem)}</a>' for f in figs)
+        fig_links = " ".join(f'<a href="{html.escape(os.path.relpath(f, root))}">{html.escape(f.stem)}</a>'
+                             for f in figs)
         commit = (r.get("git_commit") or "")[:10] + (" (dirty)" if r.get("git_dirty") else "")
         status = r.get("status", "?")
         rows.append(
@@ -190,7 +185,8 @@ def build_index(root: Path) -> Path:
             f"<td>{html.escape((r.get('started_at') or '')[:19].replace('T', ' '))}</td>"
             f'<td class="status {html.escape(status)}">{html.escape(status)}'
             + (f'<div class="err">{html.escape((r.get("error") or "")[:200])}</div>' if status != "ok" else "")
-            + f"</td><td>{_fmt(r.get('duration_s'))}</td><td><code>{html.escape(commit)}</code></td>"
+            + f"</td><td>{html.escape(number(r.get('duration_s'), '.4g'))}</td>"
+            f"<td><code>{html.escape(commit)}</code></td>"
             f"<td>{html.escape(eng)}</td><td>{head}</td>"
             f'<td>{fig_links} · <a href="{html.escape(rel)}/params.yaml">params</a></td></tr>')
     notebooks = sorted({r["notebook"] for r in runs})
@@ -236,13 +232,96 @@ def compare_table(rows: list[dict], only_interesting: bool = False) -> str:
     w = max([len(r["metric"]) for r in shown] + [6])
     lines = [f"{'metric':<{w}}  {'run A':>12}  {'run B':>12}  {'B - A':>12}  status"]
     for r in shown:
-        lines.append(f"{r['metric']:<{w}}  {_num(r['a']):>12}  {_num(r['b']):>12}  {_num(r['diff']):>12}  {r['status']}")
+        a, b, diff = (number(r[k], ".5g", "-") for k in ("a", "b", "diff"))
+        lines.append(f"{r['metric']:<{w}}  {a:>12}  {b:>12}  {diff:>12}  {r['status']}")
     return "\n".join(lines)
-
-
-def _num(v) -> str:
-    return "-" if v is None else f"{v:.5g}" if isinstance(v, float) else str(v)
 
 
 def dump_json(obj) -> str:
     return json.dumps(obj, indent=2, default=str)
+
+
+# -- report.html ------------------------------------------------------------------------------------
+REMOVED_CELL_TAGS = ("parameters", "injected-parameters")  # shown in the provenance block instead
+
+REPORT_CSS = """
+<style>
+.rlwb-provenance { font-size: 12px; color: #444; border-left: 3px solid #bbb; padding: 4px 10px; margin: 8px 0 16px; }
+.rlwb-provenance code { font-size: 11px; }
+.rlwb-provenance table { font-size: 11px; margin-top: 4px; }
+.rlwb-provenance td, .rlwb-provenance th { padding: 1px 8px 1px 0; text-align: left; }
+.rlwb-failed { background: #fde8e8; border-left: 3px solid #c00; padding: 6px 10px; margin: 8px 0; }
+</style>
+"""
+
+
+def _engine_line(preset: str, info: dict) -> str:
+    if info.get("backend") == "hf":
+        what = f"transformers {info.get('transformers_version', '?')} (reference)"
+    else:
+        what = f"vLLM {info.get('vllm_version', '?')} ({str(info.get('engine', '?')).upper()})"
+    return f"<code>{html.escape(preset)}</code> {html.escape(what)}"
+
+
+def _model_line(model: dict | None) -> str:
+    if not model:
+        return "–"
+    card = model.get("card") or {}
+    if card.get("recipe_hash"):
+        match = card.get("weights_match_published")
+        verdict = "" if match is None else " (the published build)" if match else " (NOT the published build)"
+        return (f"embedded {html.escape(str(card.get('name', 'default')))}, {card.get('params', 0):,} parameters, "
+                f"recipe <code>{html.escape(card['recipe_hash'])}</code>, weights "
+                f"<code>{html.escape(str(card.get('weights_sha256_16')))}</code>{verdict}")
+    return f"<code>{html.escape(Path(str(model.get('path', '?'))).name)}</code>"
+
+
+def provenance_html(run_dir: Path) -> str:
+    """The compact block under a report's title: what ran, on what, from which commit; params folded."""
+    import yaml
+
+    info = archive.read_json(run_dir / "run.json", {})
+    params = yaml.safe_load((run_dir / "params.yaml").read_text()) if (run_dir / "params.yaml").exists() else {}
+    pk = info.get("packages") or {}
+    commit = (info.get("git_commit") or "unknown")[:10] + (" (uncommitted changes)" if info.get("git_dirty") else "")
+    engines = " · ".join(_engine_line(k, v) for k, v in (info.get("engines") or {}).items()) or "none"
+    rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in params.items())
+    parts = [
+        f"<div><b>Run</b> <code>{html.escape(str(info.get('run_id', run_dir.name)))}</code> · "
+        f"started {html.escape(str(info.get('started_at', '?')))} · git <code>{html.escape(commit)}</code> · "
+        f"torch {html.escape(str(pk.get('torch', '?')))}, transformers {html.escape(str(pk.get('transformers', '?')))}"
+        f"</div>",
+        f"<div><b>Model</b> {_model_line(info.get('model'))}</div>",
+        f"<div><b>Engines</b> {engines}</div>",
+        f"<details><summary>Parameters (hash <code>{html.escape(str(info.get('params_hash', '?')))}</code>)"
+        f"</summary><table>{rows}</table></details>",
+    ]
+    return '<div class="rlwb-provenance">' + "".join(parts) + "</div>"
+
+
+def report_notebook(nb, run_dir: Path, error: str | None = None):
+    """The notebook as a reader gets it: parameters cells out (the provenance block under the title holds
+    them), a failure stated first. Code is hidden by the exporter (`export_report`)."""
+    import nbformat
+
+    nb = nbformat.from_dict(nb)
+    nb.cells = [c for c in nb.cells if not set(c.metadata.get("tags", [])) & set(REMOVED_CELL_TAGS)]
+    block = REPORT_CSS + provenance_html(run_dir)
+    if error:
+        block += f'<div class="rlwb-failed"><b>This run failed:</b> {html.escape(error)}</div>'
+    title_at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
+    nb.cells.insert(title_at, nbformat.v4.new_markdown_cell(block))
+    return nb
+
+
+def export_report(nb_path: Path, html_path: Path, run_dir: Path, error: str | None = None) -> None:
+    """`report.html`: answer-first notebooks rendered without code or prompts (the code stays in
+    notebook.ipynb), with the provenance block under the title."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = report_notebook(nbformat.read(nb_path, as_version=4), run_dir, error)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nb)
+    html_path.write_text(body, encoding="utf-8")

@@ -13,14 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from . import archive, params as params_mod
-from .paths import NOTEBOOKS_DIR, outputs_dir
-
-
-class RunFailed(RuntimeError):
-    def __init__(self, run_dir: Path, error: str):
-        self.run_dir, self.error = run_dir, error
-        super().__init__(f"run failed: {error}\narchived as failed: {run_dir}")
+from rlwb import archive
+from rlwb import params as params_mod
+from rlwb.errors import RunFailed
+from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
 
 
 def resolve_notebook(notebook: str | os.PathLike) -> Path:
@@ -42,15 +38,6 @@ def new_run_dir(root: Path, stem: str, params_hash: str) -> tuple[Path, Path]:
     tmp = root / stem / f".tmp-{final.name}-{os.getpid()}"
     tmp.mkdir(parents=True)
     return tmp, final
-
-
-def _export_html(nb_path: Path, html_path: Path) -> None:
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    nb = nbformat.read(nb_path, as_version=4)
-    body, _ = HTMLExporter().from_notebook_node(nb)
-    html_path.write_text(body, encoding="utf-8")
 
 
 class _Interrupted(BaseException):
@@ -96,15 +83,18 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
             os.environ.pop("RLWB_RUN_DIR", None)
         else:
             os.environ["RLWB_RUN_DIR"] = old_env
-    # Finish: HTML, provenance, atomic rename. The notebook's own run.json updates (engines, model) stay.
-    if (tmp / "notebook.ipynb").exists():
-        try:
-            _export_html(tmp / "notebook.ipynb", tmp / "report.html")
-        except Exception as e:  # a report that cannot render is a failed run, not a silent gap
-            error = error or f"report.html: {type(e).__name__}: {e}"
+    # Finish: provenance, HTML, atomic rename. The notebook's own run.json updates (engines, model) stay.
     record = {**archive.read_json(tmp / "run.json", record), "status": "failed" if error else "ok",
               "finished_at": archive.utc_now(), "duration_s": round(time.time() - started, 2), "error": error}
     archive.write_json(tmp / "run.json", record)
+    if (tmp / "notebook.ipynb").exists():
+        try:
+            from rlwb.reports import export_report  # matplotlib: imported only once a report is due
+
+            export_report(tmp / "notebook.ipynb", tmp / "report.html", tmp, error)
+        except Exception as e:  # a report that cannot render is a failed run, not a silent gap
+            error = error or f"report.html: {type(e).__name__}: {e}"
+            archive.write_json(tmp / "run.json", {**record, "status": "failed", "error": error})
     tmp.rename(final)
     if error:
         raise RunFailed(final, error)

@@ -2,7 +2,7 @@
 
 Runs the trainer side of notebooks 01 and 03 on randomly initialised Qwen2.5-0.5B / 1.5B shapes (no
 download: the published configs, built in place on the GPU) and prints, per role, the peak memory torch
-allocated next to `rlwb.memory_plan.trainer_bytes` (which must not be below it: the plan is meant to be on
+allocated next to `rlwb.core.memory_plan.trainer_bytes` (which must not be below it: the plan is meant to be on
 the safe side), plus the micro-batched vs whole-batch gradient on CUDA.
 
     python scripts/gpu_memory_check.py            # needs a CUDA GPU; ~2 min on an H100
@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlwb import grpo, memory_plan as mp  # noqa: E402
-from rlwb.trainer import TrainerScorer  # noqa: E402
+from rlwb.core import grpo  # noqa: E402
+from rlwb.core import memory_plan as mp
+from rlwb.core.trainer import TrainerScorer  # noqa: E402
 
 QWEN = {  # config.json of each published checkpoint (the fields the plan and the model need)
     "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -69,7 +70,8 @@ def main() -> None:
         scorer = TrainerScorer(model, "float32")
         prompts, comps, *_ = batch(64, g, cfg.vocab_size)
         res["score_peak_gib"] = peak(lambda: scorer.score(prompts, comps, temperature=0.7)) / mp.GiB
-        res["score_plan_gib"] = (mp.trainer_bytes(shape, "score", 64, PROMPT + COMPLETION) - mp.PROCESS_OVERHEAD) / mp.GiB
+        res["score_plan_gib"] = (mp.trainer_bytes(shape, "score", 64, PROMPT + COMPLETION)
+                                 - mp.PROCESS_OVERHEAD) / mp.GiB
         # notebook 05 role: one long context at a time (gpu.yaml: 16,384 + 64 tokens)
         long_p = torch.randint(0, cfg.vocab_size, (1, LONG - 64), generator=g).tolist()
         long_c = torch.randint(0, cfg.vocab_size, (1, 64), generator=g).tolist()

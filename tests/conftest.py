@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,16 +15,42 @@ REPO = Path(__file__).resolve().parent.parent
 RLWB = [sys.executable, "-m", "rlwb.cli"]
 
 
+def rlwb(*args, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The `rlwb` CLI as a user runs it, from the repo root (one helper for every test file)."""
+    return subprocess.run([*RLWB, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def run_notebook(stem: str, *extra: str, params_file: str = "smoke", timeout: int = 1200) -> Path:
+    """`rlwb run notebooks/<stem>.ipynb -f params/<stem>/<params_file>.yaml EXTRA...`; asserts the run is ok and
+    returns its directory (the last line of stdout)."""
+    r = rlwb("run", f"notebooks/{stem}.ipynb", "-f", f"params/{stem}/{params_file}.yaml", *extra, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = Path(r.stdout.strip().splitlines()[-1])
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
+    return run_dir
+
+
+def chromium(*args: str, profile: Path, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Debian's headless Chromium (make setup installs it) with a throwaway profile and no network chatter."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe, "Debian's chromium is required (make setup installs it)"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--hide-scrollbars", f"--user-data-dir={profile}"]
+    return subprocess.run([exe, *flags, *args], capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def default_model():
-    from rlwb.models import build_default_model
+    from rlwb.core.models import build_default_model
 
     return build_default_model(progress=False)
 
 
 @pytest.fixture(scope="session")
 def scorer(default_model):
-    from rlwb.trainer import TrainerScorer
+    from rlwb.core.trainer import TrainerScorer
 
     return TrainerScorer(default_model.path, "float32")
 
@@ -62,7 +91,7 @@ def outputs(tmp_path, monkeypatch):
 
 @pytest.fixture
 def prompts():
-    from rlwb import tasks, tokenizer
+    from rlwb.core import tasks, tokenizer
 
     return [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(8, seed=7)]
 

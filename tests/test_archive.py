@@ -2,22 +2,16 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from rlwb import archive
+from tests.conftest import rlwb
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE00 = ["notebooks/00_default_policy.ipynb", "-f", "params/00_default_policy/smoke.yaml"]
-
-
-def rlwb(*args, env=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rlwb.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 @pytest.mark.slow
@@ -39,7 +33,8 @@ def test_run_notebook_00_smoke_end_to_end(outputs, default_model):
     assert m["policy/mean_completion_tokens"] >= 8
     p = yaml.safe_load((run_dir / "params.yaml").read_text())
     assert p == {"seed": 3, "eval_prompts": 50, "sample_rows": 5, "rebuild": False}
-    assert {f.name for f in (run_dir / "figures").iterdir()} == {f"accuracy_by_digits.{x}" for x in ("png", "pdf", "svg")}
+    figures = {f.name for f in (run_dir / "figures").iterdir()}
+    assert figures == {f"accuracy_by_digits.{x}" for x in ("png", "pdf", "svg")}
     assert (run_dir / "data" / "samples.parquet").stat().st_size > 0
     html = (run_dir / "report.html").read_text()
     assert "data:image/png;base64" in html and "Conclusion" in html

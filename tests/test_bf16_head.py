@@ -13,10 +13,10 @@ fp32 head vs 1.4e-05 [1.3e-05, 1.5e-05] without; sampled-token k3 9.8e-06 vs 1.4
 import numpy as np
 import pytest
 
-from rlwb import metrics as M
-from rlwb import stats, tasks, tokenizer
+from rlwb.core import metrics as M
+from rlwb.core import stats, tasks, tokenizer
+from rlwb.core.rollouts import sample_and_score
 from rlwb.engines import EngineWorker, Sampling
-from rlwb.rollouts import sample_and_score
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
 # Sizes picked so the two sequence-bootstrap intervals of the exact KL separate (1,024 prompts did not:

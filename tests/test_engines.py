@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from rlwb.core.rollouts import sample_and_score
 from rlwb.engines import EngineCrashed, EngineWorker, PresetError, Sampling, resolve_preset
-from rlwb.engines.check import expects_raw
-from rlwb.rollouts import sample_and_score
-from tests.conftest import pids_alive, process_group_members
+from rlwb.engines.worker import reports_raw_logprobs
+from tests.conftest import process_group_members
 
 pytestmark = pytest.mark.engines
 PRESETS = ["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"]
@@ -58,11 +58,11 @@ def test_t07_processed_vs_raw_semantics(name, engine, scorer, prompts):
     e, t = ro.flat()
     raw = np.concatenate(ro.logp_trainer_raw).astype(np.float64)
     if name == "vllm-v1":
-        assert expects_raw(w.info())
+        assert reports_raw_logprobs(w.info())
         assert np.max(np.abs(e - raw)) <= FLOOR
         assert np.max(np.abs(e - t)) > 1e-2
     else:
-        assert not expects_raw(w.info())
+        assert not reports_raw_logprobs(w.info())
         assert np.max(np.abs(e - t)) <= FLOOR
         assert np.max(np.abs(e - raw)) > 1e-2
 
@@ -85,7 +85,7 @@ def test_top_k_top_p_renormalised_full_distribution(name, engine, scorer, prompt
 @pytest.mark.parametrize("name", ["hf", "vllm-v0", "vllm-v1", "vllm-v1-fixed"])
 def test_update_weights_in_flight(name, engine, default_model, prompts):
     """After update_weights the engine's logprobs match a trainer holding the new weights (no restart)."""
-    from rlwb.trainer import TrainerScorer
+    from rlwb.core.trainer import TrainerScorer
 
     w = engine(name)
     pid = w.pid
@@ -229,8 +229,9 @@ def test_seeded_heterogeneous_long_batch_survives_on_v1(engine, name):
     scheduled without finishing its prefill: notebook 04's default batch of 64 long prompts (async scheduling
     off) and notebook 05's long contexts (async on). On CPU every V1 preset inherits `enable_chunked_prefill:
     false` from `vllm-v1`; a batch over one step's token budget then runs, and seeded reruns stay identical."""
-    from rlwb import determinism, tokenizer
-    from rlwb.mismatch import task_prompts
+    from rlwb.core import tokenizer
+    from rlwb.core.rollouts import task_prompts
+    from rlwb.experiments import determinism_and_staleness as determinism
 
     codec = tokenizer.PromptCodec()
     w = engine(name)
@@ -263,8 +264,8 @@ def tied_model(tmp_path_factory, default_model):
 
 
 def test_perturbation_draws_once_per_tied_tensor(tied_model):
-    from rlwb.determinism import perturbed_state
-    from rlwb.trainer import TrainerScorer
+    from rlwb.core.trainer import TrainerScorer
+    from rlwb.experiments.determinism_and_staleness import perturbed_state
 
     model = TrainerScorer(tied_model).model
     new = perturbed_state(model, seed=0)
@@ -276,8 +277,8 @@ def test_perturbation_draws_once_per_tied_tensor(tied_model):
 @pytest.mark.parametrize("name", ["vllm-v0", "vllm-v1-fixed"])
 def test_update_of_a_tied_embedding_model_keeps_engine_equal_to_trainer(name, tied_model, prompts):
     """Notebook 04's in-flight update on a tied-head model: engine and trainer hold the same head after it."""
-    from rlwb.determinism import perturbed_state
-    from rlwb.trainer import TrainerScorer
+    from rlwb.core.trainer import TrainerScorer
+    from rlwb.experiments.determinism_and_staleness import perturbed_state
 
     trainer = TrainerScorer(tied_model)
     new = perturbed_state(trainer.model, seed=0)
@@ -295,8 +296,8 @@ def test_update_of_a_tied_embedding_model_keeps_engine_equal_to_trainer(name, ti
 def test_validator_uses_the_models_tokenizer(tied_model):
     """`rlwb validate` on a checkpoint that is not rlwb's default policy tokenizes with that checkpoint's
     tokenizer (it used to build every prompt with rlwb's char codec)."""
-    from rlwb import validate
-    from rlwb.trainer import TrainerScorer
+    from rlwb.core import equivalence as validate
+    from rlwb.core.trainer import TrainerScorer
 
     with EngineWorker("vllm-v1-fixed", tied_model) as w:
         rep = validate.validate(w, TrainerScorer(tied_model), cases=3, seed=0, shrink=False, progress=False)

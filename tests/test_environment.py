@@ -1,9 +1,9 @@
 """environment.yml (conda) and pyproject.toml (pip) must list the same kernel dependencies."""
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent

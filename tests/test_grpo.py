@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlwb import grpo, losses
-from rlwb.trainer import completion_logprobs, make_batch
+from rlwb.core import grpo, losses
+from rlwb.core.trainer import completion_logprobs, make_batch
 
 pytestmark = pytest.mark.engines
 
@@ -57,8 +57,8 @@ def test_one_step_moves_logprobs_along_the_advantages(engine, default_model):
 def test_micro_batched_gradient_equals_the_unsplit_one(default_model, correction):
     """Gradient accumulation over micro-batches (uneven: 13 sequences in slices of 4) gives the whole batch's
     gradient and loss statistics to float tolerance, with and without corrections."""
-    from rlwb import losses, tasks, tokenizer
-    from rlwb.trainer import TrainerScorer
+    from rlwb.core import losses, tasks, tokenizer
+    from rlwb.core.trainer import TrainerScorer
 
     g = torch.Generator().manual_seed(0)
     prompts = [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(13, seed=3)]

@@ -36,8 +36,9 @@ def test_notebook_00_runs_top_to_bottom_in_jupyterlab(tmp_path, default_model):
     env.pop("RLWB_RUN_DIR", None)
     lab = subprocess.Popen([str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1",
                             f"--port={port}", f"--IdentityProvider.token={token}", f"--notebook-dir={work}",
-                            "--ServerApp.open_browser=False"] + (["--allow-root"] if os.geteuid() == 0 else []), env=env, stdout=subprocess.DEVNULL,
-                           stderr=open(tmp_path / "lab.log", "wb"), start_new_session=True)
+                            "--ServerApp.open_browser=False"] + (["--allow-root"] if os.geteuid() == 0 else []),
+                           env=env, stdout=subprocess.DEVNULL,
+                           stderr=open(tmp_path / "lab.log", "wb"), start_new_session=True)  # noqa: SIM115
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(120):
@@ -62,7 +63,8 @@ def test_notebook_00_runs_top_to_bottom_in_jupyterlab(tmp_path, default_model):
             page.locator(".jp-OutputArea-output", has_text="Conclusion.").wait_for(timeout=300_000)
             shot = tmp_path / "jupyterlab.png"
             page.screenshot(path=str(shot), full_page=False)
-            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_text_contents()
+            stderr = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+            errors = page.locator(stderr).all_text_contents()
             assert not any("Traceback" in e or "Error" in e for e in errors), errors
             assert page.locator(".jp-OutputArea-output", has_text="policy/greedy_accuracy").count() >= 1
             assert page.locator(".jp-OutputArea-output img").count() >= 1  # the figure rendered inline

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rlwb import memory_plan as mp
+from rlwb.core import memory_plan as mp
 
 REPO = Path(__file__).resolve().parent.parent
 

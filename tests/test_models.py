@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from rlwb import models
+from rlwb.core import models
 
 
 def test_same_recipe_same_weights_and_different_seed_differs(monkeypatch):
@@ -27,7 +27,7 @@ def test_recipe_hash_covers_every_field():
 
 
 def test_sft_targets_carry_the_habit_where_asked():
-    from rlwb import tasks, tokenizer
+    from rlwb.core import tasks, tokenizer
 
     probs = tasks.make_problems(4, seed=0, max_digits=3)
     _, lab = models.sft_batch(probs, [True, False, True, False])
@@ -62,7 +62,7 @@ def _unpinned_train_hash(env_over: dict, steps: int) -> str:
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in models.BUILD_ENV}
-    code = ("import torch; torch.set_num_threads(2)\nfrom dataclasses import replace\nfrom rlwb import models\n"
+    code = ("import torch; torch.set_num_threads(2)\nfrom dataclasses import replace\nfrom rlwb.core import models\n"
             f"print(models.weights_hash(models.train(replace(models.ModelRecipe(), train_steps={steps}), "
             "progress=False)))")
     r = subprocess.run([sys.executable, "-c", code], env={**env, **env_over}, capture_output=True, text=True,

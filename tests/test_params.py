@@ -1,8 +1,6 @@
 """Parameter validation: every class of bad input is rejected before compute, naming the key."""
 
 import json
-import subprocess
-import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -92,18 +90,60 @@ def test_params_hash_is_stable_and_sensitive():
 
 @pytest.mark.parametrize("stem", sorted(params.SCHEMAS))
 def test_notebook_parameters_cell_and_default_yaml_match_the_schema(stem):
+    from rlwb.params.cells import defaults_yaml, out_of_date, parameters_cell
+
     schema = params.SCHEMAS[stem]
     nb = nbformat.read(REPO / "notebooks" / f"{stem}.ipynb", as_version=4)
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1, "exactly one cell tagged `parameters`"
-    assert cells[0].source == params.parameters_cell(schema)
-    assert (REPO / "params" / stem / "default.yaml").read_text() == params.defaults_yaml(schema)
+    stale = [str(f.relative_to(REPO)) for f in out_of_date() if stem in f.as_posix()]
+    assert not stale, f"{stale} differ from rlwb/params/schemas.py: run `rlwb sync-params`"
+    assert cells[0].source == parameters_cell(schema)
+    assert (REPO / "params" / stem / "default.yaml").read_text() == defaults_yaml(schema)
     for name in ("default", "smoke"):
         params.load(stem, [REPO / "params" / stem / f"{name}.yaml"])  # validates
     # the validation cell follows the parameters cell and calls rlwb
     i = nb.cells.index(cells[0])
     assert f'rlwb.notebook.start("{stem}", globals())' in nb.cells[i + 1].source
-    assert {f.name for f in fields(schema)} == set(yaml.safe_load((REPO / "params" / stem / "default.yaml").read_text()))
+    defaults = yaml.safe_load((REPO / "params" / stem / "default.yaml").read_text())
+    assert {f.name for f in fields(schema)} == set(defaults)
+
+
+def test_sync_params_writes_what_the_schemas_say(tmp_path):
+    """`rlwb sync-params` on a copy with a stale cell and a stale default.yaml rewrites exactly those two."""
+    import shutil
+
+    from rlwb.params.cells import parameters_cell, sync
+
+    nbs, prm = tmp_path / "notebooks", tmp_path / "params"
+    shutil.copytree(REPO / "notebooks", nbs)
+    shutil.copytree(REPO / "params", prm)
+    nb = nbformat.read(nbs / "01_logprob_mismatch.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    cell.source = cell.source.replace("seed: int = 0", "seed: int = 5")
+    nbformat.write(nb, nbs / "01_logprob_mismatch.ipynb")
+    (prm / "03_toy_grpo" / "default.yaml").write_text("seed: 0\n")
+    assert sorted(p.name for p in sync(nbs, prm, write=False)) == ["01_logprob_mismatch.ipynb", "default.yaml"]
+    assert len(sync(nbs, prm)) == 2 and sync(nbs, prm) == []
+    nb = nbformat.read(nbs / "01_logprob_mismatch.ipynb", as_version=4)
+    assert next(c for c in nb.cells if "parameters" in c.metadata.get("tags", [])).source == parameters_cell(
+        params.SCHEMAS["01_logprob_mismatch"])
+    assert yaml.safe_load((prm / "03_toy_grpo" / "default.yaml").read_text())["steps"] == 50
+
+
+def test_grpo_settings_have_one_source():
+    """GRPOParams inherits the loop's settings; the run config is built from them, field by field."""
+    from dataclasses import fields as dc_fields
+
+    from rlwb.core.grpo_config import GRPOConfig, GRPOSettings
+    from rlwb.params.schemas import GRPOParams
+
+    assert issubclass(GRPOParams, GRPOSettings)
+    p = params.load("03_toy_grpo", overrides={"lr": 3e-4, "micro_batch": 4, "temperature": 0.9})
+    cfg = GRPOConfig.from_settings(p, correction="tis", seed=7)
+    for f in dc_fields(GRPOSettings):
+        assert getattr(cfg, f.name) == getattr(p, f.name), f.name
+    assert (cfg.correction, cfg.seed) == ("tis", 7)
 
 
 def test_injected_unknown_names_are_caught_inside_the_notebook():

@@ -140,18 +140,3 @@ def test_names_from_params_cannot_escape_the_outputs_dir(tmp_path):
             run.save_data(__import__("pandas").DataFrame({"a": [1]}), bad)
         with pytest.raises(ValueError, match="name"):
             run.save_figure(None, bad)
-
-
-@pytest.mark.slow
-def test_same_params_twice_give_identical_metrics(outputs, default_model):
-    dirs = []
-    for _ in range(2):
-        r = subprocess.run([sys.executable, "-m", "rlwb.cli", "run", "notebooks/00_default_policy.ipynb", "-f",
-                            "params/00_default_policy/smoke.yaml"], cwd=REPO, capture_output=True, text=True,
-                           timeout=600)
-        assert r.returncode == 0
-        dirs.append(Path(r.stdout.strip().splitlines()[-1]))
-    from rlwb.reports import compare
-
-    ok, rows = compare(*dirs, rtol=0, atol=0)
-    assert ok, [r for r in rows if r["status"] == "DRIFT"]

@@ -2,20 +2,14 @@
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rlwb import archive, reports
+from tests.conftest import chromium, rlwb
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def rlwb(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "rlwb.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +47,8 @@ def test_figures_regenerate_byte_identical_png(two_runs):
 @pytest.mark.slow
 def test_compare_identical_params_agree_and_changed_params_drift(two_runs):
     _, (a, b, c) = two_runs
+    ok, rows = reports.compare(a, b, rtol=0, atol=0)  # identical params: bit-identical metrics
+    assert ok, [r for r in rows if r["status"] == "DRIFT"]
     r = rlwb("compare", str(a), str(b))
     assert r.returncode == 0, r.stdout
     r = rlwb("compare", str(a), str(c), "--json")
@@ -85,12 +81,7 @@ def test_index_page_lists_runs_in_chromium(two_runs, tmp_path):
     r = rlwb("index", "--outputs", str(out))
     assert r.returncode == 0
     page = out / "index.html"
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium is required (make setup installs it)"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    dom = chromium("--dump-dom", page.as_uri(), profile=tmp_path / "profile")
     assert dom.returncode == 0, dom.stderr[-2000:]
     rows = dom.stdout.count('<tr class="run"')
     assert rows == 4
@@ -98,10 +89,10 @@ def test_index_page_lists_runs_in_chromium(two_runs, tmp_path):
         assert d.name in dom.stdout
     assert 'data-status="failed"' in dom.stdout and "RuntimeError: boom" in dom.stdout
     # newest first: the fake failed run (year 2000) is the last row
-    assert dom.stdout.rfind('<tr class="run"') == dom.stdout.find('data-status="failed"') - len('<tr class="run" data-notebook="00_default_policy" ')
+    row_start = '<tr class="run" data-notebook="00_default_policy" '
+    assert dom.stdout.rfind('<tr class="run"') == dom.stdout.find('data-status="failed"') - len(row_start)
     shot = tmp_path / "index.png"
-    subprocess.run([chromium, *flags, f"--screenshot={shot}", "--window-size=1400,700", page.as_uri()],
-                   capture_output=True, timeout=120)
+    chromium(f"--screenshot={shot}", "--window-size=1400,700", page.as_uri(), profile=tmp_path / "profile")
     assert shot.exists() and shot.stat().st_size > 5000
 
 

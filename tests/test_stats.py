@@ -1,10 +1,10 @@
-"""rlwb.stats against known distributions: interval coverage, p-value calibration, power, hand-made values."""
+"""rlwb.core.stats against known distributions: interval coverage, p-value calibration, power, hand-made values."""
 
 import numpy as np
 import pytest
 from scipy import stats as st
 
-from rlwb import stats
+from rlwb.core import stats
 
 
 def _clustered(rng, n_seq=40, mean=0.5):
@@ -107,7 +107,8 @@ def test_cliffs_delta_hand_computed_and_identical_samples():
 
 
 def test_reward_equivalence_with_one_engine_has_means_and_no_pairs():
-    from rlwb import mismatch, params
+    from rlwb import params
+    from rlwb.experiments import logprob_mismatch as mismatch
 
     m = mismatch.reward_equivalence({"hf": np.array([1.0, 0.0, 1.0, 1.0])})
     assert m["hf/reward_mean"] == 0.75 and not any("_vs_" in k for k in m)

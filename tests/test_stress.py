@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from rlwb import stress
+from rlwb.core.rollouts import task_prompts
+from rlwb.core.tokenizer import PromptCodec
 from rlwb.engines.worker import Sampling
-from rlwb.mismatch import task_prompts
-from rlwb.params import StressParams
-from rlwb.tokenizer import PromptCodec
+from rlwb.experiments import equivalence_and_stress as stress
+from rlwb.params.schemas import StressParams
 
 FLOOR = 1e-4  # fp32 engine vs fp32 trainer: measured ~2e-5 at worst on this model
 

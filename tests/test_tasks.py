@@ -1,4 +1,4 @@
-from rlwb import tasks
+from rlwb.core import tasks
 
 
 def test_worked_answer_with_carries():

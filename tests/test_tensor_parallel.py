@@ -7,11 +7,10 @@ fp32 lm_head hook in a bf16 engine, where each rank must project with its own vo
 
 import numpy as np
 import pytest
-import torch
 
-from rlwb import metrics as M
+from rlwb.core import metrics as M
+from rlwb.core.rollouts import sample_and_score
 from rlwb.engines import EngineWorker, Sampling
-from rlwb.rollouts import sample_and_score
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
 TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
@@ -26,8 +25,8 @@ def cpu_binding(monkeypatch):
 
 
 def test_tp2_generates_at_the_floor_and_updates_every_rank(cpu_binding, default_model, scorer, prompts):
-    from rlwb.determinism import perturbed_state
-    from rlwb.trainer import TrainerScorer
+    from rlwb.core.trainer import TrainerScorer
+    from rlwb.experiments.determinism_and_staleness import perturbed_state
 
     with EngineWorker("vllm-v1-fixed", default_model.path, extra_vllm_kwargs=TP2) as w:
         assert w.info()["settings"]["tensor_parallel_size"] == 2

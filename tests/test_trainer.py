@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlwb import trainer
+from rlwb.core import trainer
 
 
 def _ref(z, T, k, p):
@@ -46,7 +46,7 @@ def test_truncation_renormalises_over_kept_tokens():
 
 
 def test_chunked_scoring_equals_full_log_softmax(default_model):
-    from rlwb import tasks, tokenizer
+    from rlwb.core import tasks, tokenizer
 
     sc = trainer.TrainerScorer(default_model.path)
     probs = tasks.make_problems(5, seed=2)
@@ -57,7 +57,8 @@ def test_chunked_scoring_equals_full_log_softmax(default_model):
         small = trainer.completion_logprobs(sc.model, b, 0.7, raw=True, chunk_tokens=3)
         big = trainer.completion_logprobs(sc.model, b, 0.7, raw=True, chunk_tokens=10_000)
         logits = sc.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
-    naive = (logits[:, :-1] / 0.7).log_softmax(-1).gather(-1, b.input_ids[:, 1:, None])[..., 0][b.completion_mask[:, 1:]]
+    naive = (logits[:, :-1] / 0.7).log_softmax(-1).gather(-1, b.input_ids[:, 1:, None])[..., 0]
+    naive = naive[b.completion_mask[:, 1:]]
     # chunk size changes GEMM blocking, so equality is to float precision, not bitwise
     torch.testing.assert_close(small["logp"], big["logp"], atol=1e-5, rtol=0)
     torch.testing.assert_close(small["logp"], naive, atol=1e-5, rtol=0)

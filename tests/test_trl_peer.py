@@ -9,9 +9,10 @@ behaviour logprobs perturbed so that the clip is active. rlwb computes the same 
 import pytest
 import torch
 
-from rlwb import losses, tasks, tokenizer, trl_peer
-from rlwb.grpo import _pad, _per_seq
-from rlwb.trainer import completion_logprobs, make_batch
+from rlwb.bench import trl_peer
+from rlwb.core import losses, tasks, tokenizer
+from rlwb.core.grpo import _pad, _per_seq
+from rlwb.core.trainer import completion_logprobs, make_batch
 
 T, EPS = 0.7, 0.2
 

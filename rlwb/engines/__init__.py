@@ -2,8 +2,9 @@
 (`worker.py`), the pipe protocol (`protocol.py`) and the code that runs in the engine's own
 interpreter (`server.py`, `vllm_ext.py`)."""
 
-from .presets import Preset, PresetError, available_presets, load_presets, resolve_preset
-from .worker import Completion, EngineCrashed, EngineError, EngineWorker, Sampling
+from rlwb.engines.presets import Preset, available_presets, load_presets, resolve_preset
+from rlwb.engines.worker import Completion, EngineWorker, Sampling
+from rlwb.errors import EngineCrashed, EngineError, PresetError
 
 __all__ = ["Completion", "EngineCrashed", "EngineError", "EngineWorker", "Preset", "PresetError", "Sampling",
            "available_presets", "load_presets", "resolve_preset"]

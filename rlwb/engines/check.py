@@ -11,20 +11,14 @@ import time
 
 import numpy as np
 
-from .. import tasks, tokenizer
-from ..models import resolve_model
-from ..rollouts import sample_and_score
-from ..trainer import TrainerScorer
-from .presets import available_presets, resolve_preset
-from .worker import EngineWorker, Sampling
+from rlwb.core import tasks, tokenizer
+from rlwb.core.models import resolve_model
+from rlwb.core.rollouts import sample_and_score
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.presets import available_presets, resolve_preset
+from rlwb.engines.worker import EngineWorker, Sampling, reports_raw_logprobs
 
 FLOOR = 1e-4
-
-
-def expects_raw(info: dict) -> bool:
-    """Does this engine report pre-temperature logprobs? (V1 unless logprobs_mode says processed.)"""
-    mode = str((info.get("settings") or {}).get("logprobs_mode", ""))
-    return info.get("engine") == "v1" and "processed" not in mode
 
 
 def check_engines(presets: list[str] | None = None, model: str = "default", prompts: int = 8) -> dict:
@@ -44,7 +38,8 @@ def check_engines(presets: list[str] | None = None, model: str = "default", prom
             with EngineWorker(preset, path) as w:
                 r["start_s"] = round(time.time() - t0, 1)
                 info = w.info()
-                r.update(vllm_version=info.get("vllm_version"), engine=info.get("engine"), raw_logprobs=expects_raw(info))
+                r.update(vllm_version=info.get("vllm_version"), engine=info.get("engine"),
+                         raw_logprobs=reports_raw_logprobs(info))
                 for T, key in ((1.0, "max_abs_dlogp_T1"), (0.7, "max_abs_dlogp_T07")):
                     ro = sample_and_score(w, scorer, ids, Sampling(temperature=T, max_tokens=24, seed=0))
                     e, t = ro.flat()

@@ -13,17 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from ..params import ParamError
-from ..paths import PARAMS_DIR, REPO_ROOT
+from rlwb.errors import PresetError
+from rlwb.paths import PARAMS_DIR, REPO_ROOT
 
 PRESET_KEYS = {"description", "backend", "python", "env", "vllm_kwargs", "fp32_lm_head",
                "reset_prefix_cache_on_update", "extends", "on_cpu", "on_cuda", "full_vocab_limit",
                "idle_spin_s"}
 BACKENDS = ("vllm", "hf")
 
-
-class PresetError(ParamError):
-    """A preset name or definition is wrong; the message says which and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +98,8 @@ def _flatten(name: str, raw: dict[str, dict], cuda: bool, seen: tuple = ()) -> d
     if name in seen:
         raise PresetError(f"engine presets extend each other in a loop: {' -> '.join(seen + (name,))}")
     if name not in raw:
-        raise PresetError(f"unknown engine preset {name!r}; available: {sorted(n for n in raw if not n.startswith('_'))}")
+        known = sorted(n for n in raw if not n.startswith("_"))
+        raise PresetError(f"unknown engine preset {name!r}; available: {known}")
     body = dict(raw[name])
     base = _flatten(body.pop("extends"), raw, cuda, seen + (name,)) if "extends" in body else {}
     merged = _merge(base, body)

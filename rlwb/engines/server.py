@@ -129,8 +129,8 @@ class VllmBackend:
 
                     dist = np.full((len(ids), self.vocab), -np.inf, dtype=np.float32)
                     for i, step in enumerate(c.logprobs):
-                        for tok, l in step.items():
-                            dist[i, tok] = l.logprob
+                        for tok, entry in step.items():
+                            dist[i, tok] = entry.logprob
                     sample["full"] = dist
                 samples.append(sample)
             results.append({"prompt_token_ids": list(out.prompt_token_ids), "samples": samples})
@@ -232,8 +232,8 @@ class HfBackend:
                 seq = seq[:L]
                 dist = scores[j, :L].cpu().numpy().astype(np.float32)
                 sample = {"token_ids": seq, "logprobs": dist[np.arange(L), seq].astype(np.float32),
-                          "text": self.tokenizer.decode(seq, skip_special_tokens=True), "finish_reason": "stop" if L and seq[-1] in eos and not s.get("ignore_eos")
-                          else "length"}
+                          "text": self.tokenizer.decode(seq, skip_special_tokens=True),
+                          "finish_reason": "stop" if L and seq[-1] in eos and not s.get("ignore_eos") else "length"}
                 if full:
                     sample["full"] = dist
                 samples.append(sample)

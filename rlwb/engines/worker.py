@@ -22,23 +22,24 @@ from pathlib import Path
 
 import numpy as np
 
-from . import protocol
-from .presets import Preset, resolve_preset
+from rlwb.engines import protocol
+from rlwb.engines.presets import Preset, resolve_preset
+from rlwb.errors import EngineCrashed, EngineError
 
 SERVER = Path(__file__).with_name("server.py")
-_LIVE: "weakref.WeakSet[EngineWorker]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[EngineWorker] = weakref.WeakSet()
 
 
-class EngineCrashed(RuntimeError):
-    """The worker process died (or closed its pipe). `stderr_tail` holds the end of its log."""
-
-    def __init__(self, preset: str, reason: str, stderr_tail: str):
-        self.preset, self.stderr_tail = preset, stderr_tail
-        super().__init__(f"engine {preset!r} crashed: {reason}\n--- last lines of its stderr ---\n{stderr_tail}")
 
 
-class EngineError(RuntimeError):
-    """The worker is alive but the operation failed inside it (its traceback is in the message)."""
+def reports_raw_logprobs(info: dict) -> bool:
+    """Does the engine described by `info()` report raw (pre-temperature, untruncated) logprobs?
+
+    vLLM V1 does unless its `logprobs_mode` says processed (its default is `raw_logprobs`; V1 versions older
+    than the setting always report raw ones, hence "unless", not "if raw"). V0 and the hf reference report
+    the processed (sampling) distribution's logprobs."""
+    mode = str((info.get("settings") or {}).get("logprobs_mode", ""))
+    return info.get("engine") == "v1" and "processed" not in mode
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class EngineWorker:
         log_dir = log_dir or (Path(run_dir) / "logs" if run_dir and Path(run_dir).is_dir() else self._tmp.name)
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.log_path = Path(log_dir) / f"engine-{self.preset.name}.log"
-        self._log = open(self.log_path, "ab")  # append: a restarted engine never erases the previous log
+        self._log = open(self.log_path, "ab")  # append: a restarted engine never erases the previous log  # noqa: SIM115 (open for the worker's lifetime)
         self._log.write(f"=== rlwb: starting {self.preset.name} on {model} ({dtype}) at "
                         f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} ===\n".encode())
         self._log.flush()
@@ -141,8 +142,8 @@ class EngineWorker:
         self.proc = subprocess.Popen([str(self.preset.python), str(SERVER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
         _LIVE.add(self)
-        from ..memory_plan import engine_kwargs
-        from .presets import cuda_available
+        from rlwb.core.memory_plan import engine_kwargs
+        from rlwb.engines.presets import cuda_available
 
         spec = {"backend": self.preset.backend, "model": self.model, "dtype": dtype,
                 "vllm_kwargs": engine_kwargs({**self.preset.vllm_kwargs, **(extra_vllm_kwargs or {})},
@@ -315,7 +316,7 @@ class EngineWorker:
             self._log.close()
         _LIVE.discard(self)
 
-    def __enter__(self) -> "EngineWorker":
+    def __enter__(self) -> EngineWorker:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,24 +15,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import tasks
-from .engines.worker import Completion, EngineWorker, Sampling
-from .mismatch import iter_engines
-from .tokenizer import PromptCodec
-from .trainer import TrainerScorer
+from rlwb.core import tasks
+from rlwb.core.rollouts import common_prefix_max_dlogp
+from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.worker import Completion, EngineWorker, Sampling
+from rlwb.experiments.base import OnStart, Result, iter_engines
 
 
 def _identical(a: Completion, b: Completion) -> bool:
     return a.token_ids == b.token_ids and np.array_equal(a.logprobs, b.logprobs)
-
-
-def common_prefix_max_dlogp(a: Completion, b: Completion) -> float:
-    """Largest |Δlogp| between two completions of one request over the tokens they share before the first
-    difference (0 when they differ at once): compares runs of an engine, not engine and trainer."""
-    n = 0
-    while n < min(len(a.token_ids), len(b.token_ids)) and a.token_ids[n] == b.token_ids[n]:
-        n += 1
-    return float(np.max(np.abs(a.logprobs[:n].astype(np.float64) - b.logprobs[:n].astype(np.float64)))) if n else 0.0
 
 
 def filler_prompts(n: int, seed: int, codec: PromptCodec) -> list[list[int]]:
@@ -40,7 +32,7 @@ def filler_prompts(n: int, seed: int, codec: PromptCodec) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     shots = tasks.make_problems(32, seed=seed + 1)
     out = []
-    for i, p in enumerate(tasks.make_problems(n, seed=seed + 2)):
+    for p in tasks.make_problems(n, seed=seed + 2):
         k = int(rng.integers(0, 16))
         out.append(codec.encode("".join(f"{s.prompt}{s.worked_answer};" for s in shots[:k]) + p.prompt))
     return out
@@ -135,13 +127,24 @@ def staleness(w: EngineWorker, prompts, new_state: dict, new_scorer: TrainerScor
 
 
 @dataclass
-class Determinism:
-    metrics: dict
-    summary: pd.DataFrame  # engine, measure, value
-    stale_rows: pd.DataFrame
+class DeterminismResult(Result):
+    measures: pd.DataFrame  # engine, measure, value (the metrics as a table; the bar figure reads it)
+    stale_rows: pd.DataFrame  # per token after an in-flight update: engine, position, abs_dlogp, ...
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        return {"summary": self.measures, "stale": self.stale_rows}
+
+    def summary(self) -> pd.DataFrame:
+        t = self.measures.pivot(index="engine", columns="measure", values="value")
+        return t.loc[[e for e in self.params.engines if e in t.index]]
+
+    def conclusion(self) -> str:
+        return conclusion(self.metrics, self.params)
 
 
-def run(p, model_path, on_start=None, progress: bool = True) -> Determinism:
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> DeterminismResult:
+    """Per engine: batch invariance, seeded-rerun identity and the stale prefix cache after an update."""
+    p = params
     codec = PromptCodec(model_path)
     probs = tasks.make_problems(p.prompts, seed=p.seed)
     prompts = [codec.encode(x.prompt) for x in probs]
@@ -171,7 +174,7 @@ def run(p, model_path, on_start=None, progress: bool = True) -> Determinism:
         for k, v in m.items():
             metrics[f"{e}/{k}"] = v
             rows.append({"engine": e, "measure": k, "value": v})
-    return Determinism(metrics, pd.DataFrame(rows), pd.concat(stale_frames, ignore_index=True))
+    return DeterminismResult(p, metrics, pd.DataFrame(rows), pd.concat(stale_frames, ignore_index=True))
 
 
 def conclusion(metrics: dict, p) -> str:

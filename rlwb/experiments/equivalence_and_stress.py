@@ -19,24 +19,19 @@ adds should show. At the default T = 1 without truncation the two semantics coin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from . import stats
-from . import validate as V
-from .determinism import common_prefix_max_dlogp
-from .engines.worker import Completion, EngineWorker, Sampling
-from .mismatch import iter_engines, task_prompts
-from .tokenizer import PromptCodec
-from .trainer import TrainerScorer
-
-
-def reports_raw(info: dict) -> bool:
-    """Does this engine report raw (pre-temperature, untruncated) logprobs? (vLLM V1's default)"""
-    return str(info.get("settings", {}).get("logprobs_mode", "")).startswith("raw")
+from rlwb.core import equivalence as V
+from rlwb.core import stats
+from rlwb.core.rollouts import common_prefix_max_dlogp, task_prompts
+from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.worker import Completion, EngineWorker, Sampling, reports_raw_logprobs
+from rlwb.experiments.base import OnStart, Result, iter_engines, split_metrics
+from rlwb.formatting import number
 
 
 def trainer_logp(scorer: TrainerScorer, comps: list[Completion], sampling: Sampling, raw: bool,
@@ -86,7 +81,7 @@ def memory_pressure(free: EngineWorker, prompts: list[list[int]], sampling: Samp
     if need > kw["max_model_len"]:
         raise ValueError(f"pressure_kv_tokens={kv_tokens} ({kw['num_gpu_blocks_override']} blocks of {block}) cannot "
                          f"hold the longest request ({need} tokens): raise pressure_kv_tokens")
-    raw = reports_raw(info)
+    raw = reports_raw_logprobs(info)
     free.reset_prefix_cache()
     free_comps = free.generate(prompts, sampling)
     free_pre = free.stats()["preemptions"]
@@ -138,9 +133,9 @@ def long_context(w: EngineWorker, scorer: TrainerScorer, lengths: list[int], per
     |Δlogp| alone can read 0 where the logits do differ. The error of a logit does not shrink with its
     probability, so the largest |Δlogp| over the vocabulary (`dist_abs_dlogp_max`, small vocabularies
     only) shows the position dependence at every position."""
-    from .progress import progress_bar
+    from rlwb.progress import progress_bar
 
-    raw = reports_raw(w.info())
+    raw = reports_raw_logprobs(w.info())
     # full distributions compare in processed semantics; a raw engine's equal them only at T = 1, no truncation
     full = (scorer.model.config.vocab_size <= w.preset.full_vocab_limit
             and (not raw or (sampling.temperature == 1.0 and sampling.top_k == 0 and sampling.top_p == 1.0)))
@@ -153,7 +148,8 @@ def long_context(w: EngineWorker, scorer: TrainerScorer, lengths: list[int], per
                           temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, raw=raw,
                           full=full, batch_size=1)  # one long sequence at a time: [L x L] attention
         ds = _abs_diffs(comps, sc["logp_raw"] if raw else sc["logp"])
-        dd = [_dist_max(c.full, f) for c, f in zip(comps, sc["full"])] if full else [np.full(len(d), np.nan) for d in ds]
+        dd = ([_dist_max(c.full, f) for c, f in zip(comps, sc["full"])] if full
+              else [np.full(len(d), np.nan) for d in ds])
         diffs += ds
         dists += dd
         by_len[L] = max(_max(ds), float(np.nanmax(np.concatenate(dd))) if full else 0.0)
@@ -171,16 +167,27 @@ def long_context(w: EngineWorker, scorer: TrainerScorer, lengths: list[int], per
 
 # -- the notebook's run ------------------------------------------------------------------------------
 @dataclass
-class Stress:
-    metrics: dict[str, float]  # `<engine>/<metric>`
-    summary: pd.DataFrame  # engine, measure, value (the metrics as a table; the pressure figure reads it)
+class StressResult(Result):
+    measures: pd.DataFrame  # engine, measure, value (the metrics as a table; the pressure figure reads it)
     cases: pd.DataFrame  # validator: one row per drawn case
     shrunk: pd.DataFrame  # validator: the minimal failing case per failing engine
     pressure_rows: pd.DataFrame
     longctx_rows: pd.DataFrame
 
+    def frames(self) -> dict[str, pd.DataFrame]:
+        return {"summary": self.measures, "cases": self.cases, "shrunk": self.shrunk,
+                "pressure": self.pressure_rows, "longctx": self.longctx_rows}
 
-def validate_metrics(rep: V.Report) -> dict[str, float]:
+    def summary(self) -> pd.DataFrame:
+        t = self.measures.pivot(index="measure", columns="engine", values="value")
+        return t[[e for e in self.params.engines if e in t.columns]]
+
+    def conclusion(self) -> str:
+        return conclusion(self.metrics, self.params)
+
+
+def equivalence_metrics(rep: V.Report) -> dict[str, float]:
+    """The validator's report as metrics: pass rate (with a 95% interval), worst case, median k3."""
     passed = np.array([r.passed for r in rep.results])
     lo, hi = stats.proportion_ci(int(passed.sum()), passed.size)
     k3 = np.array([r.k3_mean for r in rep.results])
@@ -197,7 +204,9 @@ def check_lengths(p, max_context: int) -> None:
                          f"context of {max_context} tokens")
 
 
-def run(p, model_path, on_start: Callable[[dict], None] | None = None, progress: bool = True) -> Stress:
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> StressResult:
+    """Per engine: the equivalence validator, memory pressure (paged engines) and long contexts."""
+    p = params
     codec = PromptCodec(model_path)
     scorer = TrainerScorer(model_path, "float32")
     max_context = int(scorer.model.config.max_position_embeddings)
@@ -214,7 +223,7 @@ def run(p, model_path, on_start: Callable[[dict], None] | None = None, progress:
         e = w.preset.name
         rep = V.validate(w, scorer, p.validate_cases, p.seed, p.validate_tolerance, max_context=validate_context,
                          progress=progress)
-        m = validate_metrics(rep)
+        m = equivalence_metrics(rep)
         cases.append(pd.DataFrame([{**V.case_row(r), "engine": e, "tolerance": p.validate_tolerance}
                                    for r in rep.results]))
         if rep.shrunk_result is not None:
@@ -227,15 +236,10 @@ def run(p, model_path, on_start: Callable[[dict], None] | None = None, progress:
         m.update(lc.metrics)
         long_rows.append(lc.rows)
         metrics.update({f"{e}/{k}": v for k, v in m.items()})
-    summary = pd.DataFrame([{"engine": k.rsplit("/", 1)[0], "measure": k.rsplit("/", 1)[1], "value": v}
-                            for k, v in metrics.items()])
-    return Stress(metrics, summary, pd.concat(cases, ignore_index=True), pd.DataFrame(shrunk),
-                  pd.concat(press_rows, ignore_index=True) if press_rows else pd.DataFrame(),
-                  pd.concat(long_rows, ignore_index=True))
-
-
-def _fmt(v) -> str:
-    return "n/a" if v is None or v != v else f"{v:.1e}"
+    return StressResult(p, metrics, split_metrics(metrics, name="measure"), pd.concat(cases, ignore_index=True),
+                        pd.DataFrame(shrunk),
+                        pd.concat(press_rows, ignore_index=True) if press_rows else pd.DataFrame(),
+                        pd.concat(long_rows, ignore_index=True))
 
 
 def conclusion(metrics: dict, p) -> str:
@@ -246,20 +250,25 @@ def conclusion(metrics: dict, p) -> str:
         if g("validate_pass_rate") is None:
             continue
         s = (f"- `{e}`: validator {g('validate_pass_rate'):.0%} of {int(g('validate_cases'))} cases within "
-             f"{p.validate_tolerance:g} (95% CI {g('validate_pass_rate_ci_low'):.0%}-{g('validate_pass_rate_ci_high'):.0%}), "
+             f"{p.validate_tolerance:g} (95% CI {g('validate_pass_rate_ci_low'):.0%}-"
+             f"{g('validate_pass_rate_ci_high'):.0%}), "
              f"worst max |Δlogp| {g('validate_worst_abs_dlogp'):.1e}. ")
         if g("pressure_abs_dlogp_max") is not None:
             pre = g("pressure_preemptions")
             s += (f"Under memory pressure ({int(g('pressure_kv_tokens'))}-token KV cache, "
-                  f"{'preemptions not exposed' if pre is None or pre != pre else f'{int(pre)} preemptions'}): max |Δlogp| vs trainer "
+                  f"{'preemptions not exposed' if pre is None or pre != pre else f'{int(pre)} preemptions'}): "
+                  f"max |Δlogp| vs trainer "
                   f"{g('pressure_abs_dlogp_max'):.1e} (mean {g('pressure_abs_dlogp_mean'):.1e}, 95% CI "
                   f"{g('pressure_abs_dlogp_mean_ci_low'):.1e}-{g('pressure_abs_dlogp_mean_ci_high'):.1e}) vs "
-                  f"{g('free_abs_dlogp_max'):.1e} without; {g('pressure_identical_frac'):.0%} of requests gave the same "
+                  f"{g('free_abs_dlogp_max'):.1e} without; {g('pressure_identical_frac'):.0%} of requests gave the "
+                  f"same "
                   f"tokens as without pressure. ")
         else:
             s += "No paged KV cache, so no memory-pressure check. "
-        s += (f"Long context up to position {int(g('longctx_max_position'))}: max |Δlogp| {g('longctx_abs_dlogp_max'):.1e} "
-              f"(over the whole vocabulary {_fmt(g('longctx_dist_abs_dlogp_max'))}: shortest prompts {g('longctx_max_near'):.1e}, "
+        s += (f"Long context up to position {int(g('longctx_max_position'))}: "
+              f"max |Δlogp| {g('longctx_abs_dlogp_max'):.1e} "
+              f"(over the whole vocabulary {number(g('longctx_dist_abs_dlogp_max'), '.1e', 'n/a')}: "
+              f"shortest prompts {g('longctx_max_near'):.1e}, "
               f"longest {g('longctx_max_far'):.1e}; "
               f"mean {g('longctx_abs_dlogp_mean'):.1e}, 95% CI {g('longctx_abs_dlogp_mean_ci_low'):.1e}-"
               f"{g('longctx_abs_dlogp_mean_ci_high'):.1e}).")

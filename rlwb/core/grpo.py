@@ -17,35 +17,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import losses, stats, tasks, tokenizer
-from . import metrics as M
-from .engines.worker import EngineWorker, Sampling
-from .trainer import completion_logprobs, make_batch
+from rlwb.core import losses, tasks, tokenizer
+from rlwb.core import metrics as M
+from rlwb.core.grpo_config import GRPOConfig
+from rlwb.core.trainer import completion_logprobs, make_batch
+from rlwb.engines.worker import EngineWorker, Sampling
 
-LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
 CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "reversed_frac", "clip_frac", "mismatch_k3",
                  "abs_dlogp_mean", "entropy", "grad_norm", "t_rollout", "t_score", "t_update", "t_sync"]
-
-
-@dataclass
-class GRPOConfig:
-    steps: int = 50
-    prompts_per_step: int = 8
-    group_size: int = 8
-    lr: float = 1.5e-4
-    temperature: float = 0.7
-    max_tokens: int = 32
-    clip_eps: float = 0.2
-    beta: float = 0.0
-    old_logprobs: str = "engine"  # engine | trainer
-    correction: str = "none"  # none | tis | mis | seq_mask
-    tis_cap: float = 2.0
-    mask_lo: float = 0.5
-    mask_hi: float = 2.0
-    seed: int = 0
-    max_grad_norm: float = 1.0
-    max_digits: int = 3  # operand size of the training prompts
-    micro_batch: int = 0  # sequences per forward/backward of the update (gradient accumulation); 0 = all at once
 
 
 def _pad(rows: list[np.ndarray], width: int, fill: float = 0.0) -> torch.Tensor:
@@ -119,7 +98,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     t0 = time.perf_counter()
     problems = tasks.make_problems(cfg.prompts_per_step, seed=cfg.seed * 1_000_003 + step, max_digits=cfg.max_digits)
     prompts = [codec.encode(p.prompt) for p in problems for _ in range(cfg.group_size)]
-    sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed * 10_000_019 + step * 1000)
+    sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                        seed=cfg.seed * 10_000_019 + step * 1000)
     comps = engine.generate(prompts, sampling)
     texts = [codec.decode(c.token_ids) for c in comps]
     rewards = torch.tensor([tasks.reward(problems[i // cfg.group_size], t) for i, t in enumerate(texts)])
@@ -173,7 +153,7 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
           codec: tokenizer.PromptCodec | None = None) -> pd.DataFrame:
     """Run `cfg.steps` GRPO steps from `initial_state` (weights are loaded into the trainer *and* the engine
     first, so every run starts from the same policy). Returns one row per step."""
-    from .progress import progress_bar
+    from rlwb.progress import progress_bar
 
     torch.manual_seed(cfg.seed)
     if initial_state is not None:
@@ -199,126 +179,6 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
     return pd.DataFrame(rows)
 
 
-# -- notebook 03: every engine x correction x seed from the same initial weights ---------------------
 def trainer_device() -> str:
     """The trainer runs on the GPU when there is one (engines manage their own devices)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def config_from_params(p, correction: str, seed: int) -> GRPOConfig:
-    return GRPOConfig(steps=p.steps, prompts_per_step=p.prompts_per_step, group_size=p.group_size, lr=p.lr,
-                      temperature=p.temperature, max_tokens=p.max_tokens, clip_eps=p.clip_eps,
-                      old_logprobs=p.old_logprobs, correction=correction, tis_cap=p.tis_cap, seed=seed,
-                      micro_batch=p.micro_batch)
-
-
-DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windows, 2 in a row above
-
-
-def drift_monitor_factory(threshold: float, save_dir=None):
-    """Monitors that record (never stop) a trip per run, saving the offending batch under `save_dir`."""
-    from .monitor import DriftMonitor
-
-    def make(engine: str, correction: str, seed: int) -> DriftMonitor:
-        return DriftMonitor(threshold, DRIFT_WINDOW, DRIFT_PATIENCE, raise_on_trip=False, save_dir=save_dir,
-                            name=f"drift_{engine}+{correction}_seed{seed}")
-    return make
-
-
-def run_grid(p, model_path, on_start=None, progress: bool = True, monitor_factory=None,
-             drift_dir=None) -> pd.DataFrame:
-    """`data/curves.parquet`: one row per (engine, correction, seed, step). Each engine starts once; every
-    run reloads the initial weights into the trainer and (in flight) into the engine. With
-    `p.drift_threshold` > 0 every run has a drift monitor; `drift_trip_step` records where it tripped."""
-    from transformers import AutoModelForCausalLM
-
-    from .mismatch import iter_engines
-
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(trainer_device())
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    frames = []
-    if monitor_factory is None and getattr(p, "drift_threshold", 0) > 0:
-        monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir)
-    for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
-        for corr in p.corrections:
-            for seed in p.seeds:
-                monitor = monitor_factory(w.preset.name, corr, seed) if monitor_factory else None
-                df = train(model, w, config_from_params(p, corr, seed), initial, monitor=monitor, progress=progress,
-                           desc=f"{w.preset.name}+{corr} seed {seed}", codec=tokenizer.PromptCodec(model_path))
-                df.insert(1, "engine", w.preset.name)
-                df.insert(2, "correction", corr)
-                df.insert(3, "seed", seed)
-                df["drift_trip_step"] = np.nan if monitor is None or monitor.trip_step is None else monitor.trip_step
-                frames.append(df)
-    return pd.concat(frames, ignore_index=True)
-
-
-def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
-    """Per `<engine>+<correction>`, means over seeds: reward over the first / last 10% of steps (with 95%
-    Student-t intervals across seeds), clip fraction, engine-trainer k3 and seconds per step."""
-    out = {}
-    for (e, c), d in curves.groupby(["engine", "correction"], sort=False):
-        steps = sorted(d["step"].unique())
-        k = max(1, round(0.1 * len(steps)))
-        first, last = d[d["step"].isin(steps[:k])], d[d["step"].isin(steps[-k:])]
-        L = f"{e}+{c}"
-        per_seed = {}
-        for name, window in (("reward_first", first), ("reward_last", last)):
-            per_seed[name] = window.groupby("seed")["reward_mean"].mean()
-            out[f"{L}/{name}"] = float(per_seed[name].mean())
-            out[f"{L}/{name}_ci_low"], out[f"{L}/{name}_ci_high"] = stats.seed_ci(per_seed[name].to_numpy())
-        gain = (per_seed["reward_last"] - per_seed["reward_first"]).to_numpy()  # paired within each seed
-        out[f"{L}/reward_gain"] = float(gain.mean())
-        out[f"{L}/reward_gain_ci_low"], out[f"{L}/reward_gain_ci_high"] = stats.seed_ci(gain)
-        out[f"{L}/clip_frac_mean"] = float(d["clip_frac"].mean())
-        out[f"{L}/mismatch_k3_mean"] = float(d["mismatch_k3"].mean())
-        out[f"{L}/step_s_mean"] = float(d[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1).mean())
-        if "drift_trip_step" in d:
-            trips = d.groupby("seed")["drift_trip_step"].first()
-            out[f"{L}/drift_trip_frac"] = float(trips.notna().mean())
-            out[f"{L}/drift_trip_step_mean"] = float(trips.mean()) if trips.notna().any() else float("nan")
-    return out
-
-
-def conclusion(metrics: dict, p) -> str:
-    lines = [f"**Setup.** {p.steps} steps × {p.prompts_per_step} prompts × {p.group_size} completions, "
-             f"T={p.temperature:g}, lr={p.lr:g}, old logprobs from the {p.old_logprobs}, {p.num_seeds} seeds "
-             f"(means over seeds; first/last = first/last 10% of steps)."]
-    for e in p.engines:
-        for c in p.corrections:
-            L = f"{e}+{c}"
-            if f"{L}/reward_first" not in metrics:
-                continue
-            a, b = metrics[f"{L}/reward_first"], metrics[f"{L}/reward_last"]
-            lo, hi = metrics.get(f"{L}/reward_last_ci_low"), metrics.get(f"{L}/reward_last_ci_high")
-            ci = f" [95% CI {lo:.3f}, {hi:.3f}]" if lo is not None and np.isfinite(lo) else ""
-            lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f}{ci} ({b - a:+.3f}); clip fraction "
-                         f"{metrics[f'{L}/clip_frac_mean']:.1%}; engine-trainer k3 {metrics[f'{L}/mismatch_k3_mean']:.1e}; "
-                         f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
-    deltas = {k.rsplit("/", 1)[0]: metrics[k.replace("reward_first", "reward_last")] - metrics[k]
-              for k in metrics if k.endswith("/reward_first")}
-    ref = "vllm-v1-fixed+none"
-    if ref in deltas:
-        verdict = "learns" if deltas[ref] >= LEARNING_MIN_GAIN else "does NOT learn"
-        lo, hi = metrics.get(f"{ref}/reward_gain_ci_low"), metrics.get(f"{ref}/reward_gain_ci_high")
-        ci = f" [95% CI over seeds {lo:+.3f}, {hi:+.3f}]" if lo is not None and np.isfinite(lo) else ""
-        lines.append(f"\n**Learning check.** The correct configuration `{ref}` {verdict} on this budget: reward "
-                     f"{deltas[ref]:+.3f}{ci} (criterion: ≥ {LEARNING_MIN_GAIN:+.2f}).")
-    others = {k: v for k, v in deltas.items() if k != ref}
-    if ref in deltas and others:
-        worst = min(others, key=others.get)
-        lines.append(f"Smallest gain elsewhere: `{worst}` {others[worst]:+.3f}, {others[worst] - deltas[ref]:+.3f} "
-                     f"relative to `{ref}`.")
-    if getattr(p, "drift_threshold", 0) > 0:
-        tripped = [f"`{L}` ({metrics[f'{L}/drift_trip_frac']:.0%} of seeds, at step "
-                   f"{metrics[f'{L}/drift_trip_step_mean']:.0f} on average)" for L in deltas
-                   if (metrics.get(f"{L}/drift_trip_frac") or 0) > 0]
-        quiet = [f"`{L}`" for L in deltas if metrics.get(f"{L}/drift_trip_frac") == 0]
-        lines.append(f"\n**Drift monitor** (engine-trainer k3 above {p.drift_threshold:g} in {DRIFT_PATIENCE} "
-                     f"consecutive {DRIFT_WINDOW}-step windows): tripped on " + (", ".join(tripped) or "none")
-                     + "; quiet on " + (", ".join(quiet) or "none") + ".")
-    if deltas and max(deltas.values()) < 0.05:
-        lines.append(f"\nNo configuration improved its reward by 0.05 or more within {p.steps} steps (best: "
-                     f"{max(deltas.values()):+.3f}).")
-    return "\n".join(lines)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
+from rlwb.errors import MemoryPlanError
+
 GiB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # What every process on a GPU costs before holding anything: CUDA context, cuBLAS workspace, allocator slack.
@@ -40,9 +42,6 @@ NOTEBOOK_NEEDS = {
 ENV_VAR = "RLWB_GPU_MEMORY_UTILIZATION"  # what a planned run hands its engines (see `engine_kwargs`)
 
 
-class MemoryPlanError(ValueError):
-    """The run cannot fit the GPU; the message says how much is needed, how much there is, and what to change."""
-
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -59,7 +58,7 @@ class ModelShape:
     head_dim: int | None = None
 
     @classmethod
-    def from_config(cls, cfg) -> "ModelShape":
+    def from_config(cls, cfg) -> ModelShape:
         get = (lambda k, d=None: cfg.get(k, d)) if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
         return cls(hidden_size=get("hidden_size"), num_hidden_layers=get("num_hidden_layers"),
                    num_attention_heads=get("num_attention_heads"),
@@ -120,7 +119,7 @@ def trainer_bytes(shape: ModelShape, role: str, seqs: int, seq_len: int) -> int:
         copies = 2 if role == "score2" else 1
         # no grad: one layer's transients at a time (the MLP's three I-wide tensors dominate) + a logits chunk;
         # the scorer cuts its batches at ATTENTION_BUDGET_BYTES of scores (a longer sequence goes alone)
-        from .trainer import ATTENTION_BUDGET_BYTES
+        from rlwb.core.trainer import ATTENTION_BUDGET_BYTES
 
         attn = one if one > ATTENTION_BUDGET_BYTES else min(attn_scores, ATTENTION_BUDGET_BYTES // one * one)
         transient = tokens * (3 * i + 4 * h) * 4 + attn + 2048 * V * 4 * 3
@@ -183,7 +182,7 @@ def plan_for_run(notebook: str, params) -> dict:
         return {"device": "cpu", "note": "no CUDA: engines size their KV cache from VLLM_CPU_KVCACHE_SPACE"}
     from transformers import AutoConfig
 
-    from .models import resolve_model
+    from rlwb.core.models import resolve_model
 
     model = getattr(params, "model", "default")
     cfg = AutoConfig.from_pretrained(str(resolve_model(model, progress=False)))

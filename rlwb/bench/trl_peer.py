@@ -2,7 +2,7 @@
 
 Used in two places, so it lives here once:
 - the loss cross-check (`tests/test_trl_peer.py`): TRL's own `_compute_loss` on a fixed batch against
-  `rlwb.losses.grpo_loss` + `rlwb.trainer.completion_logprobs` (value and gradient);
+  `rlwb.core.losses.grpo_loss` + `rlwb.core.trainer.completion_logprobs` (value and gradient);
 - `rlwb bench`: seconds per GRPO step with TRL (its built-in transformers generation on CPU) against
   rlwb's step with a vLLM worker, same model, prompts, group size and completion length.
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import tasks
+from rlwb.core import tasks
+
 
 def _reward(prompts: list[str], completions: list[str], **_) -> list[float]:
     return [tasks.reward(tasks.parse_prompt(p), c) for p, c in zip(prompts, completions)]

@@ -1,14 +1,13 @@
 """`rlwb validate`: hypothesis-drawn cases through real engines, checked against the fp32 trainer."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from rlwb import validate
-from rlwb.trainer import TrainerScorer
+from rlwb.core import equivalence
+from rlwb.core.trainer import TrainerScorer
+from tests.conftest import rlwb
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.engines
@@ -20,7 +19,7 @@ def fp32_scorer(default_model):
 
 
 def test_processed_logprob_engine_passes_every_drawn_case(engine, fp32_scorer):
-    rep = validate.validate(engine("vllm-v1-processed"), fp32_scorer, cases=12, seed=0, progress=False)
+    rep = equivalence.validate(engine("vllm-v1-processed"), fp32_scorer, cases=12, seed=0, progress=False)
     assert rep.pass_rate == 1.0, rep.table()
     assert rep.shrunk is None
     cases = [r.case for r in rep.results]
@@ -35,7 +34,7 @@ def test_raw_logprob_engine_fails_and_the_shrunk_case_names_the_cause(engine, fp
     """V1's default logprobs are raw: they ignore temperature *and* top-k/top-p. The shrunk case keeps exactly
     one such processing step (here: top_k=1 at T=1, where the processed logprob is 0 and the raw one is not)
     and shrinks everything else to one request, one sample, one token."""
-    rep = validate.validate(engine("vllm-v1"), fp32_scorer, cases=12, seed=0, progress=False)
+    rep = equivalence.validate(engine("vllm-v1"), fp32_scorer, cases=12, seed=0, progress=False)
     assert rep.pass_rate < 1.0
     failing = [r.case for r in rep.results if not r.passed]
     assert all(c.temperature != 1.0 or c.top_p < 1 or c.top_k > 0 for c in failing)
@@ -50,12 +49,10 @@ def test_raw_logprob_engine_fails_and_the_shrunk_case_names_the_cause(engine, fp
 
 def test_cli_exit_codes_and_json(tmp_path, default_model):
     out = tmp_path / "v.json"
-    r = subprocess.run([sys.executable, "-m", "rlwb.cli", "validate", "--engine", "hf", "--cases", "4",
-                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    r = rlwb("validate", "--engine", "hf", "--cases", "4", "--json", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "PASS" in r.stdout and json.loads(out.read_text())["cases"] == 4
-    bad = subprocess.run([sys.executable, "-m", "rlwb.cli", "validate", "--engine", "no-such-preset"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    bad = rlwb("validate", "--engine", "no-such-preset")
     assert bad.returncode == 2 and "no-such-preset" in bad.stderr
 
 
@@ -65,7 +62,7 @@ def test_prompts_are_built_with_the_models_own_tokenizer_even_without_bos(tmp_pa
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from rlwb import tasks, tokenizer
+    from rlwb.core import tasks, tokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -76,7 +73,7 @@ def test_prompts_are_built_with_the_models_own_tokenizer_even_without_bos(tmp_pa
     codec = tokenizer.PromptCodec(tmp_path)
     assert codec.encode("") == [] and codec.describe().endswith(f"({tmp_path})")
     for length in (1, 7, 60, 400):
-        ids = validate.prompt_ids(length, 5, codec)
+        ids = equivalence.prompt_ids(length, 5, codec)
         assert len(ids) == length
-        assert "+" in codec.decode(validate.prompt_ids(60, 5, codec))
-    assert codec.decode(validate.prompt_ids(60, 5, codec)).endswith("=")  # ends with the question
+        assert "+" in codec.decode(equivalence.prompt_ids(60, 5, codec))
+    assert codec.decode(equivalence.prompt_ids(60, 5, codec)).endswith("=")  # ends with the question

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from . import metrics as M
-from . import stats
-from .engines.check import expects_raw
-from .engines.worker import Sampling
-from .mismatch import ci_text, iter_engines, task_prompts
-from .rollouts import sample_and_score
-from .tokenizer import PromptCodec
-from .trainer import TrainerScorer
+from rlwb.core import metrics as M
+from rlwb.core import stats
+from rlwb.core.rollouts import sample_and_score, task_prompts
+from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.worker import Sampling, reports_raw_logprobs
+from rlwb.experiments.base import OnStart, Result, ci_text, iter_engines
 
 SWEEP_METRICS = ("k3_mean", "k1_mean", "abs_dlogp_mean", "abs_dlogp_max", "full_kl_mean", "n_tokens")
 SWEEP_CIS = tuple(f"{k}_ci_{s}" for k in stats.CI_METRICS for s in ("low", "high"))
@@ -51,21 +50,37 @@ def grid(p) -> list[tuple[float, float, int]]:
 
 
 @dataclass
-class Sweep:
+class SweepResult(Result):
     rows: pd.DataFrame  # engine, temperature, top_p, top_k, trainer, metric, value
     tokens: pd.DataFrame  # per token: engine, temperature, top_p, top_k, measured_log_r, expected_log_r
-    metrics: dict[str, float]
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        return {"sweep": self.rows, "tokens": self.tokens}
+
+    def summary(self) -> pd.DataFrame:
+        """k3 per engine and truncation setting (rows) and temperature (columns)."""
+        r = self.rows
+        return r[(r.metric == "k3_mean") & (r.trainer == "renorm")].pivot_table(
+            index=["engine", "top_p", "top_k"], columns="temperature", values="value").rename(
+            columns=lambda t: f"k3 at T={t:g}")
+
+    def conclusion(self) -> str:
+        return conclusion(self.metrics, self.params)
 
 
-def run_sweep(p, model_path, on_start=None, progress: bool = True) -> Sweep:
-    from .progress import progress_bar
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> SweepResult:
+    """Every engine at every (T, top_p, top_k) of `grid(params)`: mismatch metrics with intervals, the
+    truncation ablation (a trainer that does not renormalise), and the analytic check of the raw gap."""
+    from rlwb.progress import progress_bar
+
+    p = params
 
     scorer = TrainerScorer(model_path, p.trainer_dtype)
     prompts = task_prompts(p.prompts, p.seed, codec=PromptCodec(model_path))
     settings = grid(p)
     rows, toks, mets = [], [], {}
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
-        raw_engine = expects_raw(w.info())
+        raw_engine = reports_raw_logprobs(w.info())
         for T, tp, tk in progress_bar(settings, desc=w.preset.name, disable=not progress, leave=False):
             s = Sampling(temperature=T, top_p=tp, top_k=tk, max_tokens=p.max_tokens, seed=p.seed)
             ro = sample_and_score(w, scorer, prompts, s, full=p.full_vocab)
@@ -96,7 +111,7 @@ def run_sweep(p, model_path, on_start=None, progress: bool = True) -> Sweep:
                          "metric": "analytic_abs_err_max", "value": err})
             toks.append(pd.DataFrame({"engine": w.preset.name, "temperature": T, "top_p": tp, "top_k": tk,
                                       "measured_log_r": measured, "expected_log_r": expected}))
-    return Sweep(pd.DataFrame(rows), pd.concat(toks, ignore_index=True), mets)
+    return SweepResult(p, mets, pd.DataFrame(rows), pd.concat(toks, ignore_index=True))
 
 
 def conclusion(metrics: dict, p) -> str:
@@ -116,15 +131,18 @@ def conclusion(metrics: dict, p) -> str:
     for e in p.engines:
         k3 = metrics.get(f"{e}/{setting_label(T0)}/k3_mean")
         if k3 is not None:
-            lines.append(f"- `{e}` at T={T0:g}: k3 = {k3:.2e} {ci_text(metrics, f'{e}/{setting_label(T0)}', 'k3_mean')}.")
+            ci = ci_text(metrics, f"{e}/{setting_label(T0)}", "k3_mean")
+            lines.append(f"- `{e}` at T={T0:g}: k3 = {k3:.2e} {ci}.")
     for tp in [x for x in p.top_p_values if x < 1.0]:
         for e in p.engines:
             a = metrics.get(f"{e}/{setting_label(T0, tp)}/k3_mean")
             b = metrics.get(f"{e}+trainer_no_renorm/{setting_label(T0, tp)}/k3_mean")
             if a is not None and b is not None:
-                lines.append(f"- top_p={tp:g}, `{e}`: k3 = {a:.1e} {ci_text(metrics, f'{e}/{setting_label(T0, tp)}', 'k3_mean')} "
+                ci_a = ci_text(metrics, f"{e}/{setting_label(T0, tp)}", "k3_mean")
+                ci_b = ci_text(metrics, f"{e}+trainer_no_renorm/{setting_label(T0, tp)}", "k3_mean")
+                lines.append(f"- top_p={tp:g}, `{e}`: k3 = {a:.1e} {ci_a} "
                              f"against a renormalising trainer vs {b:.1e} "
-                             f"{ci_text(metrics, f'{e}+trainer_no_renorm/{setting_label(T0, tp)}', 'k3_mean')} against one "
+                             f"{ci_b} against one "
                              f"that does not renormalise (the TRL #6789 bias).")
     lines.append("\nBrackets: 95% intervals from resampling whole sequences.")
     return "\n".join(lines)

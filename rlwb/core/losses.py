@@ -100,7 +100,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     loss = (per_tok * m).sum() / n
     with torch.no_grad():
         was_clipped = (clipped < unclipped) & m
-        stats = LossStats(loss=float(loss), clip_frac=float(was_clipped.sum() / n), ratio_mean=float((ratio * m).sum() / n),
+        stats = LossStats(loss=float(loss), clip_frac=float(was_clipped.sum() / n),
+                          ratio_mean=float((ratio * m).sum() / n),
                           kept_frac=float(m.sum() / mask.bool().sum().clamp(min=1)), kl_ref=float(kl))
     return loss, stats
 

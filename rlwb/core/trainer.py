@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rlwb.core.fields import DTYPES
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -121,14 +121,14 @@ class TrainerScorer:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype not in DTYPES:
-            raise ValueError(f"trainer dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+            raise ValueError(f"trainer dtype must be one of {list(DTYPES)}, got {dtype!r}")
         if isinstance(model, torch.nn.Module):
             self.model = model
         else:
             from transformers import AutoModelForCausalLM
 
-            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=DTYPES[dtype])
-        self.model.to(device=device, dtype=DTYPES[dtype]).eval()
+            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+        self.model.to(device=device, dtype=getattr(torch, dtype)).eval()
         self.dtype, self.device = dtype, device
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

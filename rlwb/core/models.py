@@ -34,8 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import tasks, tokenizer
-from .paths import cache_dir
+from rlwb.core import tasks, tokenizer
+from rlwb.paths import cache_dir
 
 RECIPE_VERSION = 2  # bump when the training code changes in a way the fields below do not capture
 # 2: built under BUILD_ENV (ISA-independent weights); version-1 builds depended on the machine's CPU.
@@ -119,17 +119,18 @@ def sft_batch(problems: list[tasks.Problem], reversed_mask: list[bool] | None = 
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), tokenizer.PAD_ID, dtype=torch.long)
     lab = torch.full((len(seqs), width), -100, dtype=torch.long)
-    for i, (s, l) in enumerate(zip(seqs, labels)):
+    for i, (s, lab_i) in enumerate(zip(seqs, labels)):
         ids[i, : len(s)] = torch.tensor(s)
-        lab[i, : len(l)] = torch.tensor(l)
+        lab[i, : len(lab_i)] = torch.tensor(lab_i)
     return ids, lab
 
 
 def train(recipe: ModelRecipe, progress: bool = True):
     """SFT from a seeded random init. Deterministic for a given recipe and thread count."""
     import torch
-    from .progress import progress_bar
     from transformers import LlamaForCausalLM
+
+    from rlwb.progress import progress_bar
 
     torch.manual_seed(recipe.seed)
     model = LlamaForCausalLM(llama_config(recipe)).float()
@@ -240,13 +241,13 @@ def with_published(card: dict) -> dict:
 
 def run_pinned_build(recipe: ModelRecipe, *, force: bool = False, progress: bool = True,
                      env: dict | None = None) -> None:
-    """`python -m rlwb.models` in a child process whose environment is `env` (default: ours) plus BUILD_ENV.
+    """`python -m rlwb.core.models` in a child process whose environment is `env` (default: ours) plus BUILD_ENV.
     The child's progress goes to our stderr (a terminal directly; otherwise forwarded line by line, so it
     shows in a notebook or a log)."""
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "rlwb.models", json.dumps(asdict(recipe))]
+    cmd = [sys.executable, "-m", "rlwb.core.models", json.dumps(asdict(recipe))]
     cmd += ["--force"] * force + ["--quiet"] * (not progress)
     child_env = {**(os.environ if env is None else env), **BUILD_ENV}
     tty = sys.stderr.isatty()
@@ -343,25 +344,6 @@ def resolve_model(model: str, progress: bool = True) -> Path:
     return Path(model) if Path(model).exists() else model  # type: ignore[return-value]
 
 
-def evaluate_policy(path: str | Path, n: int = 200, seed: int = 0) -> dict:
-    """Greedy accuracy / completion length / samples of a saved default-policy dir (what notebook 00 shows)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    card = json.loads((Path(path) / "model.json").read_text()) if (Path(path) / "model.json").exists() else {}
-    ev = greedy_eval(model, n=n, seed=10**6 + seed, max_digits=card.get("recipe", {}).get("max_digits", 3))
-    ev["params"] = sum(p.numel() for p in model.parameters())
-    return ev
-
-
-def policy_metrics(ev: dict) -> dict:
-    """Notebook 00's metrics from `evaluate_policy`."""
-    return {"policy/greedy_accuracy": ev["greedy_accuracy"],
-            "policy/reversed_answer_frac": ev["reversed_answer_frac"],
-            "policy/mean_completion_tokens": ev["mean_completion_tokens"], "policy/params": ev["params"]}
-
-
 def model_card(path) -> dict | None:
     """The model card rlwb wrote for a default-policy build, or None for other models."""
     p = Path(str(path)) / "model.json"
@@ -369,7 +351,7 @@ def model_card(path) -> dict | None:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    """`python -m rlwb.models RECIPE_JSON [--force] [--quiet]`: the pinned child of `run_pinned_build`."""
+    """`python -m rlwb.core.models RECIPE_JSON [--force] [--quiet]`: the pinned child of `run_pinned_build`."""
     import argparse
 
     ap = argparse.ArgumentParser(description="build the default policy (run via build_default_model)")

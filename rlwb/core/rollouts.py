@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .engines.worker import Completion, EngineWorker, Sampling
-from .trainer import TrainerScorer
+from rlwb.core import tasks, tokenizer
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.worker import Completion, EngineWorker, Sampling
 
 
 @dataclass
@@ -83,3 +84,31 @@ def sample_and_score(worker: EngineWorker, scorer: TrainerScorer, prompts: list[
     t2 = time.perf_counter()
     return Rollouts(worker.preset.name, sampling, comps, s["logp"], s.get("logp_raw"), s.get("full"),
                     {"generate_s": t1 - t0, "score_s": t2 - t1})
+
+
+def task_prompts(n: int, seed: int, heterogeneous: bool = False,
+                 codec: tokenizer.PromptCodec | None = None) -> list[list[int]]:
+    """Token ids of `n` task prompts. `heterogeneous`: every other prompt carries a long context of solved
+    examples (up to ~40x longer), so one batch mixes very different lengths - the case where batch
+    composition changes kernels and hence logprobs."""
+    codec = codec or tokenizer.PromptCodec()
+    probs = tasks.make_problems(n, seed=seed)
+    if not heterogeneous:
+        return [codec.encode(p.prompt) for p in probs]
+    rng = np.random.default_rng(seed)
+    shots = tasks.make_problems(64, seed=seed + 7919)
+    out = []
+    for i, p in enumerate(probs):
+        k = 0 if i % 2 == 0 else int(rng.integers(4, 12))
+        ctx = "".join(f"{s.prompt}{s.worked_answer};" for s in shots[:k])
+        out.append(codec.encode(ctx + p.prompt))
+    return out
+
+
+def common_prefix_max_dlogp(a: Completion, b: Completion) -> float:
+    """Largest |Δlogp| between two completions of one request over the tokens they share before the first
+    difference (0 when they differ at once): compares runs of an engine, not engine and trainer."""
+    n = 0
+    while n < min(len(a.token_ids), len(b.token_ids)) and a.token_ids[n] == b.token_ids[n]:
+        n += 1
+    return float(np.max(np.abs(a.logprobs[:n].astype(np.float64) - b.logprobs[:n].astype(np.float64)))) if n else 0.0

@@ -10,7 +10,7 @@ as well as temperature). https://hypothesis.readthedocs.io
 
 A case passes when the largest |logp_engine - logp_trainer| over its tokens is within `tolerance`, the
 trainer scoring every token under the sampling distribution the engine sampled from (temperature, then
-top-k, then top-p, renormalised: `rlwb.trainer.process_logits`).
+top-k, then top-p, renormalised: `rlwb.core.trainer.process_logits`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import metrics as M
-from . import tasks, tokenizer
-from .engines.worker import EngineWorker, Sampling
-from .rollouts import sample_and_score
-from .trainer import TrainerScorer
+from rlwb.core import metrics as M
+from rlwb.core import tasks, tokenizer
+from rlwb.core.rollouts import sample_and_score
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.worker import EngineWorker, Sampling
 
 TOLERANCE = 1e-3  # max |Δlogp| per case; fp32 processed-logprob engines sit near 1e-5 on this model
 SHRINK_BUDGET = 120  # engine calls the shrinker may spend on one failing case
@@ -73,7 +73,8 @@ class Report:
     def to_dict(self) -> dict:
         k3 = np.array([r.k3_mean for r in self.results])
         return {"engine": self.engine, "tolerance": self.tolerance, "cases": len(self.results),
-                "pass_rate": self.pass_rate, "worst_abs_dlogp": max((r.abs_dlogp_max for r in self.results), default=None),
+                "pass_rate": self.pass_rate,
+                "worst_abs_dlogp": max((r.abs_dlogp_max for r in self.results), default=None),
                 "k3_quantiles": {q: float(np.quantile(k3, q)) for q in (0.0, 0.5, 0.9, 1.0)} if k3.size else {},
                 "worst_cases": [case_row(r) for r in self.worst()],
                 "shrunk_case": case_row(self.shrunk_result) if self.shrunk_result else None,
@@ -160,7 +161,8 @@ def validate(worker: EngineWorker, scorer: TrainerScorer, cases: int = 50, seed:
     one failing case to a minimal example."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
-    from .progress import progress_bar
+
+    from rlwb.progress import progress_bar
 
     if cases < 1:
         raise ValueError(f"cases must be >= 1, got {cases}")

@@ -20,11 +20,12 @@ import textwrap
 import time
 from pathlib import Path
 
-from . import archive, tasks
-from .engines.presets import resolve_preset
-from .engines.worker import EngineWorker, Sampling
-from .models import resolve_model
-from .tokenizer import encode_prompt
+from rlwb import archive
+from rlwb.core import tasks
+from rlwb.core.models import resolve_model
+from rlwb.core.tokenizer import encode_prompt
+from rlwb.engines.presets import resolve_preset
+from rlwb.engines.worker import EngineWorker, Sampling
 
 PRESETS = ["hf", "vllm-v0", "vllm-v1", "vllm-v1-fixed"]
 
@@ -92,11 +93,12 @@ def grpo_cost(model_path, steps: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from . import grpo
+    from rlwb.core import grpo
 
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
     with EngineWorker("vllm-v1-fixed", model_path) as w:
-        cfg = grpo.GRPOConfig(steps=steps + 1, prompts_per_step=8, group_size=8)  # the notebook-03 step shape: 8 x 8, 32 tokens, T 0.7
+        # the notebook-03 step shape: 8 x 8, 32 tokens, T 0.7
+        cfg = grpo.GRPOConfig(steps=steps + 1, prompts_per_step=8, group_size=8)
         df = grpo.train(model, w, cfg, progress=False).iloc[1:]  # first step warms up
     parts = df[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1)
     return {"grpo/step_s": float(df["t_step"].median()), "grpo/overhead_ratio": float((df["t_step"] / parts).median()),
@@ -106,7 +108,7 @@ def grpo_cost(model_path, steps: int) -> dict:
 _MEMORY = textwrap.dedent("""
     import resource, sys, torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from rlwb.trainer import completion_logprobs, make_batch
+    from rlwb.core.trainer import completion_logprobs, make_batch
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=131072, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
@@ -144,7 +146,7 @@ def trl_step(model_path, steps: int, rlwb_step_s: float | None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from . import trl_peer
+    from rlwb.bench.throughput import trl_peer
 
     try:
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
@@ -162,12 +164,13 @@ def trl_step(model_path, steps: int, rlwb_step_s: float | None) -> dict:
 
 
 def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
-    from .progress import progress_bar
+    from rlwb.progress import progress_bar
 
     model_path = resolve_model("default", progress=False)
     batch_sizes = [1, 16] if quick else [1, 16, 64]
     repeats, max_tokens = (2, 32) if quick else (3, 64)
-    res: dict = {"machine": archive.host_info(), "packages": archive.package_versions(), "started_at": archive.utc_now(),
+    res: dict = {"machine": archive.host_info(), "packages": archive.package_versions(),
+                 "started_at": archive.utc_now(),
                  "settings": {"batch_sizes": batch_sizes, "repeats": repeats, "max_tokens": max_tokens,
                               "dtype": "float32", "quick": quick}}
     engines = {}
@@ -178,7 +181,8 @@ def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
                 res[f"tput/{name}/bs{bs}"] = throughput(w, bs, max_tokens, repeats)
     res["engines"] = engines
     for bs in batch_sizes:
-        res[f"retention/vllm-v1-fixed_vs_vllm-v0/bs{bs}"] = res[f"tput/vllm-v1-fixed/bs{bs}"] / res[f"tput/vllm-v0/bs{bs}"]
+        res[f"retention/vllm-v1-fixed_vs_vllm-v0/bs{bs}"] = (res[f"tput/vllm-v1-fixed/bs{bs}"]
+                                                             / res[f"tput/vllm-v0/bs{bs}"])
     res.update(worker_overhead(model_path, "vllm-v1-fixed", batch_sizes[-1], max_tokens, repeats + 1))
     res.update(grpo_cost(model_path, 3 if quick else 8))
     res.update(score_memory())
@@ -201,7 +205,8 @@ def markdown(res: dict) -> str:
         lines.append(f"| `{p}` | " + " | ".join(f"{res[f'tput/{p}/bs{b}']:.0f}" for b in bss) + " |")
     lines += ["", "| ratio | value |", "|---|---|"]
     for b in bss:
-        lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {res[f'retention/vllm-v1-fixed_vs_vllm-v0/bs{b}']:.2f} |")
+        ratio = res[f"retention/vllm-v1-fixed_vs_vllm-v0/bs{b}"]
+        lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {ratio:.2f} |")
     for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/overhead_ratio", "trl/step_s", "speedup_vs_trl",
               "memory/score_peak_mb", "memory/naive_peak_mb"):
         if res.get(k) is not None:
@@ -215,7 +220,7 @@ def _figure(res: dict, stem: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from . import plots
+    from rlwb import plots
 
     plots.set_style("notebook")
     bss = res["settings"]["batch_sizes"]

@@ -1,79 +1,70 @@
 """Notebook 01's experiment: the same prompts through every engine preset, scored by one trainer.
 
 The ablation ladder (ServiceNow's "correctness before corrections"): hf (reference) -> vllm-v0 -> vllm-v1
-(defaults) -> vllm-v1-processed -> vllm-v1-fixed. Everything here is a function a test can call; the
-notebook only wires them together and displays the results.
+(defaults) -> vllm-v1-processed -> vllm-v1-fixed. `run` returns a `MismatchResult` (the shape every
+experiment shares: `base.py`); the rest are functions a test can call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from . import metrics as M
-from . import stats, tasks, tokenizer
-from .engines.worker import EngineWorker, Sampling
-from .rollouts import Rollouts, sample_and_score
-from .trainer import TrainerScorer
-
-
-def task_prompts(n: int, seed: int, heterogeneous: bool = False,
-                 codec: tokenizer.PromptCodec | None = None) -> list[list[int]]:
-    """Token ids of `n` task prompts. `heterogeneous`: every other prompt carries a long context of solved
-    examples (up to ~40x longer), so one batch mixes very different lengths - the case where batch
-    composition changes kernels and hence logprobs."""
-    codec = codec or tokenizer.PromptCodec()
-    probs = tasks.make_problems(n, seed=seed)
-    if not heterogeneous:
-        return [codec.encode(p.prompt) for p in probs]
-    rng = np.random.default_rng(seed)
-    shots = tasks.make_problems(64, seed=seed + 7919)
-    out = []
-    for i, p in enumerate(probs):
-        k = 0 if i % 2 == 0 else int(rng.integers(4, 12))
-        ctx = "".join(f"{s.prompt}{s.worked_answer};" for s in shots[:k])
-        out.append(codec.encode(ctx + p.prompt))
-    return out
-
-
-def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = True,
-                 on_start: Callable[[dict], None] | None = None) -> Iterator[EngineWorker]:
-    """Start each preset in turn (one engine process alive at a time), yield it, close it."""
-    from .progress import progress_bar
-
-    bar = progress_bar(presets, desc="engines", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        with EngineWorker(name, model_path, dtype=dtype) as w:
-            if on_start:
-                on_start(w.info())
-            yield w
+from rlwb.core import metrics as M
+from rlwb.core import stats, tasks, tokenizer
+from rlwb.core.rollouts import Rollouts, sample_and_score, task_prompts
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.worker import EngineWorker, Sampling
+from rlwb.experiments.base import OnStart, Result, ci_text, iter_engines, split_metrics
 
 
 @dataclass
-class Audit:
-    rollouts: dict[str, Rollouts]
-    metrics: dict[str, float]  # per engine: `<engine>/<metric>`
+class MismatchResult(Result):
+    rollouts: dict[str, Rollouts]  # per engine preset
+    ladder_metrics: dict[str, float]  # `<engine>/<metric>`: the mismatch ladder
     rewards: dict[str, np.ndarray] = field(default_factory=dict)  # reward-equivalence rollouts per engine
-    reward_metrics: dict[str, float] = field(default_factory=dict)
 
     def rewards_frame(self) -> pd.DataFrame:
         """`data/rewards.parquet`: one row per reward-equivalence rollout (prompt index = row // 8)."""
         return pd.DataFrame([{"engine": e, "prompt_index": i // REWARD_GROUP, "reward": float(x)}
                              for e, r in self.rewards.items() for i, x in enumerate(r)])
 
-    def frame(self) -> pd.DataFrame:
+    def rollouts_frame(self) -> pd.DataFrame:
         """`data/rollouts.parquet`: one row per completion token."""
         return pd.concat([r.to_frame() for r in self.rollouts.values()], ignore_index=True)
 
     def metrics_frame(self) -> pd.DataFrame:
-        rows = [{"engine": k.rsplit("/", 1)[0], "metric": k.rsplit("/", 1)[1], "value": v}
-                for k, v in self.metrics.items()]
-        return pd.DataFrame(rows)
+        """`data/metrics.parquet`: (engine, metric, value), the ladder's long form."""
+        return split_metrics(self.ladder_metrics)
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        out = {"rollouts": self.rollouts_frame(), "metrics": self.metrics_frame()}
+        if self.rewards:
+            out["rewards"] = self.rewards_frame()
+        return out
+
+    def summary(self) -> pd.DataFrame:
+        table = self.metrics_frame().pivot(index="engine", columns="metric", values="value")
+        cols = [c for c in SUMMARY_COLUMNS if c in table.columns]
+        return table.loc[[e for e in self.params.engines if e in table.index], cols]
+
+    def reward_table(self) -> pd.DataFrame:
+        """Pairwise reward comparisons: difference, permutation p-value, Cliff's delta."""
+        m = self.metrics
+        return pd.DataFrame([{"pair": k.rsplit("/", 1)[0], "mean diff": v,
+                              "p (permutation)": m[k.replace("reward_mean_diff", "reward_pvalue")],
+                              "Cliff's delta": m[k.replace("reward_mean_diff", "reward_cliffs_delta")]}
+                             for k, v in m.items() if k.endswith("/reward_mean_diff")])
+
+    def conclusion(self) -> str:
+        return conclusion(self.metrics, self.params)
+
+
+SUMMARY_COLUMNS = ["abs_dlogp_mean", "abs_dlogp_max", "k3_mean", "full_kl_mean", "clip_frac", "ess_frac",
+                   "prob_pearson", "n_tokens"]
 
 
 def engine_metrics(ro: Rollouts, clip_eps: float, seed: int = 0) -> dict[str, float]:
@@ -112,12 +103,14 @@ def reward_equivalence(rewards: dict[str, np.ndarray], seed: int = 0) -> dict[st
     return out
 
 
-def run_audit(p, model_path, on_start=None, progress: bool = True) -> Audit:
-    """Sample `p.prompts` prompts from each engine in `p.engines`, score with the trainer, compute metrics."""
-    scorer = TrainerScorer(model_path, p.trainer_dtype)
-    prompts = task_prompts(p.prompts, p.seed, p.heterogeneous_batch, tokenizer.PromptCodec(model_path))
-    sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed)
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> MismatchResult:
+    """Sample `params.prompts` prompts from each engine in `params.engines`, score with the trainer, compute
+    the ladder's metrics and (with `reward_samples`) the reward-equivalence test."""
+    p = params
     codec = tokenizer.PromptCodec(model_path)
+    scorer = TrainerScorer(model_path, p.trainer_dtype)
+    prompts = task_prompts(p.prompts, p.seed, p.heterogeneous_batch, codec)
+    sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed)
     out, mets, rewards = {}, {}, {}
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         ro = sample_and_score(w, scorer, prompts, sampling, full=p.full_vocab)
@@ -125,7 +118,8 @@ def run_audit(p, model_path, on_start=None, progress: bool = True) -> Audit:
         mets.update(M.prefixed(w.preset.name, engine_metrics(ro, p.clip_eps, p.seed)))
         if p.reward_samples:
             rewards[w.preset.name] = reward_rollouts(w, p, codec)
-    return Audit(out, mets, rewards, reward_equivalence(rewards, p.seed) if rewards else {})
+    reward_metrics = reward_equivalence(rewards, p.seed) if rewards else {}
+    return MismatchResult(p, {**mets, **reward_metrics}, out, mets, rewards)
 
 
 def conclusion(metrics: dict, p) -> str:
@@ -158,13 +152,6 @@ def conclusion(metrics: dict, p) -> str:
     return "\n".join(lines)
 
 
-def ci_text(metrics: dict, group: str, name: str, fmt: str = ".1e") -> str:
-    lo, hi = metrics.get(f"{group}/{name}_ci_low"), metrics.get(f"{group}/{name}_ci_high")
-    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
-        return ""
-    return f"[{lo:{fmt}}, {hi:{fmt}}]"
-
-
 def reward_conclusion(metrics: dict, p) -> list[str]:
     """Reward equivalence in words: every engine's mean reward with its interval, then the pairs whose
     reward distributions differ at the 5% level (permutation test)."""
@@ -179,7 +166,8 @@ def reward_conclusion(metrics: dict, p) -> list[str]:
               if metrics[f"{k}/reward_pvalue"] < 0.05]
     if differ:
         lines.append("Pairs whose rewards differ (permutation p < 0.05): " + "; ".join(
-            f"`{k}` Δ = {d:+.3f} {ci_text(metrics, k, 'reward_mean_diff', '+.3f')}, p = {pv:.3g}" for k, d, pv in differ) + ".")
+            f"`{k}` Δ = {d:+.3f} {ci_text(metrics, k, 'reward_mean_diff', '+.3f')}, p = {pv:.3g}"
+            for k, d, pv in differ) + ".")
     elif pairs:
         smallest = min(pairs, key=lambda k: metrics[f"{k}/reward_pvalue"])
         lines.append(f"No pair's rewards differ at the 5% level (smallest p = "

@@ -4,7 +4,8 @@ Why: a mismatch that enters the importance ratios (raw logprobs at T != 1, a sta
 weight update, a bf16 head) biases every later update silently; reward curves show it only much later.
 The monitor watches the per-step engine-vs-trainer mismatch the GRPO loop already measures on the
 step's own tokens (k3 and mean |Δlogp|), averages it over consecutive non-overlapping windows of steps,
-and trips after `patience` windows in a row above the threshold — the "correctness before corrections" advice made mechanical.
+and trips after `patience` windows in a row above the threshold — the "correctness before corrections"
+advice made mechanical.
 On trip it writes the offending rollout batch to `data/` for a post-mortem.
 
 k3: Schulman, http://joschu.net/blog/kl-approx.html; monitoring it per step as verl's `rollout_corr/k3_kl`
@@ -19,15 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-class DriftDetected(RuntimeError):
-    """Raised by `DriftMonitor.update` when the breaker trips (and `raise_on_trip` is set)."""
-
-    def __init__(self, step: int, metric: str, value: float, threshold: float, saved: Path | None):
-        self.step, self.metric, self.value, self.threshold, self.saved = step, metric, value, threshold, saved
-        where = f"; the step's rollouts are in {saved}" if saved else ""
-        super().__init__(f"engine/trainer drift at step {step}: windowed {metric} = {value:.3g} > {threshold:.3g} "
-                         f"for the configured patience{where}")
+from rlwb.errors import DriftDetected
 
 
 @dataclass

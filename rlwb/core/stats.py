@@ -15,8 +15,8 @@ Pure numpy/scipy functions of arrays; nothing here touches an engine or a model.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ CI_METRICS = ("abs_dlogp_mean", "k3_mean", "clip_frac")  # the headline mismatch
 def sequence_bootstrap_ci(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float], n_boot: int = N_BOOT,
                           alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
     """Percentile interval of `stat(concatenated tokens)` when whole sequences (`groups`) are resampled
-    with replacement. `stat` is any token-level metric (e.g. `rlwb.metrics.k3` of the log ratios)."""
+    with replacement. `stat` is any token-level metric (e.g. `rlwb.core.metrics.k3` of the log ratios)."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if n_boot < 1:
@@ -133,7 +133,8 @@ def compare_rewards(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, n_perm: 
     if a.size < 2 or b.size < 2:
         raise ValueError(f"need at least 2 rewards per side, got {a.size} and {b.size}")
     rng = np.random.default_rng(seed)
-    diffs = (a[rng.integers(0, a.size, (n_boot, a.size))].mean(1) - b[rng.integers(0, b.size, (n_boot, b.size))].mean(1))
+    diffs = (a[rng.integers(0, a.size, (n_boot, a.size))].mean(1)
+             - b[rng.integers(0, b.size, (n_boot, b.size))].mean(1))
     lo, hi = np.quantile(diffs, [ALPHA / 2, 1 - ALPHA / 2])
     if np.all(a == a[0]) and np.all(b == a[0]):
         mw_p = 1.0  # identical constant samples: scipy's U test is undefined, there is no difference
@@ -150,7 +151,7 @@ def mismatch_cis(log_ratios: Sequence[np.ndarray], clip_eps: float = 0.2, n_boot
                  seed: int = 0) -> dict[str, float]:
     """`<metric>_ci_low` / `<metric>_ci_high` for each of `CI_METRICS`, resampling sequences. `log_ratios`:
     one array of log r = logp_trainer - logp_engine per completion."""
-    from . import metrics as M
+    from rlwb.core import metrics as M
 
     fns = {"abs_dlogp_mean": M.abs_mean, "k3_mean": M.k3, "clip_frac": lambda lr: M.clip_frac(lr, clip_eps)}
     out = {}

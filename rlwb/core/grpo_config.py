@@ -1,0 +1,51 @@
+"""The GRPO loop's settings, apart from the loop (`grpo.py`) so that reading them imports no torch.
+
+`GRPOSettings` are the ones notebook 03 exposes (its `GRPOParams` inherits them: names, defaults, docs and
+ranges are declared here only); `GRPOConfig` is one training run: those plus the per-run choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from rlwb.core.fields import param
+
+CORRECTIONS = ("none", "tis", "mis", "seq_mask")
+
+
+@dataclass
+class GRPOSettings:
+    """The loop's settings a notebook exposes as parameters: `GRPOParams` inherits these fields, so the names,
+    defaults, docs and ranges exist here only (a run's `GRPOConfig` adds the per-run ones)."""
+
+    steps: int = param(50, "GRPO steps per run", ge=1)
+    prompts_per_step: int = param(8, "distinct prompts per step", ge=1)
+    group_size: int = param(8, "completions per prompt (the GRPO group)", ge=2)
+    lr: float = param(1.5e-4, "AdamW learning rate of the trainer", gt=0, lt=1)
+    temperature: float = param(0.7, "sampling temperature (> 0)", gt=0, le=10)
+    max_tokens: int = param(32, "max completion tokens", ge=1)
+    old_logprobs: str = param("engine", "behaviour logprobs in the PPO ratio: engine or trainer",
+                              choices=["engine", "trainer"])
+    clip_eps: float = param(0.2, "PPO clip epsilon", gt=0, lt=1)
+    tis_cap: float = param(2.0, "TIS truncation cap C", gt=0)
+    micro_batch: int = param(0, "sequences per forward/backward of the update (gradient accumulation); "
+                                "0 means all at once", ge=0)
+
+
+@dataclass
+class GRPOConfig(GRPOSettings):
+    """One training run: the exposed settings plus what the notebook varies per run (correction, seed) and
+    the constants it does not expose."""
+
+    correction: str = "none"  # one of CORRECTIONS
+    seed: int = 0
+    beta: float = 0.0
+    mask_lo: float = 0.5
+    mask_hi: float = 2.0
+    max_grad_norm: float = 1.0
+    max_digits: int = 3  # operand size of the training prompts
+
+    @classmethod
+    def from_settings(cls, settings: GRPOSettings, **per_run) -> GRPOConfig:
+        """The run's config from any object holding the settings (a `GRPOParams`), plus per-run fields."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(GRPOSettings)}, **per_run)

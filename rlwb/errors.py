@@ -1,0 +1,54 @@
+"""Every exception rlwb raises on purpose, in one place (so no module imports another just for an error type).
+
+The user-facing ones say what is wrong and what to do; the CLI prints their message without a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RlwbError(Exception):
+    """Base of rlwb's own errors."""
+
+
+class ParamError(RlwbError, ValueError):
+    """A parameter is unknown, mistyped or out of range; the message names it and what is allowed."""
+
+
+class PresetError(ParamError):
+    """An engine preset's name or definition is wrong; the message says which and what is allowed."""
+
+
+class MemoryPlanError(RlwbError, ValueError):
+    """The run cannot fit the GPU; the message says how much is needed, how much there is, and what to change."""
+
+
+class EngineCrashed(RlwbError, RuntimeError):
+    """The worker process died (or closed its pipe). `stderr_tail` holds the end of its log."""
+
+    def __init__(self, preset: str, reason: str, stderr_tail: str):
+        self.preset, self.stderr_tail = preset, stderr_tail
+        super().__init__(f"engine {preset!r} crashed: {reason}\n--- last lines of its stderr ---\n{stderr_tail}")
+
+
+class EngineError(RlwbError, RuntimeError):
+    """The worker is alive but the operation failed inside it (its traceback is in the message)."""
+
+
+class DriftDetected(RlwbError, RuntimeError):
+    """Raised by `DriftMonitor.update` when the breaker trips (and `raise_on_trip` is set)."""
+
+    def __init__(self, step: int, metric: str, value: float, threshold: float, saved: Path | None):
+        self.step, self.metric, self.value, self.threshold, self.saved = step, metric, value, threshold, saved
+        where = f"; the step's rollouts are in {saved}" if saved else ""
+        super().__init__(f"engine/trainer drift at step {step}: windowed {metric} = {value:.3g} > {threshold:.3g} "
+                         f"for the configured patience{where}")
+
+
+class RunFailed(RlwbError, RuntimeError):
+    """`rlwb run` executed the notebook, which failed; the run is archived (as failed) at `run_dir`."""
+
+    def __init__(self, run_dir: Path, error: str):
+        self.run_dir, self.error = run_dir, error
+        super().__init__(f"run failed: {error}\narchived as failed: {run_dir}")

@@ -1,0 +1,163 @@
+"""Notebook 03's experiment: toy GRPO with rollouts from real engines, per engine config and correction.
+
+The loop itself (one step, a training run, in-flight weight sync) is `rlwb.core.grpo`; this module runs
+notebook 03's grid over it (engines x corrections x seeds, all from the same initial weights), turns the
+curves into metrics and writes the conclusion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from rlwb.core import stats, tokenizer
+from rlwb.core.grpo import train, trainer_device
+from rlwb.core.grpo_config import GRPOConfig
+from rlwb.core.monitor import DriftMonitor
+from rlwb.experiments.base import OnStart, Result, iter_engines
+
+LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
+
+
+DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windows, 2 in a row above
+
+
+def drift_monitor_factory(threshold: float, save_dir=None):
+    """Monitors that record (never stop) a trip per run, saving the offending batch under `save_dir`."""
+    def make(engine: str, correction: str, seed: int) -> DriftMonitor:
+        return DriftMonitor(threshold, DRIFT_WINDOW, DRIFT_PATIENCE, raise_on_trip=False, save_dir=save_dir,
+                            name=f"drift_{engine}+{correction}_seed{seed}")
+    return make
+
+
+@dataclass
+class GRPOResult(Result):
+    curves: pd.DataFrame  # one row per (engine, correction, seed, step): CURVE_COLUMNS + drift_trip_step
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        return {"curves": self.curves}
+
+    def summary(self) -> pd.DataFrame:
+        """Per engine + correction, means over seeds: reward first/last 10% of steps and the gain with its
+        95% interval, clip fraction, engine-trainer k3, seconds per step."""
+        m, rows = self.metrics, []
+        for key in dict.fromkeys(k.rsplit("/", 1)[0] for k in m if k.endswith("/reward_gain")):
+            rows.append({"run": key, "reward_first": m[f"{key}/reward_first"], "reward_last": m[f"{key}/reward_last"],
+                         "reward_gain": m[f"{key}/reward_gain"], "gain_ci_low": m[f"{key}/reward_gain_ci_low"],
+                         "gain_ci_high": m[f"{key}/reward_gain_ci_high"], "clip_frac": m[f"{key}/clip_frac_mean"],
+                         "mismatch_k3": m[f"{key}/mismatch_k3_mean"], "step_s": m[f"{key}/step_s_mean"]})
+        return pd.DataFrame(rows).set_index("run")
+
+    def conclusion(self) -> str:
+        return conclusion(self.metrics, self.params)
+
+
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
+        data_dir: str | Path | None = None) -> GRPOResult:
+    """Every engine x correction x seed from the same initial weights. Each engine starts once; every run
+    reloads the initial weights into the trainer and (in flight) into the engine. With `drift_threshold` > 0
+    every run has a drift monitor (`drift_trip_step` records where it tripped; the offending batch goes to
+    `data_dir`)."""
+    curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir)
+    return GRPOResult(params, curve_metrics(curves), curves)
+
+
+def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, monitor_factory=None,
+               drift_dir=None) -> pd.DataFrame:
+    """The curves of `run`; `monitor_factory(engine, correction, seed)` overrides the drift monitors."""
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(trainer_device())
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    frames = []
+    if monitor_factory is None and getattr(p, "drift_threshold", 0) > 0:
+        monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir)
+    for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
+        for corr in p.corrections:
+            for seed in p.seeds:
+                monitor = monitor_factory(w.preset.name, corr, seed) if monitor_factory else None
+                cfg = GRPOConfig.from_settings(p, correction=corr, seed=seed)
+                df = train(model, w, cfg, initial, monitor=monitor, progress=progress,
+                           desc=f"{w.preset.name}+{corr} seed {seed}", codec=tokenizer.PromptCodec(model_path))
+                df.insert(1, "engine", w.preset.name)
+                df.insert(2, "correction", corr)
+                df.insert(3, "seed", seed)
+                df["drift_trip_step"] = np.nan if monitor is None or monitor.trip_step is None else monitor.trip_step
+                frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
+    """Per `<engine>+<correction>`, means over seeds: reward over the first / last 10% of steps (with 95%
+    Student-t intervals across seeds), clip fraction, engine-trainer k3 and seconds per step."""
+    out = {}
+    for (e, c), d in curves.groupby(["engine", "correction"], sort=False):
+        steps = sorted(d["step"].unique())
+        k = max(1, round(0.1 * len(steps)))
+        first, last = d[d["step"].isin(steps[:k])], d[d["step"].isin(steps[-k:])]
+        L = f"{e}+{c}"
+        per_seed = {}
+        for name, window in (("reward_first", first), ("reward_last", last)):
+            per_seed[name] = window.groupby("seed")["reward_mean"].mean()
+            out[f"{L}/{name}"] = float(per_seed[name].mean())
+            out[f"{L}/{name}_ci_low"], out[f"{L}/{name}_ci_high"] = stats.seed_ci(per_seed[name].to_numpy())
+        gain = (per_seed["reward_last"] - per_seed["reward_first"]).to_numpy()  # paired within each seed
+        out[f"{L}/reward_gain"] = float(gain.mean())
+        out[f"{L}/reward_gain_ci_low"], out[f"{L}/reward_gain_ci_high"] = stats.seed_ci(gain)
+        out[f"{L}/clip_frac_mean"] = float(d["clip_frac"].mean())
+        out[f"{L}/mismatch_k3_mean"] = float(d["mismatch_k3"].mean())
+        out[f"{L}/step_s_mean"] = float(d[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1).mean())
+        if "drift_trip_step" in d:
+            trips = d.groupby("seed")["drift_trip_step"].first()
+            out[f"{L}/drift_trip_frac"] = float(trips.notna().mean())
+            out[f"{L}/drift_trip_step_mean"] = float(trips.mean()) if trips.notna().any() else float("nan")
+    return out
+
+
+def conclusion(metrics: dict, p) -> str:
+    lines = [f"**Setup.** {p.steps} steps × {p.prompts_per_step} prompts × {p.group_size} completions, "
+             f"T={p.temperature:g}, lr={p.lr:g}, old logprobs from the {p.old_logprobs}, {p.num_seeds} seeds "
+             f"(means over seeds; first/last = first/last 10% of steps)."]
+    for e in p.engines:
+        for c in p.corrections:
+            L = f"{e}+{c}"
+            if f"{L}/reward_first" not in metrics:
+                continue
+            a, b = metrics[f"{L}/reward_first"], metrics[f"{L}/reward_last"]
+            lo, hi = metrics.get(f"{L}/reward_last_ci_low"), metrics.get(f"{L}/reward_last_ci_high")
+            ci = f" [95% CI {lo:.3f}, {hi:.3f}]" if lo is not None and np.isfinite(lo) else ""
+            lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f}{ci} ({b - a:+.3f}); clip fraction "
+                         f"{metrics[f'{L}/clip_frac_mean']:.1%}; "
+                         f"engine-trainer k3 {metrics[f'{L}/mismatch_k3_mean']:.1e}; "
+                         f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
+    deltas = {k.rsplit("/", 1)[0]: metrics[k.replace("reward_first", "reward_last")] - metrics[k]
+              for k in metrics if k.endswith("/reward_first")}
+    ref = "vllm-v1-fixed+none"
+    if ref in deltas:
+        verdict = "learns" if deltas[ref] >= LEARNING_MIN_GAIN else "does NOT learn"
+        lo, hi = metrics.get(f"{ref}/reward_gain_ci_low"), metrics.get(f"{ref}/reward_gain_ci_high")
+        ci = f" [95% CI over seeds {lo:+.3f}, {hi:+.3f}]" if lo is not None and np.isfinite(lo) else ""
+        lines.append(f"\n**Learning check.** The correct configuration `{ref}` {verdict} on this budget: reward "
+                     f"{deltas[ref]:+.3f}{ci} (criterion: ≥ {LEARNING_MIN_GAIN:+.2f}).")
+    others = {k: v for k, v in deltas.items() if k != ref}
+    if ref in deltas and others:
+        worst = min(others, key=others.get)
+        lines.append(f"Smallest gain elsewhere: `{worst}` {others[worst]:+.3f}, {others[worst] - deltas[ref]:+.3f} "
+                     f"relative to `{ref}`.")
+    if getattr(p, "drift_threshold", 0) > 0:
+        tripped = [f"`{L}` ({metrics[f'{L}/drift_trip_frac']:.0%} of seeds, at step "
+                   f"{metrics[f'{L}/drift_trip_step_mean']:.0f} on average)" for L in deltas
+                   if (metrics.get(f"{L}/drift_trip_frac") or 0) > 0]
+        quiet = [f"`{L}`" for L in deltas if metrics.get(f"{L}/drift_trip_frac") == 0]
+        lines.append(f"\n**Drift monitor** (engine-trainer k3 above {p.drift_threshold:g} in {DRIFT_PATIENCE} "
+                     f"consecutive {DRIFT_WINDOW}-step windows): tripped on " + (", ".join(tripped) or "none")
+                     + "; quiet on " + (", ".join(quiet) or "none") + ".")
+    if deltas and max(deltas.values()) < 0.05:
+        lines.append(f"\nNo configuration improved its reward by 0.05 or more within {p.steps} steps (best: "
+                     f"{max(deltas.values()):+.3f}).")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""Numbers for people: one formatter for the CLI, the index page, conclusions and report tables.
+
+Why a float floor: an fp32 engine and an fp32 trainer that agree still differ by rounding, so an exact KL
+comes out as -3.4e-09 or 2e-10. Printing that invites the question "why is KL negative?" when the answer
+is "it is zero to float precision". Divergences (k2, k3, exact KL: non-negative by definition) below
+`KL_FLOOR` therefore read "≤ 1e-8", and |Δlogp| below one float32 ulp at |logp| ~ 1 reads "≤ 1e-7". Exact
+zeros stay "0" (bit-identical is a finding of its own). k1 is signed on purpose and is never clamped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+KL_FLOOR = 1e-8  # divergences at or below this are float noise in an fp32 pipeline
+DLOGP_FLOOR = 1e-7  # ~ one float32 ulp of a logprob of order 1
+MISSING = "–"
+
+_DIVERGENCE = re.compile(r"(^|[_/])(k2|k3|kl|full_kl)(_|$)")
+_DLOGP = re.compile(r"(^|[_/])abs_dlogp")
+
+
+def number(v, spec: str = ".3g", missing: str = MISSING) -> str:
+    """`v` with `spec` if it is a real number; `missing` for None/NaN; str() for anything else."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return missing
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return format(v, spec)
+
+
+def floor_of(name: str) -> float | None:
+    """The display floor of a metric name (`vllm-v1/k3_mean`, `full_kl_mean_ci_low`, ...), or None."""
+    if _DIVERGENCE.search(name):
+        return KL_FLOOR
+    if _DLOGP.search(name):
+        return DLOGP_FLOOR
+    return None
+
+
+def metric(name: str, v, spec: str = ".2e") -> str:
+    """A metric's value for a reader: at or below its float floor it reads "≤ floor" (never a negative KL)."""
+    floor = floor_of(name)
+    if floor is not None and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        if v == 0:
+            return "0"
+        if v <= floor:  # includes negative rounding noise of a non-negative quantity
+            return f"≤ {floor:.0e}"
+    return number(v, spec)
+
+
+def table(df, spec: str = ".3g"):
+    """A DataFrame's display: each numeric cell through `metric` with its column name (or its row name in a
+    `metric`-indexed frame). Returns a pandas Styler; the frame itself keeps the raw values."""
+    import pandas as pd
+
+    def cell_formatter(name: str):
+        return lambda v: metric(str(name), v, spec) if isinstance(v, (int, float)) else number(v, spec)
+
+    styler = df.style
+    numeric = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
+    if df.index.name in ("metric", "measure"):  # metric names are the rows
+        for row in df.index:
+            styler = styler.format(cell_formatter(row), subset=pd.IndexSlice[[row], numeric])
+    else:
+        styler = styler.format({c: cell_formatter(c) for c in numeric})
+    return styler

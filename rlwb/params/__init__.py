@@ -1,0 +1,13 @@
+"""Typed, validated notebook parameters.
+
+`schemas.py`: one dataclass per notebook (names, defaults, docs, ranges). `validation.py`: YAML files and
+overrides -> a validated params object, errors before any compute. `cells.py`: the parameters cells and
+`default.yaml` files generated from the schemas (`rlwb sync-params`).
+"""
+
+from rlwb.errors import ParamError
+from rlwb.params.schemas import SCHEMAS, Params, schema_for
+from rlwb.params.validation import from_namespace, load, parse_override, read_yaml, validate
+
+__all__ = ["SCHEMAS", "ParamError", "Params", "from_namespace", "load", "parse_override", "read_yaml", "schema_for",
+           "validate"]

@@ -1,0 +1,201 @@
+"""The parameters of every notebook: one dataclass each, the single source of names, defaults, docs and ranges.
+
+Fields are `rlwb.core.fields.param`s; settings that belong to a core module are inherited from it instead
+of repeated (`GRPOParams` is `rlwb.core.grpo.GRPOSettings` plus the notebook's own fields). Validation,
+YAML loading and the generated parameters cells live beside this module (`validation.py`, `cells.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import typing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rlwb.core.fields import DTYPES, param
+from rlwb.core.grpo_config import CORRECTIONS, GRPOSettings
+from rlwb.engines.presets import available_presets, resolve_preset
+from rlwb.errors import ParamError, PresetError
+
+
+def check_engine(name: str) -> str | None:
+    """A known preset whose interpreter exists (else the run would fail minutes later, at engine start)."""
+    try:
+        resolve_preset(name).check_interpreter()
+    except PresetError as e:
+        return str(e)
+    return None
+
+
+def check_model(value: str) -> str | None:
+    """`default`, an existing model directory holding a causal LM, or a hub id (loaded by the user's GPU box)."""
+    if value == "default":
+        return None
+    p = Path(value).expanduser()
+    looks_like_path = value.startswith(("/", ".", "~")) or p.exists() or value.count("/") != 1
+    if not looks_like_path:
+        return None  # an HF hub id like "Qwen/Qwen2.5-0.5B-Instruct": resolved where it is used
+    if not p.is_dir():
+        return f"model path {value!r} does not exist (use 'default', a model directory, or an HF id 'org/name')"
+    cfg = p / "config.json"
+    if not cfg.exists():
+        return f"model directory {value!r} has no config.json: not a transformers model"
+    try:
+        archs = json.loads(cfg.read_text()).get("architectures") or []
+    except json.JSONDecodeError:
+        return f"model directory {value!r}: config.json is not valid JSON"
+    if not any(a.endswith("ForCausalLM") for a in archs):
+        return f"model directory {value!r} is not a causal LM (architectures: {archs})"
+    return None
+
+
+def engine_list(default: list[str], doc: str):
+    """The `engines` parameter: preset names from params/engines.yaml whose environments exist."""
+    return param(default, doc, choices=available_presets, check=check_engine)
+
+
+@dataclass
+class Params:
+    """Base: fields every notebook has. Subclasses add theirs."""
+
+    NOTEBOOK: typing.ClassVar[str] = ""
+    HEADLINE: typing.ClassVar[list[str]] = []  # metric keys shown by `rlwb runs` / the index
+
+    seed: int = param(0, "base random seed (prompts, sampling, training)", ge=0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def hash(self) -> str:
+        """8 hex digits over the fully resolved params: names the run directory."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:8]
+
+
+@dataclass
+class DefaultPolicyParams(Params):
+    NOTEBOOK: typing.ClassVar[str] = "00_default_policy"
+    HEADLINE: typing.ClassVar[list[str]] = ["policy/greedy_accuracy", "policy/mean_completion_tokens"]
+
+    eval_prompts: int = param(200, "held-out problems for greedy accuracy", ge=1)
+    sample_rows: int = param(12, "completions shown in the samples table", ge=0)
+    rebuild: bool = param(False, "rebuild the default model even if a cached build exists")
+
+
+@dataclass
+class EngineParams(Params):
+    """Fields of every notebook that uses engines."""
+
+    model: str = param("default", "'default' (embedded policy), a model directory, or an HF id", check=check_model)
+    engines: list[str] = engine_list(["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"],
+                                     "engine presets (params/engines.yaml), in ladder order")
+    dtype: str = param("float32", "engine weights/activations dtype", choices=DTYPES)
+
+
+@dataclass
+class EngineExperimentParams(EngineParams):
+    """Fields shared by the experiments that sample from engines and score with the trainer."""
+
+    trainer_dtype: str = param("float32", "trainer (scorer) dtype", choices=DTYPES)
+    prompts: int = param(64, "number of task prompts sampled per engine", ge=1)
+    max_tokens: int = param(32, "max completion tokens per request", ge=1)
+
+
+@dataclass
+class MismatchParams(EngineExperimentParams):
+    NOTEBOOK: typing.ClassVar[str] = "01_logprob_mismatch"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/abs_dlogp_max", "vllm-v1-fixed/abs_dlogp_max",
+                                             "vllm-v0/abs_dlogp_max"]
+
+    temperature: float = param(0.7, "sampling temperature (> 0)", gt=0, le=10)
+    top_p: float = param(1.0, "nucleus sampling mass in (0, 1]; 1 means off", gt=0, le=1)
+    top_k: int = param(0, "top-k sampling; 0 means off", ge=0)
+    clip_eps: float = param(0.2, "PPO clip epsilon for clip_frac", gt=0, lt=1)
+    full_vocab: bool = param(True, "also fetch full-vocabulary logprobs (exact KL); small vocabularies only")
+    heterogeneous_batch: bool = param(False, "mix prompts of very different lengths into one batch")
+    reward_samples: int = param(512, "rollouts per engine for the reward-equivalence test (8 per prompt); "
+                                     "0 skips it", ge=0)
+
+
+@dataclass
+class KLTemperatureParams(EngineExperimentParams):
+    NOTEBOOK: typing.ClassVar[str] = "02_kl_vs_temperature"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/T=0.5/k3_mean", "vllm-v0/T=0.5/k3_mean"]
+
+    engines: list[str] = engine_list(["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed"],
+                                     "engine presets (params/engines.yaml)")
+    prompts: int = param(32, "number of task prompts sampled per engine and setting", ge=1)
+    temperatures: list[float] = param([0.3, 0.5, 0.7, 0.9, 1.0, 1.1, 1.3, 1.5], "sampling temperatures (> 0)",
+                                      gt=0, le=10)
+    top_p_values: list[float] = param([1.0, 0.9], "top-p variants; 1.0 means untruncated", gt=0, le=1)
+    top_k_values: list[int] = param([0], "top-k variants; 0 means off", ge=0)
+    full_vocab: bool = param(True, "also fetch full-vocabulary logprobs (exact KL); small vocabularies only")
+
+
+@dataclass
+class GRPOParams(GRPOSettings, EngineParams):
+    """The GRPO loop's settings come from `GRPOSettings` (one source); these are notebook 03's own."""
+
+    NOTEBOOK: typing.ClassVar[str] = "03_toy_grpo"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1-fixed+none/reward_last", "vllm-v1+none/reward_last"]
+
+    engines: list[str] = engine_list(["vllm-v0", "vllm-v1", "vllm-v1-fixed"],
+                                     "engine presets that generate the rollouts")
+    corrections: list[str] = param(["none", "tis"], "off-policy corrections: " + ", ".join(CORRECTIONS),
+                                   choices=CORRECTIONS)
+    num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
+    drift_threshold: float = param(1e-5, "drift monitor: k3 level (mean of 2-step windows, twice in a row) that "
+                                         "trips it; 0 turns it off", ge=0)
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(self.num_seeds)]
+
+
+@dataclass
+class DeterminismParams(EngineParams):
+    NOTEBOOK: typing.ClassVar[str] = "04_determinism_and_staleness"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/stale_cache_abs_dlogp_max", "vllm-v1/batch_invariant_frac"]
+
+    engines: list[str] = engine_list(["hf", "vllm-v0", "vllm-v1", "vllm-v1-fixed"], "engine presets to measure")
+    prompts: int = param(16, "requests whose outputs are compared", ge=1)
+    batch_sizes: list[int] = param([1, 64], "batch sizes; each > 1 is a heterogeneous batch holding the requests",
+                                   ge=1)
+    prefix_tokens: int = param(400, "shared prefix length in tokens (several KV-cache blocks)", ge=1)
+    max_tokens: int = param(16, "max completion tokens", ge=1)
+
+
+@dataclass
+class StressParams(EngineParams):
+    NOTEBOOK: typing.ClassVar[str] = "05_equivalence_and_stress"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1/validate_pass_rate", "vllm-v1-fixed/validate_pass_rate",
+                                             "vllm-v1-fixed/pressure_abs_dlogp_max"]
+
+    validate_cases: int = param(50, "hypothesis-drawn validator cases per engine", ge=1)
+    # at most 0.05: the raw-vs-processed gap the validator exists to catch is ~0.1 nat and more (notebook 02),
+    # so a looser tolerance (a gpu.yaml once set 0.5 to absorb bf16 noise) cannot fail on anything
+    validate_tolerance: float = param(1e-3, "a validator case passes when its max abs dlogp is within this", gt=0,
+                                      le=0.05)
+    pressure_prompts: int = param(32, "requests in the memory-pressure batch (short and long prompts mixed)", ge=1)
+    pressure_kv_tokens: int = param(1024, "KV-cache capacity of the pressure engine in tokens (whole blocks)", ge=1)
+    max_tokens: int = param(64, "completion tokens per memory-pressure request (EOS ignored)", ge=1)
+    stress_temperature: float = param(1.0, "sampling temperature of both stress checks (> 0)", gt=0, le=10)
+    longctx_lengths: list[int] = param([16, 512, 1024, 2048, 3072, 4064], "long-context prompt lengths in tokens",
+                                       ge=1)
+    longctx_prompts: int = param(2, "prompts per long-context length", ge=1)
+    longctx_max_tokens: int = param(16, "completion tokens after each long prompt (EOS ignored)", ge=1)
+    validate_max_context: int = param(0, "longest validator case (prompt + completion) in tokens; "
+                                         "0 means the whole model context", ge=0)
+
+
+SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams,
+                                                            KLTemperatureParams, GRPOParams, DeterminismParams,
+                                                            StressParams)}
+
+
+def schema_for(notebook: str) -> type[Params]:
+    """The params dataclass of a notebook (by stem or path)."""
+    stem = Path(notebook).stem
+    if stem not in SCHEMAS:
+        raise ParamError(f"no parameter schema for notebook {stem!r}; known: {sorted(SCHEMAS)}")
+    return SCHEMAS[stem]
