@@ -26,6 +26,8 @@ def number(v, spec: str = ".3g", missing: str = MISSING) -> str:
         return missing
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
+    if math.isfinite(v) and float(v).is_integer() and abs(v) >= 1000:  # counts: 803,968, not 8.04e+05
+        return f"{int(v):,}"
     return format(v, spec)
 
 

@@ -31,6 +31,10 @@ class PolicyResult(Result):
                             index=pd.Index(["parameters", "greedy accuracy", "reversed answers",
                                             "completion tokens (mean)"], name="measure"))
 
+    def card_table(self) -> pd.DataFrame:
+        """The model card, one row per field (nested fields as text)."""
+        return pd.Series({k: str(v) for k, v in self.card.items()}, dtype=object).to_frame("value")
+
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.params)
 
