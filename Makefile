@@ -5,7 +5,7 @@ RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
 
-.PHONY: setup kernel engines browser model reports test bench lab clean-outputs
+.PHONY: setup kernel engines browser model reports test lint sync-params bench lab clean-outputs
 
 setup: kernel engines browser model  ## everything: kernel env, engine envs, chromium, the default model
 
@@ -29,8 +29,14 @@ reports: setup                       ## run every notebook with its default para
 	$(RLWB) runs
 	$(RLWB) index
 
-test: setup                          ## the whole test suite (real engines included)
+test: setup lint                     ## lint, then the whole test suite (real engines included)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: kernel                         ## ruff: style, import order, likely bugs (config: pyproject.toml)
+	$(VENV)/bin/ruff check rlwb tests scripts
+
+sync-params: kernel                  ## rewrite the notebooks' parameters cells and params/*/default.yaml from the schemas
+	$(RLWB) sync-params
 
 bench: setup                         ## throughput / overhead benchmark -> outputs/bench/<time>/
 	$(RLWB) bench

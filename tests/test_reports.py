@@ -143,3 +143,19 @@ def test_a_metric_missing_from_one_run_is_drift(tmp_path):
     assert r.returncode == 1 and "present in one run only: vllm-v1/k3_mean (MISSING in b)" in r.stdout
     ok, _ = reports.compare(tmp_path / "b", tmp_path / "b")
     assert ok
+
+
+@pytest.mark.slow
+def test_rerun_compares_with_a_pinned_reference_run(two_runs, tmp_path):
+    """`--compare-to RUN_DIR` reruns that run (not the newest) and compares with it; a run of another notebook
+    is refused before anything runs."""
+    out, (a, _, c) = two_runs
+    work = tmp_path / "outputs"
+    shutil.copytree(out, work, symlinks=True)
+    a_copy = work / a.parent.name / a.name
+    bad = rlwb("rerun", "01_logprob_mismatch", "--compare-to", str(a_copy), "--outputs", str(work))
+    assert bad.returncode == 2 and "is a run of '00_default_policy'" in bad.stderr
+    r = rlwb("rerun", "00_default_policy", "--compare-to", str(a_copy), "--outputs", str(work))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"rerunning {a.name}" in r.stderr and c.name not in r.stderr  # the pinned run, not the newest (c)
+    assert "00_default_policy: no drift" in r.stderr
