@@ -1,4 +1,4 @@
-"""`rlwb` command line: run | runs | figures | compare | index | rerun | bench | validate | build-model |
+"""`rlwb` command line: run | runs | figures | compare | index | rerun | sweep | bench | validate | build-model |
 engines check | sync-params.
 
 Exit codes: 0 success, 1 a run failed / a check did not pass, 2 bad input (params, paths, presets).
@@ -119,7 +119,15 @@ def _cmd_rerun(a) -> int:
 
     from rlwb import runner
     from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
-    from rlwb.reports import build_index, compare, compare_table, drift_summary, latest_ok_run, provenance_differences
+    from rlwb.reports import (
+        build_index,
+        compare,
+        compare_table,
+        drift_summary,
+        latest_ok_run,
+        provenance_differences,
+        record_drift,
+    )
 
     root = outputs_dir(a.outputs)
     notebooks = [Path(n).stem for n in a.notebooks] or sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
@@ -140,12 +148,14 @@ def _cmd_rerun(a) -> int:
         ok, rows = compare(prev, new, a.rtol, a.atol)
         print(compare_table(rows, only_interesting=True), file=sys.stderr)
         prov = provenance_differences(prev, new)
+        record_drift(new, prev, ok, rows, prov)
         if prov:
             print(drift_summary(ok, rows, prov), file=sys.stderr)
         print(f"{nb}: {'no drift' if ok else 'DRIFT'} ({prev.name} -> {new.name})", file=sys.stderr)
         print(new)
         status |= 0 if ok else 1
-    build_index(root)
+    index = build_index(root)
+    print(f"trends and every run: {index.as_uri()}#trends", file=sys.stderr)
     return status
 
 
@@ -162,6 +172,35 @@ def reference_run(run_dir: Path, notebooks: list[str]) -> Path:
     if info.get("status") != "ok":
         raise ParamError(f"--compare-to {run_dir}: its status is {info.get('status')!r}, not ok")
     return run_dir.resolve()
+
+
+def _cmd_sweep(a) -> int:
+    from rlwb import sweep
+    from rlwb.archive import check_writable
+    from rlwb.paths import outputs_dir
+
+    root = outputs_dir(a.outputs)
+    check_writable(root)
+    resume = None
+    if a.resume:
+        resume = sweep.latest_sweep_dir(root, Path(a.grid)) if a.resume == "latest" else Path(a.resume)
+        if resume is None:
+            raise ParamError(f"--resume: no earlier sweep of {a.grid} under {root / 'sweeps'}")
+    try:
+        sweep_dir = sweep.run_sweep(a.grid, root, resume=resume, ray_address=a.ray)
+    except KeyboardInterrupt:
+        last = resume or sweep.latest_sweep_dir(root, Path(a.grid))
+        state = sweep.read_state(last) if last else {"cells": []}
+        done = sum(c["status"] == "ok" for c in state["cells"])
+        print(f"rlwb sweep: interrupted; {done} of {len(state['cells'])} cells archived in {last}. "
+              f"Run the rest with: rlwb sweep {a.grid} --resume", file=sys.stderr)
+        return 130
+    state = sweep.read_state(sweep_dir)
+    failed = [c for c in state["cells"] if c["status"] != "ok"]
+    print(f"{len(state['cells']) - len(failed)} of {len(state['cells'])} cells ok; summary: "
+          f"{sweep_dir / 'report.html'}", file=sys.stderr)
+    print(sweep_dir)
+    return 1 if failed else 0
 
 
 def _cmd_sync_params(a) -> int:
@@ -276,6 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("build-model", help="build (or show the cached) embedded default policy")
     r.add_argument("--force", action="store_true")
     r.set_defaults(fn=_cmd_build_model)
+
+    r = sub.add_parser("sweep", help="a grid of parameter overrides for one notebook, each cell an archived run, "
+                                     "plus a summary (grid format: rlwb/sweep.py)")
+    r.add_argument("grid", help="grid YAML, e.g. params/sweeps/k3_vs_temperature.yaml")
+    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
+    r.add_argument("--ray", metavar="ADDRESS", help="run the cells as Ray tasks on an existing cluster "
+                                                    "(auto: the cluster this machine belongs to)")
+    r.add_argument("--resume", nargs="?", const="latest", metavar="SWEEP_DIR",
+                   help="run only the cells without a successful run (default: the newest sweep of this grid)")
+    r.set_defaults(fn=_cmd_sweep)
 
     r = sub.add_parser("sync-params", help="write every notebook's parameters cell and params/<stem>/default.yaml "
                                            "from the schemas (rlwb/params/schemas.py)")

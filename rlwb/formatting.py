@@ -16,8 +16,8 @@ KL_FLOOR = 1e-8  # divergences at or below this are float noise in an fp32 pipel
 DLOGP_FLOOR = 1e-7  # ~ one float32 ulp of a logprob of order 1
 MISSING = "–"
 
-_DIVERGENCE = re.compile(r"(^|[_/])(k2|k3|kl|full_kl)(_|$)")
-_DLOGP = re.compile(r"(^|[_/])abs_dlogp")
+_DIVERGENCE = re.compile(r"(^|[_/\s])(k2|k3|kl|full_kl)([_\s]|$)")  # also table headers: "k3 at T=0.5"
+_DLOGP = re.compile(r"(^|[_/\s])abs_dlogp")
 
 
 def number(v, spec: str = ".3g", missing: str = MISSING) -> str:

@@ -5,8 +5,10 @@ Why: tqdm redraws a bar up to ten times a second. On a terminal that is one line
 log file (`make setup > log`, CI, `nohup`) every redraw is a line of its own, and building the default
 policy wrote ~800 of them. Here, when stderr is neither a terminal nor a Jupyter kernel, a bar prints a
 whole line at most every `LOG_INTERVAL_S` seconds, plus its final state. Inside an archived run (`rlwb run`:
-a kernel with RLWB_RUN_DIR set) the bars go to the kernel process's own stderr - the terminal or log of
-`rlwb run` - instead of into the executed notebook, where they were a pink block of redraws in report.html.
+a kernel with RLWB_RUN_DIR set) the bars are written as such lines to `logs/progress.log` in the run
+directory, and `rlwb run` echoes that file to its own stderr while the notebook runs: progress on the
+terminal, a record of where the time went in the archive, nothing in report.html. (Not the kernel's own
+stderr: ipykernel captures file descriptor 2 and forwards it into the notebook's outputs.)
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import sys
 
 LOG_INTERVAL_S = 30.0
+PROGRESS_LOG = "logs/progress.log"  # inside an archived run's directory
+_run_log = None
 
 
 def _in_kernel() -> bool:
@@ -51,10 +55,22 @@ def progress_bar(iterable=None, *, desc: str, total: int | None = None, disable:
         return tqdm(iterable, desc=desc, total=total, disable=disable, leave=leave, **kwargs)
     from tqdm import tqdm
 
-    stream = sys.__stderr__ if kernel else sys.stderr  # an archived run: the terminal of `rlwb run`, not the report
+    stream = _archived_run_log() if kernel else sys.stderr  # an archived run: its log, echoed by `rlwb run`
     if stream is None:
         return tqdm(iterable, desc=desc, total=total, disable=True, **kwargs)
     if stream.isatty():
         return tqdm(iterable, desc=desc, total=total, disable=disable, leave=leave, file=stream, **kwargs)
     return tqdm(iterable, desc=desc, total=total, disable=disable, leave=True, file=_LineLog(stream),
                 mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S, miniters=1, ascii=True, **kwargs)
+
+
+def _archived_run_log():
+    """The run directory's progress log (line buffered), opened once per kernel."""
+    global _run_log
+    if _run_log is None:
+        from pathlib import Path
+
+        path = Path(os.environ["RLWB_RUN_DIR"]) / PROGRESS_LOG
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _run_log = open(path, "a", buffering=1)  # noqa: SIM115 (open for the kernel's lifetime)
+    return _run_log

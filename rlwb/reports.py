@@ -154,16 +154,83 @@ def drift_summary(ok: bool, rows: list[dict], provenance: list[str]) -> str:
     return "\n".join(lines)
 
 
+def record_drift(run_dir: Path, reference: Path, ok: bool, rows: list[dict], provenance: list[str]) -> None:
+    """A rerun's verdict in its run.json (`drift`), so the index's trend view can mark the run."""
+    info = archive.read_json(run_dir / "run.json", {})
+    info["drift"] = {"reference": reference.name, "ok": ok,
+                     "drifted": [r["metric"] for r in failing(rows)], "provenance": provenance}
+    archive.write_json(run_dir / "run.json", info)
+
+
 def latest_ok_run(root: Path, notebook: str) -> Path | None:
     runs = [r for r in archive.list_runs(root) if r["notebook"] == notebook and r.get("status") == "ok"]
     return Path(runs[0]["dir"]) if runs else None
 
 
+def engine_versions(engines: dict) -> str:
+    """`vLLM 0.8.5 · 0.32.0` (or `transformers 5.19.0` for the hf reference alone): what a trend point ran on."""
+    vllm = sorted({str(v["vllm_version"]) for v in engines.values() if v.get("vllm_version")})
+    if vllm:
+        return "vLLM " + " · ".join(vllm)
+    hf = sorted({str(v["transformers_version"]) for v in engines.values() if v.get("transformers_version")})
+    return "transformers " + " · ".join(hf) if hf else "no engine"
+
+
+def trend_points(runs: list[dict], metrics: list[str]) -> list[dict]:
+    """A notebook's runs, oldest first, as `plots.trend_figure` points."""
+    out = []
+    for r in sorted(runs, key=lambda r: (r.get("started_at") or "", r["run_id"])):
+        drift, when = r.get("drift"), (r.get("started_at") or "")[5:16].replace("T", " ")
+        out.append({"label": f"{when}\n{(r.get('git_commit') or '?')[:7]}",
+                    "versions": engine_versions(r.get("engines") or {}), "status": r.get("status", "?"),
+                    "drift": None if drift is None else not drift.get("ok"), "run": r,
+                    "values": {m: r["metrics"].get(m) for m in metrics}})
+    return out
+
+
+def trends_html(root: Path, runs: list[dict]) -> str:
+    """Per notebook: the trend figure (`trends/<notebook>.png`) and a table of its points."""
+    import matplotlib.pyplot as plt
+
+    from rlwb.params import SCHEMAS
+
+    plots.set_style("notebook")
+    parts = []
+    for nb in sorted({r["notebook"] for r in runs}):
+        metrics = SCHEMAS[nb].HEADLINE if nb in SCHEMAS else []
+        points = trend_points([r for r in runs if r["notebook"] == nb], metrics)
+        if not metrics or not points:
+            continue
+        fig = plots.trend_figure(points, metrics, f"{nb}: headline metrics, run after run")
+        plots.save_figure(fig, root / "trends" / nb)
+        plt.close(fig)
+        rows = "".join(
+            f"<tr><td>{html.escape((p['run'].get('started_at') or '')[:16].replace('T', ' '))}</td>"
+            f'<td><a href="{html.escape(os.path.relpath(p["run"]["dir"], root))}/report.html">'
+            f"{html.escape(p['run']['run_id'])}</a></td><td>{html.escape(p['status'])}</td>"
+            f"<td><code>{html.escape((p['run'].get('git_commit') or '')[:10])}</code></td>"
+            f"<td>{html.escape(p['versions'])}</td>"
+            f"<td>{'' if p['drift'] is None else 'DRIFT' if p['drift'] else 'no drift'}</td>"
+            + "".join(f"<td>{html.escape(metric(m, p['values'][m], '.3g'))}</td>" for m in metrics) + "</tr>"
+            for p in reversed(points))
+        head = "".join(f"<th><code>{html.escape(m)}</code></th>" for m in metrics)
+        width = 320 * len(metrics) + 160  # px: the same scale for every notebook's panels
+        runs_text = f"{len(points)} run" + ("s" if len(points) != 1 else "")
+        parts.append(f'<h3>{html.escape(nb)}</h3><img class="trend" src="trends/{html.escape(nb)}.png" '
+                     f'style="width: {width}px" alt="trend of {html.escape(nb)}"><details><summary>{runs_text}: '
+                     f"when, commit, engine versions, verdict</summary><table>"
+                     f"<tr><th>started (UTC)</th><th>run</th><th>status</th><th>commit</th><th>engines</th>"
+                     f"<th>rerun verdict</th>{head}</tr>{rows}</table></details>")
+    return "".join(parts)
+
+
 def build_index(root: Path) -> Path:
-    """`<outputs>/index.html`: one static page listing every run, newest first, filterable."""
+    """`<outputs>/index.html`: the trend of every notebook's headline metrics across runs (versions, commits,
+    drift and failures marked), then every run, newest first, filterable. Static HTML + PNGs, offline."""
     from rlwb.params import SCHEMAS
 
     runs = archive.list_runs(root)
+    trends = trends_html(root, runs)
     rows = []
     for r in runs:
         rel = os.path.relpath(r["dir"], root)
@@ -202,8 +269,15 @@ th {{ background: #f4f4f4; position: sticky; top: 0; }}
 .status.failed {{ color: #fff; background: #D55E00; font-weight: 600; }}
 .err {{ font-size: 0.75rem; font-weight: 400; }}
 .filters {{ margin: 1rem 0; }}
+img.trend {{ max-width: 100%; display: block; }}
+details table {{ width: auto; font-size: 0.8rem; }}
 </style></head><body>
 <h1>rlwb runs</h1>
+<h2 id="trends">Trends</h2>
+<p>Each notebook's headline metrics, run after run (oldest left). Dotted lines: the engines' versions changed.
+Red rings: a rerun flagged drift against the run it repeated. Red crosses: failed runs.</p>
+{trends}
+<h2 id="runs">Every run</h2>
 <p>{len(runs)} archived runs under <code>{html.escape(str(root))}</code>, newest first.</p>
 <div class="filters">notebook <select id="nb"><option value="">all</option>{opts}</select>
 status <select id="st"><option value="">all</option><option>ok</option><option>failed</option></select></div>

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from rlwb import archive
 from rlwb import params as params_mod
 from rlwb.errors import RunFailed
 from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
+from rlwb.progress import PROGRESS_LOG
 
 
 def resolve_notebook(notebook: str | os.PathLike) -> Path:
@@ -38,6 +41,36 @@ def new_run_dir(root: Path, stem: str, params_hash: str) -> tuple[Path, Path]:
     tmp = root / stem / f".tmp-{final.name}-{os.getpid()}"
     tmp.mkdir(parents=True)
     return tmp, final
+
+
+class ProgressEcho(threading.Thread):
+    """Copies the kernel's progress log (`rlwb.progress`) to this process's stderr as lines arrive, so a
+    person running `rlwb run` sees progress while the bars stay out of the notebook and its report."""
+
+    def __init__(self, path: Path, poll_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.path, self.poll_s, self._done = path, poll_s, threading.Event()
+
+    def run(self) -> None:
+        pos = 0
+        while True:
+            done = self._done.is_set()
+            if self.path.exists():
+                with open(self.path) as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                    pos = f.tell()
+                if chunk:
+                    sys.stderr.write(chunk)
+                    sys.stderr.flush()
+            if done:
+                return
+            self._done.wait(self.poll_s)
+
+    def stop(self) -> None:
+        if self.is_alive():
+            self._done.set()
+            self.join(timeout=5)
 
 
 class _Interrupted(BaseException):
@@ -67,9 +100,11 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     old_env = os.environ.get("RLWB_RUN_DIR")
     os.environ["RLWB_RUN_DIR"] = str(tmp)
     error = None
+    echo = ProgressEcho(tmp / PROGRESS_LOG)
     try:
         import papermill as pm
 
+        echo.start()
         pm.execute_notebook(str(nb), str(tmp / "notebook.ipynb"), parameters=params.to_dict(),
                             kernel_name="python3", cwd=str(nb.parent), progress_bar=False, log_output=log_output)
     except (KeyboardInterrupt, _Interrupted):
@@ -78,6 +113,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         ename, evalue = getattr(e, "ename", None), getattr(e, "evalue", None)
         error = f"{ename}: {evalue}" if ename else f"{type(e).__name__}: {e}"
     finally:
+        echo.stop()
         signal.signal(signal.SIGTERM, old_term)
         if old_env is None:
             os.environ.pop("RLWB_RUN_DIR", None)

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from rlwb.engines.worker import EngineWorker
+from rlwb.formatting import metric
 
 OnStart = Callable[[dict], None] | None
 
@@ -60,11 +61,12 @@ def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = Tr
 
 
 def ci_text(metrics: dict, group: str, name: str, fmt: str = ".1e") -> str:
-    """`[low, high]` of `group/name`'s 95% interval, or "" when the metrics have none."""
+    """`[low, high]` of `group/name`'s 95% interval (bounds at the float floor read as such), or "" when the
+    metrics have none."""
     lo, hi = metrics.get(f"{group}/{name}_ci_low"), metrics.get(f"{group}/{name}_ci_high")
     if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
         return ""
-    return f"[{lo:{fmt}}, {hi:{fmt}}]"
+    return f"[{metric(name, lo, fmt)}, {metric(name, hi, fmt)}]"
 
 
 def split_metrics(metrics: dict[str, float], group: str = "engine", name: str = "metric") -> pd.DataFrame:

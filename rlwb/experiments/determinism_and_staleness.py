@@ -21,6 +21,7 @@ from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling
 from rlwb.experiments.base import OnStart, Result, iter_engines
+from rlwb.formatting import metric
 
 
 def _identical(a: Completion, b: Completion) -> bool:
@@ -135,8 +136,10 @@ class DeterminismResult(Result):
         return {"summary": self.measures, "stale": self.stale_rows}
 
     def summary(self) -> pd.DataFrame:
-        t = self.measures.pivot(index="engine", columns="measure", values="value")
-        return t.loc[[e for e in self.params.engines if e in t.index]]
+        """Measures (rows, in the order they are measured) by engine (columns)."""
+        t = self.measures.pivot(index="measure", columns="engine", values="value")
+        order = list(dict.fromkeys(self.measures["measure"]))
+        return t.loc[order, [e for e in self.params.engines if e in t.columns]]
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.params)
@@ -180,14 +183,15 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 def conclusion(metrics: dict, p) -> str:
     lines = []
     for e in p.engines:
-        g = lambda k: metrics.get(f"{e}/{k}")  # noqa: E731
+        g = lambda k: metrics.get(f"{e}/{k}")
+        v = lambda k, spec=".1e": metric(k, g(k), spec)  # at the float floor: "≤ 1e-07", never noise
         if g("batch_invariant_frac") is None:
             continue
         lines.append(
             f"- `{e}` (prefix caching {'on' if g('prefix_caching') else 'off'}): "
             f"{g('batch_invariant_frac'):.0%} of greedy requests bitwise identical alone vs in a batch of "
-            f"{max(p.batch_sizes)} (max |Δlogp| {g('batch_max_abs_dlogp'):.1e}); "
+            f"{max(p.batch_sizes)} (max |Δlogp| {v('batch_max_abs_dlogp')}); "
             f"{g('rerun_identical_frac'):.0%} of seeded reruns identical; after an in-flight update without a "
-            f"cache reset max |Δlogp| vs the trainer = {g('stale_cache_abs_dlogp_max'):.1e}, after a reset "
-            f"{g('after_reset_abs_dlogp_max'):.1e}.")
+            f"cache reset max |Δlogp| vs the trainer = {v('stale_cache_abs_dlogp_max')}, after a reset "
+            f"{v('after_reset_abs_dlogp_max')}.")
     return "\n".join(lines)

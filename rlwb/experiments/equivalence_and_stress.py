@@ -31,7 +31,7 @@ from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, iter_engines, split_metrics
-from rlwb.formatting import number
+from rlwb.formatting import metric, number
 
 
 def trainer_logp(scorer: TrainerScorer, comps: list[Completion], sampling: Sampling, raw: bool,
@@ -179,8 +179,10 @@ class StressResult(Result):
                 "pressure": self.pressure_rows, "longctx": self.longctx_rows}
 
     def summary(self) -> pd.DataFrame:
+        """Measures (rows, in the order they are measured) by engine (columns)."""
         t = self.measures.pivot(index="measure", columns="engine", values="value")
-        return t[[e for e in self.params.engines if e in t.columns]]
+        order = list(dict.fromkeys(self.measures["measure"]))
+        return t.loc[order, [e for e in self.params.engines if e in t.columns]]
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.params)
@@ -246,31 +248,32 @@ def conclusion(metrics: dict, p) -> str:
     """Every statement with its interval (95%)."""
     lines = []
     for e in p.engines:
-        g = lambda k: metrics.get(f"{e}/{k}")  # noqa: E731
+        g = lambda k: metrics.get(f"{e}/{k}")
+        v = lambda k, spec=".1e": metric(k, g(k), spec)  # at the float floor: "≤ 1e-07", never noise
         if g("validate_pass_rate") is None:
             continue
         s = (f"- `{e}`: validator {g('validate_pass_rate'):.0%} of {int(g('validate_cases'))} cases within "
              f"{p.validate_tolerance:g} (95% CI {g('validate_pass_rate_ci_low'):.0%}-"
              f"{g('validate_pass_rate_ci_high'):.0%}), "
-             f"worst max |Δlogp| {g('validate_worst_abs_dlogp'):.1e}. ")
+             f"worst max |Δlogp| {v('validate_worst_abs_dlogp')}. ")
         if g("pressure_abs_dlogp_max") is not None:
             pre = g("pressure_preemptions")
             s += (f"Under memory pressure ({int(g('pressure_kv_tokens'))}-token KV cache, "
                   f"{'preemptions not exposed' if pre is None or pre != pre else f'{int(pre)} preemptions'}): "
                   f"max |Δlogp| vs trainer "
-                  f"{g('pressure_abs_dlogp_max'):.1e} (mean {g('pressure_abs_dlogp_mean'):.1e}, 95% CI "
-                  f"{g('pressure_abs_dlogp_mean_ci_low'):.1e}-{g('pressure_abs_dlogp_mean_ci_high'):.1e}) vs "
-                  f"{g('free_abs_dlogp_max'):.1e} without; {g('pressure_identical_frac'):.0%} of requests gave the "
+                  f"{v('pressure_abs_dlogp_max')} (mean {v('pressure_abs_dlogp_mean')}, 95% CI "
+                  f"{v('pressure_abs_dlogp_mean_ci_low')}-{v('pressure_abs_dlogp_mean_ci_high')}) vs "
+                  f"{v('free_abs_dlogp_max')} without; {g('pressure_identical_frac'):.0%} of requests gave the "
                   f"same "
                   f"tokens as without pressure. ")
         else:
             s += "No paged KV cache, so no memory-pressure check. "
         s += (f"Long context up to position {int(g('longctx_max_position'))}: "
-              f"max |Δlogp| {g('longctx_abs_dlogp_max'):.1e} "
+              f"max |Δlogp| {v('longctx_abs_dlogp_max')} "
               f"(over the whole vocabulary {number(g('longctx_dist_abs_dlogp_max'), '.1e', 'n/a')}: "
               f"shortest prompts {g('longctx_max_near'):.1e}, "
               f"longest {g('longctx_max_far'):.1e}; "
-              f"mean {g('longctx_abs_dlogp_mean'):.1e}, 95% CI {g('longctx_abs_dlogp_mean_ci_low'):.1e}-"
-              f"{g('longctx_abs_dlogp_mean_ci_high'):.1e}).")
+              f"mean {v('longctx_abs_dlogp_mean')}, 95% CI {v('longctx_abs_dlogp_mean_ci_low')}-"
+              f"{v('longctx_abs_dlogp_mean_ci_high')}).")
         lines.append(s)
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Sampling, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, ci_text, iter_engines
+from rlwb.formatting import metric
 
 SWEEP_METRICS = ("k3_mean", "k1_mean", "abs_dlogp_mean", "abs_dlogp_max", "full_kl_mean", "n_tokens")
 SWEEP_CIS = tuple(f"{k}_ci_{s}" for k in stats.CI_METRICS for s in ("low", "high"))
@@ -58,11 +59,14 @@ class SweepResult(Result):
         return {"sweep": self.rows, "tokens": self.tokens}
 
     def summary(self) -> pd.DataFrame:
-        """k3 per engine and truncation setting (rows) and temperature (columns)."""
-        r = self.rows
-        return r[(r.metric == "k3_mean") & (r.trainer == "renorm")].pivot_table(
-            index=["engine", "top_p", "top_k"], columns="temperature", values="value").rename(
-            columns=lambda t: f"k3 at T={t:g}")
+        """k3 per engine and truncation (rows) by temperature (columns), the engines in params order."""
+        r = self.rows[(self.rows.metric == "k3_mean") & (self.rows.trainer == "renorm")].copy()
+        r["truncation"] = [setting_label(1.0, tp, tk).removeprefix("T=1").lstrip(",") or "none"
+                           for tp, tk in zip(r.top_p, r.top_k)]
+        t = r.pivot_table(index=["engine", "truncation"], columns="temperature", values="value")
+        t = t.rename(columns=lambda T: f"k3 at T={T:g}")
+        order = {e: i for i, e in enumerate(self.params.engines)}
+        return t.sort_index(key=lambda ix: ix.map(order) if ix.name == "engine" else ix)
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.params)
@@ -124,15 +128,16 @@ def conclusion(metrics: dict, p) -> str:
         worst = max((v for v in vals if v is not None), default=float("nan"))
         at1 = metrics.get(f"{e}/{setting_label(1.0)}/abs_dlogp_max") if 1.0 in temps else None
         err = max((metrics.get(f"{e}/{setting_label(T)}/analytic_abs_err_max") or 0) for T in temps)
-        lines.append(f"- `{e}`: max |Δlogp| over T ∈ [{temps[0]:g}, {temps[-1]:g}] is {worst:.2e}"
-                     + (f" ({at1:.2e} at T=1)" if at1 is not None else "")
+        lines.append(f"- `{e}`: max |Δlogp| over T ∈ [{temps[0]:g}, {temps[-1]:g}] is "
+                     f"{metric('abs_dlogp_max', worst, '.2e')}"
+                     + (f" ({metric('abs_dlogp_max', at1, '.2e')} at T=1)" if at1 is not None else "")
                      + f"; measured log r matches the analytical expectation to {err:.1e}.")
     T0 = 0.7 if 0.7 in temps else temps[0]
     for e in p.engines:
         k3 = metrics.get(f"{e}/{setting_label(T0)}/k3_mean")
         if k3 is not None:
             ci = ci_text(metrics, f"{e}/{setting_label(T0)}", "k3_mean")
-            lines.append(f"- `{e}` at T={T0:g}: k3 = {k3:.2e} {ci}.")
+            lines.append(f"- `{e}` at T={T0:g}: k3 = {metric('k3_mean', k3, '.2e')} {ci}.")
     for tp in [x for x in p.top_p_values if x < 1.0]:
         for e in p.engines:
             a = metrics.get(f"{e}/{setting_label(T0, tp)}/k3_mean")
@@ -140,8 +145,8 @@ def conclusion(metrics: dict, p) -> str:
             if a is not None and b is not None:
                 ci_a = ci_text(metrics, f"{e}/{setting_label(T0, tp)}", "k3_mean")
                 ci_b = ci_text(metrics, f"{e}+trainer_no_renorm/{setting_label(T0, tp)}", "k3_mean")
-                lines.append(f"- top_p={tp:g}, `{e}`: k3 = {a:.1e} {ci_a} "
-                             f"against a renormalising trainer vs {b:.1e} "
+                lines.append(f"- top_p={tp:g}, `{e}`: k3 = {metric('k3_mean', a, '.1e')} {ci_a} "
+                             f"against a renormalising trainer vs {metric('k3_mean', b, '.1e')} "
                              f"{ci_b} against one "
                              f"that does not renormalise (the TRL #6789 bias).")
     lines.append("\nBrackets: 95% intervals from resampling whole sequences.")

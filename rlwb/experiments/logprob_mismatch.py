@@ -19,6 +19,7 @@ from rlwb.core.rollouts import Rollouts, sample_and_score, task_prompts
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.experiments.base import OnStart, Result, ci_text, iter_engines, split_metrics
+from rlwb.formatting import metric
 
 
 @dataclass
@@ -127,14 +128,17 @@ def conclusion(metrics: dict, p) -> str:
     def g(engine, name):
         return metrics.get(f"{engine}/{name}")
 
+    def v(engine, name, spec):  # at the float floor: "≤ 1e-08", never noise
+        return metric(name, g(engine, name), spec)
+
     lines = [f"**Setup.** {p.prompts} prompts, T={p.temperature:g}, top_p={p.top_p:g}, top_k={p.top_k}, "
              f"engine dtype {p.dtype}, trainer dtype {p.trainer_dtype}"
              + (", heterogeneous batch" if p.heterogeneous_batch else "") + "."]
     for e in p.engines:
         if g(e, "abs_dlogp_max") is None:
             continue
-        lines.append(f"- `{e}`: max |Δlogp| = {g(e, 'abs_dlogp_max'):.2e}, mean = {g(e, 'abs_dlogp_mean'):.2e} "
-                     f"{ci_text(metrics, e, 'abs_dlogp_mean', '.2e')}, k3 = {g(e, 'k3_mean'):.2e} "
+        lines.append(f"- `{e}`: max |Δlogp| = {v(e, 'abs_dlogp_max', '.2e')}, mean = {v(e, 'abs_dlogp_mean', '.2e')} "
+                     f"{ci_text(metrics, e, 'abs_dlogp_mean', '.2e')}, k3 = {v(e, 'k3_mean', '.2e')} "
                      f"{ci_text(metrics, e, 'k3_mean', '.2e')}, clip fraction = {g(e, 'clip_frac'):.1%} "
                      f"{ci_text(metrics, e, 'clip_frac', '.1%')} over {g(e, 'n_tokens')} tokens.")
     floor = [e for e in p.engines if (g(e, "abs_dlogp_max") or 1) <= 1e-4]

@@ -19,6 +19,7 @@ from rlwb.core.grpo import train, trainer_device
 from rlwb.core.grpo_config import GRPOConfig
 from rlwb.core.monitor import DriftMonitor
 from rlwb.experiments.base import OnStart, Result, iter_engines
+from rlwb.formatting import metric
 
 LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
 
@@ -133,7 +134,7 @@ def conclusion(metrics: dict, p) -> str:
             ci = f" [95% CI {lo:.3f}, {hi:.3f}]" if lo is not None and np.isfinite(lo) else ""
             lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f}{ci} ({b - a:+.3f}); clip fraction "
                          f"{metrics[f'{L}/clip_frac_mean']:.1%}; "
-                         f"engine-trainer k3 {metrics[f'{L}/mismatch_k3_mean']:.1e}; "
+                         f"engine-trainer k3 {metric('k3', metrics[f'{L}/mismatch_k3_mean'], '.1e')}; "
                          f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
     deltas = {k.rsplit("/", 1)[0]: metrics[k.replace("reward_first", "reward_last")] - metrics[k]
               for k in metrics if k.endswith("/reward_first")}
