@@ -91,6 +91,11 @@ def test_index_page_lists_runs_in_chromium(two_runs, tmp_path):
     # newest first: the fake failed run (year 2000) is the last row
     row_start = '<tr class="run" data-notebook="00_default_policy" '
     assert dom.stdout.rfind('<tr class="run"') == dom.stdout.find('data-status="failed"') - len(row_start)
+    # the trend view: a figure per notebook (written beside the page) and a table of its points
+    assert 'id="trends"' in dom.stdout and 'src="trends/00_default_policy.png"' in dom.stdout
+    assert (out / "trends" / "00_default_policy.png").stat().st_size > 10_000
+    trend_table = dom.stdout[dom.stdout.index('id="trends"'):dom.stdout.index('id="runs"')]
+    assert "4 runs" in trend_table and ">failed<" in trend_table and dirs[0].name in trend_table
     shot = tmp_path / "index.png"
     chromium(f"--screenshot={shot}", "--window-size=1400,700", page.as_uri(), profile=tmp_path / "profile")
     assert shot.exists() and shot.stat().st_size > 5000
@@ -158,4 +163,8 @@ def test_rerun_compares_with_a_pinned_reference_run(two_runs, tmp_path):
     r = rlwb("rerun", "00_default_policy", "--compare-to", str(a_copy), "--outputs", str(work))
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"rerunning {a.name}" in r.stderr and c.name not in r.stderr  # the pinned run, not the newest (c)
-    assert "00_default_policy: no drift" in r.stderr
+    assert "00_default_policy: no drift" in r.stderr and "#trends" in r.stderr  # the link to the trend view
+    new = Path(r.stdout.strip().splitlines()[-1])
+    verdict = json.loads((new / "run.json").read_text())["drift"]
+    assert verdict["ok"] and verdict["reference"] == a.name and verdict["drifted"] == []
+    assert "no drift" in (work / "index.html").read_text()  # the trend view shows the verdict
