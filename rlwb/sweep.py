@@ -93,8 +93,7 @@ def load_grid(path: str | os.PathLike) -> Grid:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ParamError(f"grid file {path}: parameter(s) {dupes} set in more than one of params / grid / zip")
-    base = REPO_ROOT if not path.is_absolute() else path.parent
-    g.files = [str(f if Path(f).is_absolute() or Path(f).exists() else base / f) for f in g.files]
+    g.files = [_params_file(path, f) for f in g.files]
     for i, cell in enumerate(g.cells()):
         try:
             params_mod.load(g.notebook, g.files, cell)
@@ -104,6 +103,16 @@ def load_grid(path: str | os.PathLike) -> Grid:
     if x is not None and x not in g.varying():
         raise ParamError(f"grid file {path}: summary x {x!r} is not a grid or zip parameter ({g.varying()})")
     return g
+
+
+def _params_file(grid_path: Path, name: str) -> str:
+    """A grid's params file, absolute: as given (or relative to the working directory), else next to the grid
+    file, else in the repo."""
+    for cand in (Path(name), grid_path.parent / name, REPO_ROOT / name):
+        if cand.is_file():
+            return str(cand.resolve())
+    raise ParamError(f"grid file {grid_path}: params file {name!r} not found (looked in the working directory, "
+                     f"{grid_path.parent} and {REPO_ROOT})")
 
 
 def cell_id(overrides: dict) -> str:

@@ -73,3 +73,10 @@ def split_metrics(metrics: dict[str, float], group: str = "engine", name: str = 
     """`{"a/b/c": v}` -> rows (group="a/b", name="c", value=v): the long form the plots and tables use."""
     return pd.DataFrame([{group: k.rsplit("/", 1)[0], name: k.rsplit("/", 1)[1], "value": v}
                          for k, v in metrics.items()], columns=[group, name, "value"])
+
+
+def measures_table(measures: pd.DataFrame, engines: list[str]) -> pd.DataFrame:
+    """(engine, measure, value) rows -> measures (rows, in the order they were measured) by engine (columns, in
+    params order): the summary of experiments that measure many different things per engine."""
+    t = measures.pivot(index="measure", columns="engine", values="value")
+    return t.loc[list(dict.fromkeys(measures["measure"])), [e for e in engines if e in t.columns]]

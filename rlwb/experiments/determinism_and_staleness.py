@@ -20,7 +20,7 @@ from rlwb.core.rollouts import common_prefix_max_dlogp
 from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling
-from rlwb.experiments.base import OnStart, Result, iter_engines
+from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table
 from rlwb.formatting import metric
 
 
@@ -136,10 +136,7 @@ class DeterminismResult(Result):
         return {"summary": self.measures, "stale": self.stale_rows}
 
     def summary(self) -> pd.DataFrame:
-        """Measures (rows, in the order they are measured) by engine (columns)."""
-        t = self.measures.pivot(index="measure", columns="engine", values="value")
-        order = list(dict.fromkeys(self.measures["measure"]))
-        return t.loc[order, [e for e in self.params.engines if e in t.columns]]
+        return measures_table(self.measures, self.params.engines)
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.params)

@@ -30,7 +30,7 @@ from rlwb.core.rollouts import common_prefix_max_dlogp, task_prompts
 from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling, reports_raw_logprobs
-from rlwb.experiments.base import OnStart, Result, iter_engines, split_metrics
+from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table, split_metrics
 from rlwb.formatting import metric, number
 
 
@@ -179,10 +179,7 @@ class StressResult(Result):
                 "pressure": self.pressure_rows, "longctx": self.longctx_rows}
 
     def summary(self) -> pd.DataFrame:
-        """Measures (rows, in the order they are measured) by engine (columns)."""
-        t = self.measures.pivot(index="measure", columns="engine", values="value")
-        order = list(dict.fromkeys(self.measures["measure"]))
-        return t.loc[order, [e for e in self.params.engines if e in t.columns]]
+        return measures_table(self.measures, self.params.engines)
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.params)
