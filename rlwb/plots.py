@@ -608,15 +608,19 @@ def trend_figure(points: list[dict], metrics: list[str], title: str, style: str 
     """Headline metrics of one notebook's runs, oldest first, one panel per metric.
 
     `points`: {"label": tick text (time, commit), "versions": engine versions, "status": ok | failed,
-    "drift": bool | None, "values": {metric: value}}. Successful runs are joined by a line; failed runs are
-    red crosses on the axis; runs a rerun flagged as drift get a red ring; a dotted vertical line marks
-    where the engines' versions changed (the upgrade the nightly audit is for), labelled with the new ones.
-    Log scale where a metric spans more than two decades."""
+    "drift": bool | None, "params": params hash, "values": {metric: value}}. Successful runs with the same
+    parameters are one line (runs with other parameters measure something else: another line, another
+    colour); failed runs are red crosses on the axis; runs a rerun flagged as drift get a red ring; a dotted
+    vertical line marks where the engines' versions changed (the upgrade the nightly audit is for), labelled
+    with the new ones. Log scale where a metric spans more than two decades."""
     n = len(metrics)
     fig, axes = plt.subplots(1, n, figsize=(3.0 * n + 1.5, 2.6), sharex=True, squeeze=False)
     xs = np.arange(len(points))
     step = max(1, int(np.ceil(len(points) / (12 // n))))  # a few tick labels; the table under it has them all
     ticks = xs[::step]
+    hashes = list(dict.fromkeys(p.get("params") for p in reversed(points) if p["status"] == "ok"))
+    palette = ["#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"]  # newest parameters first
+    series = [(h, palette[i] if i < len(palette) else "#999999") for i, h in enumerate(hashes)]
     for ax, m in zip(axes[0], metrics):
         ok = [(x, p["values"].get(m)) for x, p in zip(xs, points) if p["status"] == "ok"]
         ok = [(x, v) for x, v in ok if v is not None and np.isfinite(v)]
@@ -624,8 +628,10 @@ def trend_figure(points: list[dict], metrics: list[str], title: str, style: str 
         log = len(vals) > 0 and (vals > 0).all() and vals.max() / max(vals.min(), 1e-300) > 100
         if log:
             ax.set_yscale("log")
-        if ok:
-            ax.plot([x for x, _ in ok], vals, marker="o", ms=4, color="#0072B2", lw=1.2)
+        for (h, colour) in series:
+            pts = [(x, v) for x, v in ok if points[x].get("params") == h]
+            if pts:
+                ax.plot([x for x, _ in pts], [v for _, v in pts], marker="o", ms=4, color=colour, lw=1.2)
         for x, p in zip(xs, points):
             v = p["values"].get(m)
             if p.get("drift") and v is not None and np.isfinite(v):
@@ -644,9 +650,12 @@ def trend_figure(points: list[dict], metrics: list[str], title: str, style: str 
         ax.set_xticks(ticks, [points[i]["label"] for i in ticks], fontsize=6)
         ax.set_xlim(-0.5, max(len(points) - 0.5, 0.5))
         ax.tick_params(axis="y", labelsize=7)
-    handles = [plt.Line2D([], [], marker="o", color="#0072B2", label="successful run"),
-               plt.Line2D([], [], marker="o", mfc="none", mec="#D55E00", ls="none", ms=9, label="drift flagged"),
-               plt.Line2D([], [], marker="x", color="#D55E00", ls="none", label="failed run")]
+    counts = {h: sum(p.get("params") == h and p["status"] == "ok" for p in points) for h, _ in series}
+    handles = [plt.Line2D([], [], marker="o", color=c, label=f"params {h} ({counts[h]} runs)") for h, c in series[:5]]
+    if len(series) > 5:
+        handles.append(plt.Line2D([], [], marker="o", color="#999999", label=f"{len(series) - 5} other parameter sets"))
+    handles += [plt.Line2D([], [], marker="o", mfc="none", mec="#D55E00", ls="none", ms=9, label="drift flagged"),
+                plt.Line2D([], [], marker="x", color="#D55E00", ls="none", label="failed run")]
     axes[0, -1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -184,6 +184,7 @@ def trend_points(runs: list[dict], metrics: list[str]) -> list[dict]:
         out.append({"label": f"{when}\n{(r.get('git_commit') or '?')[:7]}",
                     "versions": engine_versions(r.get("engines") or {}), "status": r.get("status", "?"),
                     "drift": None if drift is None else not drift.get("ok"), "run": r,
+                    "params": r.get("params_hash"),
                     "values": {m: r["metrics"].get(m) for m in metrics}})
     return out
 
@@ -274,8 +275,9 @@ details table {{ width: auto; font-size: 0.8rem; }}
 </style></head><body>
 <h1>rlwb runs</h1>
 <h2 id="trends">Trends</h2>
-<p>Each notebook's headline metrics, run after run (oldest left). Dotted lines: the engines' versions changed.
-Red rings: a rerun flagged drift against the run it repeated. Red crosses: failed runs.</p>
+<p>Each notebook's headline metrics, run after run (oldest left); one line per parameter set (runs with other
+parameters measure something else). Dotted lines: the engines' versions changed. Red rings: a rerun flagged drift
+against the run it repeated. Red crosses: failed runs.</p>
 {trends}
 <h2 id="runs">Every run</h2>
 <p>{len(runs)} archived runs under <code>{html.escape(str(root))}</code>, newest first.</p>

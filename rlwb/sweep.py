@@ -269,7 +269,7 @@ def summary_figure(df, x: str, patterns: list[str], varying: list[str]):
 
     keys = sorted({m for m in df["metric"] if any(fnmatch.fnmatch(m, p) for p in patterns)})
     names = sorted({k.rsplit("/", 1)[-1] for k in keys})
-    fig, axes = plt.subplots(1, len(names), figsize=plots.figsize("notebook", min(1.0, 0.5 * len(names))),
+    fig, axes = plt.subplots(1, len(names), figsize=plots.figsize("notebook", min(1.3, 0.75 * len(names))),
                              squeeze=False)
     others = [v for v in varying if v != x]
     for ax, name in zip(axes[0], names):
@@ -277,14 +277,19 @@ def summary_figure(df, x: str, patterns: list[str], varying: list[str]):
         d["series"] = d["metric"].map(lambda k: k.rsplit("/", 1)[0])
         for o in others:
             d["series"] = d["series"] + f", {o}=" + d[o].astype(str)
+        values = d["value"][d["value"] > 0]
+        log = len(values) > 0 and values.max() / values.min() > 100
+        if log:  # as in the notebooks' log plots: float noise at or below FLOOR_VALUE is drawn at the floor
+            d["value"] = d["value"].clip(lower=plots.FLOOR_VALUE)
+            ax.set_yscale("log")
+            ax.set_ylim(bottom=plots.FLOOR_VALUE / 3)
+            ax.text(0.99, 0.01, f"≤ {plots.FLOOR_VALUE:.0e} drawn at {plots.FLOOR_VALUE:.0e}", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=7, color="#666")
         for label, s in d.groupby("series", sort=True):
             s = s.sort_values(x)
             group = label.split(",")[0]
-            ax.plot(s[x], s["value"], marker="o", label=label, color=plots.ENGINE_COLORS.get(group),
-                    linestyle=plots.ENGINE_STYLES.get(group, "-"))
-        values = d["value"][d["value"] > 0]
-        if len(values) and values.max() / values.min() > 100:
-            ax.set_yscale("log")
+            ax.plot(s[x], s["value"], marker="o", label=label, color=plots.engine_color(group),
+                    linestyle=plots.engine_style(group))
         ax.set_xlabel(x)
         ax.set_ylabel(name)
         ax.legend(fontsize=7, frameon=False)
