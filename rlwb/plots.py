@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 
 OKABE_ITO = ["#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"]
@@ -628,6 +629,8 @@ def trend_figure(points: list[dict], metrics: list[str], title: str, style: str 
         log = len(vals) > 0 and (vals > 0).all() and vals.max() / max(vals.min(), 1e-300) > 100
         if log:
             ax.set_yscale("log")
+        else:  # no offset text ("1e-14" above the axis collides with the title)
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
         for (h, colour) in series:
             pts = [(x, v) for x, v in ok if points[x].get("params") == h]
             if pts:
@@ -651,7 +654,8 @@ def trend_figure(points: list[dict], metrics: list[str], title: str, style: str 
         ax.set_xlim(-0.5, max(len(points) - 0.5, 0.5))
         ax.tick_params(axis="y", labelsize=7)
     counts = {h: sum(p.get("params") == h and p["status"] == "ok" for p in points) for h, _ in series}
-    handles = [plt.Line2D([], [], marker="o", color=c, label=f"params {h} ({counts[h]} runs)") for h, c in series[:5]]
+    runs = {h: f"{k} run" + ("s" if k != 1 else "") for h, k in counts.items()}
+    handles = [plt.Line2D([], [], marker="o", color=c, label=f"params {h} ({runs[h]})") for h, c in series[:5]]
     if len(series) > 5:
         handles.append(plt.Line2D([], [], marker="o", color="#999999", label=f"{len(series) - 5} other parameter sets"))
     handles += [plt.Line2D([], [], marker="o", mfc="none", mec="#D55E00", ls="none", ms=9, label="drift flagged"),
