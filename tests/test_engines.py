@@ -1,5 +1,6 @@
 """Real engines (vLLM 0.8.5 V0, vLLM V1, HF) in worker processes, against the fp32 trainer. No mocks."""
 
+import json
 import os
 import signal
 import threading
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from rlwb.core.rollouts import sample_and_score
-from rlwb.engines import EngineCrashed, EngineWorker, PresetError, Sampling, resolve_preset
+from rlwb.engines import EngineCrashed, EngineError, EngineWorker, PresetError, Sampling, resolve_preset
 from rlwb.engines.worker import reports_raw_logprobs
 from tests.conftest import process_group_members
 
@@ -303,3 +304,49 @@ def test_validator_uses_the_models_tokenizer(tied_model):
         rep = validate.validate(w, TrainerScorer(tied_model), cases=3, seed=0, shrink=False, progress=False)
     assert rep.settings["tokenizer"].endswith(f"({tied_model})")
     assert rep.pass_rate == 1.0
+
+
+@pytest.fixture(scope="module")
+def qwen2_rope_1e6(tmp_path_factory, default_model):
+    """A Qwen2 (qkv bias, tied embeddings, rope_theta 1e6 as Qwen2.5 has) saved by this kernel's transformers 5,
+    which writes rope_theta only inside `rope_parameters`; the default policy's tokenizer."""
+    import shutil
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rope_theta=1e6,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("qwen2")
+    Qwen2ForCausalLM(cfg).float().save_pretrained(d)
+    for f in default_model.path.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, d / f.name)
+    assert "rope_theta" not in json.loads((d / "config.json").read_text())  # what makes the trap
+    return d
+
+
+def test_a_rope_base_the_engine_read_differently_is_refused_and_the_fix_reaches_the_floor(qwen2_rope_1e6, prompts,
+                                                                                          tmp_path):
+    """vLLM 0.8.5 reads config.json with transformers 4.51, which ignores `rope_parameters`: without the guard
+    it would run this model at rope_theta 1e4 and sit ~1e-2 from the trainer at every token. The worker refuses
+    it with the fix in the message; with the top-level key added, V0 is at the float floor; V1 (transformers 5)
+    reads the original file correctly."""
+    import shutil
+
+    from rlwb.core.trainer import TrainerScorer
+
+    with pytest.raises(EngineError, match=r"rope_theta=1000000.0 but .* read 10000.0.*Add \"rope_theta\""):
+        EngineWorker("vllm-v0", qwen2_rope_1e6).close()
+    fixed = tmp_path / "fixed"
+    shutil.copytree(qwen2_rope_1e6, fixed)
+    cfg = json.loads((fixed / "config.json").read_text())
+    cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
+    (fixed / "config.json").write_text(json.dumps(cfg))
+    scorer = TrainerScorer(qwen2_rope_1e6, "float32")
+    for name, model in (("vllm-v0", fixed), ("vllm-v1-fixed", qwen2_rope_1e6)):
+        with EngineWorker(name, model) as w:
+            ro = sample_and_score(w, scorer, prompts, Sampling(temperature=1.0, max_tokens=16, seed=0))
+        e, t = ro.flat()
+        assert np.max(np.abs(e - t)) <= 1e-5, name

@@ -46,6 +46,7 @@ class VllmBackend:
         kwargs["worker_extension_cls"] = "vllm_ext.RlwbWorkerExtension"
         self.kwargs = kwargs
         self.llm = LLM(model=spec["model"], tokenizer=spec.get("tokenizer") or spec["model"], **kwargs)
+        self._check_rope_theta(spec["model"])
         mod = type(self.llm.llm_engine).__module__
         self.engine = "v1" if mod.startswith("vllm.v1") else "v0"
         self.warnings: list[str] = []
@@ -60,6 +61,31 @@ class VllmBackend:
             self.llm.collective_rpc("rlwb_fp32_lm_head", args=(spec["model"],))
         for w in self.warnings:
             print(f"rlwb warning: {w}", file=sys.stderr, flush=True)
+
+    def _check_rope_theta(self, model: str) -> None:
+        """Refuse to run a checkpoint whose RoPE base the engine read differently from what the checkpoint says.
+
+        transformers >= 5 saves `rope_theta` only inside `rope_parameters`; transformers 4.51 (vLLM 0.8.5's
+        environment) reads the top-level key and silently falls back to the architecture's default (1e4 for
+        Qwen2): a Qwen2 with rope_theta 1e6 then runs in V0 with other positions and sits ~1e-2 from the
+        trainer at every token (measured). Hub checkpoints carry the top-level key; one saved by transformers 5
+        needs it added."""
+        cfg_path = os.path.join(model, "config.json")
+        if not os.path.isfile(cfg_path):
+            return  # a hub id: its config.json comes from the hub with the top-level key
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+        wanted = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta"))
+        mc = getattr(getattr(self.llm.llm_engine, "vllm_config", None), "model_config", None)
+        hf = getattr(mc, "hf_config", None)
+        got = getattr(hf, "rope_theta", None)
+        if got is None:
+            got = (getattr(hf, "rope_parameters", None) or {}).get("rope_theta")
+        if wanted is not None and got is not None and float(wanted) != float(got):
+            raise ValueError(f"{cfg_path} says rope_theta={wanted} but this engine (vLLM {self._version()}) read "
+                             f"{got}: the file has rope_theta only inside rope_parameters (as transformers >= 5 "
+                             f"writes it), which transformers < 5 does not read. Add \"rope_theta\": {wanted} at "
+                             f"the top level of config.json.")
 
     @staticmethod
     def _version() -> str:
