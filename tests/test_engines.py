@@ -331,8 +331,9 @@ def test_a_rope_base_the_engine_read_differently_is_refused_and_the_fix_reaches_
                                                                                           tmp_path):
     """vLLM 0.8.5 reads config.json with transformers 4.51, which ignores `rope_parameters`: without the guard
     it would run this model at rope_theta 1e4 and sit ~1e-2 from the trainer at every token. The worker refuses
-    it with the fix in the message; with the top-level key added, V0 is at the float floor; V1 (transformers 5)
-    reads the original file correctly."""
+    it with the fix in the message; with the top-level key added, V0 is at the float floor. (V1 reads the original
+    file correctly: transformers 5 understands `rope_parameters`; measured, not repeated here to save an engine
+    start.)"""
     import shutil
 
     from rlwb.core.trainer import TrainerScorer
@@ -345,8 +346,7 @@ def test_a_rope_base_the_engine_read_differently_is_refused_and_the_fix_reaches_
     cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
     (fixed / "config.json").write_text(json.dumps(cfg))
     scorer = TrainerScorer(qwen2_rope_1e6, "float32")
-    for name, model in (("vllm-v0", fixed), ("vllm-v1-fixed", qwen2_rope_1e6)):
-        with EngineWorker(name, model) as w:
-            ro = sample_and_score(w, scorer, prompts, Sampling(temperature=1.0, max_tokens=16, seed=0))
-        e, t = ro.flat()
-        assert np.max(np.abs(e - t)) <= 1e-5, name
+    with EngineWorker("vllm-v0", fixed) as w:
+        ro = sample_and_score(w, scorer, prompts, Sampling(temperature=1.0, max_tokens=16, seed=0))
+    e, t = ro.flat()
+    assert np.max(np.abs(e - t)) <= 1e-5
