@@ -244,12 +244,12 @@ def _run_on_ray(g: Grid, todo: list[dict], outputs: Path, address: str, record) 
 
 
 # -- summary ----------------------------------------------------------------------------------------
-def summary_frame(state: dict) -> pd.DataFrame:  # noqa: F821
+def summary_frame(state: dict):
     """One row per (successful cell, metric): the cell's varying parameters, `metric`, `value`, `run_dir`."""
     import pandas as pd
 
     rows = []
-    varying = [*state["grid"]["grid"], *(k for grp in state["grid"]["zip"] for k in grp)]
+    varying = Grid(**state["grid"]).varying()
     for c in state["cells"]:
         if c["status"] != "ok" or not c["run_dir"]:
             continue
@@ -311,7 +311,7 @@ def write_summary(sweep_dir: Path) -> Path:
     df.to_parquet(sweep_dir / "summary.parquet", index=False)
     spec = state["grid"].get("summary") or {}
     fig_html = ""
-    varying = [*state["grid"]["grid"], *(k for grp in state["grid"]["zip"] for k in grp)]
+    varying = Grid(**state["grid"]).varying()
     if spec.get("x") and len(df):
         plots.set_style("notebook")
         fig = summary_figure(df, spec["x"], spec.get("metrics") or ["*"], varying)
