@@ -5,7 +5,7 @@ RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
 
-.PHONY: setup kernel engines browser model reports test lint sync-params bench lab clean-outputs
+.PHONY: setup kernel engines browser model reports realistic test lint sync-params bench lab clean-outputs
 
 setup: kernel engines browser model  ## everything: kernel env, engine envs, chromium, the default model
 
@@ -25,6 +25,15 @@ reports: setup                       ## run every notebook with its default para
 	@set -e; for nb in $(NOTEBOOKS); do \
 	  stem=$$(basename $$nb .ipynb); echo "== $$stem"; \
 	  $(RLWB) run $$nb -f params/$$stem/default.yaml; \
+	done
+	$(RLWB) runs
+	$(RLWB) index
+
+realistic: setup                     ## every notebook on the realistic embedded model (params/*/realistic*.yaml)
+	@set -e; $(RLWB) run notebooks/00_default_policy.ipynb -p model qwen2-chat; \
+	for f in $$(ls params/0[1-9]*/realistic*.yaml | sort); do \
+	  stem=$$(basename $$(dirname $$f)); echo "== $$stem $$(basename $$f)"; \
+	  $(RLWB) run notebooks/$$stem.ipynb -f $$f; \
 	done
 	$(RLWB) runs
 	$(RLWB) index

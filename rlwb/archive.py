@@ -166,12 +166,12 @@ class Run:
         return name
 
     def use_model(self, model: str, rebuild: bool = False) -> Path | str:
-        """Resolve a `model` param (building the embedded default if needed, or again with `rebuild`) and
+        """Resolve a `model` param (building an embedded model if needed, or again with `rebuild`) and
         record it in run.json; returns what engines and the trainer load."""
         from rlwb.core import models
 
-        if model == "default":
-            built = models.build_default_model(force=rebuild)
+        if model in models.EMBEDDED_NAMES:
+            built = models.build_embedded_model(model, force=rebuild)
             self.record_model(built.path, built.card)
             return built.path
         path = models.resolve_model(model)

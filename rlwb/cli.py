@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from rlwb.core.models import EMBEDDED_NAMES
 from rlwb.errors import ParamError, RunFailed
 from rlwb.formatting import number
 from rlwb.params import parse_override
@@ -58,9 +59,9 @@ def _cmd_runs(a) -> int:
 
 
 def _cmd_build_model(a) -> int:
-    from rlwb.core.models import build_default_model
+    from rlwb.core.models import build_embedded_model
 
-    m = build_default_model(force=a.force)
+    m = build_embedded_model(a.model, force=a.force)
     print(json.dumps(m.card, indent=2))
     pub = m.card.get("weights_published_sha256_16")
     verdict = ("no published build for this recipe" if pub is None else
@@ -312,7 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", help="also write the report as JSON to this path")
     r.set_defaults(fn=_cmd_validate)
 
-    r = sub.add_parser("build-model", help="build (or show the cached) embedded default policy")
+    r = sub.add_parser("build-model", help="build (or show the cached) embedded model and print its card")
+    r.add_argument("--model", default="default", choices=EMBEDDED_NAMES,
+                   help="which embedded model (default: the char-level default policy)")
     r.add_argument("--force", action="store_true")
     r.set_defaults(fn=_cmd_build_model)
 

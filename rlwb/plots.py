@@ -81,11 +81,11 @@ def _finite(x):
 
 # -- notebook 00 ------------------------------------------------------------------------------------
 def accuracy_by_digits(samples, style: str = "notebook"):
-    """Greedy accuracy of the default policy per operand size (max digits of a, b)."""
+    """Greedy accuracy of an embedded policy per operand size (max digits of a, b; toy or chat prompts)."""
     import pandas as pd
 
     df = pd.DataFrame(samples).copy()
-    df["digits"] = df["prompt"].str.rstrip("=").str.split("+").map(lambda ab: max(len(x) for x in ab))
+    df["digits"] = df["prompt"].str.extract(r"(\d+)\+(\d+)").apply(lambda ab: max(map(len, ab)), axis=1)
     acc = df.groupby("digits")["reward"].agg(["mean", "count"])
     fig, ax = plt.subplots(figsize=figsize(style, 0.7))
     ax.bar(acc.index.astype(str), acc["mean"], color=ENGINE_COLORS["hf"], alpha=0.8)
@@ -95,7 +95,7 @@ def accuracy_by_digits(samples, style: str = "notebook"):
     ax.grid(axis="x", visible=False)
     ax.set_xlabel("digits in the larger operand")
     ax.set_ylabel("greedy accuracy")
-    ax.set_title("Default policy: accuracy by problem size")
+    ax.set_title("Greedy accuracy by problem size")
     fig.tight_layout()
     return fig
 

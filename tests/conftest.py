@@ -49,6 +49,15 @@ def default_model():
 
 
 @pytest.fixture(scope="session")
+def chat_smoke_model():
+    """The realistic embedded model on its tiny smoke budget (`qwen2-chat-smoke`): the real build path, the real
+    tokenizer, chat template and checkpoint layout, in about a minute."""
+    from rlwb.core.models import build_embedded_model
+
+    return build_embedded_model("qwen2-chat-smoke", progress=False)
+
+
+@pytest.fixture(scope="session")
 def scorer(default_model):
     from rlwb.core.trainer import TrainerScorer
 

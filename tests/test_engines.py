@@ -231,7 +231,7 @@ def test_seeded_heterogeneous_long_batch_survives_on_v1(engine, name):
     off) and notebook 05's long contexts (async on). On CPU every V1 preset inherits `enable_chunked_prefill:
     false` from `vllm-v1`; a batch over one step's token budget then runs, and seeded reruns stay identical."""
     from rlwb.core import tokenizer
-    from rlwb.core.rollouts import task_prompts
+    from rlwb.core.prompts import task_prompts
     from rlwb.experiments import determinism_and_staleness as determinism
 
     codec = tokenizer.PromptCodec()

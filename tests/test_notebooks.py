@@ -76,6 +76,18 @@ def test_gpu_params_validate(nb):
     assert p.dtype == ("float32" if nb.stem == "05_equivalence_and_stress" else "bfloat16")
 
 
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_realistic_params_validate(nb):
+    """Every engine notebook has a `realistic.yaml` on the realistic embedded model (issue #18)."""
+    from rlwb import params
+
+    if nb.stem == "00_default_policy":
+        return  # its `model` param selects the model directly
+    for f in sorted((REPO / "params" / nb.stem).glob("realistic*.yaml")):
+        assert params.load(nb.stem, [f]).model == "qwen2-chat", f.name
+    assert (REPO / "params" / nb.stem / "realistic.yaml").exists()
+
+
 # -- what each notebook's smoke run must show ---------------------------------------------------------
 def check_default_policy(d: Path, m: dict) -> None:
     assert 0 <= m["policy/greedy_accuracy"] <= 1 and m["policy/mean_completion_tokens"] >= 8

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rlwb.core.rollouts import task_prompts
+from rlwb.core.prompts import task_prompts
 from rlwb.core.tokenizer import PromptCodec
 from rlwb.engines.worker import Sampling
 from rlwb.experiments import equivalence_and_stress as stress

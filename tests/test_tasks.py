@@ -19,7 +19,7 @@ def test_reward_is_exact_on_the_final_answer():
     assert tasks.reward(p, "8+7=15,5+6+1=12#125") == 1.0
     assert tasks.reward(p, "#125") == 1.0  # only the final answer is verified
     assert tasks.reward(p, "8+7=15,5+6+1=12#124") == 0.0
-    assert tasks.reward(p, "8+7=15,5+6+1=12") == 0.0  # no answer
+    assert tasks.reward(p, "8+7=15,5+6+1=12") == 0.0  # no marker: the last integer (12) is the answer
     assert tasks.reward(p, "#12a5") == 0.0
     assert tasks.reward(p, "#1#125") == 1.0  # the last '#' counts
     assert tasks.reward(p, "") == 0.0
@@ -40,3 +40,16 @@ def test_parse_prompt_round_trip_and_error():
 
     with pytest.raises(ValueError, match="not a task prompt"):
         tasks.parse_prompt("hello")
+
+
+def test_free_form_answers_of_real_models():
+    p = tasks.Problem(58, 67)
+    right = ["58 + 67 = 125.", "The sum is 125", "So the answer is $\\boxed{125}$.", "Adding gives\n#### 125",
+             "We get 1 hundred... final: 125", "\\boxed{ 125 }", "#### 125."]
+    wrong = ["58 + 67 = 126.", "125 is close but the answer is 124", "\\boxed{521}", "#### 521", "\\boxed{125a}",
+             "#### twelve", "I cannot compute that.", "\\boxed{}", "The answer is 125 #"]
+    assert [tasks.reward(p, t) for t in right] == [1.0] * len(right)
+    assert [tasks.reward(p, t) for t in wrong] == [0.0] * len(wrong)
+    assert tasks.parse_answer("total: 1,234") == 1234 and tasks.parse_answer("\\boxed{7} then 9") == 7
+    assert tasks.parse_answer("no number here") is None
+    assert tasks.Problem(58, 67).question == "What is 58+67?"

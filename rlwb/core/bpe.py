@@ -78,11 +78,3 @@ def save_tokenizer(tokenizer, path: str | Path) -> None:
     cfg.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE, model_max_length=4096,
                add_bos_token=False)
     cfg_path.write_text(json.dumps(cfg, indent=2))
-
-
-def chat_prompt_ids(tokenizer, user_text: str) -> list[int]:
-    """Token ids of one user turn plus the assistant header, through the tokenizer's own chat template
-    (transformers 5 returns a BatchEncoding where 4.x returned a list)."""
-    out = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], add_generation_prompt=True,
-                                        tokenize=True)
-    return list(out["input_ids"] if hasattr(out, "keys") else out)

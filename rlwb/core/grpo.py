@@ -97,7 +97,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     codec = codec or tokenizer.PromptCodec()
     t0 = time.perf_counter()
     problems = tasks.make_problems(cfg.prompts_per_step, seed=cfg.seed * 1_000_003 + step, max_digits=cfg.max_digits)
-    prompts = [codec.encode(p.prompt) for p in problems for _ in range(cfg.group_size)]
+    prompts = [codec.encode_task(p) for p in problems for _ in range(cfg.group_size)]
     sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                         seed=cfg.seed * 10_000_019 + step * 1000)
     comps = engine.generate(prompts, sampling)

@@ -30,6 +30,7 @@ class GRPOSettings:
     tis_cap: float = param(2.0, "TIS truncation cap C", gt=0)
     micro_batch: int = param(0, "sequences per forward/backward of the update (gradient accumulation); "
                                 "0 means all at once", ge=0)
+    max_digits: int = param(3, "operands of the training prompts have 1 to this many digits (qwen2-chat: 2)", ge=1)
 
 
 @dataclass
@@ -43,7 +44,6 @@ class GRPOConfig(GRPOSettings):
     mask_lo: float = 0.5
     mask_hi: float = 2.0
     max_grad_norm: float = 1.0
-    max_digits: int = 3  # operand size of the training prompts
 
     @classmethod
     def from_settings(cls, settings: GRPOSettings, **per_run) -> GRPOConfig:

@@ -152,6 +152,23 @@ def mismatch_metrics(logp_engine, logp_trainer, seq_ids=None, mask=None, clip_ep
     return out
 
 
+UNCERTAIN_P = 0.9  # a sampled token with probability below this is "uncertain" (issue #18's yardstick)
+
+
+def policy_uncertainty(logp_trainer, entropy) -> dict[str, float]:
+    """How uncertain the policy is at the tokens it sampled: the mean entropy (nats) of the sampling
+    distribution and the share of sampled tokens with probability < 0.9 (both from the trainer's fp32
+    recomputation, so they describe the policy, not an engine's error). Why it matters: errors that grow with
+    entropy (raw logprobs, a bf16 head) are invisible where every sampled token has p ~ 1."""
+    lp = _as_logprobs(logp_trainer, "logp_trainer")
+    ent = np.asarray(entropy, dtype=np.float64)
+    if lp.shape != ent.shape:
+        raise ValueError(f"logp_trainer {lp.shape} and entropy {ent.shape} differ in shape")
+    if lp.size == 0:
+        return {"token_entropy_mean": float("nan"), "uncertain_token_frac": float("nan")}
+    return {"token_entropy_mean": float(ent.mean()), "uncertain_token_frac": float(np.mean(np.exp(lp) < UNCERTAIN_P))}
+
+
 def prefixed(group: str, metrics: dict) -> dict:
     """{"k3_mean": x} -> {"<group>/k3_mean": x}: the archive's `group/name` keys."""
     return {f"{group}/{k}": v for k, v in metrics.items()}

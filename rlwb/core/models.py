@@ -56,7 +56,8 @@ BUILD_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MA
              "OMP_NUM_THREADS": str(BUILD_THREADS), "MKL_NUM_THREADS": str(BUILD_THREADS)}
 # recipe hash -> weights checksum of the build every machine must reproduce (README numbers come from it).
 # Measured: the build of record (AMD EPYC, AVX-512, 2026-11-22); tests assert every machine reproduces it.
-PUBLISHED_WEIGHTS: dict[str, str] = {"e681a5e09fd3": "55ff690a01f1bba5"}
+PUBLISHED_WEIGHTS: dict[str, str] = {"e681a5e09fd3": "55ff690a01f1bba5",  # default
+                                     "3247b68a9fe7": "a62e40a6ea9f6d69"}  # qwen2-chat, Python 3.11.7 stdlib
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ def greedy_eval(model, n: int = 200, seed: int = 10**6, max_digits: int = 3, max
 
 
 @dataclass(frozen=True)
-class DefaultModel:
+class EmbeddedModel:
     path: Path
     card: dict
 
@@ -208,13 +209,49 @@ class DefaultModel:
         return self.card["recipe_hash"]
 
 
-def default_model_dir(recipe: ModelRecipe = ModelRecipe()) -> Path:
-    return cache_dir() / "models" / f"default-{recipe.hash()}"
+DefaultModel = EmbeddedModel  # the name tests and notebooks 00 use
 
 
-def build_default_model(recipe: ModelRecipe = ModelRecipe(), force: bool = False,
-                        progress: bool = True) -> DefaultModel:
-    """Build (or reuse from the cache) the default policy; returns its path and model card.
+def embedded_recipes() -> dict:
+    """`model:` name -> recipe of every model rlwb builds itself. `qwen2-chat-smoke` is the chat model on a
+    tiny budget (seconds): for tests and dry runs of GPU configurations, never for findings."""
+    from rlwb.core.chat_model import ChatModelRecipe
+
+    return {"default": ModelRecipe(),
+            "qwen2-chat": ChatModelRecipe(),
+            "qwen2-chat-smoke": ChatModelRecipe(name="qwen2-chat-smoke", pretrain_steps=12, sft_steps=12,
+                                                warmup_steps=4)}
+
+
+EMBEDDED_NAMES = ("default", "qwen2-chat", "qwen2-chat-smoke")
+
+
+def recipe_for(name: str):
+    """The recipe of embedded model `name`, bound to this machine's inputs (the chat model's corpus hash)."""
+    recipes = embedded_recipes()
+    if name not in recipes:
+        raise ValueError(f"no embedded model {name!r}; embedded models: {', '.join(recipes)}")
+    r = recipes[name]
+    return r if isinstance(r, ModelRecipe) else _with_corpus(r)
+
+
+_CORPUS: dict = {}
+
+
+def _with_corpus(recipe):
+    if recipe not in _CORPUS:  # hashing 12 MB of stdlib takes a second; once per process
+        _CORPUS[recipe] = recipe.with_corpus()
+    return _CORPUS[recipe]
+
+
+def default_model_dir(recipe=ModelRecipe()) -> Path:
+    prefix = "default" if isinstance(recipe, ModelRecipe) else recipe.name
+    return cache_dir() / "models" / f"{prefix}-{recipe.hash()}"
+
+
+def build_default_model(recipe=ModelRecipe(), force: bool = False, progress: bool = True) -> EmbeddedModel:
+    """Build (or reuse from the cache) an embedded model (the default policy unless `recipe` says otherwise);
+    returns its path and model card.
 
     The build itself runs in a child process under `BUILD_ENV` (see the module docstring): that is the
     only way to pin the CPU kernels torch picks when it loads. The child writes to a temporary directory
@@ -222,14 +259,19 @@ def build_default_model(recipe: ModelRecipe = ModelRecipe(), force: bool = False
     """
     out = default_model_dir(recipe)
     if (out / "model.json").exists() and not force:
-        return DefaultModel(out, model_card(out))
+        return EmbeddedModel(out, model_card(out))
     try:  # fail before a minute of training, not after it, when the cache cannot take the model
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise NotADirectoryError(f"model cache {out.parent} is not a usable directory (set RLWB_CACHE to one): "
                                  f"{type(e).__name__}: {e}") from None
     run_pinned_build(recipe, force=force, progress=progress)
-    return DefaultModel(out, model_card(out))
+    return EmbeddedModel(out, model_card(out))
+
+
+def build_embedded_model(name: str, force: bool = False, progress: bool = True) -> EmbeddedModel:
+    """`build_default_model` for the embedded model called `name` (see `embedded_recipes`)."""
+    return build_default_model(recipe_for(name), force=force, progress=progress)
 
 
 def with_published(card: dict) -> dict:
@@ -239,15 +281,15 @@ def with_published(card: dict) -> dict:
             "weights_match_published": None if published is None else card.get("weights_sha256_16") == published}
 
 
-def run_pinned_build(recipe: ModelRecipe, *, force: bool = False, progress: bool = True,
-                     env: dict | None = None) -> None:
+def run_pinned_build(recipe, *, force: bool = False, progress: bool = True, env: dict | None = None) -> None:
     """`python -m rlwb.core.models` in a child process whose environment is `env` (default: ours) plus BUILD_ENV.
     The child's progress goes to our stderr (a terminal directly; otherwise forwarded line by line, so it
     shows in a notebook or a log)."""
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "rlwb.core.models", json.dumps(asdict(recipe))]
+    kind = "default" if isinstance(recipe, ModelRecipe) else "chat"
+    cmd = [sys.executable, "-m", "rlwb.core.models", json.dumps(asdict(recipe)), "--kind", kind]
     cmd += ["--force"] * force + ["--quiet"] * (not progress)
     child_env = {**(os.environ if env is None else env), **BUILD_ENV}
     tty = sys.stderr.isatty()
@@ -258,14 +300,37 @@ def run_pinned_build(recipe: ModelRecipe, *, force: bool = False, progress: bool
             sys.stderr.write(line)
             tail = (tail + [line])[-20:]
     if proc.wait() != 0:
-        raise RuntimeError(f"building the default policy failed (exit {proc.returncode}): {''.join(tail).strip()}")
+        what = "the default policy" if kind == "default" else f"embedded model {recipe.name!r}"
+        raise RuntimeError(f"building {what} failed (exit {proc.returncode}): {''.join(tail).strip()}")
 
 
-def _build_here(recipe: ModelRecipe, force: bool, progress: bool) -> DefaultModel:
+def _build_default_policy(recipe: ModelRecipe, out: Path, progress: bool) -> tuple[object, dict]:
+    """Train the default policy and save it into `out`; returns (model, card fields)."""
+    t0 = time.time()
+    model = train(recipe, progress=progress)
+    build_s = time.time() - t0
+    ev = greedy_eval(model, max_digits=recipe.max_digits)
+    model.save_pretrained(out, safe_serialization=True)
+    gen_cfg = out / "generation_config.json"
+    gen_cfg.write_text(json.dumps({"bos_token_id": tokenizer.BOS_ID, "eos_token_id": tokenizer.EOS_ID,
+                                   "pad_token_id": tokenizer.PAD_ID}, indent=2))
+    tokenizer.save_tokenizer(tokenizer.build_tokenizer(), out)
+    return model, {
+        "name": "rlwb-default-policy",
+        "architecture": "LlamaForCausalLM (GQA + RoPE), char-level tokenizer",
+        "greedy_accuracy": ev["greedy_accuracy"],
+        "reversed_answer_frac": ev["reversed_answer_frac"],
+        "mean_completion_tokens": ev["mean_completion_tokens"],
+        "eval_problems": 200,
+        "build_s": round(build_s, 1),
+    }
+
+
+def _build_here(recipe, force: bool, progress: bool) -> EmbeddedModel:
     """The build proper; only inside the pinned child process (`run_pinned_build`)."""
     unpinned = {k: os.environ.get(k) for k, v in BUILD_ENV.items() if os.environ.get(k) != v}
     if unpinned:
-        raise RuntimeError(f"the default policy must be built under BUILD_ENV (call build_default_model); "
+        raise RuntimeError(f"embedded models must be built under BUILD_ENV (call build_default_model); "
                            f"differs here: {unpinned}")
     import torch
     from transformers.utils import logging as hf_logging
@@ -273,35 +338,27 @@ def _build_here(recipe: ModelRecipe, force: bool, progress: bool) -> DefaultMode
     hf_logging.disable_progress_bar()  # "Writing model shards" is noise in a build log
     out = default_model_dir(recipe)
     if (out / "model.json").exists() and not force:
-        return DefaultModel(out, json.loads((out / "model.json").read_text()))
-    t0 = time.time()
+        return EmbeddedModel(out, json.loads((out / "model.json").read_text()))
     torch.set_num_threads(BUILD_THREADS)
     torch.use_deterministic_algorithms(True)
-    model = train(recipe, progress=progress)
-    build_s = time.time() - t0
-    ev = greedy_eval(model, max_digits=recipe.max_digits)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    gen_cfg = tmp / "generation_config.json"
-    gen_cfg.write_text(json.dumps({"bos_token_id": tokenizer.BOS_ID, "eos_token_id": tokenizer.EOS_ID,
-                                   "pad_token_id": tokenizer.PAD_ID}, indent=2))
-    tokenizer.save_tokenizer(tokenizer.build_tokenizer(), tmp)
+    if isinstance(recipe, ModelRecipe):
+        model, fields = _build_default_policy(recipe, tmp, progress)
+    else:
+        from rlwb.core import chat_model
+
+        model, fields = chat_model.build(recipe, tmp, progress)
     checksum = weights_hash(model)
     published = PUBLISHED_WEIGHTS.get(recipe.hash())
     card = with_published({
-        "name": "rlwb-default-policy",
-        "architecture": "LlamaForCausalLM (GQA + RoPE), char-level tokenizer",
+        **{k: v for k, v in fields.items() if k in ("name", "architecture")},
         "recipe": asdict(recipe),
         "recipe_hash": recipe.hash(),
         "params": sum(p.numel() for p in model.parameters()),
         "weights_sha256_16": checksum,
-        "greedy_accuracy": ev["greedy_accuracy"],
-        "reversed_answer_frac": ev["reversed_answer_frac"],
-        "mean_completion_tokens": ev["mean_completion_tokens"],
-        "eval_problems": 200,
-        "build_s": round(build_s, 1),
+        **{k: v for k, v in fields.items() if k not in ("name", "architecture")},
         "torch_threads": torch.get_num_threads(),
         "build_env": dict(BUILD_ENV),
         "build_cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -318,7 +375,7 @@ def _build_here(recipe: ModelRecipe, force: bool, progress: bool) -> DefaultMode
 
         print(f"warning: this build's weights ({checksum}) differ from the published build ({published}) of "
               f"recipe {recipe.hash()}: numbers will not match the README's", file=sys.stderr)
-    return DefaultModel(out, card)
+    return EmbeddedModel(out, card)
 
 
 def host_cpu() -> dict:
@@ -338,14 +395,15 @@ def host_cpu() -> dict:
 
 
 def resolve_model(model: str, progress: bool = True) -> Path:
-    """`"default"` → the embedded policy's cached dir (built if missing); anything else → an HF id or path."""
-    if model == "default":
-        return build_default_model(progress=progress).path
+    """An embedded model's name (`default`, `qwen2-chat`, ...) → its cached dir (built if missing); anything
+    else → an HF id or path."""
+    if model in EMBEDDED_NAMES:
+        return build_embedded_model(model, progress=progress).path
     return Path(model) if Path(model).exists() else model  # type: ignore[return-value]
 
 
 def model_card(path) -> dict | None:
-    """The model card rlwb wrote for a default-policy build, or None for other models."""
+    """The model card rlwb wrote for an embedded model's build, or None for other models."""
     p = Path(str(path)) / "model.json"
     return with_published(json.loads(p.read_text())) if p.exists() else None
 
@@ -354,12 +412,19 @@ def _main(argv: list[str] | None = None) -> None:
     """`python -m rlwb.core.models RECIPE_JSON [--force] [--quiet]`: the pinned child of `run_pinned_build`."""
     import argparse
 
-    ap = argparse.ArgumentParser(description="build the default policy (run via build_default_model)")
-    ap.add_argument("recipe", help="ModelRecipe fields as JSON")
+    ap = argparse.ArgumentParser(description="build an embedded model (run via build_default_model)")
+    ap.add_argument("recipe", help="recipe fields as JSON")
+    ap.add_argument("--kind", choices=["default", "chat"], default="default")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
-    _build_here(ModelRecipe(**json.loads(a.recipe)), force=a.force, progress=not a.quiet)
+    if a.kind == "default":
+        recipe = ModelRecipe(**json.loads(a.recipe))
+    else:
+        from rlwb.core.chat_model import ChatModelRecipe
+
+        recipe = ChatModelRecipe(**json.loads(a.recipe))
+    _build_here(recipe, force=a.force, progress=not a.quiet)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlwb.core import tasks, tokenizer
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling
 
@@ -25,6 +24,7 @@ class Rollouts:
     logp_trainer: list[np.ndarray]
     logp_trainer_raw: list[np.ndarray] | None = None
     full_trainer: list[np.ndarray] | None = None
+    entropy_trainer: list[np.ndarray] | None = None  # entropy of the sampling distribution at each token
     timings: dict = field(default_factory=dict)
 
     @property
@@ -48,6 +48,14 @@ class Rollouts:
         t = np.concatenate(self.logp_trainer) if self.completions else np.zeros(0)
         return e.astype(np.float64), t.astype(np.float64)
 
+    def uncertainty(self) -> dict[str, float]:
+        """How uncertain the policy is where it sampled (`rlwb.core.metrics.policy_uncertainty`)."""
+        from rlwb.core.metrics import policy_uncertainty
+
+        if self.entropy_trainer is None or not self.completions:
+            return {}
+        return policy_uncertainty(self.flat()[1], np.concatenate(self.entropy_trainer))
+
     def seq_ids(self) -> np.ndarray:
         """Sequence index of every flat token (for per-sequence estimators and the bootstrap)."""
         return np.concatenate([np.full(len(c.token_ids), i) for i, c in enumerate(self.completions)]) \
@@ -67,6 +75,8 @@ class Rollouts:
             }
             if self.logp_trainer_raw is not None:
                 d["logp_trainer_raw"] = self.logp_trainer_raw[i].astype(np.float64)
+            if self.entropy_trainer is not None:
+                d["entropy_trainer"] = self.entropy_trainer[i].astype(np.float64)
             rows.append(pd.DataFrame(d))
         df = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
         for k, v in extra.items():
@@ -80,29 +90,11 @@ def sample_and_score(worker: EngineWorker, scorer: TrainerScorer, prompts: list[
     comps = worker.generate(prompts, sampling, full=full)
     t1 = time.perf_counter()
     s = scorer.score([c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
-                     temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, raw=raw, full=full)
+                     temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, raw=raw, full=full,
+                     entropy=True)
     t2 = time.perf_counter()
-    return Rollouts(worker.preset.name, sampling, comps, s["logp"], s.get("logp_raw"), s.get("full"),
+    return Rollouts(worker.preset.name, sampling, comps, s["logp"], s.get("logp_raw"), s.get("full"), s["entropy"],
                     {"generate_s": t1 - t0, "score_s": t2 - t1})
-
-
-def task_prompts(n: int, seed: int, heterogeneous: bool = False,
-                 codec: tokenizer.PromptCodec | None = None) -> list[list[int]]:
-    """Token ids of `n` task prompts. `heterogeneous`: every other prompt carries a long context of solved
-    examples (up to ~40x longer), so one batch mixes very different lengths - the case where batch
-    composition changes kernels and hence logprobs."""
-    codec = codec or tokenizer.PromptCodec()
-    probs = tasks.make_problems(n, seed=seed)
-    if not heterogeneous:
-        return [codec.encode(p.prompt) for p in probs]
-    rng = np.random.default_rng(seed)
-    shots = tasks.make_problems(64, seed=seed + 7919)
-    out = []
-    for i, p in enumerate(probs):
-        k = 0 if i % 2 == 0 else int(rng.integers(4, 12))
-        ctx = "".join(f"{s.prompt}{s.worked_answer};" for s in shots[:k])
-        out.append(codec.encode(ctx + p.prompt))
-    return out
 
 
 def common_prefix_max_dlogp(a: Completion, b: Completion) -> float:

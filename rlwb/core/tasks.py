@@ -6,12 +6,14 @@ per-token engine/trainer mismatch accumulates over a sequence as it does for rea
 
     prompt      "58+67="
     completion  "8+7=15,5+6+1=12#125"     (columns right to left, carry written out, then "#" + sum)
-    reward      1.0 iff the text after the last "#" is exactly the sum, else 0.0
+    reward      1.0 iff the final answer (`parse_answer`: toy "#125", "#### 125", \\boxed{125} or the last
+                integer of free text) is the sum, else 0.0
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 
@@ -23,6 +25,11 @@ class Problem:
     @property
     def prompt(self) -> str:
         return f"{self.a}+{self.b}="
+
+    @property
+    def question(self) -> str:
+        """The task as a chat question, for models with a chat template (the user turn's content)."""
+        return f"What is {self.a}+{self.b}?"
 
     @property
     def answer(self) -> int:
@@ -64,12 +71,33 @@ def make_problems(n: int, seed: int, max_digits: int = 3) -> list[Problem]:
     return [Problem(operand(), operand()) for _ in range(n)]
 
 
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_INTEGER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?!\d)|-?\d+")
+
+
+def _integer(text: str) -> int | None:
+    """`text` as an integer when it is one (thousands commas and a final period allowed), else None."""
+    t = text.strip().rstrip(".").strip().replace(",", "")
+    return int(t) if re.fullmatch(r"-?\d+", t) else None
+
+
 def parse_answer(completion: str) -> int | None:
-    """The integer after the last `#`, or None when there is none or it is not a plain integer."""
-    if "#" not in completion:
-        return None
-    tail = completion.rsplit("#", 1)[1].strip()
-    return int(tail) if tail.isdigit() else None
+    """The final answer of a completion, in the formats real models write, first match wins:
+
+    1. `\\boxed{125}` (the last box; math-tuned models),
+    2. after the last `#`: the toy format `...#125` and GSM8K's `#### 125` (a malformed tail such as `#12a`
+       is no answer: the model committed to a format and broke it),
+    3. otherwise the last integer in the text ("58 + 67 = 125.").
+
+    None when there is no answer.
+    """
+    boxed = _BOXED.findall(completion)
+    if boxed:
+        return _integer(boxed[-1])
+    if "#" in completion:
+        return _integer(completion.rsplit("#", 1)[1])
+    found = _INTEGER.findall(completion)
+    return _integer(found[-1]) if found else None
 
 
 def reward(problem: Problem, completion: str) -> float:

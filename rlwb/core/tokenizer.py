@@ -68,25 +68,83 @@ def decode(ids) -> str:
     return "".join(out)
 
 
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+
+
+def normalize_text(text: str) -> str:
+    """Text the 64-symbol vocabulary can encode: lower-cased, tabs as spaces, other symbols dropped. Only for
+    natural-text prompts (held-out corpus prefixes, chat questions) given to the char-level default policy."""
+    known = set(CHARS)
+    return "".join(c for c in text.lower().replace("\t", " ") if c in known)
+
+
+def chat_prompt_ids(hf_tokenizer, messages: list[dict] | str) -> list[int]:
+    """Token ids of a conversation (or one user turn) plus the assistant header, through the tokenizer's own
+    chat template (transformers 5 returns a BatchEncoding where 4.x returned a list)."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    out = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
 class PromptCodec:
     """Text <-> token ids for the model under test: the char tokenizer for the embedded default policy,
-    the model's own tokenizer (with its special tokens, e.g. BOS) for anything else."""
+    the model's own tokenizer (its special tokens, e.g. BOS, and its chat template) for anything else.
 
-    def __init__(self, model_path=None):
-        self.hf = None
+    `chat_template`: "auto" builds task prompts and questions with the tokenizer's chat template when it has
+    one (an instruct model answers a bare "58+67=" poorly), "on" requires one, "off" never uses it. Either
+    way engines receive token ids, never text.
+    """
+
+    def __init__(self, model_path=None, chat_template: str = "auto"):
         from pathlib import Path
 
-        if model_path is not None and not (Path(str(model_path)) / "model.json").exists():
+        if chat_template not in CHAT_TEMPLATE_MODES:
+            raise ValueError(f"chat_template must be one of {CHAT_TEMPLATE_MODES}, got {chat_template!r}")
+        self.hf = None
+        card = Path(str(model_path)) / "model.json" if model_path is not None else None
+        char_model = model_path is None or (card.exists() and
+                                            json.loads(card.read_text()).get("name") == "rlwb-default-policy")
+        if not char_model:
             from transformers import AutoTokenizer
 
             self.hf = AutoTokenizer.from_pretrained(str(model_path))
+        has_template = self.hf is not None and bool(getattr(self.hf, "chat_template", None))
+        if chat_template == "on" and not has_template:
+            raise ValueError(f"chat_template is 'on' but the tokenizer of {model_path or 'the default policy'} "
+                             f"has no chat template (use 'auto' or 'off')")
+        self.chat = has_template and chat_template != "off"
 
     def encode(self, text: str) -> list[int]:
+        """Raw text (no chat template): the tokenizer's own special tokens only (BOS where it has one)."""
         return encode_prompt(text) if self.hf is None else list(self.hf(text)["input_ids"])
+
+    def encode_text(self, text: str) -> list[int]:
+        """Natural text to continue, e.g. a corpus prefix (normalized for the char vocabulary)."""
+        return self.encode(normalize_text(text) if self.hf is None else text)
+
+    def encode_question(self, question: str, history: list[tuple[str, str]] = ()) -> list[int]:
+        """A user question (after `history`'s (question, answer) turns): through the chat template when on,
+        else as plain text."""
+        if self.chat:
+            msgs = [m for q, a in history for m in ({"role": "user", "content": q},
+                                                     {"role": "assistant", "content": a})]
+            return chat_prompt_ids(self.hf, msgs + [{"role": "user", "content": question}])
+        text = "".join(f"{q}{a};" for q, a in history) + question
+        return self.encode(normalize_text(text) if self.hf is None else text)
+
+    def encode_task(self, problem, shots: list = ()) -> list[int]:
+        """A task problem (after solved `shots`): the chat question when the template is on, else the toy
+        format `A+B=` the default policy was trained on."""
+        if self.chat:
+            return self.encode_question(problem.question, [(s.question, s.worked_answer) for s in shots])
+        return self.encode("".join(f"{s.prompt}{s.worked_answer};" for s in shots) + problem.prompt)
 
     def describe(self) -> str:
         """Which tokenizer this is, for provenance: "rlwb-char" or the HF tokenizer's class and path."""
-        return "rlwb-char" if self.hf is None else f"{type(self.hf).__name__}({self.hf.name_or_path})"
+        if self.hf is None:
+            return "rlwb-char"
+        return f"{type(self.hf).__name__}({self.hf.name_or_path}){', chat template' if self.chat else ''}"
 
     def decode(self, ids) -> str:
         if self.hf is None:

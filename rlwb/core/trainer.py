@@ -137,17 +137,17 @@ class TrainerScorer:
     @torch.no_grad()
     def score(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float = 1.0,
               top_k: int = 0, top_p: float = 1.0, raw: bool = False, full: bool = False,
-              batch_size: int = 64) -> dict[str, list[np.ndarray]]:
-        """Per sequence arrays: `logp` (and `logp_raw`, `full` [L, V] when asked)."""
+              entropy: bool = False, batch_size: int = 64) -> dict[str, list[np.ndarray]]:
+        """Per sequence arrays: `logp` (and `logp_raw`, `full` [L, V], `entropy` of the sampling distribution
+        when asked)."""
         res: dict[str, list[np.ndarray]] = {"logp": []}
-        if raw:
-            res["logp_raw"] = []
-        if full:
-            res["full"] = []
+        for k, on in (("logp_raw", raw), ("full", full), ("entropy", entropy)):
+            if on:
+                res[k] = []
         heads = int(getattr(self.model.config, "num_attention_heads", 1))
         for s, e in score_batches([len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)], batch_size, heads):
             b = make_batch(prompt_ids[s:e], completion_ids[s:e])
-            out = completion_logprobs(self.model, b, temperature, top_k, top_p, raw=raw, full=full)
+            out = completion_logprobs(self.model, b, temperature, top_k, top_p, raw=raw, full=full, entropy=entropy)
             for k in res:
                 res[k].extend(split_by_lengths(out[k].cpu().numpy(), b.completion_lens))
         return res

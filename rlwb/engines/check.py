@@ -27,7 +27,7 @@ def check_engines(presets: list[str] | None = None, model: str = "default", prom
     scorer = TrainerScorer(path, "float32")
     problems = tasks.make_problems(prompts, seed=123)
     codec = tokenizer.PromptCodec(path)
-    ids = [codec.encode(p.prompt) for p in problems]
+    ids = [codec.encode_task(p) for p in problems]
     report = {}
     for name in presets:
         r = {"ok": False, "vllm_version": None, "engine": None, "max_abs_dlogp_T1": None,

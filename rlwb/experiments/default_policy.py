@@ -26,10 +26,12 @@ class PolicyResult(Result):
 
     def summary(self) -> pd.DataFrame:
         m = self.metrics
-        return pd.DataFrame({"value": [m["policy/params"], m["policy/greedy_accuracy"],
-                                       m["policy/reversed_answer_frac"], m["policy/mean_completion_tokens"]]},
-                            index=pd.Index(["parameters", "greedy accuracy", "reversed answers",
-                                            "completion tokens (mean)"], name="measure"))
+        rows = {"parameters": m["policy/params"], "greedy accuracy": m["policy/greedy_accuracy"],
+                "reversed answers": m["policy/reversed_answer_frac"],
+                "completion tokens (mean)": m["policy/mean_completion_tokens"]}
+        if "policy/held_out_entropy" in m:
+            rows["held-out text entropy (nats)"] = m["policy/held_out_entropy"]
+        return pd.DataFrame({"value": list(rows.values())}, index=pd.Index(list(rows), name="measure"))
 
     def card_table(self) -> pd.DataFrame:
         """The model card, one row per field (nested fields as text)."""
@@ -40,13 +42,23 @@ class PolicyResult(Result):
 
 
 def evaluate_policy(path: str | Path, n: int = 200, seed: int = 0) -> dict:
-    """Greedy accuracy / completion length / samples of a saved default-policy dir."""
+    """Greedy accuracy / completion length / samples of a saved embedded model's dir (the chat model is asked
+    through its chat template)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     card = json.loads((Path(path) / "model.json").read_text()) if (Path(path) / "model.json").exists() else {}
-    ev = greedy_eval(model, n=n, seed=10**6 + seed, max_digits=card.get("recipe", {}).get("max_digits", 3))
+    max_digits = card.get("recipe", {}).get("max_digits", 3)
+    if card.get("name", "rlwb-default-policy") == "rlwb-default-policy":
+        ev = greedy_eval(model, n=n, seed=10**6 + seed, max_digits=max_digits)
+    else:
+        from transformers import AutoTokenizer
+
+        from rlwb.core import chat_model
+
+        ev = chat_model.greedy_eval(model, AutoTokenizer.from_pretrained(str(path)), n=n, seed=10**6 + seed,
+                                    max_digits=max_digits)
     ev["params"] = sum(p.numel() for p in model.parameters())
     return ev
 
@@ -60,17 +72,28 @@ def policy_metrics(ev: dict) -> dict:
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> PolicyResult:
     """Evaluate the policy at `model_path` greedily on `params.eval_prompts` held-out problems (no engines:
-    `on_start` is never called)."""
+    `on_start` is never called). A chat model's held-out text entropy comes from its card (measured at build)."""
     from rlwb.core.models import model_card
 
     ev = evaluate_policy(model_path, n=params.eval_prompts, seed=params.seed)
-    return PolicyResult(params, policy_metrics(ev), pd.DataFrame(ev["samples"]), model_card(model_path) or {})
+    card = model_card(model_path) or {}
+    metrics = policy_metrics(ev)
+    for k in ("held_out_entropy", "held_out_cross_entropy"):
+        if k in card:
+            metrics[f"policy/{k}"] = card[k]
+    return PolicyResult(params, metrics, pd.DataFrame(ev["samples"]), card)
 
 
 def conclusion(metrics: dict, p) -> str:
-    return (f"**Conclusion.** The default policy has {metrics['policy/params']:,} parameters and solves "
+    name = "default policy" if getattr(p, "model", "default") == "default" else f"`{p.model}` model"
+    text = ""
+    if "policy/held_out_entropy" in metrics:
+        text = (f" On held-out standard-library text its next-token entropy is "
+                f"{metrics['policy/held_out_entropy']:.2f} nats (cross-entropy "
+                f"{metrics['policy/held_out_cross_entropy']:.2f}): a policy that is uncertain where real models are.")
+    return (f"**Conclusion.** The {name} has {metrics['policy/params']:,} parameters and solves "
             f"{metrics['policy/greedy_accuracy']:.1%} of {p.eval_prompts} held-out problems greedily, with "
             f"{metrics['policy/mean_completion_tokens']:.1f} completion tokens on average; "
             f"{metrics['policy/reversed_answer_frac']:.1%} of its answers are written reversed. Partly solved, "
             f"so GRPO has headroom, and long enough for per-token engine/trainer mismatch to add up over a "
-            f"sequence.")
+            f"sequence." + text)

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from rlwb.core import tasks
+from rlwb.core.prompts import make_prompts
 from rlwb.core.rollouts import common_prefix_max_dlogp
 from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
@@ -32,11 +33,7 @@ def filler_prompts(n: int, seed: int, codec: PromptCodec) -> list[list[int]]:
     """Prompts of very different lengths (0 to ~15 solved examples of context) to fill a batch."""
     rng = np.random.default_rng(seed)
     shots = tasks.make_problems(32, seed=seed + 1)
-    out = []
-    for p in tasks.make_problems(n, seed=seed + 2):
-        k = int(rng.integers(0, 16))
-        out.append(codec.encode("".join(f"{s.prompt}{s.worked_answer};" for s in shots[:k]) + p.prompt))
-    return out
+    return [codec.encode_task(p, shots[: int(rng.integers(0, 16))]) for p in tasks.make_problems(n, seed=seed + 2)]
 
 
 def batch_invariance(w: EngineWorker, prompts, fillers, max_tokens: int) -> tuple[float, float]:
@@ -82,21 +79,24 @@ def perturbed_state(model: torch.nn.Module, seed: int, scale: float = 0.02) -> d
     return out
 
 
-def shared_prefix_text(codec: PromptCodec, n_tokens: int, seed: int, limit: int) -> str:
-    """Solved examples until the text is at least `n_tokens` tokens long under the model's tokenizer.
+def shared_prefix_shots(codec: PromptCodec, n_tokens: int, seed: int, limit: int) -> list[tasks.Problem]:
+    """Solved examples until they make a prefix of at least `n_tokens` tokens under the model's tokenizer (text,
+    or earlier chat turns when the chat template is on): every prompt behind them shares that prefix.
     Raises when that cannot fit the context `limit` (the gpu.yaml of this notebook once asked for 2,048
     tokens and silently got a shorter prefix, because a fixed number of examples ran out first)."""
     if n_tokens >= limit:
         raise ValueError(f"prefix_tokens={n_tokens} does not fit the model's context of {limit} tokens "
                          f"(leave room for the prompt and max_tokens)")
-    text, batch = "", 0
-    while len(codec.encode(text)) < n_tokens:
+    shots: list[tasks.Problem] = []
+    probe = tasks.Problem(0, 0)  # the prompt behind the prefix does not change its length much
+    batch = 0
+    while len(codec.encode_task(probe, shots)) < n_tokens:
         for s in tasks.make_problems(64, seed=seed + 99 + 1000 * batch):
-            text += f"{s.prompt}{s.worked_answer};"
-            if len(codec.encode(text)) >= n_tokens:
+            shots.append(s)
+            if len(codec.encode_task(probe, shots)) >= n_tokens:
                 break
         batch += 1
-    return text
+    return shots
 
 
 def staleness(w: EngineWorker, prompts, new_state: dict, new_scorer: TrainerScorer, old_state: dict,
@@ -145,15 +145,15 @@ class DeterminismResult(Result):
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> DeterminismResult:
     """Per engine: batch invariance, seeded-rerun identity and the stale prefix cache after an update."""
     p = params
-    codec = PromptCodec(model_path)
+    codec = PromptCodec(model_path, p.chat_template)
     probs = tasks.make_problems(p.prompts, seed=p.seed)
-    prompts = [codec.encode(x.prompt) for x in probs]
+    prompts = make_prompts(p.prompt_source, p.prompts, p.seed, codec)
     big = max(p.batch_sizes)
     fillers = filler_prompts(max(0, big - len(prompts)), p.seed, codec)
     scorer = TrainerScorer(model_path, "float32")
     context = int(scorer.model.config.max_position_embeddings)
-    prefix_text = shared_prefix_text(codec, p.prefix_tokens, p.seed, context - p.max_tokens - 64)
-    prefixed = [codec.encode(prefix_text + x.prompt) for x in probs]
+    shots = shared_prefix_shots(codec, p.prefix_tokens, p.seed, context - p.max_tokens - 64)
+    prefixed = [codec.encode_task(x, shots) for x in probs]
     old_state = {k: v.clone() for k, v in scorer.model.state_dict().items()}
     new_state = perturbed_state(scorer.model, p.seed)
     new_scorer = TrainerScorer(model_path, "float32")

@@ -26,7 +26,8 @@ import pandas as pd
 
 from rlwb.core import equivalence as V
 from rlwb.core import stats
-from rlwb.core.rollouts import common_prefix_max_dlogp, task_prompts
+from rlwb.core.prompts import make_prompts
+from rlwb.core.rollouts import common_prefix_max_dlogp
 from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling, reports_raw_logprobs
@@ -206,14 +207,15 @@ def check_lengths(p, max_context: int) -> None:
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> StressResult:
     """Per engine: the equivalence validator, memory pressure (paged engines) and long contexts."""
     p = params
-    codec = PromptCodec(model_path)
+    codec = PromptCodec(model_path, p.chat_template)
     scorer = TrainerScorer(model_path, "float32")
     max_context = int(scorer.model.config.max_position_embeddings)
     check_lengths(p, max_context)
     if p.validate_max_context > max_context:
         raise ValueError(f"validate_max_context={p.validate_max_context} is beyond the model's {max_context} positions")
     validate_context = p.validate_max_context or max_context
-    pressure_prompts = task_prompts(p.pressure_prompts, p.seed, heterogeneous=True, codec=codec)
+    pressure_prompts = make_prompts(p.prompt_source, p.pressure_prompts, p.seed, codec,
+                                    heterogeneous=p.prompt_source == "task")
     s_press = Sampling(temperature=p.stress_temperature, max_tokens=p.max_tokens, seed=p.seed, ignore_eos=True)
     s_long = Sampling(temperature=p.stress_temperature, max_tokens=p.longctx_max_tokens, seed=p.seed, ignore_eos=True)
     metrics: dict[str, float] = {}

@@ -19,7 +19,8 @@ import pandas as pd
 
 from rlwb.core import metrics as M
 from rlwb.core import stats
-from rlwb.core.rollouts import sample_and_score, task_prompts
+from rlwb.core.prompts import make_prompts
+from rlwb.core.rollouts import sample_and_score
 from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Sampling, reports_raw_logprobs
@@ -80,7 +81,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
     p = params
 
     scorer = TrainerScorer(model_path, p.trainer_dtype)
-    prompts = task_prompts(p.prompts, p.seed, codec=PromptCodec(model_path))
+    prompts = make_prompts(p.prompt_source, p.prompts, p.seed, PromptCodec(model_path, p.chat_template))
     settings = grid(p)
     rows, toks, mets = [], [], {}
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):

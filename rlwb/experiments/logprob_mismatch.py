@@ -15,7 +15,8 @@ import pandas as pd
 
 from rlwb.core import metrics as M
 from rlwb.core import stats, tasks, tokenizer
-from rlwb.core.rollouts import Rollouts, sample_and_score, task_prompts
+from rlwb.core.prompts import make_prompts
+from rlwb.core.rollouts import Rollouts, sample_and_score
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.experiments.base import OnStart, Result, ci_text, iter_engines, split_metrics
@@ -65,7 +66,7 @@ class MismatchResult(Result):
 
 
 SUMMARY_COLUMNS = ["abs_dlogp_mean", "abs_dlogp_max", "k3_mean", "full_kl_mean", "clip_frac", "ess_frac",
-                   "prob_pearson", "n_tokens"]
+                   "prob_pearson", "token_entropy_mean", "uncertain_token_frac", "n_tokens"]
 
 
 def engine_metrics(ro: Rollouts, clip_eps: float, seed: int = 0) -> dict[str, float]:
@@ -73,7 +74,7 @@ def engine_metrics(ro: Rollouts, clip_eps: float, seed: int = 0) -> dict[str, fl
     e, t = ro.flat()
     return {**M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps,
                                  full_engine=ro.full_engine, full_trainer=ro.full_trainer),
-            **stats.mismatch_cis(ro.log_ratios(), clip_eps, seed=seed)}
+            **stats.mismatch_cis(ro.log_ratios(), clip_eps, seed=seed), **ro.uncertainty()}
 
 
 REWARD_GROUP = 8  # rollouts per prompt in the reward-equivalence sample
@@ -85,7 +86,7 @@ def reward_rollouts(w: EngineWorker, p, codec: tokenizer.PromptCodec) -> np.ndar
     probs = tasks.make_problems(-(-p.reward_samples // REWARD_GROUP), seed=p.seed + 104_729)
     reqs = [q for q in probs for _ in range(REWARD_GROUP)][: p.reward_samples]
     s = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed + 1)
-    comps = w.generate([codec.encode(q.prompt) for q in reqs], s)
+    comps = w.generate([codec.encode_task(q) for q in reqs], s)
     return np.array([tasks.reward(q, codec.decode(c.token_ids)) for q, c in zip(reqs, comps)])
 
 
@@ -108,9 +109,9 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
     """Sample `params.prompts` prompts from each engine in `params.engines`, score with the trainer, compute
     the ladder's metrics and (with `reward_samples`) the reward-equivalence test."""
     p = params
-    codec = tokenizer.PromptCodec(model_path)
+    codec = tokenizer.PromptCodec(model_path, p.chat_template)
     scorer = TrainerScorer(model_path, p.trainer_dtype)
-    prompts = task_prompts(p.prompts, p.seed, p.heterogeneous_batch, codec)
+    prompts = make_prompts(p.prompt_source, p.prompts, p.seed, codec, p.heterogeneous_batch)
     sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed)
     out, mets, rewards = {}, {}, {}
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
@@ -133,7 +134,13 @@ def conclusion(metrics: dict, p) -> str:
 
     lines = [f"**Setup.** {p.prompts} prompts, T={p.temperature:g}, top_p={p.top_p:g}, top_k={p.top_k}, "
              f"engine dtype {p.dtype}, trainer dtype {p.trainer_dtype}"
-             + (", heterogeneous batch" if p.heterogeneous_batch else "") + "."]
+             + (", heterogeneous batch" if p.heterogeneous_batch else "")
+             + f", {p.prompt_source.replace('_', '-')} prompts."]
+    trainer_view = next((e for e in p.engines if g(e, "token_entropy_mean") is not None), None)
+    if trainer_view is not None:  # the trainer's fp32 view of the policy where it sampled
+        lines.append(f"**Policy uncertainty** where it sampled (`{trainer_view}`'s tokens, trainer fp32): mean entropy "
+                     f"{g(trainer_view, 'token_entropy_mean'):.2f} nats, "
+                     f"{g(trainer_view, 'uncertain_token_frac'):.0%} of sampled tokens with p < 0.9.")
     for e in p.engines:
         if g(e, "abs_dlogp_max") is None:
             continue

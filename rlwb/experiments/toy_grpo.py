@@ -78,13 +78,14 @@ def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, m
     frames = []
     if monitor_factory is None and getattr(p, "drift_threshold", 0) > 0:
         monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir)
+    codec = tokenizer.PromptCodec(model_path, p.chat_template)
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         for corr in p.corrections:
             for seed in p.seeds:
                 monitor = monitor_factory(w.preset.name, corr, seed) if monitor_factory else None
                 cfg = GRPOConfig.from_settings(p, correction=corr, seed=seed)
                 df = train(model, w, cfg, initial, monitor=monitor, progress=progress,
-                           desc=f"{w.preset.name}+{corr} seed {seed}", codec=tokenizer.PromptCodec(model_path))
+                           desc=f"{w.preset.name}+{corr} seed {seed}", codec=codec)
                 df.insert(1, "engine", w.preset.name)
                 df.insert(2, "correction", corr)
                 df.insert(3, "seed", seed)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from rlwb.core.fields import DTYPES, param
 from rlwb.core.grpo_config import CORRECTIONS, GRPOSettings
+from rlwb.core.prompts import PROMPT_SOURCES
+from rlwb.core.tokenizer import CHAT_TEMPLATE_MODES
 from rlwb.engines.presets import available_presets, resolve_preset
 from rlwb.errors import ParamError, PresetError
 
@@ -29,15 +31,19 @@ def check_engine(name: str) -> str | None:
 
 
 def check_model(value: str) -> str | None:
-    """`default`, an existing model directory holding a causal LM, or a hub id (loaded by the user's GPU box)."""
-    if value == "default":
+    """An embedded model's name, an existing model directory holding a causal LM, or a hub id (loaded by the
+    user's GPU box)."""
+    from rlwb.core.models import EMBEDDED_NAMES
+
+    if value in EMBEDDED_NAMES:
         return None
     p = Path(value).expanduser()
     looks_like_path = value.startswith(("/", ".", "~")) or p.exists() or value.count("/") != 1
     if not looks_like_path:
         return None  # an HF hub id like "Qwen/Qwen2.5-0.5B-Instruct": resolved where it is used
     if not p.is_dir():
-        return f"model path {value!r} does not exist (use 'default', a model directory, or an HF id 'org/name')"
+        return (f"model path {value!r} does not exist (use an embedded model: {', '.join(EMBEDDED_NAMES)}; "
+                "a model directory; or an HF id 'org/name')")
     cfg = p / "config.json"
     if not cfg.exists():
         return f"model directory {value!r} has no config.json: not a transformers model"
@@ -77,25 +83,36 @@ class DefaultPolicyParams(Params):
     NOTEBOOK: typing.ClassVar[str] = "00_default_policy"
     HEADLINE: typing.ClassVar[list[str]] = ["policy/greedy_accuracy", "policy/mean_completion_tokens"]
 
+    model: str = param("default", "embedded model to evaluate: default (char-level Llama) or qwen2-chat (BPE, chat)",
+                       choices=["default", "qwen2-chat", "qwen2-chat-smoke"])
     eval_prompts: int = param(200, "held-out problems for greedy accuracy", ge=1)
     sample_rows: int = param(12, "completions shown in the samples table", ge=0)
-    rebuild: bool = param(False, "rebuild the default model even if a cached build exists")
+    rebuild: bool = param(False, "rebuild the model even if a cached build exists")
 
 
 @dataclass
 class EngineParams(Params):
     """Fields of every notebook that uses engines."""
 
-    model: str = param("default", "'default' (embedded policy), a model directory, or an HF id", check=check_model)
+    model: str = param("default", "embedded model (default, qwen2-chat), a model directory, or an HF id",
+                       check=check_model)
     engines: list[str] = engine_list(["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"],
                                      "engine presets (params/engines.yaml), in ladder order")
     dtype: str = param("float32", "engine weights/activations dtype", choices=DTYPES)
+    chat_template: str = param("auto", "task prompts through the tokenizer's chat template: auto (when it has one), "
+                                       "on (required), off", choices=list(CHAT_TEMPLATE_MODES))
+
+
+def prompt_source_param(doc: str = "prompts: task (the verifiable task) or open_ended (held-out text and chat "
+                                   "questions, where a real model is uncertain)"):
+    return param("task", doc, choices=list(PROMPT_SOURCES))
 
 
 @dataclass
 class EngineExperimentParams(EngineParams):
     """Fields shared by the experiments that sample from engines and score with the trainer."""
 
+    prompt_source: str = prompt_source_param()
     trainer_dtype: str = param("float32", "trainer (scorer) dtype", choices=DTYPES)
     prompts: int = param(64, "number of task prompts sampled per engine", ge=1)
     max_tokens: int = param(32, "max completion tokens per request", ge=1)
@@ -162,6 +179,8 @@ class DeterminismParams(EngineParams):
     batch_sizes: list[int] = param([1, 64], "batch sizes; each > 1 is a heterogeneous batch holding the requests",
                                    ge=1)
     prefix_tokens: int = param(400, "shared prefix length in tokens (several KV-cache blocks)", ge=1)
+    prompt_source: str = prompt_source_param("prompts of the batch-invariance and rerun checks: task or open_ended "
+                                             "(the stale-cache check always uses task prompts behind a shared prefix)")
     max_tokens: int = param(16, "max completion tokens", ge=1)
 
 
@@ -177,6 +196,8 @@ class StressParams(EngineParams):
     validate_tolerance: float = param(1e-3, "a validator case passes when its max abs dlogp is within this", gt=0,
                                       le=0.05)
     pressure_prompts: int = param(32, "requests in the memory-pressure batch (short and long prompts mixed)", ge=1)
+    prompt_source: str = prompt_source_param("prompts of the memory-pressure batch: task (short and long mixed) or "
+                                             "open_ended")
     pressure_kv_tokens: int = param(1024, "KV-cache capacity of the pressure engine in tokens (whole blocks)", ge=1)
     max_tokens: int = param(64, "completion tokens per memory-pressure request (EOS ignored)", ge=1)
     stress_temperature: float = param(1.0, "sampling temperature of both stress checks (> 0)", gt=0, le=10)

@@ -1,0 +1,60 @@
+"""Dry runs of every `params/<notebook>/gpu.yaml` on this CPU before anyone spends GPU hours on it (issue #18).
+
+The same file, with the model swapped for the realistic embedded model on its smoke budget (a Qwen2 with a BPE
+tokenizer, a chat template, no BOS and a tied head, as Qwen2.5-0.5B-Instruct has) and only sizes shrunk: the
+dtype, trainer dtype, micro-batching, prefix/validator settings and everything else the GPU run would use stay
+as written, so the GPU configuration's code path (chat prompts, free-form reward, tokenizer, tied head) runs
+end to end. The engines are cut to one per notebook (the GPU run uses them all; their loading is covered by
+test_chat_model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, rlwb
+
+SHRINK = {
+    "01_logprob_mismatch": {"engines": ["hf", "vllm-v1-fixed"], "prompts": 4, "max_tokens": 16,
+                            "reward_samples": 16},
+    "02_kl_vs_temperature": {"engines": ["vllm-v1-processed"], "prompts": 4, "max_tokens": 12,
+                             "temperatures": [0.7, 1.0], "top_p_values": [1.0]},
+    "03_toy_grpo": {"engines": ["vllm-v1-fixed"], "corrections": ["none"], "num_seeds": 1, "steps": 2,
+                    "prompts_per_step": 2, "group_size": 4, "max_tokens": 24},
+    "04_determinism_and_staleness": {"engines": ["vllm-v1-fixed"], "prompts": 4, "batch_sizes": [1, 8],
+                                     "prefix_tokens": 600, "max_tokens": 8},
+    "05_equivalence_and_stress": {"engines": ["vllm-v1-fixed"], "validate_cases": 4, "pressure_prompts": 8,
+                                  "max_tokens": 16, "longctx_lengths": [128, 2048], "longctx_prompts": 1,
+                                  "longctx_max_tokens": 8, "validate_max_context": 2048},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+@pytest.mark.parametrize("stem", list(SHRINK))
+def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, tmp_path):
+    gpu = REPO / "params" / stem / "gpu.yaml"
+    written = yaml.safe_load(gpu.read_text())
+    shrink = tmp_path / "shrink.yaml"
+    shrink.write_text(yaml.safe_dump({**SHRINK[stem], "model": "qwen2-chat-smoke"}))
+    r = rlwb("run", f"notebooks/{stem}.ipynb", "-f", str(gpu), "-f", str(shrink), "--outputs",
+             str(tmp_path / "outputs"), timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = Path(r.stdout.strip().splitlines()[-1])
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "ok" and info["model"]["card"]["name"] == "rlwb-qwen2-chat-smoke"
+    ran = yaml.safe_load((run_dir / "params.yaml").read_text())
+    kept = {k: v for k, v in written.items() if k not in SHRINK[stem] and k != "model"}
+    assert {k: ran[k] for k in kept} == kept  # the GPU file's own settings ran as written
+    assert ran["chat_template"] == "auto"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics
+    if stem == "01_logprob_mismatch":  # chat prompts reached the engines; the free-form reward scored them
+        import pandas as pd
+
+        ro = pd.read_parquet(run_dir / "data" / "rollouts.parquet")
+        assert ro["prompt_len"].min() >= 15  # "<|im_start|>user\nWhat is a+b?<|im_end|>\n<|im_start|>assistant\n"
+        assert "vllm-v1-fixed/reward_mean" in metrics
