@@ -115,8 +115,9 @@ def ablation_ladder(metrics_df, style: str = "notebook"):
     """One bar group per metric, engines in ladder order, log scale; 95% sequence-bootstrap intervals as
     error bars where the run has them (`<metric>_ci_low/high`)."""
     engines = _order(metrics_df["engine"])
-    mets = [(k, lbl) for k, lbl in LADDER_METRICS if k in set(metrics_df["metric"])]
     table = metrics_df.pivot_table(index="engine", columns="metric", values="value", aggfunc="first")
+    # a metric the run did not measure (exact KL without full-vocabulary logprobs) is left out, not drawn empty
+    mets = [(k, lbl) for k, lbl in LADDER_METRICS if k in table.columns and np.isfinite(table[k].astype(float)).any()]
 
     def cell(e, k):
         return abs(table.loc[e, k]) if e in table.index and k in table.columns and np.isfinite(table.loc[e, k]) \
