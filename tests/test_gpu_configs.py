@@ -18,8 +18,7 @@ import yaml
 from tests.conftest import REPO, rlwb
 
 SHRINK = {
-    "01_logprob_mismatch": {"engines": ["hf", "vllm-v1-fixed"], "prompts": 4, "max_tokens": 16,
-                            "reward_samples": 16},
+    "01_logprob_mismatch": {"engines": ["vllm-v1-fixed"], "prompts": 4, "max_tokens": 16, "reward_samples": 8},
     "02_kl_vs_temperature": {"engines": ["vllm-v1-processed"], "prompts": 4, "max_tokens": 12,
                              "temperatures": [0.7, 1.0], "top_p_values": [1.0]},
     "03_toy_grpo": {"engines": ["vllm-v1-fixed"], "corrections": ["none"], "num_seeds": 1, "steps": 2,
@@ -27,8 +26,8 @@ SHRINK = {
     "04_determinism_and_staleness": {"engines": ["vllm-v1-fixed"], "prompts": 4, "batch_sizes": [1, 8],
                                      "prefix_tokens": 600, "max_tokens": 8},
     "05_equivalence_and_stress": {"engines": ["vllm-v1-fixed"], "validate_cases": 4, "pressure_prompts": 8,
-                                  "max_tokens": 16, "longctx_lengths": [128, 2048], "longctx_prompts": 1,
-                                  "longctx_max_tokens": 8, "validate_max_context": 2048},
+                                  "max_tokens": 16, "longctx_lengths": [128, 1024], "longctx_prompts": 1,
+                                  "longctx_max_tokens": 8, "validate_max_context": 1024},
 }
 
 

@@ -149,7 +149,7 @@ def test_grpo_settings_have_one_source():
 def test_injected_unknown_names_are_caught_inside_the_notebook():
     """Plain papermill only warns about unknown parameters; the validation cell must reject them."""
     ns = {"In": ["", "seed: int = 0", "# Parameters\nseed = 1\nno_such_key = 3\n"], "seed": 1, "eval_prompts": 5,
-          "sample_rows": 2, "rebuild": False}
+          "sample_rows": 2, "rebuild": False, "model": "default"}
     with pytest.raises(ParamError, match="no_such_key"):
         params.from_namespace("00_default_policy", ns)
     ns["In"] = ["", "# Parameters\nseed = 1\n"]
