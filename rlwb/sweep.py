@@ -290,6 +290,9 @@ def summary_figure(df, x: str, patterns: list[str], varying: list[str]):
             group = label.split(",")[0]
             ax.plot(s[x], s["value"], marker="o", label=label, color=plots.engine_color(group),
                     linestyle=plots.engine_style(group))
+        xs = d[x]
+        if xs.map(lambda v: isinstance(v, (int, float)) and v > 0).all() and xs.max() / xs.min() >= 20:
+            ax.set_xscale("log")  # a learning rate or a size spanning decades
         ax.set_xlabel(x)
         ax.set_ylabel(name)
         ax.legend(fontsize=7, frameon=False)
