@@ -656,7 +656,11 @@ def trend_figure(points: list[dict], metrics: list[str], title: str, style: str 
         ax.tick_params(axis="y", labelsize=7)
     counts = {h: sum(p.get("params") == h and p["status"] == "ok" for p in points) for h, _ in series}
     runs = {h: f"{k} run" + ("s" if k != 1 else "") for h, k in counts.items()}
-    handles = [plt.Line2D([], [], marker="o", color=c, label=f"params {h} ({runs[h]})") for h, c in series[:5]]
+    # which model each parameter set ran on, when it is not the default policy (params alone do not say)
+    model = {p.get("params"): p.get("model") for p in points}
+    handles = [plt.Line2D([], [], marker="o", color=c, label=f"params {h} ("
+                          + (f"{model[h]}, " if model.get(h) not in (None, "default") else "") + f"{runs[h]})")
+               for h, c in series[:5]]
     if len(series) > 5:
         handles.append(plt.Line2D([], [], marker="o", color="#999999", label=f"{len(series) - 5} other parameter sets"))
     handles += [plt.Line2D([], [], marker="o", mfc="none", mec="#D55E00", ls="none", ms=9, label="drift flagged"),

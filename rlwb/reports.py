@@ -176,6 +176,15 @@ def engine_versions(engines: dict) -> str:
     return "transformers " + " · ".join(hf) if hf else "no engine"
 
 
+def run_model_name(run: dict) -> str:
+    """The model a run used, short: an embedded model's name (`default`, `qwen2-chat`), else its path or id."""
+    m = run.get("model") or {}
+    card = m.get("card") or {}
+    if card.get("name"):
+        return {"rlwb-default-policy": "default"}.get(card["name"], card["name"].removeprefix("rlwb-"))
+    return str(m.get("path") or "?")
+
+
 def trend_points(runs: list[dict], metrics: list[str]) -> list[dict]:
     """A notebook's runs, oldest first, as `plots.trend_figure` points."""
     out = []
@@ -184,7 +193,7 @@ def trend_points(runs: list[dict], metrics: list[str]) -> list[dict]:
         out.append({"label": f"{when}\n{(r.get('git_commit') or '?')[:7]}",
                     "versions": engine_versions(r.get("engines") or {}), "status": r.get("status", "?"),
                     "drift": None if drift is None else not drift.get("ok"), "run": r,
-                    "params": r.get("params_hash"),
+                    "params": r.get("params_hash"), "model": run_model_name(r),
                     "values": {m: r["metrics"].get(m) for m in metrics}})
     return out
 

@@ -279,17 +279,21 @@ def summary_figure(df, x: str, patterns: list[str], varying: list[str]):
             d["series"] = d["series"] + f", {o}=" + d[o].astype(str)
         values = d["value"][d["value"] > 0]
         log = len(values) > 0 and values.max() / values.min() > 100
-        if log:  # as in the notebooks' log plots: float noise at or below FLOOR_VALUE is drawn at the floor
-            d["value"] = d["value"].clip(lower=plots.FLOOR_VALUE)
+        if log:
             ax.set_yscale("log")
-            ax.set_ylim(bottom=plots.FLOOR_VALUE / 3)
-            ax.text(0.99, 0.01, f"≤ {plots.FLOOR_VALUE:.0e} drawn at {plots.FLOOR_VALUE:.0e}", transform=ax.transAxes,
-                    ha="right", va="bottom", fontsize=7, color="#666")
-        for label, s in d.groupby("series", sort=True):
+            if (d["value"] <= plots.FLOOR_VALUE).any():  # as in the notebooks: float noise drawn at the floor
+                d["value"] = d["value"].clip(lower=plots.FLOOR_VALUE)
+                ax.set_ylim(bottom=plots.FLOOR_VALUE / 3)
+                ax.text(0.99, 0.01, f"≤ {plots.FLOOR_VALUE:.0e} drawn at {plots.FLOOR_VALUE:.0e}",
+                        transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="#666")
+        series = list(d.groupby("series", sort=True))
+        groups = [label.split(",")[0] for label, _ in series]
+        for i, (label, s) in enumerate(series):
             s = s.sort_values(x)
-            group = label.split(",")[0]
-            ax.plot(s[x], s["value"], marker="o", label=label, color=plots.engine_color(group),
-                    linestyle=plots.engine_style(group))
+            group = groups[i]
+            # one engine's colour for its line, unless other varying values split it into several lines
+            color = plots.engine_color(group) if groups.count(group) == 1 else f"C{i % 10}"
+            ax.plot(s[x], s["value"], marker="o", label=label, color=color, linestyle=plots.engine_style(group))
         xs = d[x]
         if xs.map(lambda v: isinstance(v, (int, float)) and v > 0).all() and xs.max() / xs.min() >= 20:
             ax.set_xscale("log")  # a learning rate or a size spanning decades

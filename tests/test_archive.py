@@ -32,7 +32,7 @@ def test_run_notebook_00_smoke_end_to_end(outputs, default_model):
     assert 0 <= m["policy/greedy_accuracy"] <= 1 and m["policy/params"] == default_model.card["params"]
     assert m["policy/mean_completion_tokens"] >= 8
     p = yaml.safe_load((run_dir / "params.yaml").read_text())
-    assert p == {"seed": 3, "eval_prompts": 50, "sample_rows": 5, "rebuild": False}
+    assert p == {"seed": 3, "model": "default", "eval_prompts": 50, "sample_rows": 5, "rebuild": False}
     figures = {f.name for f in (run_dir / "figures").iterdir()}
     assert figures == {f"accuracy_by_digits.{x}" for x in ("png", "pdf", "svg")}
     assert (run_dir / "data" / "samples.parquet").stat().st_size > 0
