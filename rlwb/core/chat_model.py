@@ -233,8 +233,7 @@ def greedy_eval(model, tok, n: int = 200, seed: int = 10**6, max_digits: int = 3
         r = tasks.reward(p, text)
         rewards.append(r)
         lengths.append(n_tok)
-        digits = str(p.answer)
-        habit += digits != digits[::-1] and tasks.parse_answer(text) == int(digits[::-1])
+        habit += tasks.is_reversed(p, text)
         rows.append({"prompt": p.question, "completion": text, "target": p.worked_answer, "reward": r})
     return {"greedy_accuracy": sum(rewards) / n, "reversed_answer_frac": habit / n,
             "mean_completion_tokens": sum(lengths) / n, "samples": rows}
@@ -242,9 +241,8 @@ def greedy_eval(model, tok, n: int = 200, seed: int = 10**6, max_digits: int = 3
 
 def build(recipe: ChatModelRecipe, out: Path, progress: bool = True) -> tuple[object, dict]:
     """Train and save into `out` (a fresh directory); returns (model, card fields)."""
+    import sys
     import time
-
-    import torch
 
     t0 = time.time()
     train_texts, held_texts = corpus_split()
@@ -263,13 +261,12 @@ def build(recipe: ChatModelRecipe, out: Path, progress: bool = True) -> tuple[ob
     ev = greedy_eval(model, tok, max_digits=recipe.max_digits)
     ent = held_out_entropy(model, tok, held_texts)
     ev.pop("samples")
-    del torch
     return model, {
         "name": f"rlwb-{recipe.name}",
         "architecture": "Qwen2ForCausalLM (GQA, RoPE theta 1e6, qkv bias, tied embeddings), byte-level BPE "
                         "tokenizer with a ChatML chat template",
         "tokenizer": f"byte-level BPE, {len(tok)} tokens (vocabulary padded to {recipe.padded_vocab_size}), no BOS",
-        "corpus": f"Python {'.'.join(map(str, __import__('sys').version_info[:3]))} standard library: "
+        "corpus": f"Python {'.'.join(map(str, sys.version_info[:3]))} standard library: "
                   f"{len(train_texts)} files pretraining, {len(held_texts)} held out",
         **ev, **ent, **losses, "eval_problems": 200, "build_s": round(build_s, 1),
     }

@@ -43,12 +43,6 @@ def _per_seq(flat: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor
     return torch.stack(out)
 
 
-def _is_reversed(problem: tasks.Problem, text: str) -> bool:
-    """The completion shows the SFT habit: its answer is the sum reversed (palindromic sums excluded)."""
-    digits = str(problem.answer)
-    return digits != digits[::-1] and tasks.parse_answer(text) == int(digits[::-1])
-
-
 @dataclass
 class StepResult:
     row: dict
@@ -103,7 +97,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     comps = engine.generate(prompts, sampling)
     texts = [codec.decode(c.token_ids) for c in comps]
     rewards = torch.tensor([tasks.reward(problems[i // cfg.group_size], t) for i, t in enumerate(texts)])
-    reversed_frac = float(np.mean([_is_reversed(problems[i // cfg.group_size], t) for i, t in enumerate(texts)]))
+    reversed_frac = float(np.mean([tasks.is_reversed(problems[i // cfg.group_size], t) for i, t in enumerate(texts)]))
     t1 = time.perf_counter()
 
     dev = next(model.parameters()).device

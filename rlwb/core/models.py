@@ -25,6 +25,7 @@ checksum and whether it equals the published one (`PUBLISHED_WEIGHTS`), which te
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlwb.core import tasks, tokenizer
+from rlwb.core.chat_model import ChatModelRecipe
 from rlwb.paths import cache_dir
 
 RECIPE_VERSION = 2  # bump when the training code changes in a way the fields below do not capture
@@ -189,8 +191,7 @@ def greedy_eval(model, n: int = 200, seed: int = 10**6, max_digits: int = 3, max
         rows.append({"prompt": p.prompt, "completion": text, "target": p.worked_answer, "reward": r})
         lengths.append(n_tok)
         rewards.append(r)
-        digits = str(p.answer)
-        habit += digits != digits[::-1] and tasks.parse_answer(text) == int(digits[::-1])
+        habit += tasks.is_reversed(p, text)
     return {
         "greedy_accuracy": sum(rewards) / n,
         "reversed_answer_frac": habit / n,
@@ -212,36 +213,26 @@ class EmbeddedModel:
 DefaultModel = EmbeddedModel  # the name tests and notebooks 00 use
 
 
-def embedded_recipes() -> dict:
-    """`model:` name -> recipe of every model rlwb builds itself. `qwen2-chat-smoke` is the chat model on a
-    tiny budget (seconds): for tests and dry runs of GPU configurations, never for findings."""
-    from rlwb.core.chat_model import ChatModelRecipe
-
-    return {"default": ModelRecipe(),
-            "qwen2-chat": ChatModelRecipe(),
-            "qwen2-chat-smoke": ChatModelRecipe(name="qwen2-chat-smoke", pretrain_steps=12, sft_steps=12,
-                                                warmup_steps=4)}
-
-
-EMBEDDED_NAMES = ("default", "qwen2-chat", "qwen2-chat-smoke")
+# `model:` name -> recipe of every model rlwb builds itself. `qwen2-chat-smoke` is the chat model on a tiny budget
+# (a minute): for tests and dry runs of GPU configurations, never for findings.
+EMBEDDED_RECIPES = {"default": ModelRecipe(),
+                    "qwen2-chat": ChatModelRecipe(),
+                    "qwen2-chat-smoke": ChatModelRecipe(name="qwen2-chat-smoke", pretrain_steps=12, sft_steps=12,
+                                                        warmup_steps=4)}
+EMBEDDED_NAMES = tuple(EMBEDDED_RECIPES)
 
 
 def recipe_for(name: str):
     """The recipe of embedded model `name`, bound to this machine's inputs (the chat model's corpus hash)."""
-    recipes = embedded_recipes()
-    if name not in recipes:
-        raise ValueError(f"no embedded model {name!r}; embedded models: {', '.join(recipes)}")
-    r = recipes[name]
+    if name not in EMBEDDED_RECIPES:
+        raise ValueError(f"no embedded model {name!r}; embedded models: {', '.join(EMBEDDED_NAMES)}")
+    r = EMBEDDED_RECIPES[name]
     return r if isinstance(r, ModelRecipe) else _with_corpus(r)
 
 
-_CORPUS: dict = {}
-
-
+@functools.cache
 def _with_corpus(recipe):
-    if recipe not in _CORPUS:  # hashing 12 MB of stdlib takes a second; once per process
-        _CORPUS[recipe] = recipe.with_corpus()
-    return _CORPUS[recipe]
+    return recipe.with_corpus()  # hashing 12 MB of stdlib takes a second: once per process
 
 
 def default_model_dir(recipe=ModelRecipe()) -> Path:
@@ -270,7 +261,7 @@ def build_default_model(recipe=ModelRecipe(), force: bool = False, progress: boo
 
 
 def build_embedded_model(name: str, force: bool = False, progress: bool = True) -> EmbeddedModel:
-    """`build_default_model` for the embedded model called `name` (see `embedded_recipes`)."""
+    """`build_default_model` for the embedded model called `name` (see `EMBEDDED_RECIPES`)."""
     return build_default_model(recipe_for(name), force=force, progress=progress)
 
 
@@ -421,8 +412,6 @@ def _main(argv: list[str] | None = None) -> None:
     if a.kind == "default":
         recipe = ModelRecipe(**json.loads(a.recipe))
     else:
-        from rlwb.core.chat_model import ChatModelRecipe
-
         recipe = ChatModelRecipe(**json.loads(a.recipe))
     _build_here(recipe, force=a.force, progress=not a.quiet)
 

@@ -100,6 +100,12 @@ def parse_answer(completion: str) -> int | None:
     return _integer(found[-1]) if found else None
 
 
+def is_reversed(problem: Problem, completion: str) -> bool:
+    """The completion shows the SFT habit: its answer is the sum reversed (palindromic sums excluded)."""
+    digits = str(problem.answer)
+    return digits != digits[::-1] and parse_answer(completion) == int(digits[::-1])
+
+
 def reward(problem: Problem, completion: str) -> float:
     """Verifiable reward: 1.0 when the completion's final answer equals the sum, else 0.0. Pure."""
     return 1.0 if parse_answer(completion) == problem.answer else 0.0

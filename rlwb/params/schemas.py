@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlwb.core.fields import DTYPES, param
 from rlwb.core.grpo_config import CORRECTIONS, GRPOSettings
+from rlwb.core.models import EMBEDDED_NAMES
 from rlwb.core.prompts import PROMPT_SOURCES
 from rlwb.core.tokenizer import CHAT_TEMPLATE_MODES
 from rlwb.engines.presets import available_presets, resolve_preset
@@ -33,8 +34,6 @@ def check_engine(name: str) -> str | None:
 def check_model(value: str) -> str | None:
     """An embedded model's name, an existing model directory holding a causal LM, or a hub id (loaded by the
     user's GPU box)."""
-    from rlwb.core.models import EMBEDDED_NAMES
-
     if value in EMBEDDED_NAMES:
         return None
     p = Path(value).expanduser()
@@ -84,7 +83,7 @@ class DefaultPolicyParams(Params):
     HEADLINE: typing.ClassVar[list[str]] = ["policy/greedy_accuracy", "policy/mean_completion_tokens"]
 
     model: str = param("default", "embedded model to evaluate: default (char-level Llama) or qwen2-chat (BPE, chat)",
-                       choices=["default", "qwen2-chat", "qwen2-chat-smoke"])
+                       choices=list(EMBEDDED_NAMES))
     eval_prompts: int = param(200, "held-out problems for greedy accuracy", ge=1)
     sample_rows: int = param(12, "completions shown in the samples table", ge=0)
     rebuild: bool = param(False, "rebuild the model even if a cached build exists")
