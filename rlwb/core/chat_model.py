@@ -20,6 +20,7 @@ Built, cached, checksummed and pinned exactly like the default policy (`rlwb.cor
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -78,8 +79,10 @@ def is_held_out(path: Path, root: Path) -> bool:
     return int(hashlib.sha256(rel.encode()).hexdigest(), 16) % HELD_OUT_EVERY == 0
 
 
+@functools.cache
 def corpus_split(root: Path | None = None) -> tuple[list[str], list[str]]:
-    """(pretraining texts, held-out texts) of the standard library."""
+    """(pretraining texts, held-out texts) of the standard library; read once per process (every open-ended
+    prompt set draws from it), so callers must not modify the lists."""
     import sysconfig
 
     root = Path(root or sysconfig.get_paths()["stdlib"])

@@ -210,9 +210,6 @@ class EmbeddedModel:
         return self.card["recipe_hash"]
 
 
-DefaultModel = EmbeddedModel  # the name tests and notebooks 00 use
-
-
 # `model:` name -> recipe of every model rlwb builds itself. `qwen2-chat-smoke` is the chat model on a tiny budget
 # (a minute): for tests and dry runs of GPU configurations, never for findings.
 EMBEDDED_RECIPES = {"default": ModelRecipe(),
