@@ -5,15 +5,18 @@ RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
 
-.PHONY: setup kernel engines browser model reports realistic test lint sync-params bench lab clean-outputs
+.PHONY: setup kernel engines peers browser model reports realistic test lint sync-params bench lab clean-outputs
 
-setup: kernel engines browser model  ## everything: kernel env, engine envs, chromium, the default model
+setup: kernel engines peers browser model  ## everything: kernel env, engine envs, peer oracles, chromium, the default model
 
 kernel:                              ## .venv: notebook kernel + rlwb (editable) + the `rlwb` Jupyter kernel
 	bash scripts/setup.sh kernel
 
 engines:                             ## .venvs/vllm-v1 (current vLLM) and .venvs/vllm-v0 (vLLM 0.8.5, V0)
 	bash scripts/setup.sh engines
+
+peers: kernel                        ## .venvs/peers: verl, SkyRL, OpenRLHF code the corrections are checked against
+	bash scripts/setup.sh peers
 
 browser:                             ## Debian's chromium, for the index-page and JupyterLab browser tests
 	bash scripts/setup.sh browser

@@ -19,6 +19,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLWB_CACHE", Path.home() / ".cache" / "rlwb")).expanduser()
 
 
+def envs_dir() -> Path:
+    """Environments beside the kernel (`scripts/setup.sh`): engines and the peer oracles. `RLWB_ENVS` wins;
+    a relative value is relative to the repo, as setup.sh reads it."""
+    p = Path(os.environ.get("RLWB_ENVS", ".venvs")).expanduser()
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
 def outputs_dir(override: str | os.PathLike | None = None) -> Path:
     """Archive root: `--outputs` beats `RLWB_OUTPUTS` beats `<repo>/outputs`."""
     if override:

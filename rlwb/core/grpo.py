@@ -17,14 +17,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlwb.core import losses, tasks, tokenizer
+from rlwb.core import corrections, losses, tasks, tokenizer
 from rlwb.core import metrics as M
+from rlwb.core.correction_catalog import HEALTH
 from rlwb.core.grpo_config import GRPOConfig
 from rlwb.core.trainer import completion_logprobs, make_batch
 from rlwb.engines.worker import EngineWorker, Sampling
 
 CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "reversed_frac", "clip_frac", "mismatch_k3",
-                 "abs_dlogp_mean", "entropy", "grad_norm", "t_rollout", "t_score", "t_update", "t_sync"]
+                 "abs_dlogp_mean", "entropy", "grad_norm", *HEALTH, "t_rollout", "t_score", "t_update",
+                 "t_sync", "t_correction"]
 
 
 def _pad(rows: list[np.ndarray], width: int, fill: float = 0.0) -> torch.Tensor:
@@ -115,8 +117,10 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     t2 = time.perf_counter()
 
     behaviour = logp_engine if cfg.old_logprobs == "engine" else logp_trainer_old
-    weights, keep = losses.correction_terms(cfg.correction, logp_trainer_old, logp_engine, mask, cfg.tis_cap,
-                                            cfg.mask_lo, cfg.mask_hi)
+    tc = time.perf_counter()
+    corr = corrections.apply(cfg.correction, logp_trainer_old - logp_engine, mask, adv, cfg.tis_cap)
+    t_correction = time.perf_counter() - tc
+    weights, keep = (None, None) if cfg.correction == "none" else (corr.weights, corr.keep)
     ref = None
     if ref_model is not None and cfg.beta:
         with torch.no_grad():
@@ -134,8 +138,10 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
            "clip_frac": st.clip_frac,
            "mismatch_k3": mm["k3_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
            "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
+           **corrections.health(corr, mask),
            "kept_frac": st.kept_frac, "completion_tokens": float(np.mean(lengths)),
-           "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3, "t_step": t4 - t0}
+           "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3,
+           "t_correction": t_correction, "t_step": t4 - t0}
     batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],
                     "logp_engine": [c.logprobs for c in comps],
                     "logp_trainer": [x.cpu().numpy() for x in old["logp"].split(lengths)], "reward": rewards.numpy()}

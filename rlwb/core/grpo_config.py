@@ -10,8 +10,6 @@ from dataclasses import dataclass, fields
 
 from rlwb.core.fields import param
 
-CORRECTIONS = ("none", "tis", "mis", "seq_mask")
-
 
 @dataclass
 class GRPOSettings:
@@ -38,11 +36,9 @@ class GRPOConfig(GRPOSettings):
     """One training run: the exposed settings plus what the notebook varies per run (correction, seed) and
     the constants it does not expose."""
 
-    correction: str = "none"  # one of CORRECTIONS
+    correction: str = "none"  # a name of rlwb.core.correction_catalog.CATALOG
     seed: int = 0
     beta: float = 0.0
-    mask_lo: float = 0.5
-    mask_hi: float = 2.0
     max_grad_norm: float = 1.0
 
     @classmethod

@@ -9,7 +9,8 @@ advice made mechanical.
 On trip it writes the offending rollout batch to `data/` for a post-mortem.
 
 k3: Schulman, http://joschu.net/blog/kl-approx.html; monitoring it per step as verl's `rollout_corr/k3_kl`
-and prime-rl's `mismatch_kl` do.
+and prime-rl's `mismatch_kl` do. Any correction health column (`correction_catalog.HEALTH`: ESS, masked
+fraction, ...) can be watched instead; for ESS, drift is the level falling *below* the threshold.
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
+from rlwb.core.correction_catalog import HEALTH, LOWER_IS_WORSE
 from rlwb.errors import DriftDetected
+
+MONITORED = ("mismatch_k3", "abs_dlogp_mean", *HEALTH)  # per-step curve columns a monitor can watch
 
 
 @dataclass
 class DriftMonitor:
-    """Feed it each step's row (`mismatch_k3`, `abs_dlogp_mean`) and, optionally, the step's batch.
+    """Feed it each step's row (`mismatch_k3`, `abs_dlogp_mean`, health columns) and, optionally, the batch.
 
-    threshold: on the window mean of `metric`; window: steps averaged; patience: consecutive windows above
-    the threshold before tripping; raise_on_trip: raise `DriftDetected` (else only set `tripped`)."""
+    threshold: on the window mean of `metric` (above it is drift; below it for ESS); window: steps averaged;
+    patience: consecutive windows on the wrong side of the threshold before tripping; raise_on_trip: raise
+    `DriftDetected` (else only set `tripped`)."""
 
     threshold: float
     window: int = 3
@@ -48,8 +53,8 @@ class DriftMonitor:
             raise ValueError(f"drift threshold must be a finite number > 0, got {self.threshold!r}")
         if self.window < 1 or self.patience < 1:
             raise ValueError(f"window and patience must be >= 1, got {self.window} and {self.patience}")
-        if self.metric not in ("mismatch_k3", "abs_dlogp_mean"):
-            raise ValueError(f"metric must be mismatch_k3 or abs_dlogp_mean, got {self.metric!r}")
+        if self.metric not in MONITORED:
+            raise ValueError(f"metric must be one of {', '.join(MONITORED)}; got {self.metric!r}")
         self.values = deque()
 
     def update(self, row: dict, batch: dict | None = None) -> bool:
@@ -62,7 +67,8 @@ class DriftMonitor:
             return self.tripped
         level = float(np.mean(self.values))
         self.values.clear()
-        self.above = self.above + 1 if level > self.threshold else 0
+        bad = level < self.threshold if self.metric in LOWER_IS_WORSE else level > self.threshold
+        self.above = self.above + 1 if bad else 0
         self.history.append({"step": row.get("step"), "window_mean": level, "above": self.above})
         if self.tripped or self.above < self.patience:
             return self.tripped

@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from rlwb.core import stats, tokenizer
+from rlwb.core.correction_catalog import LOWER_IS_WORSE
 from rlwb.core.grpo import train, trainer_device
 from rlwb.core.grpo_config import GRPOConfig
 from rlwb.core.monitor import DriftMonitor
@@ -27,11 +28,11 @@ LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration
 DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windows, 2 in a row above
 
 
-def drift_monitor_factory(threshold: float, save_dir=None):
+def drift_monitor_factory(threshold: float, save_dir=None, metric: str = "mismatch_k3"):
     """Monitors that record (never stop) a trip per run, saving the offending batch under `save_dir`."""
     def make(engine: str, correction: str, seed: int) -> DriftMonitor:
-        return DriftMonitor(threshold, DRIFT_WINDOW, DRIFT_PATIENCE, raise_on_trip=False, save_dir=save_dir,
-                            name=f"drift_{engine}+{correction}_seed{seed}")
+        return DriftMonitor(threshold, DRIFT_WINDOW, DRIFT_PATIENCE, metric=metric, raise_on_trip=False,
+                            save_dir=save_dir, name=f"drift_{engine}+{correction}_seed{seed}")
     return make
 
 
@@ -77,7 +78,7 @@ def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, m
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     frames = []
     if monitor_factory is None and getattr(p, "drift_threshold", 0) > 0:
-        monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir)
+        monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir, getattr(p, "drift_metric", "mismatch_k3"))
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         for corr in p.corrections:
@@ -156,7 +157,10 @@ def conclusion(metrics: dict, p) -> str:
                    f"{metrics[f'{L}/drift_trip_step_mean']:.0f} on average)" for L in deltas
                    if (metrics.get(f"{L}/drift_trip_frac") or 0) > 0]
         quiet = [f"`{L}`" for L in deltas if metrics.get(f"{L}/drift_trip_frac") == 0]
-        lines.append(f"\n**Drift monitor** (engine-trainer k3 above {p.drift_threshold:g} in {DRIFT_PATIENCE} "
+        dm = getattr(p, "drift_metric", "mismatch_k3")
+        side = "below" if dm in LOWER_IS_WORSE else "above"
+        what = "engine-trainer k3" if dm == "mismatch_k3" else f"`{dm}`"
+        lines.append(f"\n**Drift monitor** ({what} {side} {p.drift_threshold:g} in {DRIFT_PATIENCE} "
                      f"consecutive {DRIFT_WINDOW}-step windows): tripped on " + (", ".join(tripped) or "none")
                      + "; quiet on " + (", ".join(quiet) or "none") + ".")
     if deltas and max(deltas.values()) < 0.05:

@@ -13,9 +13,11 @@ import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rlwb.core.correction_catalog import CORRECTIONS
 from rlwb.core.fields import DTYPES, param
-from rlwb.core.grpo_config import CORRECTIONS, GRPOSettings
+from rlwb.core.grpo_config import GRPOSettings
 from rlwb.core.models import EMBEDDED_NAMES
+from rlwb.core.monitor import MONITORED
 from rlwb.core.prompts import PROMPT_SOURCES
 from rlwb.core.tokenizer import CHAT_TEMPLATE_MODES
 from rlwb.engines.presets import available_presets, resolve_preset
@@ -160,8 +162,10 @@ class GRPOParams(GRPOSettings, EngineParams):
     corrections: list[str] = param(["none", "tis"], "off-policy corrections: " + ", ".join(CORRECTIONS),
                                    choices=CORRECTIONS)
     num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
-    drift_threshold: float = param(1e-5, "drift monitor: k3 level (mean of 2-step windows, twice in a row) that "
-                                         "trips it; 0 turns it off", ge=0)
+    drift_threshold: float = param(1e-5, "drift monitor: level of drift_metric (mean of 2-step windows, twice in a "
+                                         "row) that trips it; 0 turns it off", ge=0)
+    drift_metric: str = param("mismatch_k3", "per-step curve column the drift monitor watches (ess trips below "
+                                             "the threshold, the others above)", choices=list(MONITORED))
 
     @property
     def seeds(self) -> list[int]:

@@ -1,0 +1,122 @@
+"""Every named off-policy correction rlwb can train with: which peer ships it, with which defaults.
+
+A catalogue entry is data (no torch here, so reading params stays light): the parts it stacks, each a pure
+function of `rlwb.core.corrections` with the peer's default thresholds, and where the peer defines it. The
+thresholds are the peers' own defaults as of the pinned versions (`engines/peers.txt`), so a user who runs
+verl's `decoupled_geo_rs()` or TRL's default `vllm_importance_sampling_mode` gets the same weights and masks
+here; `tests/test_corrections.py` checks each part against the peer's own code.
+
+Ratios are r = pi_trainer / pi_engine throughout (every peer's convention). Bounds are on r (verl states
+its k1 rejection bounds on 1/r: they are converted here, once, and the test holds them to verl's mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VERL = "https://github.com/volcengine/verl/blob/v0.9.1/verl/trainer/ppo/rollout_corr_helper.py"
+VERL_PRESETS = "https://github.com/volcengine/verl/blob/v0.9.1/verl/trainer/config/algorithm.py"
+TRL = "https://github.com/huggingface/trl/blob/v1.16.0/trl/trainer/grpo_trainer.py"
+SKYRL = "https://github.com/NovaSky-AI/SkyRL (skyrl 0.3.0, backends/skyrl_train/utils/off_policy_correction_utils.py)"
+OPENRLHF = "https://github.com/OpenRLHF/OpenRLHF/blob/v0.11.2/openrlhf/models/loss.py"
+YAO = "https://fengyao.notion.site/off-policy-rl"
+ICEPOP = "https://arxiv.org/abs/2510.18855"
+DSV32 = "https://arxiv.org/abs/2512.02556"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One function of `rlwb.core.corrections` with its keyword arguments."""
+
+    fn: str
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    parts: tuple[Part, ...]
+    peer: str  # who ships it, and the setting that reproduces it there
+    what: str  # one line a reader of the race table understands
+    url: str
+
+
+def _e(parts, peer, what, url):
+    return CatalogEntry(tuple(Part(f, k) for f, k in parts), peer, what, url)
+
+
+CATALOG: dict[str, CatalogEntry] = {
+    "none": _e([], "-", "no correction: the engine's samples trained on as if on-policy", ""),
+    # rlwb's own (notebook 03 since the seeds); "tis" takes its cap from the `tis_cap` param
+    "tis": _e([("token_tis", {})], "rlwb (Yao et al. 2025)", "token TIS, weights min(r, tis_cap)", YAO),
+    "mis": _e([("token_reject", {"lo": 0.5, "hi": 2.0})], "rlwb (IcePop-style)",
+              "tokens with r outside [0.5, 2] leave the loss", ICEPOP),
+    "seq_mask": _e([("sequence_reject_geometric", {"lo": 0.5, "hi": 2.0})], "rlwb",
+                   "sequences whose geometric-mean r is outside [0.5, 2] leave the loss", VERL),
+    # verl 0.9.1 RolloutCorrectionConfig presets (decoupled mode)
+    "verl.token_tis": _e([("token_tis", {"cap": 2.0})], "verl decoupled_token_is()",
+                         "token TIS, weights min(r, 2)", VERL_PRESETS),
+    "verl.seq_tis": _e([("sequence_tis", {"cap": 2.0})], "verl decoupled_seq_is()",
+                       "sequence TIS, weight min(prod r, 2) on every token", VERL_PRESETS),
+    "verl.seq_mis": _e([("sequence_tis", {"cap": 2.0}), ("sequence_reject_product", {"lo": 0.5, "hi": 2.0})],
+                       "verl decoupled_seq_is_rs() (Seq-MIS)",
+                       "sequence TIS (cap 2) + sequences with prod r outside [0.5, 2] rejected", VERL_PRESETS),
+    "verl.geo_rs": _e([("sequence_reject_geometric", {"lo": 1 / 1.001, "hi": 1 / 0.999})],
+                      "verl decoupled_geo_rs() (Geo-RS, 0.999_1.001)",
+                      "sequences whose geometric-mean r is off 1 by more than 0.1% rejected", VERL_PRESETS),
+    "verl.k3_rs": _e([("sequence_reject_k3", {"threshold": 0.01})], "verl decoupled_k3_rs()",
+                     "sequences whose mean k3 exceeds 0.01 rejected", VERL_PRESETS),
+    "verl.geo_rs_token_tis": _e([("token_tis", {"cap": 2.0}),
+                                 ("sequence_reject_geometric", {"lo": 1 / 1.001, "hi": 1 / 0.999})],
+                                "verl decoupled_geo_rs_token_tis()", "token TIS (cap 2) + Geo-RS", VERL_PRESETS),
+    "verl.token_tis_norm": _e([("token_tis", {"cap": 2.0, "normalize": True})],
+                              "verl decoupled_token_is() + rollout_is_batch_normalize",
+                              "token TIS, weights renormalised to mean 1 per batch", VERL),
+    # IcePop: a band mask whose survivors keep their ratio as weight
+    "icepop": _e([("token_band", {"lo": 0.5, "hi": 5.0})],
+                 "OpenRLHF is_correction_level=token (mask, ratio, [0.5, 5]); verl decoupled_token_icepop()",
+                 "token weight r inside [0.5, 5], 0 outside", ICEPOP),
+    # SkyRL 0.3.0 off_policy_correction (recommended values from its config docs)
+    "skyrl.geo_mask": _e([("sequence_reject_geometric", {"lo": 0.99, "hi": 1.01})],
+                         "SkyRL sequence_mask_metric=geometric (0.99, 1.01)",
+                         "sequences whose geometric-mean r is outside [0.99, 1.01] leave the loss", SKYRL),
+    "skyrl.outlier_mask": _e([("outlier_token_reject", {"lo": 1e-4, "hi": 100.0})],
+                             "SkyRL outlier_token_is_threshold_low/high (1e-4, 100)",
+                             "sequences holding any token with r outside [1e-4, 100] leave the loss", SKYRL),
+    "skyrl.token_mask": _e([("token_reject", {"lo": 0.5, "hi": 2.0})],
+                           "SkyRL token_mask_is_threshold_low/high (0.5, 2)",
+                           "tokens with r outside [0.5, 2] leave the loss", SKYRL),
+    # TRL 1.16 vllm_importance_sampling_mode (clip_max 3.0, clip_min None); sequence_mask is TRL's default
+    "trl.token_truncate": _e([("token_tis", {"cap": 3.0})], "TRL vllm_importance_sampling_mode=token_truncate",
+                             "token TIS, weights min(r, 3)", TRL),
+    "trl.token_mask": _e([("token_band", {"lo": None, "hi": 3.0})], "TRL vllm_importance_sampling_mode=token_mask",
+                         "token weight r up to 3, 0 above", TRL),
+    "trl.sequence_truncate": _e([("sequence_tis", {"cap": 3.0})],
+                                "TRL vllm_importance_sampling_mode=sequence_truncate",
+                                "sequence TIS, weight min(prod r, 3)", TRL),
+    "trl.sequence_mask": _e([("sequence_band", {"lo": None, "hi": 3.0})],
+                            "TRL vllm_importance_sampling_mode=sequence_mask (TRL's default)",
+                            "sequence weight prod r up to 3, 0 above", TRL),
+    "trl.opsm": _e([("off_policy_sequence_mask", {"delta": 0.5})],
+                   "TRL off_policy_mask_threshold=0.5 (DeepSeek-V3.2 OPSM)",
+                   "negative-advantage sequences with mean engine-trainer KL > 0.5 dropped", DSV32),
+    # the stack the Miles/LMSYS 30B-MoE study found stable: two-sided token TIS, a geometric sequence mask
+    # (SkyRL's recommended bounds), weights renormalised to mean 1
+    "miles.tis_geo_norm": _e([("token_tis", {"cap": 1.5, "floor": 0.5, "normalize": True}),
+                              ("sequence_reject_geometric", {"lo": 0.99, "hi": 1.01})],
+                             "Miles --use-tis --tis-clip-low 0.5 --tis-clip 1.5 + geometric mask + normalisation",
+                             "token TIS clamped to [0.5, 1.5], mean 1 per batch, + geometric mask [0.99, 1.01]", YAO),
+}
+
+CORRECTIONS: tuple[str, ...] = tuple(CATALOG)
+
+# per-step health numbers of a correction (`rlwb.core.corrections.health`): curve columns the drift monitor
+# can watch; ESS is the one where *low* is bad
+HEALTH = ("is_weight_mean", "is_weight_std", "is_weight_max", "ess", "masked_frac", "truncated_frac",
+          "seq_masked_frac")
+LOWER_IS_WORSE = ("ess",)
+
+
+def catalog_rows(names=None) -> list[dict]:
+    """The catalogue as table rows (the race notebook shows the corrections it ran)."""
+    return [{"correction": n, "what": CATALOG[n].what, "peer setting": CATALOG[n].peer}
+            for n in (names or CORRECTIONS)]
