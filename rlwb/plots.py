@@ -436,6 +436,137 @@ GRPO_FIGURES = {"reward_curves": ("curves", reward_curves), "clip_curves": ("cur
                 "mismatch_curves": ("curves", mismatch_curves), "time_breakdown": ("curves", time_breakdown)}
 
 
+# -- notebook 07: which correction --------------------------------------------------------------------
+CORRECTION_STYLES = ["-", "--", "-.", ":"]
+
+
+def correction_color(i: int) -> str:
+    return OKABE_ITO[i % len(OKABE_ITO)]
+
+
+def _seed_band(d, column: str, smooth: int):
+    """Mean over seeds of each seed's `smooth`-step moving average, and its 95% Student-t band."""
+    per_seed = d.pivot_table(index="step", columns="seed", values=column, aggfunc="mean")
+    per_seed = per_seed.rolling(smooth, center=True, min_periods=1).mean()
+    mean = per_seed.mean(axis=1)
+    half = per_seed.sem(axis=1) * t_quantile(per_seed.count(axis=1))
+    return mean, mean - half, mean + half
+
+
+def _race_panels(curves, column: str, ylabel: str, title: str, style: str, smooth: int = 1,
+                 bounds: tuple[float, float] | None = None, baseline: bool = True):
+    """One panel per mismatch level, one line per correction (colour and dash by correction), the
+    baseline (first level, `none`) drawn grey in every panel."""
+    levels = list(dict.fromkeys(curves["engine"]))
+    base = curves[(curves["engine"] == levels[0]) & (curves["correction"] == "none")]
+    panels = levels[1:] or levels
+    corrections = list(dict.fromkeys(curves["correction"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize(style, 0.6 * len(panels) + 0.4), sharey=True,
+                             squeeze=False)
+    for ax, lvl in zip(axes[0], panels):
+        if baseline and not base.empty:
+            m, lo, hi = _seed_band(base, column, smooth)
+            if bounds is not None:
+                lo, hi = lo.clip(*bounds), hi.clip(*bounds)
+            ax.plot(m.index, m.values, color="0.55", lw=2.2, label=f"baseline ({levels[0]}, none)", zorder=1)
+            ax.fill_between(m.index, lo.values, hi.values, color="0.55", alpha=0.15, lw=0)
+        for i, c in enumerate(corrections):
+            d = curves[(curves["engine"] == lvl) & (curves["correction"] == c)]
+            if d.empty or (lvl == levels[0] and c == "none" and baseline):
+                continue
+            m, lo, hi = _seed_band(d, column, smooth)
+            if bounds is not None:
+                lo, hi = lo.clip(*bounds), hi.clip(*bounds)
+            ax.plot(m.index, m.values, color=correction_color(i), ls=CORRECTION_STYLES[i % 4], label=c, lw=1.3)
+            ax.fill_between(m.index, lo.values, hi.values, color=correction_color(i), alpha=0.08, lw=0)
+        ax.set_title(f"level: {lvl}")
+        ax.set_xlabel("GRPO step")
+    axes[0][0].set_ylabel(ylabel)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize="small", ncols=min(4, len(labels)), loc="lower center",
+               bbox_to_anchor=(0.5, -0.02))
+    avg = f", {smooth}-step moving average" if smooth > 1 else ""
+    fig.suptitle(f"{title} (mean over seeds{avg}; band: 95% CI)")
+    fig.tight_layout(rect=(0, 0.1 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
+    return fig
+
+
+def race_reward_curves(curves, style: str = "notebook"):
+    return _race_panels(curves, "reward_mean", "mean reward", "Reward per mismatch level", style, smooth=5,
+                        bounds=(0.0, 1.0))
+
+
+def race_health(curves, style: str = "notebook"):
+    """ESS (top) and the share of tokens whose loss term the correction removed (bottom), per level."""
+    levels = list(dict.fromkeys(curves["engine"]))
+    panels = levels[1:] or levels
+    corrections = list(dict.fromkeys(curves["correction"]))
+    fig, axes = plt.subplots(2, len(panels), figsize=figsize(style, 0.6 * len(panels) + 0.4, 1.6),
+                             sharex=True, sharey="row", squeeze=False)
+    for j, lvl in enumerate(panels):
+        for row, (col, label) in enumerate((("ess", "ESS (share of tokens)"), ("masked_frac", "tokens removed"))):
+            ax = axes[row][j]
+            for i, c in enumerate(corrections):
+                d = curves[(curves["engine"] == lvl) & (curves["correction"] == c)]
+                if d.empty:
+                    continue
+                m, lo, hi = _seed_band(d, col, 1)
+                ax.plot(m.index, m.values, color=correction_color(i), ls=CORRECTION_STYLES[i % 4], label=c, lw=1.3)
+                ax.fill_between(m.index, lo.clip(0, 1).values, hi.clip(0, 1).values, color=correction_color(i),
+                                alpha=0.08, lw=0)
+            ax.set_ylim(-0.03, 1.03)
+            if j == 0:
+                ax.set_ylabel(label)
+            if row == 0:
+                ax.set_title(f"level: {lvl}")
+            else:
+                ax.set_xlabel("GRPO step")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize="small", ncols=min(4, len(labels)), loc="lower center",
+               bbox_to_anchor=(0.5, -0.01))
+    fig.suptitle("Correction health over training (mean over seeds; band: 95% CI)")
+    fig.tight_layout(rect=(0, 0.07 + 0.025 * ((len(labels) - 1) // 4), 1, 1))
+    return fig
+
+
+def race_gaps(ranking, style: str = "notebook"):
+    """Final reward minus the baseline's, paired by seed, with its 95% CI: one row per correction, one
+    panel per mismatch level, best on top; the dashed line is the baseline (gap 0)."""
+    levels = [lvl for lvl in dict.fromkeys(ranking["level"])
+              if (ranking.loc[ranking["level"] == lvl, "verdict"] != "baseline").any()]
+    n = max(len(ranking[ranking["level"] == lvl]) for lvl in levels) if levels else 1
+    fig, axes = plt.subplots(1, max(1, len(levels)), figsize=figsize(style, 0.55 * len(levels) + 0.45,
+                                                                    0.3 + 0.12 * n),
+                             sharex=True, squeeze=False)
+    verdict_color = {"recovers": "#009E73", "above baseline": "#0072B2", "falls short": "#D55E00",
+                     "n/a": "0.5", "baseline": "0.5"}
+    for ax, lvl in zip(axes[0], levels):
+        d = ranking[ranking["level"] == lvl].sort_values("rank", ascending=False)
+        y = np.arange(len(d))
+        lo = (d["gap"] - d["gap_ci_low"]).clip(lower=0).fillna(0)
+        hi = (d["gap_ci_high"] - d["gap"]).clip(lower=0).fillna(0)
+        for k, (_, r) in enumerate(d.iterrows()):
+            ax.errorbar(r["gap"], y[k], xerr=[[lo.iloc[k]], [hi.iloc[k]]], fmt="o", ms=5, capsize=3,
+                        color=verdict_color.get(r["verdict"], "0.3"))
+        ax.axvline(0, color="0.4", ls="--", lw=1)
+        ax.set_yticks(y, d["correction"])
+        ax.set_title(f"level: {lvl}")
+        ax.set_xlabel("final reward − baseline")
+        ax.grid(axis="y", visible=False)
+    from matplotlib.lines import Line2D
+
+    used = [v for v in ("recovers", "above baseline", "falls short", "n/a") if v in set(ranking["verdict"])]
+    fig.legend([Line2D([], [], marker="o", ls="", color=verdict_color[v]) for v in used], used, fontsize="small",
+               ncols=len(used), loc="lower center", bbox_to_anchor=(0.5, -0.02))
+    fig.suptitle("What recovers the baseline (95% CI over seeds, paired by seed)")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+RACE_FIGURES = {"race_reward_curves": ("curves", race_reward_curves), "race_gaps": ("ranking", race_gaps),
+                "race_health": ("curves", race_health), "time_breakdown": ("curves", time_breakdown)}
+
+
 # -- notebook 04: determinism and staleness ---------------------------------------------------------
 DETERMINISM_MEASURES = [("batch_invariant_frac", "batch-invariant fraction", False),
                         ("rerun_identical_frac", "rerun-identical fraction", False),

@@ -26,6 +26,7 @@ FIGURES = {
     "03_toy_grpo": plots.GRPO_FIGURES,
     "04_determinism_and_staleness": plots.DETERMINISM_FIGURES,
     "05_equivalence_and_stress": plots.STRESS_FIGURES,
+    "07_which_correction": plots.RACE_FIGURES,
 }
 TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "tok_s", "throughput")
 

@@ -114,9 +114,3 @@ CORRECTIONS: tuple[str, ...] = tuple(CATALOG)
 HEALTH = ("is_weight_mean", "is_weight_std", "is_weight_max", "ess", "masked_frac", "truncated_frac",
           "seq_masked_frac")
 LOWER_IS_WORSE = ("ess",)
-
-
-def catalog_rows(names=None) -> list[dict]:
-    """The catalogue as table rows (the race notebook shows the corrections it ran)."""
-    return [{"correction": n, "what": CATALOG[n].what, "peer setting": CATALOG[n].peer}
-            for n in (names or CORRECTIONS)]

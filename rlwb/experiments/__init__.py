@@ -11,7 +11,7 @@ from types import ModuleType
 from rlwb.errors import ParamError
 
 NOTEBOOKS = ("00_default_policy", "01_logprob_mismatch", "02_kl_vs_temperature", "03_toy_grpo",
-             "04_determinism_and_staleness", "05_equivalence_and_stress")
+             "04_determinism_and_staleness", "05_equivalence_and_stress", "07_which_correction")
 
 
 def module_name(notebook: str) -> str:

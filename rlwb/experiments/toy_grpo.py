@@ -69,8 +69,9 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
 
 
 def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, monitor_factory=None,
-               drift_dir=None) -> pd.DataFrame:
-    """The curves of `run`; `monitor_factory(engine, correction, seed)` overrides the drift monitors."""
+               drift_dir=None, corrections_for=None) -> pd.DataFrame:
+    """The curves of `run`; `monitor_factory(engine, correction, seed)` overrides the drift monitors;
+    `corrections_for(engine)` the corrections run on an engine (default: all of `p.corrections`)."""
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -81,7 +82,7 @@ def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, m
         monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir, getattr(p, "drift_metric", "mismatch_k3"))
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
-        for corr in p.corrections:
+        for corr in (corrections_for(w.preset.name) if corrections_for else p.corrections):
             for seed in p.seeds:
                 monitor = monitor_factory(w.preset.name, corr, seed) if monitor_factory else None
                 cfg = GRPOConfig.from_settings(p, correction=corr, seed=seed)

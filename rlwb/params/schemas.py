@@ -104,6 +104,10 @@ class EngineParams(Params):
                                        "on (required), off", choices=list(CHAT_TEMPLATE_MODES))
 
 
+CORRECTIONS_DOC = ("off-policy corrections, names from rlwb.core.correction_catalog (none, tis, verl.geo_rs, "
+                   "icepop, trl.sequence_mask, ...)")
+
+
 def prompt_source_param(doc: str = "prompts: task (the verifiable task) or open_ended (held-out text and chat "
                                    "questions, where a real model is uncertain)"):
     return param("task", doc, choices=list(PROMPT_SOURCES))
@@ -159,8 +163,7 @@ class GRPOParams(GRPOSettings, EngineParams):
 
     engines: list[str] = engine_list(["vllm-v0", "vllm-v1", "vllm-v1-fixed"],
                                      "engine presets that generate the rollouts")
-    corrections: list[str] = param(["none", "tis"], "off-policy corrections: " + ", ".join(CORRECTIONS),
-                                   choices=CORRECTIONS)
+    corrections: list[str] = param(["none", "tis"], CORRECTIONS_DOC, choices=CORRECTIONS)
     num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
     drift_threshold: float = param(1e-5, "drift monitor: level of drift_metric (mean of 2-step windows, twice in a "
                                          "row) that trips it; 0 turns it off", ge=0)
@@ -170,6 +173,40 @@ class GRPOParams(GRPOSettings, EngineParams):
     @property
     def seeds(self) -> list[int]:
         return [self.seed + i for i in range(self.num_seeds)]
+
+
+@dataclass
+class CorrectionRaceParams(GRPOSettings, EngineParams):
+    """Notebook 07: the GRPO loop's settings (decoupled by default: the mode peers define IS corrections in)
+    plus the race's levels and corrections."""
+
+    NOTEBOOK: typing.ClassVar[str] = "07_which_correction"
+    HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1-fixed+none/reward_final", "vllm-v1-bf16+none/gap",
+                                             "vllm-v1-raw+none/gap"]
+
+    engines: list[str] = engine_list(["vllm-v1-fixed", "vllm-v1-raw", "vllm-v1-bf16"],
+                                     "mismatch levels (engine presets); the first is the no-mismatch baseline")
+    corrections: list[str] = param(["none", "verl.token_tis", "verl.seq_mis", "verl.geo_rs", "icepop",
+                                    "trl.sequence_mask", "miles.tis_geo_norm"], CORRECTIONS_DOC,
+                                   choices=CORRECTIONS)
+    old_logprobs: str = param("trainer", "behaviour logprobs in the PPO ratio: trainer (decoupled, as the "
+                                         "peers define IS corrections) or engine", choices=["engine", "trainer"])
+    steps: int = param(20, "GRPO steps per run", ge=1)
+    num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
+    race_on_baseline: bool = param(False, "also race every correction on the baseline level (else `none` only)")
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(self.num_seeds)]
+
+    def __post_init__(self):
+        if "none" not in self.corrections:
+            raise ParamError("parameter 'corrections' must include 'none': the uncorrected run at each level is "
+                             "what the corrections are measured against")
+        for name in ("engines", "corrections"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
 
 
 @dataclass
@@ -214,7 +251,7 @@ class StressParams(EngineParams):
 
 SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams,
                                                             KLTemperatureParams, GRPOParams, DeterminismParams,
-                                                            StressParams)}
+                                                            StressParams, CorrectionRaceParams)}
 
 
 def schema_for(notebook: str) -> type[Params]:
