@@ -52,3 +52,8 @@ class RunFailed(RlwbError, RuntimeError):
     def __init__(self, run_dir: Path, error: str):
         self.run_dir, self.error = run_dir, error
         super().__init__(f"run failed: {error}\narchived as failed: {run_dir}")
+
+
+class PeerMissing(RlwbError, RuntimeError):
+    """A peer's code (verl, SkyRL, OpenRLHF, TRL's block) is not where rlwb/peers.py looks; the message says
+    how to install it."""

@@ -24,11 +24,8 @@ import textwrap
 import types
 from pathlib import Path
 
+from rlwb.errors import PeerMissing
 from rlwb.paths import envs_dir
-
-
-class PeerMissing(RuntimeError):
-    """The peer's code is not installed where rlwb looks for it."""
 
 
 def peers_dir() -> Path:
@@ -88,12 +85,12 @@ def skyrl_off_policy() -> types.ModuleType:
 @functools.cache
 def openrlhf_loss() -> types.ModuleType:
     """OpenRLHF's `openrlhf.models.loss` (`PolicyLoss` holds its IcePop / TIS correction)."""
-    import logging
+    import os
 
     root = _on_path() / "openrlhf"
     _package("openrlhf", root)
     _package("openrlhf.models", root / "models")
-    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)  # "Setting accelerator to CPU" on import
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else deepspeed warns that it fell back to CPU on import
     _load_file("openrlhf.models.utils", root / "models" / "utils.py")
     return _load_file("openrlhf.models.loss", root / "models" / "loss.py")
 

@@ -440,8 +440,11 @@ GRPO_FIGURES = {"reward_curves": ("curves", reward_curves), "clip_curves": ("cur
 CORRECTION_STYLES = ["-", "--", "-.", ":"]
 
 
+CORRECTION_COLORS = [OKABE_ITO[i] for i in (0, 1, 2, 3, 5, 6, 7, 4)]  # Okabe-Ito, its yellow last (faint)
+
+
 def correction_color(i: int) -> str:
-    return OKABE_ITO[i % len(OKABE_ITO)]
+    return CORRECTION_COLORS[i % len(CORRECTION_COLORS)]
 
 
 def _seed_band(d, column: str, smooth: int):
@@ -481,6 +484,7 @@ def _race_panels(curves, column: str, ylabel: str, title: str, style: str, smoot
             ax.fill_between(m.index, lo.values, hi.values, color=correction_color(i), alpha=0.08, lw=0)
         ax.set_title(f"level: {lvl}")
         ax.set_xlabel("GRPO step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     axes[0][0].set_ylabel(ylabel)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize="small", ncols=min(4, len(labels)), loc="lower center",
@@ -515,6 +519,7 @@ def race_health(curves, style: str = "notebook"):
                 ax.fill_between(m.index, lo.clip(0, 1).values, hi.clip(0, 1).values, color=correction_color(i),
                                 alpha=0.08, lw=0)
             ax.set_ylim(-0.03, 1.03)
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             if j == 0:
                 ax.set_ylabel(label)
             if row == 0:

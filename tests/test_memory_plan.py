@@ -37,7 +37,7 @@ def test_kv_cache_bytes_per_token():
 # context 35.4 vs 38.1, 35.6 vs 39.0). Notebook 05's fp32 scorer takes one 16k-token context at a time: its
 # attention scores alone are ~28 GiB, so only an 80 GiB GPU holds it beside two engines.
 NOTEBOOKS = ["01_logprob_mismatch", "02_kl_vs_temperature", "03_toy_grpo", "04_determinism_and_staleness",
-             "05_equivalence_and_stress"]
+             "05_equivalence_and_stress", "07_which_correction"]
 FITS = {
     ("0.5B", 24): {"01_logprob_mismatch", "02_kl_vs_temperature"},
     ("0.5B", 40): set(NOTEBOOKS) - {"05_equivalence_and_stress"},

@@ -71,9 +71,10 @@ def test_gpu_params_validate(nb):
         assert not gpu.exists()  # notebook 00 is about the embedded model only
         return
     p = params.load(nb.stem, [gpu])
-    # notebook 05's validator checks semantics at the float floor: fp32 engines there, bf16 elsewhere
+    # notebook 05's validator checks semantics at the float floor, notebook 07's baseline must have no
+    # mismatch: fp32 engines there, bf16 elsewhere
     assert p.model == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert p.dtype == ("float32" if nb.stem == "05_equivalence_and_stress" else "bfloat16")
+    assert p.dtype == ("float32" if nb.stem in ("05_equivalence_and_stress", "07_which_correction") else "bfloat16")
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
@@ -213,10 +214,34 @@ def check_equivalence_and_stress(d: Path, m: dict) -> None:
     assert "95% CI" in html and "preemptions" in html
 
 
+def check_which_correction(d: Path, m: dict) -> None:
+    from rlwb.core.correction_catalog import HEALTH
+
+    curves = pd.read_parquet(d / "data" / "curves.parquet")
+    assert set(HEALTH) <= set(curves.columns)
+    # the baseline level runs `none` only; the bf16 level every correction: (1 + 3) x 2 seeds x 3 steps
+    assert len(curves) == (1 + 3) * 2 * 3
+    base, bf16 = "vllm-v1-fixed+none", "vllm-v1-bf16"
+    assert m[f"{base}/mismatch_k3_mean"] < 1e-9 < 1e-7 < m[f"{bf16}+none/mismatch_k3_mean"]  # floor vs bf16
+    assert m[f"{base}/gap"] == 0 and m[f"{base}/ess_mean"] == 1 and m[f"{base}/masked_frac_mean"] == 0
+    # Geo-RS's 0.1% band is narrower than bf16's per-token noise: it rejects sequences; TRL's band ([0, 3] on
+    # the product ratio) keeps them all
+    assert m[f"{bf16}+verl.geo_rs/masked_frac_mean"] > 0.05 and m[f"{bf16}+verl.geo_rs/ess_mean"] < 0.95
+    assert m[f"{bf16}+trl.sequence_mask/masked_frac_mean"] == 0
+    ranking = pd.read_parquet(d / "data" / "ranking.parquet")
+    assert len(ranking) == 4 and set(ranking["verdict"]) <= {"baseline", "recovers", "falls short",
+                                                               "above baseline"}
+    lvl = ranking[ranking["level"] == bf16]
+    assert list(lvl["rank"]) == [1, 2, 3] and lvl["reward_final"].is_monotonic_decreasing
+    for f in ("race_gaps", "race_reward_curves", "race_health", "time_breakdown"):
+        assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
+    assert "Recover the baseline" in (d / "report.html").read_text()
+
+
 CHECKS = {"00_default_policy": check_default_policy, "01_logprob_mismatch": check_logprob_mismatch,
           "02_kl_vs_temperature": check_kl_vs_temperature, "03_toy_grpo": check_toy_grpo,
           "04_determinism_and_staleness": check_determinism_and_staleness,
-          "05_equivalence_and_stress": check_equivalence_and_stress}
+          "05_equivalence_and_stress": check_equivalence_and_stress, "07_which_correction": check_which_correction}
 
 REPORT_NOISE = ('data-mime-type="application/vnd.jupyter.stderr"', "PosixPath", "/tmp/", ".tmp-", "it/s]", "s/it]",
                 "Loading weights", "IProgress", "TqdmWarning", "Traceback", "rlwb.notebook.start")

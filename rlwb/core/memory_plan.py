@@ -38,6 +38,7 @@ NOTEBOOK_NEEDS = {
     "03_toy_grpo": (1, "train"),
     "04_determinism_and_staleness": (1, "score2"),  # old and new weights are scored side by side
     "05_equivalence_and_stress": (2, "score"),  # the memory-pressure engine starts beside the first one
+    "07_which_correction": (1, "train"),  # notebook 03's loop, one mismatch level's engine at a time
 }
 ENV_VAR = "RLWB_GPU_MEMORY_UTILIZATION"  # what a planned run hands its engines (see `engine_kwargs`)
 
@@ -200,7 +201,7 @@ def forward_size(notebook: str, params, context: int) -> tuple[int, int]:
     """(sequences, tokens each) of the trainer's largest forward pass in a notebook run with `params`, for a
     model of `context` positions."""
     seq_len = int(getattr(params, "max_tokens", 256)) + PROMPT_ALLOWANCE + int(getattr(params, "prefix_tokens", 0))
-    if notebook == "03_toy_grpo":
+    if notebook in ("03_toy_grpo", "07_which_correction"):  # the GRPO update: a micro-batch at a time
         micro = int(getattr(params, "micro_batch", 0) or 0)
         return micro or int(params.prompts_per_step) * int(params.group_size), seq_len
     if notebook == "05_equivalence_and_stress":  # long contexts are scored one at a time; validator cases batch

@@ -37,7 +37,7 @@ class RaceResult(Result):
 
     def summary(self) -> pd.DataFrame:
         cols = ["level", "rank", "correction", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "verdict",
-                "vs_best", "ess", "masked_frac", "step_s"]
+                "vs_best", "ess", "masked_frac", "step_s"]  # step_s: median seconds per step
         return self.ranking[cols].set_index(["level", "rank"])
 
     def conclusion(self) -> str:
@@ -99,7 +99,9 @@ def race_metrics(curves: pd.DataFrame, p) -> dict[str, float]:
             out[f"{L}/{h}_mean"] = float(d[h].mean())
         out[f"{L}/ess_min"] = float(d["ess"].min())
         out[f"{L}/mismatch_k3_mean"] = float(d["mismatch_k3"].mean())
-        out[f"{L}/step_s_mean"] = float(d["t_step"].mean())
+        out[f"{L}/step_s_median"] = float(d["t_step"].median())  # a median: each engine's first step warms up
+        same = f.reindex(base.index)
+        out[f"{L}/same_as_baseline"] = float(bool(len(f) == len(base) and (same == base).all()))
         out[f"{L}/correction_ms_mean"] = 1e3 * float(d["t_correction"].mean())
     return out
 
@@ -143,7 +145,7 @@ def ranking(metrics: dict, curves: pd.DataFrame, p) -> pd.DataFrame:
                          "vs_best": vs, "ess": metrics[f"{L}/ess_mean"],
                          "masked_frac": metrics[f"{L}/masked_frac_mean"],
                          "truncated_frac": metrics[f"{L}/truncated_frac_mean"],
-                         "mismatch_k3": metrics[f"{L}/mismatch_k3_mean"], "step_s": metrics[f"{L}/step_s_mean"],
+                         "mismatch_k3": metrics[f"{L}/mismatch_k3_mean"], "step_s": metrics[f"{L}/step_s_median"],
                          "peer": CATALOG[c].peer})
     return pd.DataFrame(rows)
 
@@ -162,13 +164,21 @@ def conclusion(metrics: dict, rank: pd.DataFrame, p) -> str:
             continue
         k3 = metrics.get(f"{e}+none/mismatch_k3_mean", float(d["mismatch_k3"].mean()))
         rec = d[d["verdict"].isin(["recovers", "above baseline"])]["correction"].tolist()
-        short = d[d["verdict"] == "falls short"]["correction"].tolist()
+        short = [f"{r.correction} (removes {r.masked_frac:.0%} of tokens, ESS {r.ess:.2f})"
+                 for r in d[d["verdict"] == "falls short"].itertuples()]
         best = d.iloc[0]
         tied = d[d["vs_best"] == "not separated"]["correction"].tolist()
         lines.append(f"\n**`{e}`** (engine-trainer k3 {k3:.2g} per token under `none`): best `{best['correction']}` "
                      f"at {best['reward_final']:.3f} ({best['gap']:+.3f} vs baseline).")
         lines.append("Recover the baseline (gap CI reaches 0): " + (", ".join(f"`{c}`" for c in rec) or "none")
                      + "; fall short (whole CI below 0): " + (", ".join(f"`{c}`" for c in short) or "none") + ".")
+        if metrics.get(f"{e}+none/same_as_baseline") == 1.0:
+            lines.append(f"Uncorrected, this level trains exactly as the baseline (the same final reward on every "
+                         f"seed): with behaviour logprobs from the {p.old_logprobs}, the engine's reported logprobs "
+                         "reach the update only through a correction, so here a correction can only add the "
+                         "engine's error." if p.old_logprobs == "trainer" else
+                         "Uncorrected, this level trains exactly as the baseline (the same final reward on every "
+                         "seed).")
         if tied:
             lines.append(f"The CIs do not separate {', '.join(f'`{c}`' for c in tied)} from the best: on this "
                          f"budget ({p.num_seeds} seeds) the data cannot rank them.")
