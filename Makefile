@@ -5,7 +5,7 @@ RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
 
-.PHONY: setup kernel engines peers browser model reports realistic test lint sync-params bench lab clean-outputs
+.PHONY: setup kernel engines peers trl-vllm browser model reports realistic test lint sync-params bench lab clean-outputs
 
 setup: kernel engines peers browser model  ## everything: kernel env, engine envs, peer oracles, chromium, the default model
 
@@ -25,12 +25,11 @@ model: kernel                        ## build (or reuse from $RLWB_CACHE) the em
 	set -o pipefail; $(RLWB) build-model | tail -2
 
 reports: setup                       ## run every notebook with its default params and archive it
-	@set -e; for nb in $(NOTEBOOKS); do \
+	@set -e; since=$$(date -u +%Y-%m-%dT%H:%M:%S); for nb in $(NOTEBOOKS); do \
 	  stem=$$(basename $$nb .ipynb); echo "== $$stem"; \
 	  $(RLWB) run $$nb -f params/$$stem/default.yaml; \
-	done
-	$(RLWB) runs
-	$(RLWB) index
+	done; \
+	$(RLWB) runs; $(RLWB) index; $(RLWB) times --since $$since
 
 realistic: setup                     ## every notebook on the realistic embedded model (params/*/realistic*.yaml)
 	@set -e; $(RLWB) run notebooks/00_default_policy.ipynb -p model qwen2-chat; \
@@ -50,7 +49,10 @@ lint: kernel                         ## ruff: style, import order, likely bugs (
 sync-params: kernel                  ## rewrite the notebooks' parameters cells and params/*/default.yaml from the schemas
 	$(RLWB) sync-params
 
-bench: setup                         ## throughput / overhead benchmark -> outputs/bench/<time>/
+trl-vllm: kernel                     ## .venvs/trl-vllm: TRL + the same vLLM release, the bench's peer
+	bash scripts/setup.sh trl-vllm
+
+bench: setup trl-vllm                ## throughput / overhead benchmark -> outputs/bench/<time>/
 	$(RLWB) bench
 
 lab: kernel                          ## JupyterLab on 127.0.0.1, opened on notebooks/

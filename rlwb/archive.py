@@ -21,7 +21,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from rlwb import timing
 from rlwb.paths import REPO_ROOT, outputs_dir
+
+TIMING_FILE = "timing.json"  # logs/timing.json: the notebook kernel's phase totals (rlwb.timing)
 
 RUN_FILES = ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json")
 PACKAGES = ("rlwb", "torch", "transformers", "tokenizers", "numpy", "pandas", "papermill", "nbconvert",
@@ -168,6 +171,10 @@ class Run:
     def use_model(self, model: str, rebuild: bool = False) -> Path | str:
         """Resolve a `model` param (building an embedded model if needed, or again with `rebuild`) and
         record it in run.json; returns what engines and the trainer load."""
+        with timing.phase("model"):
+            return self._use_model(model, rebuild)
+
+    def _use_model(self, model: str, rebuild: bool) -> Path | str:
         from rlwb.core import models
 
         if model in models.EMBEDDED_NAMES:
@@ -181,21 +188,32 @@ class Run:
     def save_result(self, result) -> dict:
         """An experiment's `Result`: its metrics into metrics.json, its frames into data/. Returns all metrics
         of the run so far."""
-        for name, frame in result.frames().items():
-            self.save_data(frame, name)
-        return self.log_metrics(result.metrics)
+        with timing.phase("archiving"):
+            for name, frame in result.frames().items():
+                self.save_data(frame, name)
+            merged = self.log_metrics(result.metrics)
+        self.write_timing()
+        return merged
 
     def save_figure(self, fig, name: str) -> None:
         """figures/<name>.{png,pdf,svg}; the figure still displays in the notebook. Returns nothing on purpose:
         a path as a cell's last value would print a temporary directory into the report."""
         from rlwb.plots import save_figure
 
-        save_figure(fig, self.dir / "figures" / self._safe_name(name))
+        with timing.phase("archiving"):
+            save_figure(fig, self.dir / "figures" / self._safe_name(name))
+        self.write_timing()
 
     def save_data(self, df, name: str) -> Path:
         path = self.dir / "data" / f"{self._safe_name(name)}.parquet"
-        df.to_parquet(path, index=False)
+        with timing.phase("archiving"):
+            df.to_parquet(path, index=False)
         return path
+
+    def write_timing(self) -> None:
+        """This process's phase totals so far (`rlwb.timing`), for `rlwb run` to fold into run.json."""
+        (self.dir / "logs").mkdir(exist_ok=True)
+        write_json(self.dir / "logs" / TIMING_FILE, timing.totals())
 
 
 def start_notebook_run(params) -> Run:

@@ -58,6 +58,28 @@ def _cmd_runs(a) -> int:
     return 0
 
 
+def _cmd_times(a) -> int:
+    from rlwb.archive import list_runs
+    from rlwb.paths import outputs_dir
+    from rlwb.reports import time_table
+
+    rows = time_table(list_runs(outputs_dir(a.outputs)), since=a.since)
+    if a.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("(no finished runs" + (f" since {a.since})" if a.since else ")"))
+        return 0
+    cols = list(rows[0])
+    table = [cols] + [[r["notebook"], r["run_id"]] + [("–" if r[c] is None else f"{r[c]:.0f}") for c in cols[2:]]
+                      for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(cols))]
+    print("seconds of wall time per phase, latest finished run of each notebook")
+    for row in table:
+        print("  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    return 0
+
+
 def _cmd_build_model(a) -> int:
     from rlwb.core.models import build_embedded_model
 
@@ -266,6 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--notebook", help="only this notebook stem")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=_cmd_runs)
+
+    r = sub.add_parser("times", help="wall time per phase (engine start-up, sampling, scoring, training, ...) of "
+                                     "the latest run of each notebook")
+    r.add_argument("--outputs")
+    r.add_argument("--since", help="only runs started at or after this UTC time (ISO, e.g. 2026-11-23T05:00)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=_cmd_times)
 
     r = sub.add_parser("figures", help="regenerate a run's figures from its data/ alone")
     r.add_argument("run_dir")

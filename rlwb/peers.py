@@ -6,11 +6,14 @@ loaders run the peer's code itself on rlwb's tensors: verl 0.9.1's `rollout_corr
 `scripts/setup.sh peers`), and TRL's (the kernel env's, pinned in pyproject.toml).
 
 How, where a peer's package cannot be imported whole on this machine: SkyRL's package `__init__` needs
-Python 3.12 and OpenRLHF's needs its training stack (peft, flash-attn), so their correction modules are
-loaded from their files, each under its own module name, with the sibling module it imports (SkyRL's
-`torch_utils`, OpenRLHF's `models/utils`, which imports deepspeed). TRL computes its vLLM importance-sampling
-ratio inline in `GRPOTrainer._generate_and_score_completions`; `trl_vllm_is_ratio` executes exactly those
-source lines (located by the comments around them, and refused if they moved) on the given tensors.
+Python 3.12 and OpenRLHF's needs its training stack (peft, flash-attn, deepspeed), so their correction modules
+are loaded from their files, each under its own module name. SkyRL's `off_policy_correction_utils` gets its
+sibling `torch_utils` as it is. OpenRLHF's `loss.py` needs one function of `models/utils.py`, `masked_mean`,
+and that file imports deepspeed at the top; deepspeed on the path would change what transformers, accelerate
+and TRL import for the rest of the process (TRL's GRPOTrainer then fails to import), so `masked_mean` is taken
+from OpenRLHF's file by its source (the function's own lines, nothing else). TRL computes its vLLM
+importance-sampling ratio inline in `GRPOTrainer._generate_and_score_completions`; `trl_vllm_is_ratio`
+executes exactly those source lines (located by the comments around them, and refused if they moved).
 """
 
 from __future__ import annotations
@@ -82,16 +85,30 @@ def skyrl_off_policy() -> types.ModuleType:
                       utils / "off_policy_correction_utils.py")
 
 
+def _function_from_source(path: Path, name: str, module: str) -> types.ModuleType:
+    """A module holding only the top-level function `name` of the file at `path`, from its own source lines."""
+    import ast
+
+    import torch
+
+    src = path.read_text()
+    node = next((n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if node is None:
+        raise PeerMissing(f"{path} has no function {name!r} any more; update rlwb/peers.py")
+    mod = types.ModuleType(module)
+    mod.__dict__.update({"torch": torch, "Optional": __import__("typing").Optional})
+    exec(compile(ast.get_source_segment(src, node), str(path), "exec"), mod.__dict__)
+    sys.modules[module] = mod
+    return mod
+
+
 @functools.cache
 def openrlhf_loss() -> types.ModuleType:
     """OpenRLHF's `openrlhf.models.loss` (`PolicyLoss` holds its IcePop / TIS correction)."""
-    import os
-
     root = _on_path() / "openrlhf"
     _package("openrlhf", root)
     _package("openrlhf.models", root / "models")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else deepspeed warns that it fell back to CPU on import
-    _load_file("openrlhf.models.utils", root / "models" / "utils.py")
+    _function_from_source(root / "models" / "utils.py", "masked_mean", "openrlhf.models.utils")
     return _load_file("openrlhf.models.loss", root / "models" / "loss.py")
 
 

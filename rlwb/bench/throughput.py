@@ -4,10 +4,15 @@ Writes `outputs/bench/<UTC time>/bench.json`, `bench.md` (a table) and `throughp
 measured here, with the machine's CPU, cores and versions recorded beside it. Keys:
     tput/<preset>/bs<N>                       generated tokens/s (fixed length, EOS ignored, median of repeats)
     retention/vllm-v1-fixed_vs_vllm-v0/bs<N>  ratio of the two
-    worker_overhead_ratio                     rlwb worker generate / the same call on vllm.LLM in-process
-    grpo/step_s, grpo/overhead_ratio          GRPO step wall time / the sum of its measured parts
+    worker_overhead_ratio                     rlwb worker generate / llm.generate in one process, same engine spec
+    grpo/step_s, grpo/minimal_step_s          rlwb's GRPO step; the same step by a loop without rlwb around it
+    grpo/rlwb_vs_minimal                      their ratio (> 1: what rlwb's process split and bookkeeping cost)
     memory/score_peak_mb, memory/naive_peak_mb   chunked scorer vs full log-softmax, large synthetic vocab
-    trl/...                                   the same toy GRPO step with TRL, or the reason it was not run
+    trl/...                                   the same toy GRPO step with TRL generating with transformers
+    trl_vllm/step_s, speedup_vs_trl_vllm      TRL's GRPOTrainer generating with vLLM (colocate) on the same vLLM
+                                              release and engine settings; its step time / rlwb's (> 1: rlwb faster)
+    trl_vllm/stock, trl_vllm/patches          whether stock TRL runs here (and why not), what was changed to run it
+    scaling/<rlwb|trl_vllm>/n<C>/step_s|tok_s  step time and completion tokens/s at C completions per step
 """
 
 from __future__ import annotations
@@ -47,38 +52,58 @@ def throughput(w: EngineWorker, bs: int, max_tokens: int, repeats: int) -> float
 
 
 _DIRECT = textwrap.dedent("""
-    import json, sys, time
-    from vllm import LLM, SamplingParams
-    spec = json.loads(sys.argv[1])
-    llm = LLM(model=spec["model"], **spec["kwargs"])
-    prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
-    sp = [SamplingParams(temperature=1.0, max_tokens=spec["max_tokens"], seed=i, ignore_eos=True, logprobs=0)
-          for i in range(len(prompts))]
-    llm.generate(prompts, sp, use_tqdm=False)
+    import json, os, sys, time
+    sys.path.insert(0, sys.argv[2])  # rlwb/engines: the worker's own server module
+    from server import VllmBackend
+    cfg = json.loads(open(sys.argv[1]).read())
+    engine = VllmBackend(cfg["spec"])  # the engine rlwb's worker builds from the same spec
+    prompts, params = engine.requests_to_vllm(cfg["requests"], full=False)
+    engine.llm.generate(prompts, params, use_tqdm=False)
     ts = []
-    for _ in range(spec["repeats"]):
-        t = time.perf_counter(); llm.generate(prompts, sp, use_tqdm=False); ts.append(time.perf_counter() - t)
+    for _ in range(cfg["repeats"]):
+        t = time.perf_counter()
+        engine.llm.generate(prompts, params, use_tqdm=False)
+        ts.append(time.perf_counter() - t)
     print("RLWB_RESULT " + json.dumps(sorted(ts)[len(ts) // 2]))
 """)
 
 
+def _engine_script(preset, code: list[str], cfg: dict, timeout: float = 1800, python=None) -> dict | str:
+    """Run `code` under the preset's own interpreter (or `python`) and environment with `cfg` as a JSON file;
+    the parsed `RLWB_RESULT` line, or the end of its stderr when there is none."""
+    import os
+    import tempfile
+
+    from rlwb.engines.worker import SERVER
+    from rlwb.paths import REPO_ROOT
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg, f)
+    env = {**os.environ, **preset.env, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{SERVER.parent}",
+           "TOKENIZERS_PARALLELISM": "false"}
+    try:
+        out = subprocess.run([str(python or preset.python), *code, f.name, str(SERVER.parent)], capture_output=True,
+                             text=True, env=env, timeout=timeout, cwd=REPO_ROOT)
+    finally:
+        os.unlink(f.name)
+    line = [x for x in out.stdout.splitlines() if x.startswith("RLWB_RESULT ")]
+    return json.loads(line[0].split(" ", 1)[1]) if line else out.stderr[-800:]
+
+
 def worker_overhead(model_path, preset: str, bs: int, max_tokens: int, repeats: int) -> dict:
-    """Median generate time through rlwb's worker vs vllm.LLM called directly in the same environment."""
+    """Median `generate` time through rlwb's worker (pipes, shared memory, outputs converted to arrays) vs
+    `llm.generate` on the same requests in one process, on an engine built from the same spec (same vLLM
+    kwargs, dtype, idle spin, max_logprobs): the ratio is what the worker protocol adds, nothing else."""
+    from rlwb.engines.worker import generate_requests, worker_spec
+
     p = resolve_preset(preset)
     prompts = _prompts(bs)
-    kwargs = {**p.vllm_kwargs, "dtype": "float32", "seed": 0}
-    import os
-
-    env = {**os.environ, **p.env}
-    out = subprocess.run([str(p.python), "-c", _DIRECT, json.dumps({"model": str(model_path), "kwargs": kwargs,
-                          "prompts": prompts, "max_tokens": max_tokens, "repeats": repeats})],
-                         capture_output=True, text=True, env=env, timeout=900)
-    line = [x for x in out.stdout.splitlines() if x.startswith("RLWB_RESULT ")]
-    if not line:
-        return {"worker_overhead_error": out.stderr[-500:]}
-    direct = json.loads(line[0].split(" ", 1)[1])
+    s = Sampling(temperature=1.0, max_tokens=max_tokens, seed=0, ignore_eos=True)
+    direct = _engine_script(p, ["-c", _DIRECT], {"spec": worker_spec(p, model_path), "repeats": repeats,
+                                                 "requests": generate_requests(prompts, s)})
+    if isinstance(direct, str):
+        return {"worker_overhead_error": direct}
     with EngineWorker(p, model_path) as w:
-        s = Sampling(temperature=1.0, max_tokens=max_tokens, seed=0, ignore_eos=True)
         w.generate(prompts, s)
         ts = []
         for _ in range(repeats):
@@ -89,20 +114,89 @@ def worker_overhead(model_path, preset: str, bs: int, max_tokens: int, repeats: 
     return {"worker_overhead_ratio": via / direct, "worker_generate_s": via, "direct_generate_s": direct}
 
 
-def grpo_cost(model_path, steps: int) -> dict:
+GRPO_SHAPE = {"prompts_per_step": 8, "group_size": 8, "max_tokens": 32, "temperature": 0.7, "lr": 1.5e-4,
+              "clip_eps": 0.2, "max_digits": 3}  # notebook 03's step
+
+
+def grpo_cost(model_path, steps: int, preset: str = "vllm-v1-fixed") -> dict:
+    """rlwb's GRPO step (`grpo.train`: worker process, pipes, per-step metrics) against the same step done by
+    a minimal loop with engine and trainer in one process and no bookkeeping (`rlwb.bench.minimal_loop`),
+    same engine spec and step shape. Medians after the first (warm-up) step."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from rlwb.core import grpo
+    from rlwb.engines.worker import worker_spec
 
+    p = resolve_preset(preset)
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
-    with EngineWorker("vllm-v1-fixed", model_path) as w:
-        # the notebook-03 step shape: 8 x 8, 32 tokens, T 0.7
-        cfg = grpo.GRPOConfig(steps=steps + 1, prompts_per_step=8, group_size=8)
-        df = grpo.train(model, w, cfg, progress=False).iloc[1:]  # first step warms up
-    parts = df[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1)
-    return {"grpo/step_s": float(df["t_step"].median()), "grpo/overhead_ratio": float((df["t_step"] / parts).median()),
-            "grpo/rollout_s": float(df["t_rollout"].median()), "grpo/sync_s": float(df["t_sync"].median())}
+    with EngineWorker(p, model_path) as w:
+        cfg = grpo.GRPOConfig(steps=steps + 1, **GRPO_SHAPE)
+        df = grpo.train(model, w, cfg, progress=False).iloc[1:]
+    out = {"grpo/step_s": float(df["t_step"].median()), "grpo/rollout_s": float(df["t_rollout"].median()),
+           "grpo/sync_s": float(df["t_sync"].median())}
+    minimal = _engine_script(p, ["-m", "rlwb.bench.minimal_loop"],
+                             {"spec": worker_spec(p, model_path), "steps": steps + 1, **GRPO_SHAPE})
+    if isinstance(minimal, str):
+        return {**out, "grpo/minimal_error": minimal}
+    m = statistics.median(minimal["step_s"][1:])
+    return {**out, "grpo/minimal_step_s": m, "grpo/rlwb_vs_minimal": out["grpo/step_s"] / m}
+
+
+SCALING_PROMPTS = [2, 4, 8, 16]  # x group 8 = 16 ... 128 completions per step
+
+
+def trl_vllm(model_path, steps: int, rlwb_step_s: float | None, sizes=SCALING_PROMPTS) -> dict:
+    """TRL's GRPOTrainer with vLLM generation (colocate) on the same vLLM release and engine settings as rlwb's
+    `vllm-v1-fixed`, same model and step shape (`rlwb.bench.trl_vllm_peer`). First stock TRL, to record whether
+    and why it fails here; then the patched run at each scaling size, and rlwb's `grpo.train` at the same sizes
+    for the scaling figure. Medians after the first step."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlwb.bench import trl_vllm_peer
+    from rlwb.core import grpo
+    from rlwb.engines.worker import worker_spec
+    from rlwb.paths import envs_dir
+
+    python = envs_dir() / "trl-vllm" / "bin" / "python"
+    if not (envs_dir() / "trl-vllm" / ".rlwb-stamp").exists():
+        return {"trl_vllm/step_s": None, "speedup_vs_trl_vllm": None,
+                "trl_vllm/reason": f"{python.parent.parent} is not set up: run `make trl-vllm`"}
+    preset = resolve_preset("vllm-v1-fixed")
+    kwargs = {**worker_spec(preset, model_path)["vllm_kwargs"], "dtype": "float32"}
+    base = {"model": str(model_path), "engine_kwargs": kwargs, **GRPO_SHAPE}
+    code = ["-m", "rlwb.bench.trl_vllm_peer"]
+    res: dict = {"trl_vllm/engine_kwargs": kwargs}
+    stock = _engine_script(preset, code, {**base, "steps": 1, "patch": False}, python=python)
+    res["trl_vllm/stock"] = "runs" if isinstance(stock, dict) else (
+        [ln for ln in stock.splitlines() if "Error" in ln][-1:] or [stock[-300:]])[0].strip()
+    res["trl_vllm/stock_reason"] = None if isinstance(stock, dict) else trl_vllm_peer.STOCK_FAILURE
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    with EngineWorker(preset, model_path) as w:
+        for n in sizes:
+            cfg = grpo.GRPOConfig(steps=steps + 1, **{**GRPO_SHAPE, "prompts_per_step": n})
+            df = grpo.train(model, w, cfg, initial_state=initial, progress=False).iloc[1:]
+            step = float(df["t_step"].median())
+            res[f"scaling/rlwb/n{n * GRPO_SHAPE['group_size']}/step_s"] = step
+            res[f"scaling/rlwb/n{n * GRPO_SHAPE['group_size']}/tok_s"] = float(
+                (df["completion_tokens"] * n * GRPO_SHAPE["group_size"] / df["t_step"]).median())
+    for n in sizes:
+        r = _engine_script(preset, code, {**base, "steps": steps + 1, "prompts_per_step": n}, python=python)
+        if isinstance(r, str):
+            res["trl_vllm/reason"] = f"patched TRL failed: {r[-400:]}"
+            break
+        c = n * GRPO_SHAPE["group_size"]
+        res[f"scaling/trl_vllm/n{c}/step_s"] = statistics.median(r["step_s"][1:])
+        res[f"scaling/trl_vllm/n{c}/tok_s"] = statistics.median(
+            [t * c / s for t, s in zip(r["completion_tokens"][1:], r["step_s"][1:])])
+        res["trl_vllm/patches"], res["trl_vllm/engine_dtype"] = r["patches"], r["engine_dtype"]
+    at = GRPO_SHAPE["prompts_per_step"] * GRPO_SHAPE["group_size"]
+    trl_s = res.get(f"scaling/trl_vllm/n{at}/step_s")
+    res["trl_vllm/step_s"] = trl_s
+    res["speedup_vs_trl_vllm"] = trl_s / rlwb_step_s if trl_s and rlwb_step_s else None
+    return res
 
 
 _MEMORY = textwrap.dedent("""
@@ -187,12 +281,15 @@ def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
     res.update(grpo_cost(model_path, 3 if quick else 8))
     res.update(score_memory())
     res.update(trl_step(model_path, 2 if quick else 5, res.get("grpo/step_s")))
+    res.update(trl_vllm(model_path, 2 if quick else 4, res.get("grpo/step_s"),
+                        sizes=SCALING_PROMPTS[1:3] if quick else SCALING_PROMPTS))
     res["finished_at"] = archive.utc_now()
     out = outputs / "bench" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
     archive.write_json(out / "bench.json", res)
     (out / "bench.md").write_text(markdown(res))
     _figure(res, out / "throughput")
+    _scaling_figure(res, out / "scaling")
     return out
 
 
@@ -207,12 +304,18 @@ def markdown(res: dict) -> str:
     for b in bss:
         ratio = res[f"retention/vllm-v1-fixed_vs_vllm-v0/bs{b}"]
         lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {ratio:.2f} |")
-    for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/overhead_ratio", "trl/step_s", "speedup_vs_trl",
+    for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/minimal_step_s", "grpo/rlwb_vs_minimal", "trl/step_s",
+              "speedup_vs_trl", "trl_vllm/step_s", "speedup_vs_trl_vllm",
               "memory/score_peak_mb", "memory/naive_peak_mb"):
         if res.get(k) is not None:
             lines.append(f"| {k} | {res[k]:.3g} |")
     if res.get("trl/reason"):
         lines.append(f"| TRL | {res['trl/reason']} |")
+    for k in ("trl_vllm/stock", "trl_vllm/stock_reason", "trl_vllm/reason"):
+        if res.get(k):
+            lines.append(f"| {k} | {res[k]} |")
+    if res.get("trl_vllm/patches"):
+        lines.append(f"| trl_vllm/patches | {'; '.join(res['trl_vllm/patches'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -238,3 +341,36 @@ def _figure(res: dict, stem: Path) -> None:
     fig.tight_layout()
     plots.save_figure(fig, stem)
     plt.close(fig)
+
+
+def _scaling_figure(res: dict, stem: Path) -> bool:
+    """Step time and completion-token throughput vs completions per step, rlwb vs TRL + vLLM (same engine)."""
+    import matplotlib.pyplot as plt
+
+    from rlwb import plots
+
+    loops = {"rlwb": ("rlwb (vllm-v1-fixed worker)", "#009E73", "-"),
+             "trl_vllm": ("TRL GRPOTrainer + vLLM colocate", "#D55E00", "--")}
+    series = {lp: sorted((int(k.split("/")[2][1:]), v) for k, v in res.items()
+                         if k.startswith(f"scaling/{lp}/") and k.endswith("/step_s") and v) for lp in loops}
+    if not any(series.values()):
+        return False
+    plots.set_style("notebook")
+    fig, axes = plt.subplots(1, 2, figsize=plots.figsize("notebook", 1.3))
+    for lp, (label, color, ls) in loops.items():
+        pts = series[lp]
+        if not pts:
+            continue
+        n = [c for c, _ in pts]
+        axes[0].plot(n, [v for _, v in pts], marker="o", color=color, ls=ls, label=label)
+        axes[1].plot(n, [res[f"scaling/{lp}/n{c}/tok_s"] for c in n], marker="o", color=color, ls=ls, label=label)
+    for ax, ylabel in zip(axes, ("seconds per GRPO step (median)", "completion tokens / s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("completions per step (group 8)")
+        ax.set_ylabel(ylabel)
+    axes[0].legend(fontsize="small")
+    fig.suptitle(f"GRPO step scaling on {res['machine']['cores']} CPU cores, same vLLM engine settings (fp32)")
+    fig.tight_layout()
+    plots.save_figure(fig, stem)
+    plt.close(fig)
+    return True

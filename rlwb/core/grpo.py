@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from rlwb import timing
 from rlwb.core import corrections, losses, tasks, tokenizer
 from rlwb.core import metrics as M
 from rlwb.core.correction_catalog import HEALTH
@@ -108,7 +109,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     width = max(lengths)
     mask = _pad([np.ones(n) for n in lengths], width).bool().to(dev)
     logp_engine = _pad([c.logprobs for c in comps], width).to(dev)
-    with torch.no_grad():
+    with torch.no_grad(), timing.phase("scoring"):
         old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
     logp_trainer_old = _per_seq(old["logp"], lengths, width)
     adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
@@ -125,11 +126,12 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     if ref_model is not None and cfg.beta:
         with torch.no_grad():
             ref = _per_seq(completion_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
-    opt.zero_grad(set_to_none=True)
-    st = accumulate_policy_gradient(model, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps], cfg,
-                                    behaviour, adv, mask, weights, keep, ref)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
-    opt.step()
+    with timing.phase("training"):
+        opt.zero_grad(set_to_none=True)
+        st = accumulate_policy_gradient(model, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
+                                        cfg, behaviour, adv, mask, weights, keep, ref)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        opt.step()
     t3 = time.perf_counter()
 
     engine.update_weights(model.state_dict())  # moved to CPU and written to shared memory by the worker client

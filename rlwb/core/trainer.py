@@ -140,6 +140,14 @@ class TrainerScorer:
               entropy: bool = False, batch_size: int = 64) -> dict[str, list[np.ndarray]]:
         """Per sequence arrays: `logp` (and `logp_raw`, `full` [L, V], `entropy` of the sampling distribution
         when asked)."""
+        from rlwb import timing
+
+        with timing.phase("scoring"):
+            return self._score(prompt_ids, completion_ids, temperature, top_k, top_p, raw, full, entropy,
+                               batch_size)
+
+    def _score(self, prompt_ids, completion_ids, temperature, top_k, top_p, raw, full, entropy,
+               batch_size) -> dict[str, list[np.ndarray]]:
         res: dict[str, list[np.ndarray]] = {"logp": []}
         for k, on in (("logp_raw", raw), ("full", full), ("entropy", entropy)):
             if on:

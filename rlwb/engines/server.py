@@ -127,7 +127,8 @@ class VllmBackend:
                 "torch_version": torch.__version__, "transformers_version": transformers.__version__,
                 "settings": settings, "warnings": list(self.warnings)}
 
-    def generate(self, requests: list[dict], full: bool) -> list[dict]:
+    def requests_to_vllm(self, requests: list[dict], full: bool) -> tuple[list[dict], list]:
+        """rlwb's requests as vLLM's prompts and SamplingParams (`rlwb bench` times `llm.generate` on these)."""
         from vllm import SamplingParams
 
         prompts, params = [], []
@@ -141,6 +142,10 @@ class VllmBackend:
                 logprobs=(self.vocab if full else 0),
             ))
             prompts.append({"prompt_token_ids": list(r["prompt_token_ids"])})
+        return prompts, params
+
+    def generate(self, requests: list[dict], full: bool) -> list[dict]:
+        prompts, params = self.requests_to_vllm(requests, full)
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
         for out in outs:

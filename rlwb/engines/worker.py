@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlwb import timing
 from rlwb.engines import protocol
 from rlwb.engines.presets import Preset, resolve_preset
 from rlwb.errors import EngineCrashed, EngineError
@@ -112,6 +113,32 @@ def without_aliases(state: dict) -> dict:
     return out
 
 
+def generate_requests(prompts: list[list[int]], sampling: Sampling | list[Sampling]) -> list[dict]:
+    """The `generate` requests a worker receives: one `Sampling` for all prompts gives request i the seed
+    `seed + i` (distinct streams, reproducible)."""
+    if isinstance(sampling, Sampling):
+        sampling = [Sampling(**{**asdict(sampling), "seed": None if sampling.seed is None else sampling.seed + i})
+                    for i in range(len(prompts))]
+    if len(sampling) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(sampling)} sampling settings")
+    for i, p in enumerate(prompts):
+        if not p or not all(isinstance(t, (int, np.integer)) and t >= 0 for t in p):
+            raise ValueError(f"prompt {i} must be a non-empty list of token ids >= 0")
+    return [{"prompt_token_ids": [int(t) for t in p], "sampling": asdict(s)} for p, s in zip(prompts, sampling)]
+
+
+def worker_spec(preset: Preset, model: str, dtype: str = "float32", extra_vllm_kwargs: dict | None = None) -> dict:
+    """What the worker process is started with (`server.py` builds its engine from it): the preset's settings
+    for this machine. `rlwb bench` builds its in-process baseline from the same spec, so both run one config."""
+    from rlwb.core.memory_plan import engine_kwargs
+    from rlwb.engines.presets import cuda_available
+
+    return {"backend": preset.backend, "model": str(model), "dtype": dtype,
+            "vllm_kwargs": engine_kwargs({**preset.vllm_kwargs, **(extra_vllm_kwargs or {})}, cuda=cuda_available()),
+            "fp32_lm_head": preset.fp32_lm_head, "reset_prefix_cache_on_update": preset.reset_prefix_cache_on_update,
+            "full_vocab_limit": preset.full_vocab_limit, "idle_spin_s": preset.idle_spin_s}
+
+
 class EngineWorker:
     """Start with `EngineWorker(preset, model)` (or as a context manager); `close()` ends it.
 
@@ -121,6 +148,10 @@ class EngineWorker:
 
     def __init__(self, preset: str | Preset, model: str | os.PathLike, dtype: str = "float32",
                  start_timeout: float = 900.0, extra_vllm_kwargs: dict | None = None, log_dir: str | None = None):
+        with timing.phase("engine_start"):
+            self._start(preset, model, dtype, start_timeout, extra_vllm_kwargs, log_dir)
+
+    def _start(self, preset, model, dtype, start_timeout, extra_vllm_kwargs, log_dir) -> None:
         self.preset = resolve_preset(preset) if isinstance(preset, str) else preset
         self.preset.check_interpreter()
         self.model, self.dtype = str(model), dtype
@@ -142,15 +173,7 @@ class EngineWorker:
         self.proc = subprocess.Popen([str(self.preset.python), str(SERVER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
         _LIVE.add(self)
-        from rlwb.core.memory_plan import engine_kwargs
-        from rlwb.engines.presets import cuda_available
-
-        spec = {"backend": self.preset.backend, "model": self.model, "dtype": dtype,
-                "vllm_kwargs": engine_kwargs({**self.preset.vllm_kwargs, **(extra_vllm_kwargs or {})},
-                                             cuda=cuda_available()),
-                "fp32_lm_head": self.preset.fp32_lm_head,
-                "reset_prefix_cache_on_update": self.preset.reset_prefix_cache_on_update,
-                "full_vocab_limit": self.preset.full_vocab_limit, "idle_spin_s": self.preset.idle_spin_s}
+        spec = worker_spec(self.preset, self.model, dtype, extra_vllm_kwargs)
         try:
             protocol.write_frame(self.proc.stdin, spec)
             self._info = self._reply(start_timeout, "start")
@@ -160,7 +183,7 @@ class EngineWorker:
         self._info["preset"] = self.preset.name
         self._info["model"] = self.model
         for w in self._info.get("warnings") or []:  # visible in the notebook / terminal, not only the log
-            warnings.warn(f"engine {self.preset.name}: {w}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"engine {self.preset.name}: {w}", RuntimeWarning, stacklevel=3)
 
     # -- plumbing -----------------------------------------------------------------------------------
     def log_ref(self) -> str:
@@ -249,16 +272,11 @@ class EngineWorker:
     def generate(self, prompts: list[list[int]], sampling: Sampling | list[Sampling], full: bool = False,
                  timeout: float | None = None) -> list[Completion]:
         """Sample completions for token-id prompts; flat list ordered by (request, sample)."""
-        if isinstance(sampling, Sampling):
-            sampling = [Sampling(**{**asdict(sampling), "seed": None if sampling.seed is None else sampling.seed + i})
-                        for i in range(len(prompts))]
-        if len(sampling) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(sampling)} sampling settings")
-        for i, p in enumerate(prompts):
-            if not p or not all(isinstance(t, (int, np.integer)) and t >= 0 for t in p):
-                raise ValueError(f"prompt {i} must be a non-empty list of token ids >= 0")
-        reqs = [{"prompt_token_ids": [int(t) for t in p], "sampling": asdict(s)} for p, s in zip(prompts, sampling)]
-        out = self._call("generate", timeout=timeout, requests=reqs, full=full)
+        with timing.phase("sampling"):
+            return self._generate(prompts, sampling, full, timeout)
+
+    def _generate(self, prompts, sampling, full, timeout) -> list[Completion]:
+        out = self._call("generate", timeout=timeout, requests=generate_requests(prompts, sampling), full=full)
         comps = []
         for rid, r in enumerate(out):
             for j, s in enumerate(r["samples"]):
@@ -271,6 +289,10 @@ class EngineWorker:
         """In-flight weight update (no restart). `weights`: a state dict or a safetensors file of HF names.
         Resets the prefix cache afterwards when the preset says so; `reset_prefix_cache` overrides the
         preset (notebook 04 updates without a reset on purpose, to measure the stale cache)."""
+        with timing.phase("weight_sync"):
+            return self._update_weights(weights, reset_prefix_cache)
+
+    def _update_weights(self, weights, reset_prefix_cache) -> dict:
         if isinstance(weights, dict):
             from safetensors.torch import save_file
 

@@ -1,0 +1,76 @@
+"""The GRPO step with nothing of rlwb's around it: `rlwb bench`'s baseline for `grpo/rlwb_vs_minimal`.
+
+Run by `rlwb bench` under an engine's own interpreter (`python -m rlwb.bench.minimal_loop SPEC_JSON`), so one
+process holds both the engine and the fp32 trainer, the way a hand-written loop (or TRL's colocate mode)
+would. The engine is built from the same spec as rlwb's worker (`worker_spec`: same vLLM kwargs, dtype,
+idle spin, fp32 head) and receives weights the same way (a safetensors file loaded by vLLM's layerwise
+reload); the step is the same arithmetic (`tasks.reward`, `group_advantages`, `completion_logprobs`,
+`grpo_loss`, AdamW, grad clip). What it leaves out is what rlwb adds: the kernel/worker process split and its
+pipes, shared-memory transfers, and the per-step bookkeeping of `rlwb.core.grpo.grpo_step` (mismatch metrics,
+entropy, correction health, the batch record). Prints `RLWB_RESULT <json>` with its per-step seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+
+def main(spec_path: str) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from rlwb.core import losses, tasks
+    from rlwb.core.tokenizer import encode_prompt
+    from rlwb.core.trainer import completion_logprobs, make_batch
+    from rlwb.engines.worker import Sampling, generate_requests, without_aliases
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engines"))
+    from server import VllmBackend  # rlwb/engines/server.py: the class the worker process runs
+
+    with open(spec_path) as f:
+        cfg = json.load(f)
+    torch.manual_seed(0)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    engine = VllmBackend(cfg["spec"])
+    model = AutoModelForCausalLM.from_pretrained(cfg["spec"]["model"], dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.99), weight_decay=0.0)
+    G, T = cfg["group_size"], cfg["temperature"]
+    weights = os.path.join(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None), "w.safetensors")
+    times = []
+    for step in range(cfg["steps"]):
+        t0 = time.perf_counter()
+        problems = tasks.make_problems(cfg["prompts_per_step"], seed=step, max_digits=cfg["max_digits"])
+        prompts = [encode_prompt(p.prompt) for p in problems for _ in range(G)]
+        reqs = generate_requests(prompts, Sampling(temperature=T, max_tokens=cfg["max_tokens"], seed=step * 1000))
+        outs = engine.llm.generate(*engine.requests_to_vllm(reqs, full=False), use_tqdm=False)
+        comps = [o.outputs[0] for o in outs]
+        ids = [list(c.token_ids) for c in comps]
+        behaviour = [[step_lp[t].logprob for step_lp, t in zip(c.logprobs, i)] for c, i in zip(comps, ids)]
+        rewards = torch.tensor([tasks.reward(problems[k // G], c.text) for k, c in enumerate(comps)])
+        adv = losses.group_advantages(rewards, G)
+        width = max(map(len, ids))
+        mask = torch.zeros(len(ids), width, dtype=torch.bool)
+        old = torch.zeros(len(ids), width)
+        for k, lp in enumerate(behaviour):
+            mask[k, : len(lp)] = True
+            old[k, : len(lp)] = torch.tensor(lp)
+        flat = completion_logprobs(model, make_batch(prompts, ids), T)["logp"]
+        cur = torch.zeros(len(ids), width).masked_scatter(mask, flat)  # keeps the graph through `flat`
+        loss, _ = losses.grpo_loss(cur, old, adv, mask, cfg["clip_eps"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        save_file(without_aliases(model.state_dict()), weights)
+        engine.update_weights(weights)
+        times.append(time.perf_counter() - t0)
+    print("RLWB_RESULT " + json.dumps({"step_s": times, "reward_last": float(rewards.mean())}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

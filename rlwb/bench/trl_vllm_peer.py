@@ -1,0 +1,96 @@
+"""TRL's `GRPOTrainer` generating with vLLM (`use_vllm=True`, colocate mode): `rlwb bench`'s peer on the same engine.
+
+Run by `rlwb bench` under `.venvs/trl-vllm` (the same vLLM release as `.venvs/vllm-v1`, plus TRL;
+`scripts/setup.sh trl-vllm`): `python -m rlwb.bench.trl_vllm_peer CONFIG_JSON`. Prints `RLWB_RESULT <json>`.
+
+Stock TRL 1.16 does not get past its first weight sync on vLLM's CPU build, and this module says exactly why
+before it changes anything (`STOCK_FAILURE`): vLLM 0.32 on CPU packs each linear layer's weight for oneDNN
+after loading and replaces the parameter with an empty one that has no `weight_loader`
+(`vllm/model_executor/layers/utils.py`, `dispatch_cpu_unquantized_gemm(..., remove_weight=True)`, called from
+`UnquantizedLinearMethod.process_weights_after_loading`); TRL's colocate sync calls
+`model.load_weights([(name, param)])` on the live model (`trl/generation/vllm_generation.py`,
+`VLLMGeneration.sync_weights`), which ends in `param.weight_loader(...)`: AttributeError. Nothing there needs
+CUDA. On a GPU the parameters keep their loaders and stock TRL runs.
+
+What is changed, and only that (`PATCHES`, recorded with the result):
+1. the colocate weight sync goes through vLLM's layerwise reload (`model_runner.reload_weights(...,
+   is_checkpoint_format=True)`), which restores each layer's checkpoint layout first — what rlwb's worker does;
+2. TRL's `LLM(...)` gets the engine settings of rlwb's `vllm-v1-fixed` preset on this machine (dtype fp32,
+   eager mode, no prefix caching, no async scheduling, whole-prompt prefill, processed logprobs, the same RAM
+   share), so both loops drive one engine configuration. Stock TRL passes no dtype (vLLM then casts an fp32
+   checkpoint to bf16) and leaves the rest at vLLM's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+
+STOCK_FAILURE = ("AttributeError: 'Parameter' object has no attribute 'weight_loader' — TRL's colocate weight "
+                 "sync (trl/generation/vllm_generation.py, VLLMGeneration.sync_weights: model.load_weights) "
+                 "meets the empty parameters vLLM's CPU build leaves after packing linear weights for oneDNN "
+                 "(vllm/model_executor/layers/utils.py, dispatch_cpu_unquantized_gemm, remove_weight=True); "
+                 "no CUDA involved")
+PATCHES = ["colocate weight sync via vLLM's model_runner.reload_weights (layerwise reload), not load_weights",
+           "TRL's LLM(...) given the vllm-v1-fixed preset's engine kwargs and dtype"]
+
+
+def patch(engine_kwargs: dict) -> None:
+    from trl.generation import vllm_generation as vg
+
+    stock_sync, stock_llm = vg.VLLMGeneration.sync_weights, vg.LLM
+
+    def sync_weights(self):
+        if self.mode != "colocate":
+            return stock_sync(self)
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.reload_weights(weights_iterator=self._iter_named_params(), is_checkpoint_format=True)
+        self.llm.reset_prefix_cache()
+
+    def llm(*args, **kwargs):
+        return stock_llm(*args, **{**kwargs, **engine_kwargs})
+
+    vg.VLLMGeneration.sync_weights = sync_weights
+    vg.LLM = llm
+
+
+def main(config_path: str) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlwb.bench.trl_peer import _reward
+    from rlwb.core import tasks
+
+    with open(config_path) as f:
+        cfg = json.load(f)
+    if cfg.get("patch", True):
+        patch(cfg["engine_kwargs"])
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(cfg["model"])
+    n, steps = cfg["prompts_per_step"], cfg["steps"]
+    problems = tasks.make_problems(n * steps, seed=0, max_digits=cfg["max_digits"])
+    data = Dataset.from_list([{"prompt": p.prompt} for p in problems])
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=n * cfg["group_size"],
+                      num_generations=cfg["group_size"], max_completion_length=cfg["max_tokens"],
+                      learning_rate=cfg["lr"], temperature=cfg["temperature"], epsilon=cfg["clip_eps"], beta=0.0,
+                      loss_type="bnpo", max_steps=steps, use_cpu=True, report_to=[], save_strategy="no",
+                      logging_steps=1, seed=0, bf16=False, disable_tqdm=True, max_grad_norm=1.0, weight_decay=0.0,
+                      adam_beta2=0.99, use_vllm=True, vllm_mode="colocate",
+                      vllm_gpu_memory_utilization=cfg["engine_kwargs"].get("gpu_memory_utilization", 0.3))
+    trainer = GRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=data, processing_class=tok)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "step_time" in h]
+    mc = trainer.vllm_generation.llm.llm_engine.vllm_config.model_config
+    print("RLWB_RESULT " + json.dumps({
+        "step_s": [float(h["step_time"]) for h in logs], "reward": [float(h["reward"]) for h in logs],
+        "completion_tokens": [float(h["completions/mean_length"]) for h in logs],
+        "engine_dtype": str(mc.dtype).replace("torch.", ""), "patches": PATCHES if cfg.get("patch", True) else []}),
+        flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
