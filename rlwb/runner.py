@@ -93,10 +93,17 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     archive.write_json(tmp / "run.json", record)
     archive.write_json(tmp / "metrics.json", {})
 
-    def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop, archive as interrupted
+    stop = []
+
+    def on_signal(signum, frame):  # Ctrl-C and SIGTERM: stop, archive as interrupted
+        stop.append(signum)
         raise _Interrupted()
 
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    # Both raise rlwb's own BaseException, not KeyboardInterrupt: a library that swallows KeyboardInterrupt
+    # inside its event loop (seen once: a sweep's Ctrl-C, sent while papermill started a kernel, was lost and
+    # the sweep ran on) cannot swallow this one, and `stop` records the signal even if something did.
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    old_int = signal.signal(signal.SIGINT, on_signal)
     old_env = os.environ.get("RLWB_RUN_DIR")
     os.environ["RLWB_RUN_DIR"] = str(tmp)
     error = None
@@ -115,6 +122,9 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     finally:
         echo.stop()
         signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
+        if stop and error is None:
+            error = "interrupted"
         if old_env is None:
             os.environ.pop("RLWB_RUN_DIR", None)
         else:
