@@ -364,6 +364,18 @@ def t_quantile(n):
     return np.where(n >= 2, st.t.ppf(0.975, np.maximum(n - 1, 1)), np.nan)
 
 
+def _seed_band(d, column: str, smooth: int, log: bool = False):
+    """Mean over seeds of each seed's `smooth`-step moving average, and its 95% Student-t band (NaN, no band,
+    for one seed). `log`: of log10 values (a geometric mean, never below zero) for columns spanning decades."""
+    per_seed = d.pivot_table(index="step", columns="seed", values=column, aggfunc="mean")
+    per_seed = per_seed.rolling(smooth, center=True, min_periods=1).mean()
+    if log:
+        per_seed = np.log10(np.maximum(per_seed, FLOOR_VALUE))
+    mean = per_seed.mean(axis=1)
+    half = per_seed.sem(axis=1) * t_quantile(per_seed.count(axis=1))
+    return mean, mean - half, mean + half
+
+
 def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log: bool = False, smooth: int = 1,
                   bounds: tuple[float, float] | None = None):
     corrections = list(dict.fromkeys(curves["correction"]))
@@ -374,14 +386,7 @@ def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log:
             d = curves[(curves["engine"] == e) & (curves["correction"] == c)]
             if d.empty:
                 continue
-            # smooth each seed's curve first, then the mean and a 95% Student-t interval across seeds
-            per_seed = d.pivot_table(index="step", columns="seed", values=column, aggfunc="mean")
-            per_seed = per_seed.rolling(smooth, center=True, min_periods=1).mean()
-            if log:  # spans decades: mean and interval of log10 (a geometric mean), never below zero
-                per_seed = np.log10(np.maximum(per_seed, FLOOR_VALUE))
-            mean = per_seed.mean(axis=1)
-            half = per_seed.sem(axis=1) * t_quantile(per_seed.count(axis=1))  # NaN (no band) for one seed
-            lo, hi = mean - half, mean + half
+            mean, lo, hi = _seed_band(d, column, smooth, log)
             if log:
                 mean, lo, hi = (np.maximum(10.0 ** x, FLOOR_VALUE) for x in (mean, lo, hi))
             if bounds is not None:
@@ -447,13 +452,7 @@ def correction_color(i: int) -> str:
     return CORRECTION_COLORS[i % len(CORRECTION_COLORS)]
 
 
-def _seed_band(d, column: str, smooth: int):
-    """Mean over seeds of each seed's `smooth`-step moving average, and its 95% Student-t band."""
-    per_seed = d.pivot_table(index="step", columns="seed", values=column, aggfunc="mean")
-    per_seed = per_seed.rolling(smooth, center=True, min_periods=1).mean()
-    mean = per_seed.mean(axis=1)
-    half = per_seed.sem(axis=1) * t_quantile(per_seed.count(axis=1))
-    return mean, mean - half, mean + half
+
 
 
 def _race_panels(curves, column: str, ylabel: str, title: str, style: str, smooth: int = 1,
