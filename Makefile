@@ -5,7 +5,7 @@ RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
 
-.PHONY: setup kernel engines peers trl-vllm browser model reports realistic test lint sync-params bench lab clean-outputs
+.PHONY: setup kernel engines versions peers trl-vllm browser model reports realistic test lint sync-params bench lab clean-outputs
 
 setup: kernel engines peers browser model  ## everything: kernel env, engine envs, peer oracles, chromium, the default model
 
@@ -14,6 +14,9 @@ kernel:                              ## .venv: notebook kernel + rlwb (editable)
 
 engines:                             ## .venvs/vllm-v1 (current vLLM) and .venvs/vllm-v0 (vLLM 0.8.5, V0)
 	bash scripts/setup.sh engines
+
+versions: kernel                     ## the vLLM builds notebook 06 audits (its `versions` param): rlwb engines setup
+	$(RLWB) engines setup $$($(VENV)/bin/python -c "import yaml; print(*yaml.safe_load(open('params/06_engine_knobs/default.yaml'))['versions'])")
 
 peers: kernel                        ## .venvs/peers: verl, SkyRL, OpenRLHF code the corrections are checked against
 	bash scripts/setup.sh peers
@@ -24,7 +27,7 @@ browser:                             ## Debian's chromium, for the index-page an
 model: kernel                        ## build (or reuse from $RLWB_CACHE) the embedded default policy
 	set -o pipefail; $(RLWB) build-model | tail -2
 
-reports: setup                       ## run every notebook with its default params and archive it
+reports: setup versions              ## run every notebook with its default params and archive it
 	@set -e; since=$$(date -u +%Y-%m-%dT%H:%M:%S); for nb in $(NOTEBOOKS); do \
 	  stem=$$(basename $$nb .ipynb); echo "== $$stem"; \
 	  $(RLWB) run $$nb -f params/$$stem/default.yaml; \

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from rlwb.core.models import EMBEDDED_NAMES
-from rlwb.errors import ParamError, RunFailed
+from rlwb.errors import ParamError, RunFailed, SetupFailed
 from rlwb.formatting import number
 from rlwb.params import parse_override
 
@@ -91,6 +91,14 @@ def _cmd_build_model(a) -> int:
                f"DIFFERS from the published build {pub}")
     print(f"weights checksum {m.card['weights_sha256_16']} ({verdict})")
     print(m.path)
+    return 0
+
+
+def _cmd_engines_setup(a) -> int:
+    from rlwb.engines.setup import setup_preset
+
+    for name in a.presets:
+        print(setup_preset(name, force=a.force, log=lambda m: print(m, file=sys.stderr)))
     return 0
 
 
@@ -369,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", default="default")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=_cmd_engines_check)
+    u = e.add_parser("setup", help="make the environment of each preset as its `setup` says (idempotent)")
+    u.add_argument("presets", nargs="+", help="presets (params/engines.yaml), e.g. vllm-v1-0.31")
+    u.add_argument("--force", action="store_true", help="remake it even if its stamp is current")
+    u.set_defaults(fn=_cmd_engines_setup)
     return p
 
 
@@ -379,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ParamError, OSError, ValueError) as e:
         print(f"rlwb {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except SetupFailed as e:
+        print(f"rlwb {args.cmd}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"rlwb {args.cmd}: interrupted", file=sys.stderr)
         return 130

@@ -57,3 +57,7 @@ class RunFailed(RlwbError, RuntimeError):
 class PeerMissing(RlwbError, RuntimeError):
     """A peer's code (verl, SkyRL, OpenRLHF, TRL's block) is not where rlwb/peers.py looks; the message says
     how to install it."""
+
+
+class SetupFailed(RlwbError, RuntimeError):
+    """`rlwb engines setup` could not make an environment; the message has the failing command's last lines."""

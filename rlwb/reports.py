@@ -26,9 +26,10 @@ FIGURES = {
     "03_toy_grpo": plots.GRPO_FIGURES,
     "04_determinism_and_staleness": plots.DETERMINISM_FIGURES,
     "05_equivalence_and_stress": plots.STRESS_FIGURES,
+    "06_engine_knobs": plots.KNOB_FIGURES,
     "07_which_correction": plots.RACE_FIGURES,
 }
-TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "tok_s", "throughput")
+TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "tok_s", "throughput", "throughput_ratio")
 
 
 def notebook_of(run_dir: Path) -> str:

@@ -28,6 +28,8 @@ SHRINK = {
     "05_equivalence_and_stress": {"engines": ["vllm-v1-fixed"], "validate_cases": 4, "pressure_prompts": 8,
                                   "max_tokens": 16, "longctx_lengths": [128, 1024], "longctx_prompts": 1,
                                   "longctx_max_tokens": 8, "validate_max_context": 1024},
+    "06_engine_knobs": {"knobs": ["bf16"], "versions": [], "prompts": 4, "max_tokens": 16, "moe_prompts": 2,
+                        "moe_model": "qwen2-moe-chat-smoke", "throughput_repeats": 1},
     "07_which_correction": {"engines": ["vllm-v1-fixed"], "race_on_baseline": True,
                             "corrections": ["none", "verl.geo_rs", "trl.opsm"], "num_seeds": 1, "steps": 2,
                             "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},

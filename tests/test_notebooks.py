@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -71,10 +72,11 @@ def test_gpu_params_validate(nb):
         assert not gpu.exists()  # notebook 00 is about the embedded model only
         return
     p = params.load(nb.stem, [gpu])
-    # notebook 05's validator checks semantics at the float floor, notebook 07's baseline must have no
-    # mismatch: fp32 engines there, bf16 elsewhere
+    # notebook 05's validator checks semantics at the float floor, notebook 06's and 07's baselines must have
+    # no mismatch: fp32 engines there, bf16 elsewhere
     assert p.model == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert p.dtype == ("float32" if nb.stem in ("05_equivalence_and_stress", "07_which_correction") else "bfloat16")
+    assert p.dtype == ("float32" if nb.stem in ("05_equivalence_and_stress", "06_engine_knobs", "07_which_correction")
+                       else "bfloat16")
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
@@ -238,10 +240,39 @@ def check_which_correction(d: Path, m: dict) -> None:
     assert "Recover the baseline" in (d / "report.html").read_text()
 
 
+def check_engine_knobs(d: Path, m: dict) -> None:
+    status = pd.read_parquet(d / "data" / "status.parquet").set_index("knob")
+    assert m["baseline/abs_dlogp_max"] <= 1e-4 and status.loc["baseline", "verdict"] == "at the float floor"
+    # prefix caching on distinct prompts changes nothing: same tokens, still at the floor
+    assert m["prefix-caching/same_tokens_frac"] == 1 and m["prefix-caching/abs_dlogp_max"] <= 1e-4
+    # bf16 moves the engine off the trainer, and the interval of its change against the baseline excludes 0
+    assert m["bf16/k3_mean"] > 100 * m["baseline/k3_mean"] and m["bf16/delta_k3_mean_ci_low"] > 0
+    assert status.loc["bf16", "verdict"] in ("healthy", "fails a health rule")
+    for k in ("baseline", "bf16", "prefix-caching"):
+        assert m[f"{k}/tok_s"] > 0 and np.isfinite(m[f"{k}/throughput_ratio"])
+    assert m["baseline/throughput_ratio"] == 1
+    # a knob this CPU cannot run is a row with the engine's own error, never dropped
+    assert status.loc["tp2-ray", "status"] == "unsupported here" and "ray" in status.loc["tp2-ray", "error"].lower()
+    assert "tp2-ray/k3_mean" not in m
+    # the version axis: vLLM 0.8.5 (V0) on the same prompts, at the float floor
+    assert status.loc["vllm-v0", "section"] == "version" and status.loc["vllm-v0", "vllm_version"].startswith("0.8.5")
+    assert m["vllm-v0/abs_dlogp_max"] <= 1e-4
+    # the MoE router: fp32 engine routes as the fp32 trainer; bf16 measured on every layer
+    routing = pd.read_parquet(d / "data" / "routing.parquet")
+    assert sorted(routing["knob"].unique()) == ["baseline", "bf16"] and len(routing) == 2 * 4
+    assert m["moe/baseline/topk_set_agree"] >= 0.99 and m["moe/baseline/abs_dlogp_max"] <= 1e-4
+    assert 0 < m["moe/bf16/topk_set_agree"] <= 1 and m["moe/bf16/k3_mean"] > m["moe/baseline/k3_mean"]
+    for f in ("knob_heatmap", "knob_price", "router_agreement"):
+        assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
+    html = (d / "report.html").read_text()
+    assert "Unsupported here" in html and "MoE router" in html
+
+
 CHECKS = {"00_default_policy": check_default_policy, "01_logprob_mismatch": check_logprob_mismatch,
           "02_kl_vs_temperature": check_kl_vs_temperature, "03_toy_grpo": check_toy_grpo,
           "04_determinism_and_staleness": check_determinism_and_staleness,
-          "05_equivalence_and_stress": check_equivalence_and_stress, "07_which_correction": check_which_correction}
+          "05_equivalence_and_stress": check_equivalence_and_stress, "06_engine_knobs": check_engine_knobs,
+          "07_which_correction": check_which_correction}
 
 REPORT_NOISE = ('data-mime-type="application/vnd.jupyter.stderr"', "PosixPath", "/tmp/", ".tmp-", "it/s]", "s/it]",
                 "Loading weights", "IProgress", "TqdmWarning", "Traceback", "rlwb.notebook.start")

@@ -38,6 +38,7 @@ NOTEBOOK_NEEDS = {
     "03_toy_grpo": (1, "train"),
     "04_determinism_and_staleness": (1, "score2"),  # old and new weights are scored side by side
     "05_equivalence_and_stress": (2, "score"),  # the memory-pressure engine starts beside the first one
+    "06_engine_knobs": (1, "score2"),  # one knob's engine at a time; the MoE audit's scorer beside the main one
     "07_which_correction": (1, "train"),  # notebook 03's loop, one mismatch level's engine at a time
 }
 ENV_VAR = "RLWB_GPU_MEMORY_UTILIZATION"  # what a planned run hands its engines (see `engine_kwargs`)

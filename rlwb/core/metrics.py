@@ -16,6 +16,7 @@ How these map onto the RL frameworks' logs (so a report can be read next to a tr
     abs_dlogp_max      TRL `sampling/sampling_logp_difference/max`
     clip_frac          PipelineRL `clamp_log_ratio_new_old_indicator`; PPO clip fraction at the first step
     ess_frac           verl `rollout_corr/...ess`-style normalised effective sample size
+    mult_prob_error    NeMo-RL `token_mult_prob_error` = mean exp(|log r|) (its loss_functions.py; its tests want < 1.05)
     prob_pearson       MiniMax-M1 (arXiv:2506.13585) / verl `training/rollout_probs_pearson_corr`
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 METRICS = ("abs_dlogp_mean", "abs_dlogp_max", "k1_mean", "k2_mean", "k3_mean", "prob_pearson", "clip_frac",
-           "ess_frac", "chi2_token", "seq_abs_log_ratio_mean", "full_kl_mean", "n_tokens")
+           "ess_frac", "chi2_token", "mult_prob_error", "seq_abs_log_ratio_mean", "full_kl_mean", "n_tokens")
 
 
 def _as_logprobs(x, name: str) -> np.ndarray:
@@ -96,6 +97,12 @@ def chi2_token(lr: np.ndarray) -> float:
     return float(np.mean(np.exp(2 * lr)) - 1) if lr.size else float("nan")
 
 
+def mult_prob_error(lr: np.ndarray) -> float:
+    """NeMo-RL's `token_mult_prob_error`: mean over tokens of exp(|logp_trainer - logp_engine|), 1 = no mismatch
+    (NVIDIA-NeMo/RL `nemo_rl/algorithms/loss_functions.py`, ClippedPGLossFn)."""
+    return float(np.mean(np.exp(np.abs(lr)))) if lr.size else float("nan")
+
+
 def prob_pearson(logp_engine, logp_trainer) -> float:
     """Pearson correlation of token probabilities exp(logp_e) vs exp(logp_t) (MiniMax-M1, verl)."""
     pe, pt = np.exp(np.asarray(logp_engine, float)), np.exp(np.asarray(logp_trainer, float))
@@ -142,6 +149,7 @@ def mismatch_metrics(logp_engine, logp_trainer, seq_ids=None, mask=None, clip_ep
         "k1_mean": k1(lr), "k2_mean": k2(lr), "k3_mean": k3(lr),
         "prob_pearson": prob_pearson(e[m], t[m]),
         "clip_frac": clip_frac(lr, clip_eps), "ess_frac": ess_frac(lr), "chi2_token": chi2_token(lr),
+        "mult_prob_error": mult_prob_error(lr),
         "seq_abs_log_ratio_mean": seq_abs_log_ratio_mean(lr, seq[m]) if seq_ids is not None else float("nan"),
         "full_kl_mean": float("nan"),
         "n_tokens": int(lr.size),

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from rlwb.core import tasks, tokenizer
 from rlwb.core.chat_model import ChatModelRecipe
+from rlwb.core.moe_model import MoeRecipe
 from rlwb.paths import cache_dir
 
 RECIPE_VERSION = 2  # bump when the training code changes in a way the fields below do not capture
@@ -215,7 +216,9 @@ class EmbeddedModel:
 EMBEDDED_RECIPES = {"default": ModelRecipe(),
                     "qwen2-chat": ChatModelRecipe(),
                     "qwen2-chat-smoke": ChatModelRecipe(name="qwen2-chat-smoke", pretrain_steps=12, sft_steps=12,
-                                                        warmup_steps=4)}
+                                                        warmup_steps=4),
+                    "qwen2-moe-chat": MoeRecipe(),
+                    "qwen2-moe-chat-smoke": MoeRecipe(name="qwen2-moe-chat-smoke", base="qwen2-chat-smoke")}
 EMBEDDED_NAMES = tuple(EMBEDDED_RECIPES)
 
 
@@ -276,7 +279,7 @@ def run_pinned_build(recipe, *, force: bool = False, progress: bool = True, env:
     import subprocess
     import sys
 
-    kind = "default" if isinstance(recipe, ModelRecipe) else "chat"
+    kind = {ModelRecipe: "default", ChatModelRecipe: "chat", MoeRecipe: "moe"}[type(recipe)]
     cmd = [sys.executable, "-m", "rlwb.core.models", json.dumps(asdict(recipe)), "--kind", kind]
     cmd += ["--force"] * force + ["--quiet"] * (not progress)
     child_env = {**(os.environ if env is None else env), **BUILD_ENV}
@@ -334,6 +337,10 @@ def _build_here(recipe, force: bool, progress: bool) -> EmbeddedModel:
     tmp.mkdir(parents=True)
     if isinstance(recipe, ModelRecipe):
         model, fields = _build_default_policy(recipe, tmp, progress)
+    elif isinstance(recipe, MoeRecipe):
+        from rlwb.core import moe_model
+
+        model, fields = moe_model.build(recipe, tmp, progress)
     else:
         from rlwb.core import chat_model
 
@@ -402,14 +409,11 @@ def _main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="build an embedded model (run via build_default_model)")
     ap.add_argument("recipe", help="recipe fields as JSON")
-    ap.add_argument("--kind", choices=["default", "chat"], default="default")
+    ap.add_argument("--kind", choices=["default", "chat", "moe"], default="default")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
-    if a.kind == "default":
-        recipe = ModelRecipe(**json.loads(a.recipe))
-    else:
-        recipe = ChatModelRecipe(**json.loads(a.recipe))
+    recipe = {"default": ModelRecipe, "chat": ChatModelRecipe, "moe": MoeRecipe}[a.kind](**json.loads(a.recipe))
     _build_here(recipe, force=a.force, progress=not a.quiet)
 
 

@@ -25,6 +25,31 @@ N_BOOT = 2000
 CI_METRICS = ("abs_dlogp_mean", "k3_mean", "clip_frac")  # the headline mismatch metrics that get intervals
 
 
+def _bootstrap_draws(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float], n_boot: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """`n_boot` values of `stat(concatenated tokens)`, each over whole sequences drawn with replacement."""
+    groups = [np.asarray(g, dtype=np.float64) for g in groups]
+    flat = np.concatenate(groups)
+    lengths = np.array([len(g) for g in groups])
+    starts = np.cumsum(lengths) - lengths
+    vals = np.empty(n_boot)
+    for b in range(n_boot):
+        pick = rng.integers(0, len(groups), len(groups))
+        lens = lengths[pick]
+        # token indices of the picked sequences, back to back, without a Python loop over sequences
+        idx = np.repeat(starts[pick] - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())
+        vals[b] = stat(flat[idx])
+    return vals
+
+
+def _percentile_interval(vals: np.ndarray, alpha: float) -> tuple[float, float]:
+    vals = vals[np.isfinite(vals)]
+    if vals.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(vals, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
 def sequence_bootstrap_ci(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float], n_boot: int = N_BOOT,
                           alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
     """Percentile interval of `stat(concatenated tokens)` when whole sequences (`groups`) are resampled
@@ -33,25 +58,20 @@ def sequence_bootstrap_ci(groups: Sequence[np.ndarray], stat: Callable[[np.ndarr
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    groups = [np.asarray(g, dtype=np.float64) for g in groups]
     if not groups:
         return float("nan"), float("nan")
-    flat = np.concatenate(groups)
-    lengths = np.array([len(g) for g in groups])
-    starts = np.cumsum(lengths) - lengths
-    rng = np.random.default_rng(seed)
-    vals = np.empty(n_boot)
-    for b in range(n_boot):
-        pick = rng.integers(0, len(groups), len(groups))
-        lens = lengths[pick]
-        # token indices of the picked sequences, back to back, without a Python loop over sequences
-        idx = np.repeat(starts[pick] - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())
-        vals[b] = stat(flat[idx])
-    vals = vals[np.isfinite(vals)]
-    if vals.size == 0:
+    return _percentile_interval(_bootstrap_draws(groups, stat, n_boot, np.random.default_rng(seed)), alpha)
+
+
+def difference_ci(a: Sequence[np.ndarray], b: Sequence[np.ndarray], stat: Callable[[np.ndarray], float],
+                  n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of stat(a) - stat(b) for two *independent* samples of sequences (e.g. one engine
+    setting's rollouts and another's), each resampled by whole sequences as in `sequence_bootstrap_ci`."""
+    if not a or not b:
         return float("nan"), float("nan")
-    lo, hi = np.quantile(vals, [alpha / 2, 1 - alpha / 2])
-    return float(lo), float(hi)
+    rng = np.random.default_rng(seed)
+    return _percentile_interval(_bootstrap_draws(a, stat, n_boot, rng) - _bootstrap_draws(b, stat, n_boot, rng),
+                                alpha)
 
 
 def mean_ci(x: np.ndarray, n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
@@ -147,15 +167,23 @@ def compare_rewards(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, n_perm: 
                             cliffs_delta=float(2 * u / (a.size * b.size) - 1), n_a=int(a.size), n_b=int(b.size))
 
 
-def mismatch_cis(log_ratios: Sequence[np.ndarray], clip_eps: float = 0.2, n_boot: int = N_BOOT,
-                 seed: int = 0) -> dict[str, float]:
-    """`<metric>_ci_low` / `<metric>_ci_high` for each of `CI_METRICS`, resampling sequences. `log_ratios`:
-    one array of log r = logp_trainer - logp_engine per completion."""
+def token_statistics(clip_eps: float = 0.2) -> dict[str, Callable[[np.ndarray], float]]:
+    """The mismatch metrics that are a function of the pooled token log-ratios, by name (what the bootstrap
+    can resample)."""
     from rlwb.core import metrics as M
 
-    fns = {"abs_dlogp_mean": M.abs_mean, "k3_mean": M.k3, "clip_frac": lambda lr: M.clip_frac(lr, clip_eps)}
+    return {"abs_dlogp_mean": M.abs_mean, "k3_mean": M.k3, "clip_frac": lambda lr: M.clip_frac(lr, clip_eps),
+            "k1_mean": M.k1, "ess_frac": M.ess_frac, "chi2_token": M.chi2_token,
+            "mult_prob_error": M.mult_prob_error}
+
+
+def mismatch_cis(log_ratios: Sequence[np.ndarray], clip_eps: float = 0.2, n_boot: int = N_BOOT,
+                 seed: int = 0, names: Sequence[str] = CI_METRICS) -> dict[str, float]:
+    """`<metric>_ci_low` / `<metric>_ci_high` for each of `names` (default `CI_METRICS`), resampling sequences.
+    `log_ratios`: one array of log r = logp_trainer - logp_engine per completion."""
+    fns = token_statistics(clip_eps)
     out = {}
-    for k in CI_METRICS:
+    for k in names:
         lo, hi = sequence_bootstrap_ci(log_ratios, fns[k], n_boot=n_boot, seed=seed)
         out[f"{k}_ci_low"], out[f"{k}_ci_high"] = lo, hi
     return out

@@ -16,9 +16,12 @@ import yaml
 from rlwb.errors import PresetError
 from rlwb.paths import PARAMS_DIR, REPO_ROOT
 
+KNOB_SEP = "@"  # `vllm-v1-fixed@kv-fp8`: a preset with knobs (params/engine_knobs.yaml) applied, left to right
+KNOB_KEYS = {"description", "env", "vllm_kwargs", "fp32_lm_head", "reset_prefix_cache_on_update", "idle_spin_s",
+             "on_cpu", "on_cuda", "python"}
 PRESET_KEYS = {"description", "backend", "python", "env", "vllm_kwargs", "fp32_lm_head",
                "reset_prefix_cache_on_update", "extends", "on_cpu", "on_cuda", "full_vocab_limit",
-               "idle_spin_s"}
+               "idle_spin_s", "setup"}
 BACKENDS = ("vllm", "hf")
 
 
@@ -35,15 +38,17 @@ class Preset:
     full_vocab_limit: int = 4096
     idle_spin_s: float | None = None  # vLLM V1 worker queue busy-wait after each message (None: vLLM's 1 s)
     description: str = ""
+    setup: dict = field(default_factory=dict)  # how its environment is made (rlwb/engines/setup.py)
 
     def check_interpreter(self) -> None:
         if not self.python.exists():
-            hint = "run `make engines`" if str(self.python).startswith(str(REPO_ROOT)) else "create that environment"
+            hint = (f"run `rlwb engines setup {self.name.split(KNOB_SEP)[0]}`" if self.setup else
+                    "run `make engines`" if str(self.python).startswith(str(REPO_ROOT)) else "create that environment")
             raise PresetError(f"engine preset {self.name!r}: interpreter {self.python} does not exist ({hint})")
         env_root = self.python.parent.parent
         if (env_root / ".rlwb-incomplete").exists():  # written by scripts/setup.sh until the env imports
             raise PresetError(f"engine preset {self.name!r}: the setup of {env_root} did not finish (it failed or "
-                              f"was interrupted); run `make engines` again")
+                              f"was interrupted); run `rlwb engines setup {self.name.split(KNOB_SEP)[0]}` again")
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -51,6 +56,50 @@ def _merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
+
+
+def knob_files() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("RLWB_ENGINE_KNOBS", "").split(os.pathsep) if p]
+    return [PARAMS_DIR / "engine_knobs.yaml", *extra]
+
+
+def load_knobs(files: list[Path] | None = None) -> dict[str, dict]:
+    """Knob name -> the change it makes to a preset (`params/engine_knobs.yaml`, then RLWB_ENGINE_KNOBS files).
+
+    Why knobs are not presets: a knob is one setting flipped on *any* baseline (`vllm-v1-fixed@bf16`,
+    `vllm-v1@bf16`), so notebook 06 audits each against the baseline it names, and every notebook's `engines`
+    parameter accepts the composed name (notebook 07 races corrections on `vllm-v1-fixed@kv-fp8`)."""
+    raw: dict[str, dict] = {}
+    for f in files or knob_files():
+        if not Path(f).exists():
+            raise PresetError(f"engine knob file {f} does not exist")
+        try:
+            data = yaml.safe_load(Path(f).read_text()) or {}
+        except yaml.YAMLError as e:
+            raise PresetError(f"engine knob file {f} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise PresetError(f"engine knob file {f} must be a mapping of knob name -> settings")
+        for name, body in data.items():
+            if not isinstance(body, dict):
+                raise PresetError(f"engine knob {name!r} in {f} must be a mapping")
+            if KNOB_SEP in str(name):
+                raise PresetError(f"engine knob {name!r} in {f}: a knob name cannot contain {KNOB_SEP!r}")
+            unknown = set(body) - KNOB_KEYS
+            if unknown:
+                raise PresetError(f"engine knob {name!r} in {f}: unknown keys {sorted(unknown)}; "
+                                  f"allowed: {sorted(KNOB_KEYS)}")
+            raw[name] = body
+    return raw
+
+
+def available_knobs(files: list[Path] | None = None) -> list[str]:
+    return [n for n in load_knobs(files) if not n.startswith("_")]
+
+
+def split_knobs(name: str) -> tuple[str, list[str]]:
+    """`"vllm-v1-fixed@bf16@kv-fp8"` -> `("vllm-v1-fixed", ["bf16", "kv-fp8"])`."""
+    base, *knobs = str(name).split(KNOB_SEP)
+    return base, knobs
 
 
 def preset_files() -> list[Path]:
@@ -112,7 +161,22 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
     """The effective preset on this machine (CPU or CUDA sections applied), validated."""
     if not isinstance(name, str) or name.startswith("_"):
         raise PresetError(f"unknown engine preset {name!r}; available: {available_presets(files)}")
-    d = _flatten(name, load_presets(files), cuda_available() if cuda is None else cuda)
+    cuda = cuda_available() if cuda is None else cuda
+    base, knobs = split_knobs(name)
+    d = _flatten(base, load_presets(files), cuda)
+    if knobs:
+        catalog = load_knobs()
+        for k in knobs:
+            if k not in catalog or k.startswith("_"):
+                raise PresetError(f"engine preset {name!r}: unknown knob {k!r} (after {KNOB_SEP!r}); knobs in "
+                                  f"params/engine_knobs.yaml: {available_knobs()}")
+            body = dict(catalog[k])
+            section = body.pop("on_cuda" if cuda else "on_cpu", None) or {}
+            body.pop("on_cpu" if cuda else "on_cuda", None)
+            body.pop("description", None)
+            d = _merge(_merge(d, body), section)
+        d["description"] = f"{base} with " + ", ".join(
+            f"{k} ({catalog[k].get('description', '')})" for k in knobs)
     backend = d.get("backend")
     if backend not in BACKENDS:
         raise PresetError(f"engine preset {name!r}: backend must be one of {list(BACKENDS)}, got {backend!r}")
@@ -136,4 +200,5 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
         full_vocab_limit=int(d.get("full_vocab_limit", 4096)),
         idle_spin_s=None if d.get("idle_spin_s") is None else float(d["idle_spin_s"]),
         description=str(d.get("description", "")),
+        setup=dict(d.get("setup") or {}),
     )

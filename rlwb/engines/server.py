@@ -115,6 +115,9 @@ class VllmBackend:
                 async_scheduling=bool(getattr(sc, "async_scheduling", False)),
                 max_logprobs=mc.max_logprobs,
                 block_size=cc.block_size,
+                head_dtype=str(getattr(mc, "head_dtype", "")).replace("torch.", "") or None,
+                speculative=(None if getattr(cfg, "speculative_config", None) is None
+                             else str(getattr(cfg.speculative_config, "method", "on"))),
             )
         settings["idle_spin_s"] = self.spec.get("idle_spin_s")
         settings["idle_spin_patched"] = self.idle_spin_patched
@@ -179,6 +182,19 @@ class VllmBackend:
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache())
+
+    def record_routing(self, on: bool) -> int:
+        """Start (or stop) recording every MoE layer's router logits inside the engine; returns the number of
+        router layers hooked (0: not an MoE model)."""
+        n = self.llm.collective_rpc("rlwb_record_routing", args=(on,))
+        return int(n[0] if isinstance(n, list) else n)
+
+    def take_routing(self) -> dict:
+        """The router logits recorded since the last take, per MoE layer: {layer: [tokens, experts] float32},
+        rows in the order the engine ran them. Rank 0's: routers are replicated across tensor-parallel ranks."""
+        r = self.llm.collective_rpc("rlwb_take_routing")
+        r = r[0] if isinstance(r, list) else r
+        return {str(k): protocol.f32(v) for k, v in r.items()}
 
     def weights_checksums(self) -> list[float]:
         """One checksum per tensor-parallel rank (each rank holds its own shards)."""
@@ -351,6 +367,10 @@ def main() -> None:
                 result = backend.weights_checksums()
             elif op == "stats":
                 result = backend.stats()
+            elif op == "record_routing":
+                result = backend.record_routing(bool(args.get("on", True)))
+            elif op == "take_routing":
+                result = backend.take_routing()
             elif op == "info":
                 result = backend.info()
             elif op == "close":

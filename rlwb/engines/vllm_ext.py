@@ -96,6 +96,42 @@ class RlwbWorkerExtension:
         return int(w.shape[0]) if head is not None and isinstance(head.quant_method, _Fp32HeadMethod) and \
             w is not None else 0
 
+    def rlwb_record_routing(self, on: bool) -> int:
+        """Record each MoE layer's router logits as the engine computes them (a forward hook on every
+        `<layer>.mlp.gate`). Why a hook: vLLM's own `enable_return_routed_experts` needs Model Runner V2,
+        which needs Triton - not there on CPU. The expert choice is top-k of these logits (vLLM's fused top-k
+        softmax is monotone in them), so the logits carry the engine's routing decisions."""
+        import re
+
+        model = _model(self)
+        for h in getattr(self, "_rlwb_route_hooks", []):
+            h.remove()
+        self._rlwb_route_hooks, self._rlwb_routes = [], {}
+        if not on:
+            return 0
+        for name, mod in model.named_modules():
+            m = re.search(r"layers\.(\d+)\.mlp\.gate$", name)
+            if m is None:
+                continue
+            layer = int(m.group(1))
+            self._rlwb_routes[layer] = []
+
+            def hook(_mod, _inp, out, layer=layer):
+                logits = out[0] if isinstance(out, tuple) else out
+                self._rlwb_routes[layer].append(logits.detach().float().cpu())
+
+            self._rlwb_route_hooks.append(mod.register_forward_hook(hook))
+        return len(self._rlwb_route_hooks)
+
+    def rlwb_take_routing(self) -> dict:
+        import torch
+
+        out = {layer: (torch.cat(chunks).numpy().tolist() if chunks else [])
+               for layer, chunks in getattr(self, "_rlwb_routes", {}).items()}
+        for chunks in getattr(self, "_rlwb_routes", {}).values():
+            chunks.clear()
+        return out
+
     def rlwb_weights_checksum(self) -> float:
         return float(sum(p.detach().double().sum().item() for p in _model(self).parameters()))
 

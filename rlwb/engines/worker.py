@@ -236,8 +236,10 @@ class EngineWorker:
         except (EOFError, ValueError) as e:
             raise self._crashed(f"pipe closed during {what}: {e}") from None
         if not msg.get("ok"):
-            raise EngineError(f"engine {self.preset.name!r} failed in {what}: {msg.get('error')} "
+            err = EngineError(f"engine {self.preset.name!r} failed in {what}: {msg.get('error')} "
                               f"(full log: {self.log_ref()})\n{msg.get('traceback', '')}")
+            err.stderr_tail = self.stderr_tail(200)  # vLLM's root cause is often only in its engine core's log
+            raise err
         return msg.get("result")
 
     def _call(self, op: str, timeout: float | None = None, **args):
@@ -313,6 +315,16 @@ class EngineWorker:
     def weights_checksums(self) -> list[float]:
         """One checksum per tensor-parallel rank: an update must change every rank's, not only rank 0's."""
         return [float(x) for x in self._call("weights_checksums")]
+
+    def record_routing(self, on: bool = True) -> int:
+        """Start (stop) recording the MoE router logits the engine computes; returns the router layers hooked
+        (0: not an MoE model). vLLM engines only."""
+        return int(self._call("record_routing", on=on))
+
+    def take_routing(self) -> dict[int, np.ndarray]:
+        """Router logits recorded since the last take: {layer: [rows, experts]}, rows in the engine's order
+        (one request at a time: the prompt's prefill rows, then one row per decoded token but the last)."""
+        return {int(k): np.asarray(v, dtype=np.float32) for k, v in self._call("take_routing").items()}
 
     def stats(self) -> dict:
         """Engine counters since start: `preemptions` (None where the engine does not expose them: the HF

