@@ -44,7 +44,8 @@ def test_unknown_knob_and_bad_knob_files_are_named(tmp_path, monkeypatch):
     with pytest.raises(PresetError, match="cannot contain '@'"):
         load_knobs([bad])
     extra = tmp_path / "extra.yaml"
-    extra.write_text(yaml.safe_dump({"big-blocks": {"description": "32-token blocks", "vllm_kwargs": {"block_size": 32}}}))
+    extra.write_text(yaml.safe_dump({"big-blocks": {"description": "32-token blocks",
+                                                    "vllm_kwargs": {"block_size": 32}}}))
     monkeypatch.setenv("RLWB_ENGINE_KNOBS", str(extra))
     assert resolve_preset("vllm-v1@big-blocks").vllm_kwargs["block_size"] == 32
 
@@ -97,7 +98,8 @@ def test_error_line_is_the_engines_own_reason():
         "Generator does not use offset', please check the stack trace above for the root cause\n")
     assert K.error_line(err) == "RuntimeError: CPU Generator does not use offset"
     tail = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig\n"
-            "  Value error, Failed to import Ray: No module named 'ray'. [type=value_error, input_value=1, input_type=x]\n")
+            "  Value error, Failed to import Ray: No module named 'ray'. [type=value_error, input_value=1, "
+            "input_type=x]\n")
     crashed = EngineCrashed("vllm-v1-fixed@tp2-ray", "worker exited during start (exit code 1)", tail)
     assert K.error_line(crashed) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for "
                                      "ParallelConfig: Value error, Failed to import Ray: No module named 'ray'.")

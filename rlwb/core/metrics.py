@@ -16,7 +16,7 @@ How these map onto the RL frameworks' logs (so a report can be read next to a tr
     abs_dlogp_max      TRL `sampling/sampling_logp_difference/max`
     clip_frac          PipelineRL `clamp_log_ratio_new_old_indicator`; PPO clip fraction at the first step
     ess_frac           verl `rollout_corr/...ess`-style normalised effective sample size
-    mult_prob_error    NeMo-RL `token_mult_prob_error` = mean exp(|log r|) (its loss_functions.py; its tests want < 1.05)
+    mult_prob_error    NeMo-RL `token_mult_prob_error` = mean exp(|log r|) (loss_functions.py; its tests want < 1.05)
     prob_pearson       MiniMax-M1 (arXiv:2506.13585) / verl `training/rollout_probs_pearson_corr`
 """
 

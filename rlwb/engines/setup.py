@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from rlwb.engines.presets import resolve_preset
 from rlwb.errors import PresetError, SetupFailed
@@ -56,7 +55,8 @@ def setup_preset(name: str, force: bool = False, log=print) -> str:
                           f"with `pip` or `script` in params/engines.yaml); make {preset.python} yourself")
     if not spec.get("pip"):
         log(f"{name}: scripts/setup.sh {spec['script']}")
-        _run(["bash", str(REPO_ROOT / "scripts" / "setup.sh"), str(spec["script"])], f"scripts/setup.sh {spec['script']}")
+        _run(["bash", str(REPO_ROOT / "scripts" / "setup.sh"), str(spec["script"])],
+             f"scripts/setup.sh {spec['script']}")
         return f"{name}: scripts/setup.sh {spec['script']} done"
     env = preset.python.parent.parent
     py = base_python()

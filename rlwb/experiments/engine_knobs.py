@@ -339,7 +339,7 @@ def moe_audit(p, mets: dict, rows: list, on_start: OnStart, progress: bool) -> p
         mets[f"{name}/topk_set_agree"] = float(np.mean([a["topk_set_agree"] for a in agree]))
         mets[f"{name}/top1_agree"] = float(np.mean([a["top1_agree"] for a in agree]))
         flips = np.zeros(0, dtype=bool)
-        for layer, (el, tl) in sorted(per_layer.items()):
+        for el, tl in per_layer.values():
             e_ = np.argsort(-np.concatenate(el), 1, kind="stable")[:, :top_k]
             t_ = np.argsort(-np.concatenate(tl), 1, kind="stable")[:, :top_k]
             d = np.array([set(x) != set(y) for x, y in zip(e_, t_)])
