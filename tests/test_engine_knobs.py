@@ -106,6 +106,17 @@ def test_error_line_is_the_engines_own_reason():
     assert K.error_line(RuntimeError("no such thing\nmore")) == "no such thing"
 
 
+def test_a_knob_the_engine_did_not_apply_is_named():
+    asked = {"async_scheduling": True, "dtype": "bfloat16", "hf_overrides": {"head_dtype": "float32"},
+             "speculative_config": {"method": "ngram"}}
+    ran = {"async_scheduling": False, "dtype": "bfloat16", "head_dtype": "bfloat16", "speculative": None}
+    assert K.not_applied(asked, ran) == ["asked async_scheduling=True, the running engine reports False",
+                                         "asked head_dtype=float32, the running engine reports bfloat16",
+                                         "asked speculative decoding (ngram), the running engine has none"]
+    assert K.not_applied(asked, {**ran, "async_scheduling": True, "head_dtype": "float32",
+                                 "speculative": "ngram"}) == []
+
+
 def test_router_agreement_counts_sets_first_choices_and_close_calls():
     trainer = np.array([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 2.05], [5.0, 0.0, 4.0, 1.0]])
     engine = trainer.copy()

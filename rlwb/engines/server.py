@@ -51,10 +51,13 @@ class VllmBackend:
         self.engine = "v1" if mod.startswith("vllm.v1") else "v0"
         self.warnings: list[str] = []
         self.idle_spin_patched = None
+        # V1 with its engine core and worker inside this process: no queues between processes to spin on
+        self.in_process = (self.engine == "v1" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+                           and kwargs.get("distributed_executor_backend") == "uni")
         if self.engine == "v1" and spec.get("idle_spin_s") is not None:
             counts = self.llm.collective_rpc("rlwb_idle_spin", args=(float(spec["idle_spin_s"]),))
             self.idle_spin_patched = int(sum(counts)) if isinstance(counts, list) else int(counts)
-            if self.idle_spin_patched == 0:  # vLLM renamed its queue internals: the setting does nothing
+            if self.idle_spin_patched == 0 and not self.in_process:  # vLLM renamed its queue internals
                 self.warnings.append(f"idle_spin_s={spec['idle_spin_s']} patched no SpinCondition reader in this "
                                      f"vLLM ({self._version()}): its queues keep vLLM's own busy-wait")
         if spec.get("fp32_lm_head") and kwargs["dtype"] not in ("float32", "torch.float32"):
@@ -119,6 +122,7 @@ class VllmBackend:
                 speculative=(None if getattr(cfg, "speculative_config", None) is None
                              else str(getattr(cfg.speculative_config, "method", "on"))),
             )
+        settings["in_process"] = self.in_process
         settings["idle_spin_s"] = self.spec.get("idle_spin_s")
         settings["idle_spin_patched"] = self.idle_spin_patched
         # read back from every rank's model, not from the preset: the hook is either there or it is not

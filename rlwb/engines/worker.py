@@ -167,7 +167,7 @@ class EngineWorker:
         self._log.write(f"=== rlwb: starting {self.preset.name} on {model} ({dtype}) at "
                         f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} ===\n".encode())
         self._log.flush()
-        env = {**os.environ, **self.preset.env, "PYTHONUNBUFFERED": "1",
+        env = {**os.environ, "NO_COLOR": "1", **self.preset.env, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(SERVER.parent), "TOKENIZERS_PARALLELISM": "false"}
         env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # never needed: no pickled callables
         self.proc = subprocess.Popen([str(self.preset.python), str(SERVER)], stdin=subprocess.PIPE,

@@ -57,7 +57,7 @@ def error_line(err: BaseException) -> str:
     """The engine's own one-line reason: the last `SomethingError: ...` line of its message and stderr tail
     that is not a wrapper ("EngineCore encountered an issue"), with a pydantic error's detail line; else the
     message's first line. vLLM raises inside its engine core, so the kernel sees the worker's log."""
-    text = str(err) + "\n" + getattr(err, "stderr_tail", "")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err) + "\n" + getattr(err, "stderr_tail", ""))  # ANSI colours
     lines = [LOG_PREFIX.sub("", ln.strip()) for ln in text.splitlines()]
     pick = None
     for i, ln in enumerate(lines):
@@ -81,6 +81,27 @@ def health(metrics: dict, group: str) -> tuple[bool, list[str]]:
         if not ok:
             failed.append(f"{name} {v:.3g} (needs {op} {bound:g}, {source})")
     return not failed, failed
+
+
+EFFECTIVE = ("dtype", "kv_cache_dtype", "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling",
+             "tensor_parallel_size")
+
+
+def not_applied(vllm_kwargs: dict, settings: dict) -> list[str]:
+    """Settings the preset asks for that the running engine does not report (read from its config): a knob
+    that did not take effect is not measured as if it had (NeMo-RL's rollout tuning guide: prove the setting
+    took effect from the engine, not from the YAML)."""
+    out = []
+    for k in EFFECTIVE:
+        if k in vllm_kwargs and k in settings and str(vllm_kwargs[k]).replace("torch.", "") != str(settings[k]):
+            out.append(f"asked {k}={vllm_kwargs[k]}, the running engine reports {settings[k]}")
+    head = (vllm_kwargs.get("hf_overrides") or {}).get("head_dtype")
+    if head is not None and settings.get("head_dtype") not in (None, head):
+        out.append(f"asked head_dtype={head}, the running engine reports {settings.get('head_dtype')}")
+    spec = (vllm_kwargs.get("speculative_config") or {}).get("method")
+    if spec is not None and "speculative" in settings and settings["speculative"] is None:
+        out.append(f"asked speculative decoding ({spec}), the running engine has none")
+    return out
 
 
 def same_tokens_frac(a: Rollouts, b: Rollouts) -> float:
@@ -183,6 +204,11 @@ def _measure(name: str, preset: str, p, model_path, dtype: str, prompts, samplin
             row["vllm_version"] = info.get("vllm_version") or ""
             if on_start:
                 on_start(info)
+            missing = not_applied(w.preset.vllm_kwargs, info.get("settings") or {})
+            if missing:
+                row.update(status="did not take effect", error="; ".join(missing))
+                rows.append(row)
+                return None
             ro = sample_and_score(w, scorer, prompts, sampling)
             bad = int(sum((~np.isfinite(c.logprobs)).sum() for c in ro.completions))
             if bad:  # the engine ran but its numbers are unusable: a finding, not a crash of the notebook
