@@ -193,9 +193,11 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
 
     NOTEBOOK: typing.ClassVar[str] = "07_which_correction"
     HEADLINE: typing.ClassVar[list[str]] = ["vllm-v1-fixed+none/reward_final", "vllm-v1-bf16+none/gap",
-                                             "vllm-v1-raw+none/gap"]
+                                             "vllm-v1-raw+none/gap", "vllm-v1-fixed@kv-fp8-e5m2+none/gap"]
 
-    engines: list[str] = engine_list(["vllm-v1-fixed", "vllm-v1-raw", "vllm-v1-bf16"],
+    # the last level is notebook 06's worst knob that runs here (an fp8 e5m2 KV cache: on qwen2-chat k3 5e-3, the
+    # only knob over NeMo-RL's token_mult_prob_error bound)
+    engines: list[str] = engine_list(["vllm-v1-fixed", "vllm-v1-raw", "vllm-v1-bf16", "vllm-v1-fixed@kv-fp8-e5m2"],
                                      "mismatch levels (engine presets); the first is the no-mismatch baseline")
     corrections: list[str] = param(["none", "verl.token_tis", "verl.seq_mis", "verl.geo_rs", "icepop",
                                     "trl.sequence_mask", "miles.tis_geo_norm"], CORRECTIONS_DOC,
