@@ -4,7 +4,9 @@ Why a float floor: an fp32 engine and an fp32 trainer that agree still differ by
 comes out as -3.4e-09 or 2e-10. Printing that invites the question "why is KL negative?" when the answer
 is "it is zero to float precision". Divergences (k2, k3, exact KL: non-negative by definition) below
 `KL_FLOOR` therefore read "≤ 1e-8", and |Δlogp| below one float32 ulp at |logp| ~ 1 reads "≤ 1e-7". Exact
-zeros stay "0" (bit-identical is a finding of its own). k1 is signed on purpose and is never clamped.
+zeros stay "0" (bit-identical is a finding of its own). k1 is signed on purpose and is never clamped, and
+so are differences (`delta_k3_mean`). The χ² estimate mean(r²) - 1 is floored only near 0: a clearly negative
+value is the estimator's sampling noise, not rounding, and is shown as it is.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ import re
 
 KL_FLOOR = 1e-8  # divergences at or below this are float noise in an fp32 pipeline
 DLOGP_FLOOR = 1e-7  # ~ one float32 ulp of a logprob of order 1
+# χ² = E[r²] - 1 ≈ 2 E[log r] near r = 1: first order in the rounding of the logprobs (mean |Δlogp| ~ 1e-7 to
+# 1e-6 at the fp32 floor), unlike the KL estimators' second order
+CHI2_FLOOR = 1e-6
 MISSING = "–"
 
 _DIVERGENCE = re.compile(r"(^|[_/\s])(k2|k3|kl|full_kl)([_\s]|$)")  # also table headers: "k3 at T=0.5"
 _DLOGP = re.compile(r"(^|[_/\s])abs_dlogp")
+_CHI2 = re.compile(r"(^|[_/\s])chi2")
+_DELTA = re.compile(r"(^|[_/\s])delta_|Δ")
 
 
 def number(v, spec: str = ".3g", missing: str = MISSING) -> str:
@@ -33,6 +40,10 @@ def number(v, spec: str = ".3g", missing: str = MISSING) -> str:
 
 def floor_of(name: str) -> float | None:
     """The display floor of a metric name (`vllm-v1/k3_mean`, `full_kl_mean_ci_low`, ...), or None."""
+    if _DELTA.search(name):
+        return None
+    if _CHI2.search(name):
+        return CHI2_FLOOR
     if _DIVERGENCE.search(name):
         return KL_FLOOR
     if _DLOGP.search(name):
@@ -42,11 +53,17 @@ def floor_of(name: str) -> float | None:
 
 def metric(name: str, v, spec: str = ".2e") -> str:
     """A metric's value for a reader: at or below its float floor it reads "≤ floor" (never a negative KL)."""
+    if _DELTA.search(name):  # a signed difference of two values at their floor is 0 to float precision
+        floor = floor_of(_DELTA.sub(" ", name))
+        if floor is not None and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+                and v != 0 and abs(v) <= floor:
+            return "≈ 0"
+        return number(v, spec)
     floor = floor_of(name)
     if floor is not None and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         if v == 0:
             return "0"
-        if v <= floor:  # includes negative rounding noise of a non-negative quantity
+        if v <= floor and (abs(v) <= floor or not _CHI2.search(name)):  # negative rounding noise included
             return f"≤ {floor:.0e}"
     return number(v, spec)
 

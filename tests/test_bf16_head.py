@@ -1,4 +1,5 @@
-"""A bf16 engine against the fp32 trainer, with and without rlwb's fp32 lm_head hook: the hook is really
+"""A bf16 engine against the fp32 trainer, with and without rlwb's fp32 lm_head hook (`fp32_lm_head: rlwb`; the
+presets' `true` now takes vLLM's own head_dtype where vLLM has it, measured in notebook 06): the hook is really
 active (read back from the running engine, not from the preset) and it measurably lowers the mismatch.
 
 Which estimate separates them: k3 on the sampled tokens is an unbiased but heavy-tailed estimate of
@@ -26,23 +27,24 @@ PROMPTS, MAX_TOKENS, TEMPERATURE = 4096, 32, 0.7
 
 def test_fp32_head_lowers_bf16_mismatch_with_separated_intervals(default_model, scorer, tmp_path, monkeypatch):
     presets = tmp_path / "presets.yaml"
-    # the same preset, the hook switched off: the only difference between the two engines
-    presets.write_text("vllm-v1-fixed-bf16-head:\n  extends: vllm-v1-fixed\n  fp32_lm_head: false\n")
+    # the same preset with rlwb's hook and with no fp32 head: the only difference between the two engines
+    presets.write_text("vllm-v1-fixed-rlwb-head:\n  extends: vllm-v1-fixed\n  fp32_lm_head: rlwb\n"
+                       "vllm-v1-fixed-bf16-head:\n  extends: vllm-v1-fixed\n  fp32_lm_head: false\n")
     monkeypatch.setenv("RLWB_ENGINE_PRESETS", str(presets))
     prompts = [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(PROMPTS, seed=11)]
     s = Sampling(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=5)
     res = {}
-    for name in ("vllm-v1-fixed", "vllm-v1-fixed-bf16-head"):
+    for name in ("vllm-v1-fixed-rlwb-head", "vllm-v1-fixed-bf16-head"):
         with EngineWorker(name, default_model.path, dtype="bfloat16") as w:
             settings = w.info()["settings"]
             assert settings["dtype"] == "bfloat16"
-            assert settings["fp32_lm_head"] is (name == "vllm-v1-fixed")  # read back from the engine
+            assert settings["fp32_lm_head"] is (name == "vllm-v1-fixed-rlwb-head")  # read back from the engine
             ro = sample_and_score(w, scorer, prompts, s, full=True)
         lrs = ro.log_ratios()
         kl = [M.exact_kl(fe, ft) for fe, ft in zip(ro.full_engine, ro.full_trainer)]  # per position
         res[name] = {"k3": (M.k3(np.concatenate(lrs)), *stats.sequence_bootstrap_ci(lrs, M.k3, n_boot=1000)),
                      "kl": (float(np.mean(np.concatenate(kl))), *stats.sequence_bootstrap_ci(kl, np.mean, n_boot=1000))}
-    head, plain = res["vllm-v1-fixed"], res["vllm-v1-fixed-bf16-head"]
+    head, plain = res["vllm-v1-fixed-rlwb-head"], res["vllm-v1-fixed-bf16-head"]
     for key, label in (("k3", "k3 on sampled tokens"), ("kl", "exact KL over the vocabulary")):
         print(f"\nbf16 engine vs fp32 trainer, {label} [95% CI]: fp32 head {head[key][0]:.2e} "
               f"[{head[key][1]:.2e}, {head[key][2]:.2e}], bf16 head {plain[key][0]:.2e} [{plain[key][1]:.2e}, "

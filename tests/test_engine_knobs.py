@@ -25,8 +25,8 @@ def test_a_knob_changes_only_what_it_names():
 
 def test_knobs_stack_left_to_right_and_machine_sections_apply():
     p = resolve_preset("vllm-v1-fixed@bf16-head-native@tp2", cuda=False)
-    assert p.vllm_kwargs["dtype"] == "bfloat16" and p.vllm_kwargs["hf_overrides"] == {"head_dtype": "float32"}
-    assert p.vllm_kwargs["tensor_parallel_size"] == 2 and not p.fp32_lm_head
+    assert p.vllm_kwargs["dtype"] == "bfloat16"
+    assert p.vllm_kwargs["tensor_parallel_size"] == 2 and p.fp32_lm_head == "native"
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"  # tp2's on_cpu section
     assert "VLLM_CPU_OMP_THREADS_BIND" not in resolve_preset("vllm-v1-fixed@tp2", cuda=True).env
     # the later knob wins where two set the same thing
@@ -115,6 +115,11 @@ def test_a_knob_the_engine_did_not_apply_is_named():
                                          "asked speculative decoding (ngram), the running engine has none"]
     assert K.not_applied(asked, {**ran, "async_scheduling": True, "head_dtype": "float32",
                                  "speculative": "ngram"}) == []
+    bf16 = {"dtype": "bfloat16", "fp32_lm_head": True, "fp32_lm_head_impl": "rlwb hook"}
+    assert K.not_applied({}, bf16, "native") == ["asked fp32_lm_head=native, the running engine reports rlwb hook"]
+    assert K.not_applied({}, {**bf16, "fp32_lm_head": False, "fp32_lm_head_impl": None}, True) == [
+        "asked fp32_lm_head=True, the running engine reports no fp32 head"]
+    assert K.not_applied({}, bf16, "rlwb") == [] == K.not_applied({}, {**bf16, "dtype": "float32"}, True)
 
 
 def test_router_agreement_counts_sets_first_choices_and_close_calls():

@@ -21,6 +21,11 @@ def test_signed_and_other_metrics_are_not_clamped():
     assert metric("hf/abs_dlogp_max", 0.0) == "0"  # bit-identical is a finding of its own
     assert metric("hf/abs_dlogp_max", 4e-8) == "≤ 1e-07" and DLOGP_FLOOR == 1e-7
     assert metric("hf/abs_dlogp_max", 2.4e-6) == "2.40e-06"
+    # a difference is signed: a knob below its baseline reads negative, however large
+    assert metric("bf16/delta_k3_mean", -1e-3) == "-1.00e-03" and metric("Δk3 vs baseline", 2e-5) == "2.00e-05"
+    assert metric("x/delta_k3_mean", -7.5e-15) == "≈ 0" == metric("Δk3 vs baseline", 3e-9)  # both at the floor
+    # the χ² estimate: floored near 0 (rounding), shown when clearly negative (sampling noise)
+    assert metric("baseline/chi2_token", -7.45e-9) == "≤ 1e-06" and metric("bf16/chi2_token", -3.2e-4) == "-3.20e-04"
 
 
 def test_numbers_counts_and_missing():

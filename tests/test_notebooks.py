@@ -248,6 +248,9 @@ def check_engine_knobs(d: Path, m: dict) -> None:
     # bf16 moves the engine off the trainer, and the interval of its change against the baseline excludes 0
     assert m["bf16/k3_mean"] > 100 * m["baseline/k3_mean"] and m["bf16/delta_k3_mean_ci_low"] > 0
     assert status.loc["bf16", "verdict"] in ("healthy", "fails a health rule")
+    # vLLM's own fp32 head (head_dtype) took effect and brings the bf16 engine closer to the trainer
+    assert status.loc["bf16-head-native", "status"] == "ok"
+    assert m["bf16-head-native/k3_mean"] < m["bf16/k3_mean"]
     for k in ("baseline", "bf16", "prefix-caching"):
         assert m[f"{k}/tok_s"] > 0 and np.isfinite(m[f"{k}/throughput_ratio"])
     assert m["baseline/throughput_ratio"] == 1

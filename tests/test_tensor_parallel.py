@@ -48,11 +48,12 @@ def test_tp2_generates_at_the_floor_and_updates_every_rank(cpu_binding, default_
 
 
 def test_tp2_bf16_engine_with_the_fp32_head(cpu_binding, default_model, scorer, prompts):
-    """The fp32 head on two ranks: active on both (read back from each rank's model), each rank projecting
-    its own vocabulary slice, and close to the fp32 trainer."""
-    with EngineWorker("vllm-v1-fixed", default_model.path, dtype="bfloat16", extra_vllm_kwargs=TP2) as w:
+    """rlwb's fp32 head hook on two ranks (the knob that forces it over vLLM's own head_dtype): active on both
+    (read back from each rank's model), each rank projecting its own vocabulary slice, close to the trainer."""
+    with EngineWorker("vllm-v1-fixed@bf16-head-rlwb", default_model.path, extra_vllm_kwargs=TP2) as w:
         s = w.info()["settings"]
         assert s["tensor_parallel_size"] == 2 and s["dtype"] == "bfloat16" and s["fp32_lm_head"] is True
+        assert s["fp32_lm_head_impl"] == "rlwb hook"
         # each rank keeps only its half of the 64-token vocabulary in fp32 (the hook once loaded the whole
         # matrix on every rank: for Qwen2.5's 151k x 896 head that is 0.5 GB per rank instead of 0.5 GB / TP)
         assert s["fp32_lm_head_rows"] == [32, 32]

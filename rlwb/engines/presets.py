@@ -23,6 +23,9 @@ PRESET_KEYS = {"description", "backend", "python", "env", "vllm_kwargs", "fp32_l
                "reset_prefix_cache_on_update", "extends", "on_cpu", "on_cuda", "full_vocab_limit",
                "idle_spin_s", "setup"}
 BACKENDS = ("vllm", "hf")
+# fp32 lm_head when the engine's dtype is not fp32: true = vLLM's own `head_dtype` where the running vLLM has it
+# (ModelConfig.head_dtype: 0.28 and later here), else rlwb's hook; "native" / "rlwb" force one of the two.
+FP32_HEAD_MODES = (False, True, "native", "rlwb")
 
 
 
@@ -33,7 +36,7 @@ class Preset:
     python: Path
     env: dict = field(default_factory=dict)
     vllm_kwargs: dict = field(default_factory=dict)
-    fp32_lm_head: bool = False
+    fp32_lm_head: bool | str = False  # one of FP32_HEAD_MODES
     reset_prefix_cache_on_update: bool = False
     full_vocab_limit: int = 4096
     idle_spin_s: float | None = None  # vLLM V1 worker queue busy-wait after each message (None: vLLM's 1 s)
@@ -185,9 +188,11 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
     for key in ("env", "vllm_kwargs"):
         if not isinstance(d.get(key, {}), dict):
             raise PresetError(f"engine preset {name!r}: `{key}` must be a mapping")
-    for key in ("fp32_lm_head", "reset_prefix_cache_on_update"):
-        if not isinstance(d.get(key, False), bool):
-            raise PresetError(f"engine preset {name!r}: `{key}` must be true or false")
+    if d.get("fp32_lm_head", False) not in FP32_HEAD_MODES:
+        raise PresetError(f"engine preset {name!r}: `fp32_lm_head` must be one of {list(FP32_HEAD_MODES)}, got "
+                          f"{d.get('fp32_lm_head')!r}")
+    if not isinstance(d.get("reset_prefix_cache_on_update", False), bool):
+        raise PresetError(f"engine preset {name!r}: `reset_prefix_cache_on_update` must be true or false")
     python = Path(os.path.expanduser(str(d["python"])))
     if not python.is_absolute():
         python = REPO_ROOT / python
@@ -195,7 +200,7 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
         name=name, backend=backend, python=python,
         env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
         vllm_kwargs=dict(d.get("vllm_kwargs") or {}),
-        fp32_lm_head=bool(d.get("fp32_lm_head", False)),
+        fp32_lm_head=d.get("fp32_lm_head", False),
         reset_prefix_cache_on_update=bool(d.get("reset_prefix_cache_on_update", False)),
         full_vocab_limit=int(d.get("full_vocab_limit", 4096)),
         idle_spin_s=None if d.get("idle_spin_s") is None else float(d["idle_spin_s"]),

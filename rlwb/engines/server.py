@@ -44,6 +44,9 @@ class VllmBackend:
         if self.vocab and self.vocab <= limit:
             kwargs.setdefault("max_logprobs", self.vocab)  # full-vocab logprobs at every step
         kwargs["worker_extension_cls"] = "vllm_ext.RlwbWorkerExtension"
+        self.fp32_head = self._fp32_head_impl(spec.get("fp32_lm_head", False), str(kwargs["dtype"]))
+        if self.fp32_head == "vllm head_dtype":
+            kwargs["hf_overrides"] = {**(kwargs.get("hf_overrides") or {}), "head_dtype": "float32"}
         self.kwargs = kwargs
         self.llm = LLM(model=spec["model"], tokenizer=spec.get("tokenizer") or spec["model"], **kwargs)
         self._check_rope_theta(spec["model"])
@@ -60,10 +63,25 @@ class VllmBackend:
             if self.idle_spin_patched == 0 and not self.in_process:  # vLLM renamed its queue internals
                 self.warnings.append(f"idle_spin_s={spec['idle_spin_s']} patched no SpinCondition reader in this "
                                      f"vLLM ({self._version()}): its queues keep vLLM's own busy-wait")
-        if spec.get("fp32_lm_head") and kwargs["dtype"] not in ("float32", "torch.float32"):
+        if self.fp32_head == "rlwb hook":
             self.llm.collective_rpc("rlwb_fp32_lm_head", args=(spec["model"],))
         for w in self.warnings:
             print(f"rlwb warning: {w}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _fp32_head_impl(mode, dtype: str) -> str | None:
+        """Which fp32 lm_head a preset's `fp32_lm_head` gets here: vLLM's own `head_dtype` (an `hf_overrides`
+        key read by `ModelConfig.head_dtype`) where this vLLM has it and the preset does not insist on rlwb's
+        hook; rlwb's hook (`vllm_ext`) otherwise. None when there is nothing to do (off, or an fp32 engine)."""
+        if not mode or dtype in ("float32", "torch.float32"):
+            return None
+        from vllm.config import ModelConfig
+
+        native = isinstance(getattr(ModelConfig, "head_dtype", None), property)
+        if mode == "native" and not native:
+            raise ValueError(f"fp32_lm_head: native needs vLLM's ModelConfig.head_dtype, which vLLM "
+                             f"{VllmBackend._version()} does not have; use fp32_lm_head: rlwb")
+        return "vllm head_dtype" if native and mode != "rlwb" else "rlwb hook"
 
     def _check_rope_theta(self, model: str) -> None:
         """Refuse to run a checkpoint whose RoPE base the engine read differently from what the checkpoint says.
@@ -128,8 +146,11 @@ class VllmBackend:
         # read back from every rank's model, not from the preset: the hook is either there or it is not
         rows = self.llm.collective_rpc("rlwb_fp32_lm_head_rows")
         rows = rows if isinstance(rows, list) else [rows]
-        settings["fp32_lm_head"] = bool(rows) and all(r > 0 for r in rows)
-        settings["fp32_lm_head_rows"] = [int(r) for r in rows]  # per rank: the vocab slice each projects
+        hook = bool(rows) and all(r > 0 for r in rows)
+        native = self.fp32_head == "vllm head_dtype" and settings.get("head_dtype") == "float32"
+        settings["fp32_lm_head"] = hook or native
+        settings["fp32_lm_head_impl"] = "rlwb hook" if hook else "vllm head_dtype" if native else None
+        settings["fp32_lm_head_rows"] = [int(r) for r in rows]  # per rank: the vocab slice rlwb's hook projects
         return {"backend": "vllm", "engine": self.engine, "vllm_version": vllm.__version__,
                 "torch_version": torch.__version__, "transformers_version": transformers.__version__,
                 "settings": settings, "warnings": list(self.warnings)}

@@ -87,7 +87,7 @@ EFFECTIVE = ("dtype", "kv_cache_dtype", "enable_prefix_caching", "enable_chunked
              "tensor_parallel_size")
 
 
-def not_applied(vllm_kwargs: dict, settings: dict) -> list[str]:
+def not_applied(vllm_kwargs: dict, settings: dict, fp32_lm_head: bool | str = False) -> list[str]:
     """Settings the preset asks for that the running engine does not report (read from its config): a knob
     that did not take effect is not measured as if it had (NeMo-RL's rollout tuning guide: prove the setting
     took effect from the engine, not from the YAML)."""
@@ -98,6 +98,11 @@ def not_applied(vllm_kwargs: dict, settings: dict) -> list[str]:
     head = (vllm_kwargs.get("hf_overrides") or {}).get("head_dtype")
     if head is not None and settings.get("head_dtype") not in (None, head):
         out.append(f"asked head_dtype={head}, the running engine reports {settings.get('head_dtype')}")
+    if fp32_lm_head and settings.get("dtype") not in (None, "float32") and "fp32_lm_head" in settings:
+        want = {"native": "vllm head_dtype", "rlwb": "rlwb hook"}.get(fp32_lm_head)
+        if not settings["fp32_lm_head"] or (want and settings.get("fp32_lm_head_impl") != want):
+            out.append(f"asked fp32_lm_head={fp32_lm_head}, the running engine reports "
+                       f"{settings.get('fp32_lm_head_impl') or 'no fp32 head'}")
     spec = (vllm_kwargs.get("speculative_config") or {}).get("method")
     if spec is not None and "speculative" in settings and settings["speculative"] is None:
         out.append(f"asked speculative decoding ({spec}), the running engine has none")
@@ -204,7 +209,7 @@ def _measure(name: str, preset: str, p, model_path, dtype: str, prompts, samplin
             row["vllm_version"] = info.get("vllm_version") or ""
             if on_start:
                 on_start(info)
-            missing = not_applied(w.preset.vllm_kwargs, info.get("settings") or {})
+            missing = not_applied(w.preset.vllm_kwargs, info.get("settings") or {}, w.preset.fp32_lm_head)
             if missing:
                 row.update(status="did not take effect", error="; ".join(missing))
                 rows.append(row)
@@ -282,7 +287,7 @@ def knobs_table(baseline: str, knobs: list[str]) -> pd.DataFrame:
         diff = {**{f"{n}": v for n, v in p.vllm_kwargs.items() if base.vllm_kwargs.get(n) != v},
                 **{f"env {n}": v for n, v in p.env.items() if base.env.get(n) != v}}
         if p.fp32_lm_head != base.fp32_lm_head:
-            diff["fp32_lm_head (rlwb)"] = p.fp32_lm_head
+            diff["fp32_lm_head"] = p.fp32_lm_head
         rows.append({"knob": k, "what it changes": catalog[k].get("description", ""),
                      "settings vs the baseline": ", ".join(f"{n}={v}" for n, v in diff.items())})
     return pd.DataFrame(rows).set_index("knob")
