@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
     ("01_logprob_mismatch", {"top_p": 0.0}, r"'top_p' must be > 0"),
     ("01_logprob_mismatch", {"prompts": -3}, r"'prompts' must be >= 1"),
     ("01_logprob_mismatch", {"top_k": -1}, r"'top_k' must be >= 0"),
-    ("01_logprob_mismatch", {"engines": ["vllm-v2"]}, r"'engines\[0\]': 'vllm-v2' is not allowed; allowed: \["),
+    ("01_logprob_mismatch", {"engines": ["vllm-v2"]}, r"'engines\[0\]': unknown engine preset 'vllm-v2'; available: \["),
     ("01_logprob_mismatch", {"engines": "vllm-v1"}, r"'engines' must be a list of str"),
     ("01_logprob_mismatch", {"engines": []}, r"'engines' must not be an empty list"),
     ("01_logprob_mismatch", {"dtype": "fp8"}, r"'dtype': 'fp8' is not allowed; allowed: \['float32'"),
