@@ -60,6 +60,8 @@ def test_every_notebook_accepts_a_knob_in_its_engines_param():
         params.validate(params.schema_for("01_logprob_mismatch"), {"engines": ["vllm-v1@fp9"]})
     with pytest.raises(ParamError, match=r"parameter 'knobs\[0\]': 'fp9' is not allowed"):
         params.validate(params.schema_for("06_engine_knobs"), {"knobs": ["fp9"]})
+    # sections can be switched off with an empty list; the engines of other notebooks cannot be empty
+    assert params.validate(params.schema_for("06_engine_knobs"), {"versions": [], "knobs": []}).versions == []
     with pytest.raises(ParamError, match="lists an entry twice"):
         params.validate(params.schema_for("06_engine_knobs"), {"knobs": ["bf16", "bf16"]})
 

@@ -17,10 +17,11 @@ DTYPES = ("float32", "bfloat16", "float16")  # what engines and the trainer acce
 
 
 def param(default, doc: str, *, choices: list | tuple | Callable[[], list] | None = None, ge=None, gt=None,
-          le=None, lt=None, check: Callable[[Any], str | None] | None = None):
+          le=None, lt=None, check: Callable[[Any], str | None] | None = None, allow_empty: bool = False):
     """A documented setting. Range and choice rules apply to each item of a list setting; `check` returns an
-    error message (or None) for rules a range cannot express."""
+    error message (or None) for rules a range cannot express. A list setting must not be empty unless
+    `allow_empty` (a section the empty list simply skips)."""
     kw = {"default_factory": (lambda d=default: list(d))} if isinstance(default, list) else {"default": default}
     meta = {"doc": doc, "choices": list(choices) if isinstance(choices, tuple) else choices, "ge": ge, "gt": gt,
-            "le": le, "lt": lt, "check": check}
+            "le": le, "lt": lt, "check": check, "allow_empty": allow_empty}
     return field(metadata=meta, **kw)

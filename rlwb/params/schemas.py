@@ -238,10 +238,11 @@ class EngineKnobParams(Params):
                           check=check_engine)
     knobs: list[str] = param(["bf16", "fp16", "bf16-head-rlwb", "bf16-head-native", "kv-fp8", "kv-fp8-e4m3",
                               "kv-fp8-e5m2", "chunked-prefill", "prefix-caching", "async-scheduling",
-                              "batch-invariant", "ngram-spec", "tp2", "tp2-ray"], KNOBS_DOC, choices=available_knobs)
+                              "batch-invariant", "ngram-spec", "tp2", "tp2-ray"], KNOBS_DOC, choices=available_knobs,
+                             allow_empty=True)
     versions: list[str] = param(["vllm-v0", "vllm-v1-0.28", "vllm-v1-0.31"],
                                 "other vLLM builds (presets with their own environment) run on the same prompts",
-                                check=check_preset_name)
+                                check=check_preset_name, allow_empty=True)
     dtype: str = param("float32", "engine dtype where the preset and knob do not set one", choices=DTYPES)
     chat_template: str = param("auto", "task prompts through the tokenizer's chat template: auto (when it has one), "
                                        "on (required), off", choices=list(CHAT_TEMPLATE_MODES))

@@ -89,7 +89,7 @@ def validate(schema: type[Params], values: dict) -> Params:
         v = _check_type(name, v, hints[name])
         for i, item in enumerate(v if isinstance(v, list) else [v]):
             _check_rules(f"{name}[{i}]" if isinstance(v, list) else name, item, dict(f.metadata))
-        if isinstance(v, list) and not v:
+        if isinstance(v, list) and not v and not f.metadata.get("allow_empty"):
             raise ParamError(f"parameter {name!r} must not be an empty list")
         out[name] = v
     return schema(**out)
