@@ -66,33 +66,39 @@ def knob_files() -> list[Path]:
     return [PARAMS_DIR / "engine_knobs.yaml", *extra]
 
 
+def _load_mappings(files: list[Path], what: str, allowed: set[str]) -> dict[str, dict]:
+    """name -> settings from YAML files of `what`s (later files override earlier ones by name), each checked
+    against the `allowed` keys."""
+    raw: dict[str, dict] = {}
+    for f in files:
+        if not Path(f).exists():
+            raise PresetError(f"engine {what} file {f} does not exist")
+        try:
+            data = yaml.safe_load(Path(f).read_text()) or {}
+        except yaml.YAMLError as e:
+            raise PresetError(f"engine {what} file {f} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise PresetError(f"engine {what} file {f} must be a mapping of {what} name -> settings")
+        for name, body in data.items():
+            if not isinstance(body, dict):
+                raise PresetError(f"engine {what} {name!r} in {f} must be a mapping")
+            if what == "knob" and KNOB_SEP in str(name):
+                raise PresetError(f"engine knob {name!r} in {f}: a knob name cannot contain {KNOB_SEP!r}")
+            unknown = set(body) - allowed
+            if unknown:
+                raise PresetError(f"engine {what} {name!r} in {f}: unknown keys {sorted(unknown)}; "
+                                  f"allowed: {sorted(allowed)}")
+            raw[name] = body
+    return raw
+
+
 def load_knobs(files: list[Path] | None = None) -> dict[str, dict]:
     """Knob name -> the change it makes to a preset (`params/engine_knobs.yaml`, then RLWB_ENGINE_KNOBS files).
 
     Why knobs are not presets: a knob is one setting flipped on *any* baseline (`vllm-v1-fixed@bf16`,
     `vllm-v1@bf16`), so notebook 06 audits each against the baseline it names, and every notebook's `engines`
     parameter accepts the composed name (notebook 07 races corrections on `vllm-v1-fixed@kv-fp8`)."""
-    raw: dict[str, dict] = {}
-    for f in files or knob_files():
-        if not Path(f).exists():
-            raise PresetError(f"engine knob file {f} does not exist")
-        try:
-            data = yaml.safe_load(Path(f).read_text()) or {}
-        except yaml.YAMLError as e:
-            raise PresetError(f"engine knob file {f} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise PresetError(f"engine knob file {f} must be a mapping of knob name -> settings")
-        for name, body in data.items():
-            if not isinstance(body, dict):
-                raise PresetError(f"engine knob {name!r} in {f} must be a mapping")
-            if KNOB_SEP in str(name):
-                raise PresetError(f"engine knob {name!r} in {f}: a knob name cannot contain {KNOB_SEP!r}")
-            unknown = set(body) - KNOB_KEYS
-            if unknown:
-                raise PresetError(f"engine knob {name!r} in {f}: unknown keys {sorted(unknown)}; "
-                                  f"allowed: {sorted(KNOB_KEYS)}")
-            raw[name] = body
-    return raw
+    return _load_mappings(files or knob_files(), "knob", KNOB_KEYS)
 
 
 def available_knobs(files: list[Path] | None = None) -> list[str]:
@@ -112,25 +118,7 @@ def preset_files() -> list[Path]:
 
 def load_presets(files: list[Path] | None = None) -> dict[str, dict]:
     """Raw preset mappings from every preset file (later files override earlier ones by name)."""
-    raw: dict[str, dict] = {}
-    for f in files or preset_files():
-        if not Path(f).exists():
-            raise PresetError(f"engine preset file {f} does not exist")
-        try:
-            data = yaml.safe_load(Path(f).read_text()) or {}
-        except yaml.YAMLError as e:
-            raise PresetError(f"engine preset file {f} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise PresetError(f"engine preset file {f} must be a mapping of preset name -> settings")
-        for name, body in data.items():
-            if not isinstance(body, dict):
-                raise PresetError(f"engine preset {name!r} in {f} must be a mapping")
-            unknown = set(body) - PRESET_KEYS
-            if unknown:
-                raise PresetError(f"engine preset {name!r} in {f}: unknown keys {sorted(unknown)}; "
-                                  f"allowed: {sorted(PRESET_KEYS)}")
-            raw[name] = body
-    return raw
+    return _load_mappings(files or preset_files(), "preset", PRESET_KEYS)
 
 
 def available_presets(files: list[Path] | None = None) -> list[str]:
