@@ -27,7 +27,7 @@ from rlwb.core import stats, tokenizer
 from rlwb.core.prompts import make_prompts
 from rlwb.core.rollouts import Rollouts, sample_and_score
 from rlwb.core.trainer import TrainerScorer
-from rlwb.engines.presets import KNOB_SEP
+from rlwb.engines.presets import KNOB_SEP, load_knobs, resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.errors import EngineCrashed, EngineError, PresetError
 from rlwb.experiments.base import OnStart, Result, split_metrics
@@ -129,16 +129,16 @@ def throughput(w: EngineWorker, prompts: list[list[int]], sampling: Sampling, re
 
 def knob_metrics(ro: Rollouts, base: Rollouts | None, clip_eps: float, seed: int) -> dict[str, float]:
     e, t = ro.flat()
+    lrs = ro.log_ratios()
     out = {**M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps),
-           **stats.mismatch_cis(ro.log_ratios(), clip_eps, seed=seed, names=CI_NAMES)}
+           **stats.mismatch_cis(lrs, clip_eps, seed=seed, names=CI_NAMES)}
     if base is not None:
         fns = stats.token_statistics(clip_eps)
-        be, bt = base.flat()
-        bm = M.mismatch_metrics(be, bt, clip_eps=clip_eps)
+        base_lrs = base.log_ratios()
         for k in DELTA_NAMES:
-            out[f"delta_{k}"] = out[k] - bm[k]
-            out[f"delta_{k}_ci_low"], out[f"delta_{k}_ci_high"] = stats.difference_ci(
-                ro.log_ratios(), base.log_ratios(), fns[k], seed=seed)
+            out[f"delta_{k}"] = out[k] - fns[k](np.concatenate(base_lrs))
+            out[f"delta_{k}_ci_low"], out[f"delta_{k}_ci_high"] = stats.difference_ci(lrs, base_lrs, fns[k],
+                                                                                      seed=seed)
         out["same_tokens_frac"] = same_tokens_frac(ro, base)
     return out
 
@@ -196,11 +196,16 @@ def verdict(metrics: dict, group: str) -> str:
     return VERDICTS["healthy"] if ok else VERDICTS["unhealthy"]
 
 
+def _status_row(section: str, name: str, preset: str, description: str) -> dict:
+    """A row of the status table (`data/status.parquet`), before anything ran."""
+    return {"section": section, "knob": name, "preset": preset, "description": description, "status": "ok",
+            "error": "", "verdict": "", "vllm_version": "", "engine_start_s": float("nan")}
+
+
 def _measure(name: str, preset: str, p, model_path, dtype: str, prompts, sampling, scorer, base_ro, section: str,
              description: str, on_start: OnStart, mets: dict, rollouts: dict, rows: list) -> Rollouts | None:
     """Start `preset`, sample, score and time it; a row in `rows` either way."""
-    row = {"section": section, "knob": name, "preset": preset, "description": description, "status": "ok",
-           "error": "", "verdict": "", "vllm_version": "", "engine_start_s": float("nan")}
+    row = _status_row(section, name, preset, description)
     try:
         t0 = time.perf_counter()
         with EngineWorker(preset, model_path, dtype=dtype) as w:
@@ -244,8 +249,6 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
     scorer = TrainerScorer(model_path, p.trainer_dtype)
     prompts = make_prompts(p.prompt_source, p.prompts, p.seed, codec)
     sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens, seed=p.seed)
-    from rlwb.engines.presets import load_knobs
-
     catalog = load_knobs()
     plan = [("knob", BASELINE, p.baseline, f"`{p.baseline}` as it is")]
     plan += [("knob", k, knob_preset(p.baseline, k), catalog[k].get("description", "")) for k in p.knobs]
@@ -258,8 +261,6 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
     for section, name, preset, desc in bar:
         bar.set_postfix_str(name)
         if section == "version":
-            from rlwb.engines.presets import resolve_preset
-
             desc = resolve_preset(preset).description
         ro = _measure(name, preset, p, model_path, p.dtype, prompts, sampling, scorer,
                       None if name == BASELINE else base_ro, section, desc, on_start, mets, rollouts, rows)
@@ -279,8 +280,6 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 
 def knobs_table(baseline: str, knobs: list[str]) -> pd.DataFrame:
     """What each knob changes: its description and the preset settings that differ from the baseline's."""
-    from rlwb.engines.presets import load_knobs, resolve_preset
-
     base, catalog, rows = resolve_preset(baseline), load_knobs(), []
     for k in knobs:
         p = resolve_preset(knob_preset(baseline, k))
@@ -293,13 +292,23 @@ def knobs_table(baseline: str, knobs: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("knob")
 
 
+def top_experts(logits: np.ndarray, top_k: int) -> np.ndarray:
+    """[tokens, top_k] expert ids, best first (ties: the lower id, as torch.topk)."""
+    return np.argsort(-logits, axis=1, kind="stable")[:, :top_k]
+
+
+def routing_differs(engine_logits: np.ndarray, trainer_logits: np.ndarray, top_k: int) -> np.ndarray:
+    """Per token: do engine and trainer pick different sets of top-k experts?"""
+    e, t = top_experts(engine_logits, top_k), top_experts(trainer_logits, top_k)
+    return np.any(np.sort(e, axis=1) != np.sort(t, axis=1), axis=1)
+
+
 def router_agreement(engine_logits: np.ndarray, trainer_logits: np.ndarray, top_k: int) -> dict[str, float]:
     """Per token, does the engine's router choose what the trainer's does? `topk_set_agree`: the same set of
     top-k experts; `top1_agree`: the same first choice; `margin_p10`: 10th percentile of the trainer's gap
     between its k-th and (k+1)-th logit (small: a close call that numerics can flip)."""
-    e = np.argsort(-engine_logits, axis=1, kind="stable")[:, :top_k]
-    t = np.argsort(-trainer_logits, axis=1, kind="stable")[:, :top_k]
-    same_set = np.array([set(a) == set(b) for a, b in zip(e, t)])
+    e, t = top_experts(engine_logits, top_k), top_experts(trainer_logits, top_k)
+    same_set = ~routing_differs(engine_logits, trainer_logits, top_k)
     srt = -np.sort(-trainer_logits, axis=1)
     margin = srt[:, top_k - 1] - srt[:, top_k] if trainer_logits.shape[1] > top_k else np.full(len(t), np.inf)
     return {"topk_set_agree": float(same_set.mean()), "top1_agree": float((e[:, 0] == t[:, 0]).mean()),
@@ -324,9 +333,8 @@ def moe_audit(p, mets: dict, rows: list, on_start: OnStart, progress: bool) -> p
     out = []
     for knob in progress_bar([BASELINE, *p.moe_knobs], desc="MoE router", disable=not progress):
         name = f"moe/{knob}"
-        row = {"section": "moe", "knob": name, "preset": knob_preset(p.baseline, knob),
-               "description": f"{p.moe_model}: router agreement engine vs trainer", "status": "ok", "error": "",
-               "verdict": "", "vllm_version": "", "engine_start_s": float("nan")}
+        row = _status_row("moe", name, knob_preset(p.baseline, knob),
+                          f"{p.moe_model}: router agreement engine vs trainer")
         try:
             with EngineWorker(row["preset"], path, dtype=p.dtype) as w:
                 if on_start:
@@ -369,13 +377,8 @@ def moe_audit(p, mets: dict, rows: list, on_start: OnStart, progress: bool) -> p
             mets.update({f"{name}/layer{layer}_{k}": v for k, v in a.items() if k != "n_tokens"})
         mets[f"{name}/topk_set_agree"] = float(np.mean([a["topk_set_agree"] for a in agree]))
         mets[f"{name}/top1_agree"] = float(np.mean([a["top1_agree"] for a in agree]))
-        flips = np.zeros(0, dtype=bool)
-        for el, tl in per_layer.values():
-            e_ = np.argsort(-np.concatenate(el), 1, kind="stable")[:, :top_k]
-            t_ = np.argsort(-np.concatenate(tl), 1, kind="stable")[:, :top_k]
-            d = np.array([set(x) != set(y) for x, y in zip(e_, t_)])
-            flips = d if flips.size == 0 else flips | d
-        mets[f"{name}/any_layer_differs_frac"] = float(flips.mean()) if flips.size else float("nan")
+        flips = [routing_differs(np.concatenate(el), np.concatenate(tl), top_k) for el, tl in per_layer.values()]
+        mets[f"{name}/any_layer_differs_frac"] = float(np.any(flips, axis=0).mean()) if flips else float("nan")
     return pd.DataFrame(out)
 
 
