@@ -81,15 +81,11 @@ def _cmd_times(a) -> int:
 
 
 def _cmd_build_model(a) -> int:
-    from rlwb.core.models import build_embedded_model
+    from rlwb.core.models import build_embedded_model, published_verdict
 
     m = build_embedded_model(a.model, force=a.force)
     print(json.dumps(m.card, indent=2))
-    pub = m.card.get("weights_published_sha256_16")
-    verdict = ("no published build for this recipe" if pub is None else
-               "matches the published build" if pub == m.card["weights_sha256_16"] else
-               f"DIFFERS from the published build {pub}")
-    print(f"weights checksum {m.card['weights_sha256_16']} ({verdict})")
+    print(f"weights checksum {m.card['weights_sha256_16']} ({published_verdict(m.card)})")
     print(m.path)
     return 0
 

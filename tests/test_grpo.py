@@ -81,3 +81,45 @@ def test_micro_batched_gradient_equals_the_unsplit_one(default_model, correction
         torch.testing.assert_close(grads[4][n], grads[0][n], rtol=1e-4, atol=1e-7, msg=n)
     assert stats[4].loss == pytest.approx(stats[0].loss, rel=1e-5)
     assert stats[4].clip_frac == pytest.approx(stats[0].clip_frac) and stats[0].clip_frac > 0
+
+
+def test_shared_forward_gives_the_separate_passes_bitwise(default_model):
+    """An unsplit update runs one forward pass with grad and reads the old logprobs and entropy from it
+    (`grpo_step`): they must equal a separate no-grad scoring pass bit for bit, and the gradient from those
+    precomputed logprobs must equal the one `accumulate_policy_gradient` gets from its own forward, or the
+    shortcut would change every GRPO curve."""
+    from rlwb.core import corrections, tasks, tokenizer
+    from rlwb.core.trainer import TrainerScorer
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(12, seed=5)]
+    comps = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(3, 24, (12,), generator=g)]
+    lengths, width = [len(c) for c in comps], max(map(len, comps))
+    mask = grpo._pad([np.ones(n) for n in lengths], width).bool()
+    engine_lp = grpo._pad([-torch.rand(n, generator=g).numpy() * 3 for n in lengths], width)
+    adv = torch.randn(12, generator=g)
+    cfg = grpo.GRPOConfig(temperature=0.7, correction="tis")
+    batch = make_batch(prompts, comps)
+    grads, olds = {}, {}
+    for shared in (False, True):
+        model = TrainerScorer(default_model.path).model
+        if shared:
+            out = completion_logprobs(model, batch, cfg.temperature, entropy=True)
+            cur = grpo._per_seq(out["logp"], lengths, width)
+            old = cur.detach()
+        else:
+            with torch.no_grad():
+                out = completion_logprobs(model, batch, cfg.temperature, entropy=True)
+            cur, old = None, grpo._per_seq(out["logp"], lengths, width)
+        c = corrections.apply(cfg.correction, old - engine_lp, mask, adv, cfg.tis_cap)
+        st = grpo.accumulate_policy_gradient(model, prompts, comps, cfg, engine_lp, adv, mask, c.weights, c.keep,
+                                             cur=cur)
+        olds[shared] = (old, out["entropy"], st.loss, st.clip_frac)
+        grads[shared] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert torch.equal(olds[True][0], olds[False][0]) and torch.equal(olds[True][1], olds[False][1])
+    assert olds[True][2:] == olds[False][2:]
+    assert grads[True].keys() == grads[False].keys() and len(grads[True]) > 10
+    assert all(torch.equal(grads[True][n], grads[False][n]) for n in grads[True])
+    with pytest.raises(ValueError, match="unsplit"):
+        grpo.accumulate_policy_gradient(model, prompts, comps, grpo.GRPOConfig(micro_batch=4), engine_lp, adv, mask,
+                                        cur=torch.zeros(12, width))

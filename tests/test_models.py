@@ -107,9 +107,36 @@ def test_build_outside_the_pinned_process_is_refused(monkeypatch):
 
 
 def test_default_model_reproduces_the_published_build(default_model):
-    """The default policy built on this machine, whatever its CPU, has the published weights: the README's
-    numbers and every archived run come from the same model on AVX2 and AVX-512 machines."""
+    """The default policy built on this machine has the published weights of its CPU vendor's build (the pins
+    make the build ISA-independent, not vendor-independent: `PUBLISHED_WEIGHTS`), so every machine of a vendor,
+    AVX2 or AVX-512, runs the same model; a vendor with no published build fails here until one is recorded."""
     card = default_model.card
-    assert card["weights_published_sha256_16"] == models.PUBLISHED_WEIGHTS[card["recipe_hash"]]
+    vendor = models.build_vendor(card)
+    assert vendor == models.host_cpu()["vendor"]
+    builds = models.PUBLISHED_WEIGHTS[card["recipe_hash"]]
+    assert vendor in builds, f"no published default build for {vendor} CPUs: record {card['weights_sha256_16']}"
+    assert card["weights_published_sha256_16"] == builds[vendor]
     assert card["weights_sha256_16"] == card["weights_published_sha256_16"], card["host_cpu"]
     assert card["weights_match_published"] is True
+    assert card["weights_reference_build"] is (vendor == models.REFERENCE_VENDOR)
+
+
+def test_published_verdict_reads_the_vendor_a_card_was_built_on():
+    """A cached card is judged by the vendor it was built on (older cards name it only in the CPU model), so a
+    cache carried from an AMD machine to an Intel one still reads as the AMD build, and the verdict says which
+    build the README's numbers come from."""
+    recipe = models.ModelRecipe().hash()
+    amd, intel = (models.PUBLISHED_WEIGHTS[recipe][v] for v in ("AuthenticAMD", "GenuineIntel"))
+    old_amd = {"recipe_hash": recipe, "weights_sha256_16": amd, "host_cpu": {"model": "AMD EPYC 9R14", "isa": "avx512"}}
+    card = models.with_published(old_amd)
+    assert card["weights_match_published"] and card["weights_reference_build"]
+    assert models.published_verdict(card) == "matches the published AuthenticAMD build"
+    on_intel = models.with_published({**old_amd, "weights_sha256_16": intel,
+                                      "host_cpu": {"model": "x", "vendor": "GenuineIntel"}})
+    assert on_intel["weights_match_published"] and not on_intel["weights_reference_build"]
+    assert "README's numbers come from the AuthenticAMD build" in models.published_verdict(on_intel)
+    wrong = models.with_published({**old_amd, "weights_sha256_16": intel})
+    assert wrong["weights_match_published"] is False
+    assert models.published_verdict(wrong) == f"DIFFERS from the published AuthenticAMD build {amd}"
+    other = models.with_published({**old_amd, "host_cpu": {"vendor": "HygonGenuine"}})
+    assert other["weights_match_published"] is None and "no published build" in models.published_verdict(other)

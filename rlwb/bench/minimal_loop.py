@@ -35,17 +35,20 @@ def main(spec_path: str) -> None:
     with open(spec_path) as f:
         cfg = json.load(f)
     torch.manual_seed(0)
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     engine = VllmBackend(cfg["spec"])
+    # Like for like with rlwb's layout: the engine generates with the threads its worker process has (the
+    # preset's OMP_NUM_THREADS, as vLLM left them), the trainer trains with the kernel's thread count.
+    engine_threads, trainer_threads = torch.get_num_threads(), int(cfg["trainer_threads"])
     model = AutoModelForCausalLM.from_pretrained(cfg["spec"]["model"], dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.99), weight_decay=0.0)
     G, T = cfg["group_size"], cfg["temperature"]
     weights = os.path.join(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None), "w.safetensors")
-    times = []
+    times, phases = [], {"rollout": [], "update": [], "sync": []}
     for step in range(cfg["steps"]):
         t0 = time.perf_counter()
         problems = tasks.make_problems(cfg["prompts_per_step"], seed=step, max_digits=cfg["max_digits"])
         prompts = [encode_prompt(p.prompt) for p in problems for _ in range(G)]
+        torch.set_num_threads(engine_threads)
         reqs = generate_requests(prompts, Sampling(temperature=T, max_tokens=cfg["max_tokens"], seed=step * 1000))
         outs = engine.llm.generate(*engine.requests_to_vllm(reqs, full=False), use_tqdm=False)
         comps = [o.outputs[0] for o in outs]
@@ -53,6 +56,8 @@ def main(spec_path: str) -> None:
         behaviour = [[step_lp[t].logprob for step_lp, t in zip(c.logprobs, i)] for c, i in zip(comps, ids)]
         rewards = torch.tensor([tasks.reward(problems[k // G], c.text) for k, c in enumerate(comps)])
         adv = losses.group_advantages(rewards, G)
+        t1 = time.perf_counter()
+        torch.set_num_threads(trainer_threads)
         width = max(map(len, ids))
         mask = torch.zeros(len(ids), width, dtype=torch.bool)
         old = torch.zeros(len(ids), width)
@@ -66,10 +71,17 @@ def main(spec_path: str) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        t2 = time.perf_counter()
         save_file(without_aliases(model.state_dict()), weights)
         engine.update_weights(weights)
-        times.append(time.perf_counter() - t0)
-    print("RLWB_RESULT " + json.dumps({"step_s": times, "reward_last": float(rewards.mean())}), flush=True)
+        t3 = time.perf_counter()
+        times.append(t3 - t0)
+        for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+            phases[k].append(v)
+    print("RLWB_RESULT " + json.dumps({"step_s": times, **{f"{k}_s": v for k, v in phases.items()},
+                                       "reward_last": float(rewards.mean()), "engine_threads": engine_threads,
+                                       "trainer_threads": trainer_threads}),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ measured here, with the machine's CPU, cores and versions recorded beside it. Ke
     worker_overhead_ratio                     rlwb worker generate / llm.generate in one process, same engine spec
     grpo/step_s, grpo/minimal_step_s          rlwb's GRPO step; the same step by a loop without rlwb around it
     grpo/rlwb_vs_minimal                      their ratio (> 1: what rlwb's process split and bookkeeping cost)
+    grpo/<phase>_s, grpo/minimal_<phase>_s, grpo/<phase>_vs_minimal   the same split by phase (rollout, update,
+                                              sync: GRPO_PHASES), so the ratio's excess has an address
     memory/score_peak_mb, memory/naive_peak_mb   chunked scorer vs full log-softmax, large synthetic vocab
     trl/...                                   the same toy GRPO step with TRL generating with transformers
     trl_vllm/step_s, speedup_vs_trl_vllm      TRL's GRPOTrainer generating with vLLM (colocate) on the same vLLM
@@ -114,6 +116,10 @@ def worker_overhead(model_path, preset: str, bs: int, max_tokens: int, repeats: 
     return {"worker_overhead_ratio": via / direct, "worker_generate_s": via, "direct_generate_s": direct}
 
 
+# a GRPO step's phases as rlwb's curves time them -> the minimal loop's timer of the same work: sampling with
+# rewards and advantages; the trainer's forward (old logprobs, shared with the update's when it is unsplit),
+# mismatch metrics, corrections, backward and optimizer step; the in-flight weight update of the engine
+GRPO_PHASES = {"rollout": ["t_rollout"], "update": ["t_score", "t_update"], "sync": ["t_sync"]}
 GRPO_SHAPE = {"prompts_per_step": 8, "group_size": 8, "max_tokens": 32, "temperature": 0.7, "lr": 1.5e-4,
               "clip_eps": 0.2, "max_digits": 3}  # notebook 03's step
 
@@ -133,14 +139,21 @@ def grpo_cost(model_path, steps: int, preset: str = "vllm-v1-fixed") -> dict:
     with EngineWorker(p, model_path) as w:
         cfg = grpo.GRPOConfig(steps=steps + 1, **GRPO_SHAPE)
         df = grpo.train(model, w, cfg, progress=False).iloc[1:]
-    out = {"grpo/step_s": float(df["t_step"].median()), "grpo/rollout_s": float(df["t_rollout"].median()),
-           "grpo/sync_s": float(df["t_sync"].median())}
+    out = {"grpo/step_s": float(df["t_step"].median())}
+    for phase, cols in GRPO_PHASES.items():  # the profile: where a step's time goes, in both loops
+        out[f"grpo/{phase}_s"] = float(df[cols].sum(axis=1).median())
     minimal = _engine_script(p, ["-m", "rlwb.bench.minimal_loop"],
-                             {"spec": worker_spec(p, model_path), "steps": steps + 1, **GRPO_SHAPE})
+                             {"spec": worker_spec(p, model_path), "steps": steps + 1,
+                              "trainer_threads": torch.get_num_threads(), **GRPO_SHAPE})
     if isinstance(minimal, str):
         return {**out, "grpo/minimal_error": minimal}
     m = statistics.median(minimal["step_s"][1:])
-    return {**out, "grpo/minimal_step_s": m, "grpo/rlwb_vs_minimal": out["grpo/step_s"] / m}
+    out.update({"grpo/minimal_step_s": m, "grpo/rlwb_vs_minimal": out["grpo/step_s"] / m,
+                "grpo/minimal_threads": {k: minimal[k] for k in ("engine_threads", "trainer_threads")}})
+    for phase in GRPO_PHASES:
+        mp = statistics.median(minimal[f"{phase}_s"][1:])
+        out[f"grpo/minimal_{phase}_s"], out[f"grpo/{phase}_vs_minimal"] = mp, out[f"grpo/{phase}_s"] / mp
+    return out
 
 
 SCALING_PROMPTS = [2, 4, 8, 16]  # x group 8 = 16 ... 128 completions per step
@@ -308,7 +321,8 @@ def markdown(res: dict) -> str:
     for b in bss:
         ratio = res[f"retention/vllm-v1-fixed_vs_vllm-v0/bs{b}"]
         lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {ratio:.2f} |")
-    for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/minimal_step_s", "grpo/rlwb_vs_minimal", "trl/step_s",
+    for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/minimal_step_s", "grpo/rlwb_vs_minimal",
+              *(f"grpo/{ph}_vs_minimal" for ph in GRPO_PHASES), "trl/step_s",
               "speedup_vs_trl", "trl_vllm/step_s", "speedup_vs_trl_vllm",
               "memory/score_peak_mb", "memory/naive_peak_mb"):
         if res.get(k) is not None:

@@ -56,28 +56,42 @@ def _rows(t: torch.Tensor | None, sl: slice) -> torch.Tensor | None:
     return None if t is None or t.dim() == 0 else t[sl]
 
 
+def splits_update(cfg: GRPOConfig, n_seq: int) -> bool:
+    """Does the policy update run in several forward/backward passes (gradient accumulation)?"""
+    return 0 < cfg.micro_batch < n_seq
+
+
 def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int]], completion_ids: list[list[int]],
                                cfg: GRPOConfig, behaviour: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                                weights: torch.Tensor | None = None, keep: torch.Tensor | None = None,
-                               ref: torch.Tensor | None = None) -> losses.LossStats:
+                               ref: torch.Tensor | None = None, cur: torch.Tensor | None = None) -> losses.LossStats:
     """Backpropagate the GRPO loss of the whole batch into `model`'s .grad, `cfg.micro_batch` sequences per
     forward/backward (0: all at once), and return the whole batch's loss statistics.
 
     Why it equals the unsplit gradient: the loss is a sum over the batch's kept tokens divided by their
     count, so each micro-batch contributes its own token sum divided by the *whole batch's* count; the
     gradients add up to the full-batch gradient (to float reassociation). A real model's 256 x 512-token
-    batch does not fit one forward/backward on a GPU; the toy one does, so 0 stays the CPU default."""
+    batch does not fit one forward/backward on a GPU; the toy one does, so 0 stays the CPU default.
+
+    `cur`: the whole batch's [B, width] logprobs at the current weights, still attached to the graph, when the
+    caller already ran that forward pass (an unsplit update: `grpo_step` scores the old logprobs with it)."""
     lengths = [len(c) for c in completion_ids]
     width = mask.shape[1]
     n_seq = len(completion_ids)
-    step = cfg.micro_batch if cfg.micro_batch > 0 else n_seq
+    step = cfg.micro_batch if splits_update(cfg, n_seq) else n_seq
+    if cur is not None and step != n_seq:
+        raise ValueError("precomputed logprobs serve an unsplit update only (micro_batch 0 or >= the batch)")
     kept = mask.bool() if keep is None else mask.bool() & keep.bool()
     total = kept.sum().clamp(min=1)
     cur_parts = []
+    given = cur
     for s in range(0, n_seq, step):
         sl = slice(s, min(s + step, n_seq))
-        sub = make_batch(prompt_ids[sl], completion_ids[sl])
-        cur = _per_seq(completion_logprobs(model, sub, cfg.temperature)["logp"], lengths[sl], width)
+        if given is not None:
+            cur = given
+        else:
+            sub = make_batch(prompt_ids[sl], completion_ids[sl])
+            cur = _per_seq(completion_logprobs(model, sub, cfg.temperature)["logp"], lengths[sl], width)
         part, _ = losses.grpo_loss(cur, behaviour[sl], adv[sl], mask[sl], cfg.clip_eps, _rows(weights, sl),
                                    _rows(keep, sl), _rows(ref, sl), cfg.beta)
         n_part = (kept[sl]).sum()
@@ -109,9 +123,21 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     width = max(lengths)
     mask = _pad([np.ones(n) for n in lengths], width).bool().to(dev)
     logp_engine = _pad([c.logprobs for c in comps], width).to(dev)
-    with torch.no_grad(), timing.phase("scoring"):
-        old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
-    logp_trainer_old = _per_seq(old["logp"], lengths, width)
+    # The trainer's logprobs before the update. An unsplit update's forward pass is at these same weights, so
+    # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
+    # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass.
+    shared = not splits_update(cfg, len(comps))
+    if shared:
+        with timing.phase("training"):
+            opt.zero_grad(set_to_none=True)
+            old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
+        cur = _per_seq(old["logp"], lengths, width)
+        logp_trainer_old = cur.detach()
+    else:
+        with torch.no_grad(), timing.phase("scoring"):
+            old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
+        cur = None
+        logp_trainer_old = _per_seq(old["logp"], lengths, width)
     adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
     e_flat, t_flat = logp_engine[mask].double().cpu().numpy(), logp_trainer_old[mask].double().cpu().numpy()
     mm = M.mismatch_metrics(e_flat, t_flat)
@@ -127,9 +153,10 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
         with torch.no_grad():
             ref = _per_seq(completion_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
     with timing.phase("training"):
-        opt.zero_grad(set_to_none=True)
+        if not shared:
+            opt.zero_grad(set_to_none=True)
         st = accumulate_policy_gradient(model, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
-                                        cfg, behaviour, adv, mask, weights, keep, ref)
+                                        cfg, behaviour, adv, mask, weights, keep, ref, cur=cur)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
         opt.step()
     t3 = time.perf_counter()
@@ -146,7 +173,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
            "t_correction": t_correction, "t_step": t4 - t0}
     batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],
                     "logp_engine": [c.logprobs for c in comps],
-                    "logp_trainer": [x.cpu().numpy() for x in old["logp"].split(lengths)], "reward": rewards.numpy()}
+                    "logp_trainer": [x.cpu().numpy() for x in old["logp"].detach().split(lengths)],
+                    "reward": rewards.numpy()}
     return StepResult(row, batch_record)
 
 

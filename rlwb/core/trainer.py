@@ -103,9 +103,10 @@ def completion_logprobs(model, batch: Batch, temperature: float = 1.0, top_k: in
             out["logp_raw"].append(z.log_softmax(-1).gather(-1, t).squeeze(-1))
         if full:
             out["full"].append(lp.detach())
-        if entropy:
-            p = lp.exp()
-            out["entropy"].append(-(p * lp.masked_fill(p == 0, 0.0)).sum(-1).detach())
+        if entropy:  # a statistic, never differentiated: no graph kept for it when grad is on
+            d = lp.detach()
+            p = d.exp()
+            out["entropy"].append(-(p * d.masked_fill(p == 0, 0.0)).sum(-1))
     return {k: (torch.cat(v) if v else torch.zeros(0, device=device)) for k, v in out.items()}
 
 
