@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup kernel engines versions peers trl-vllm browser model reports realistic test lint sync-params bench lab clean-outputs
 
-setup: kernel engines peers browser model  ## everything: kernel env, engine envs, peer oracles, chromium, the default model
+setup: kernel engines peers trl-vllm browser model  ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, chromium, the default model
 
 kernel:                              ## .venv: notebook kernel + rlwb (editable) + the `rlwb` Jupyter kernel
 	bash scripts/setup.sh kernel

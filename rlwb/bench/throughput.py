@@ -14,6 +14,8 @@ measured here, with the machine's CPU, cores and versions recorded beside it. Ke
     trl_vllm/step_s, speedup_vs_trl_vllm      TRL's GRPOTrainer generating with vLLM (colocate) on the same vLLM
                                               release and engine settings; its step time / rlwb's (> 1: rlwb faster)
     trl_vllm/stock, trl_vllm/patches          whether stock TRL runs here (and why not), what was changed to run it
+    trl_vllm/torch_threads                    the threads TRL's updates ran with (vLLM's CPU worker resets them at
+                                              each generate; rlwb's trainer keeps the kernel's)
     scaling/<rlwb|trl_vllm>/n<C>/step_s|tok_s  step time and completion tokens/s at C completions per step
 """
 
@@ -178,7 +180,7 @@ def trl_vllm(model_path, steps: int, rlwb_step_s: float | None, sizes=SCALING_PR
                 "trl_vllm/reason": f"{python.parent.parent} is not set up: run `make trl-vllm`"}
     preset = resolve_preset("vllm-v1-fixed")
     kwargs = {**worker_spec(preset, model_path)["vllm_kwargs"], "dtype": "float32"}
-    base = {"model": str(model_path), "engine_kwargs": kwargs, **GRPO_SHAPE}
+    base = {"model": str(model_path), "engine_kwargs": kwargs, "trainer_threads": torch.get_num_threads(), **GRPO_SHAPE}
     code = ["-m", "rlwb.bench.trl_vllm_peer"]
     res: dict = {"trl_vllm/engine_kwargs": kwargs}
     stock = _engine_script(preset, code, {**base, "steps": 1, "patch": False}, python=python)
@@ -205,6 +207,7 @@ def trl_vllm(model_path, steps: int, rlwb_step_s: float | None, sizes=SCALING_PR
         res[f"scaling/trl_vllm/n{c}/tok_s"] = statistics.median(
             [t * c / s for t, s in zip(r["completion_tokens"][1:], r["step_s"][1:])])
         res["trl_vllm/patches"], res["trl_vllm/engine_dtype"] = r["patches"], r["engine_dtype"]
+        res["trl_vllm/torch_threads"] = r["torch_threads"]
     # the ratio pairs the two loops' measurements at notebook 03's shape from this section, taken back to back
     # with the same number of steps (grpo/step_s, measured minutes earlier, differed from its scaling twin by
     # up to 25% on 2 shared cores)

@@ -68,7 +68,6 @@ def main(config_path: str) -> None:
         cfg = json.load(f)
     if cfg.get("patch", True):
         patch(cfg["engine_kwargs"])
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(cfg["model"])
     n, steps = cfg["prompts_per_step"], cfg["steps"]
@@ -82,13 +81,19 @@ def main(config_path: str) -> None:
                       adam_beta2=0.99, use_vllm=True, vllm_mode="colocate",
                       vllm_gpu_memory_utilization=cfg["engine_kwargs"].get("gpu_memory_utilization", 0.3))
     trainer = GRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=data, processing_class=tok)
+    # One process does both here. It starts training with the threads rlwb's trainer has (the kernel's count), but
+    # vLLM's CPU worker sets torch's thread count to its own at every generate (measured: 2 before, 1 after), so
+    # TRL's updates run with the engine's threads from the first rollout on; `torch_threads` records what they ran
+    # with. rlwb's trainer keeps its own: the engine runs in another process.
+    torch.set_num_threads(int(cfg["trainer_threads"]))
     trainer.train()
     logs = [h for h in trainer.state.log_history if "step_time" in h]
     mc = trainer.vllm_generation.llm.llm_engine.vllm_config.model_config
     print("RLWB_RESULT " + json.dumps({
         "step_s": [float(h["step_time"]) for h in logs], "reward": [float(h["reward"]) for h in logs],
         "completion_tokens": [float(h["completions/mean_length"]) for h in logs],
-        "engine_dtype": str(mc.dtype).replace("torch.", ""), "patches": PATCHES if cfg.get("patch", True) else []}),
+        "engine_dtype": str(mc.dtype).replace("torch.", ""), "patches": PATCHES if cfg.get("patch", True) else [],
+        "torch_threads": torch.get_num_threads()}),
         flush=True)
 
 
