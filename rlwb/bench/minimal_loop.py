@@ -25,6 +25,7 @@ def main(spec_path: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from rlwb.core import losses, tasks
+    from rlwb.core.grpo_config import step_problem_seed
     from rlwb.core.tokenizer import encode_prompt
     from rlwb.core.trainer import completion_logprobs, make_batch
     from rlwb.engines.worker import Sampling, generate_requests, without_aliases
@@ -46,7 +47,8 @@ def main(spec_path: str) -> None:
     times, phases = [], {"rollout": [], "update": [], "sync": []}
     for step in range(cfg["steps"]):
         t0 = time.perf_counter()
-        problems = tasks.make_problems(cfg["prompts_per_step"], seed=step, max_digits=cfg["max_digits"])
+        problems = tasks.make_problems(cfg["prompts_per_step"], seed=step_problem_seed(0, step),
+                                       max_digits=cfg["max_digits"])
         prompts = [encode_prompt(p.prompt) for p in problems for _ in range(G)]
         torch.set_num_threads(engine_threads)
         reqs = generate_requests(prompts, Sampling(temperature=T, max_tokens=cfg["max_tokens"], seed=step * 1000))

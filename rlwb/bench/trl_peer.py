@@ -28,21 +28,31 @@ def _reward(prompts: list[str], completions: list[str], **_) -> list[float]:
 
 def make_trainer(model, model_path: str | Path, out_dir: str | Path, *, steps: int = 1, prompts_per_step: int = 8,
                  group_size: int = 8, max_tokens: int = 32, lr: float = 1.5e-4, temperature: float = 0.7,
-                 clip_eps: float = 0.2, seed: int = 0):
-    """A CPU `GRPOTrainer` for `steps` steps of `prompts_per_step` x `group_size` rollouts on the toy task."""
+                 clip_eps: float = 0.2, seed: int = 0, max_digits: int = 3, **extra_args):
+    """A CPU `GRPOTrainer` for `steps` steps of `prompts_per_step` x `group_size` rollouts on the toy task: step s
+    trains on the problems rlwb's GRPO step s of a seed-`seed` run draws, in order (`step_problem_seed`, no
+    shuffling), so the loops compared sample from the same prompts. `extra_args` go to `GRPOConfig` (the vLLM
+    peer's `use_vllm=True, vllm_mode="colocate"`, ...)."""
     from datasets import Dataset
     from transformers import AutoTokenizer
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from rlwb.core.grpo_config import step_problem_seed
+
     tok = AutoTokenizer.from_pretrained(str(model_path))
-    problems = tasks.make_problems(prompts_per_step * steps, seed=seed)
+    problems = [p for s in range(steps) for p in tasks.make_problems(prompts_per_step, seed=step_problem_seed(seed, s),
+                                                                     max_digits=max_digits)]
     data = Dataset.from_list([{"prompt": p.prompt} for p in problems])
     args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=prompts_per_step * group_size,
                       num_generations=group_size, max_completion_length=max_tokens, learning_rate=lr,
                       temperature=temperature, epsilon=clip_eps, beta=0.0, loss_type="bnpo", max_steps=steps,
                       use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, seed=seed, bf16=False,
-                      disable_tqdm=True, max_grad_norm=1.0, weight_decay=0.0, adam_beta2=0.99)
-    return GRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=data, processing_class=tok)
+                      disable_tqdm=True, max_grad_norm=1.0, weight_decay=0.0, adam_beta2=0.99, shuffle_dataset=False,
+                      **extra_args)
+    trainer = GRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=data, processing_class=tok)
+    trainer.remove_callback(PrinterCallback)  # its per-step dicts would fill `rlwb bench`'s terminal
+    return trainer
 
 
 def version() -> str:

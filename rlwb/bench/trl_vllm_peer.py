@@ -57,30 +57,19 @@ def patch(engine_kwargs: dict) -> None:
 
 def main(config_path: str) -> None:
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM
 
-    from rlwb.bench.trl_peer import _reward
-    from rlwb.core import tasks
+    from rlwb.bench.trl_peer import make_trainer
 
     with open(config_path) as f:
         cfg = json.load(f)
     if cfg.get("patch", True):
         patch(cfg["engine_kwargs"])
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(cfg["model"])
-    n, steps = cfg["prompts_per_step"], cfg["steps"]
-    problems = tasks.make_problems(n * steps, seed=0, max_digits=cfg["max_digits"])
-    data = Dataset.from_list([{"prompt": p.prompt} for p in problems])
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=n * cfg["group_size"],
-                      num_generations=cfg["group_size"], max_completion_length=cfg["max_tokens"],
-                      learning_rate=cfg["lr"], temperature=cfg["temperature"], epsilon=cfg["clip_eps"], beta=0.0,
-                      loss_type="bnpo", max_steps=steps, use_cpu=True, report_to=[], save_strategy="no",
-                      logging_steps=1, seed=0, bf16=False, disable_tqdm=True, max_grad_norm=1.0, weight_decay=0.0,
-                      adam_beta2=0.99, use_vllm=True, vllm_mode="colocate",
-                      vllm_gpu_memory_utilization=cfg["engine_kwargs"].get("gpu_memory_utilization", 0.3))
-    trainer = GRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=data, processing_class=tok)
+    shape = {k: cfg[k] for k in ("steps", "prompts_per_step", "group_size", "max_tokens", "lr", "temperature",
+                                 "clip_eps", "max_digits")}
+    trainer = make_trainer(model, cfg["model"], tempfile.mkdtemp(), **shape, use_vllm=True, vllm_mode="colocate",
+                           vllm_gpu_memory_utilization=cfg["engine_kwargs"].get("gpu_memory_utilization", 0.3))
     # One process does both here. It starts training with the threads rlwb's trainer has (the kernel's count), but
     # vLLM's CPU worker sets torch's thread count to its own at every generate (measured: 2 before, 1 after), so
     # TRL's updates run with the engine's threads from the first rollout on; `torch_threads` records what they ran

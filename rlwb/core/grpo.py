@@ -21,7 +21,7 @@ from rlwb import timing
 from rlwb.core import corrections, losses, tasks, tokenizer
 from rlwb.core import metrics as M
 from rlwb.core.correction_catalog import HEALTH
-from rlwb.core.grpo_config import GRPOConfig
+from rlwb.core.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.trainer import completion_logprobs, make_batch
 from rlwb.engines.worker import EngineWorker, Sampling
 
@@ -107,7 +107,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
               ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None) -> StepResult:
     codec = codec or tokenizer.PromptCodec()
     t0 = time.perf_counter()
-    problems = tasks.make_problems(cfg.prompts_per_step, seed=cfg.seed * 1_000_003 + step, max_digits=cfg.max_digits)
+    problems = tasks.make_problems(cfg.prompts_per_step, seed=step_problem_seed(cfg.seed, step),
+                                  max_digits=cfg.max_digits)
     prompts = [codec.encode_task(p) for p in problems for _ in range(cfg.group_size)]
     sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                         seed=cfg.seed * 10_000_019 + step * 1000)

@@ -45,3 +45,10 @@ class GRPOConfig(GRPOSettings):
     def from_settings(cls, settings: GRPOSettings, **per_run) -> GRPOConfig:
         """The run's config from any object holding the settings (a `GRPOParams`), plus per-run fields."""
         return cls(**{f.name: getattr(settings, f.name) for f in fields(GRPOSettings)}, **per_run)
+
+
+def step_problem_seed(seed: int, step: int) -> int:
+    """The seed of the task problems GRPO step `step` of a run with `seed` draws (fresh problems every step).
+    `rlwb bench` gives its baselines (the minimal loop, TRL + vLLM) the same problems, so the loops compared
+    sample from the same prompts and their completions have the same length distribution."""
+    return seed * 1_000_003 + step
