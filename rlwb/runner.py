@@ -22,6 +22,17 @@ from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
 from rlwb.progress import PROGRESS_LOG
 
 
+def ipc_kernel_manager():
+    """The kernel manager papermill starts a run's kernel with: Unix-socket transport instead of loopback TCP, so
+    no port is open to anyone on the machine and ipykernel's plain-TCP warning stays out of the run's terminal."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IpcKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**{"transport": "ipc", **kwargs})
+
+    return IpcKernelManager
+
 def resolve_notebook(notebook: str | os.PathLike) -> Path:
     p = Path(notebook)
     for cand in (p, NOTEBOOKS_DIR / p, NOTEBOOKS_DIR / f"{p}.ipynb"):
@@ -113,7 +124,8 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
 
         echo.start()
         pm.execute_notebook(str(nb), str(tmp / "notebook.ipynb"), parameters=params.to_dict(),
-                            kernel_name="python3", cwd=str(nb.parent), progress_bar=False, log_output=log_output)
+                            kernel_name="python3", cwd=str(nb.parent), progress_bar=False, log_output=log_output,
+                            kernel_manager_class=ipc_kernel_manager())
     except (KeyboardInterrupt, _Interrupted):
         error = "interrupted"
     except Exception as e:  # papermill's execution error carries the cell's exception

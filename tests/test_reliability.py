@@ -140,3 +140,47 @@ def test_names_from_params_cannot_escape_the_outputs_dir(tmp_path):
             run.save_data(__import__("pandas").DataFrame({"a": [1]}), bad)
         with pytest.raises(ValueError, match="name"):
             run.save_figure(None, bad)
+
+
+def test_run_kernels_talk_over_unix_sockets_not_tcp(tmp_path):
+    """A run's kernel is started with `runner.ipc_kernel_manager()`: its five channels (shell, iopub, stdin,
+    control, heartbeat) are Unix sockets, not loopback TCP ports, and ipykernel's plain-TCP warning never reaches
+    the run's terminal. Measured from inside the kernel: its transport and its listening TCP sockets, against
+    the same kernel started with papermill's default manager (TCP: one listener per channel, and more)."""
+    import subprocess
+    import sys
+
+    import nbformat
+
+    code = """import json, os, pathlib
+from ipykernel.kernelapp import IPKernelApp
+listening = {l.split()[9]: l.split()[1].split(":")[0] for t in ("/proc/net/tcp", "/proc/net/tcp6")
+             for l in pathlib.Path(t).read_text().splitlines()[1:] if l.split()[3] == "0A"}
+mine = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        link = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        continue
+    if link.startswith("socket:[") and link[8:-1] in listening:
+        mine.append(listening[link[8:-1]])
+print(json.dumps({"transport": IPKernelApp.instance().transport, "tcp_listening": mine}))"""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(code)]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    script = ("import sys, papermill as pm\nfrom rlwb.runner import ipc_kernel_manager\n"
+              "kw = {'kernel_manager_class': ipc_kernel_manager()} if sys.argv[3] == 'ipc' else {}\n"
+              "pm.execute_notebook(sys.argv[1], sys.argv[2], kernel_name='python3', progress_bar=False, **kw)")
+    seen = {}
+    for manager in ("ipc", "papermill default"):
+        out_nb = tmp_path / f"{manager[:3]}.ipynb"
+        r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.ipynb"), str(out_nb), manager],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        seen[manager] = (json.loads(nbformat.read(out_nb, 4).cells[0].outputs[0]["text"]), r.stderr)
+    (ipc, ipc_err), (tcp, tcp_err) = seen["ipc"], seen["papermill default"]
+    assert ipc["transport"] == "ipc" and tcp["transport"] == "tcp"
+    assert "without encryption" not in ipc_err and "WARNING" not in ipc_err, ipc_err[-2000:]
+    assert "without encryption" in tcp_err  # the control: the warning this manager keeps out
+    assert len(tcp["tcp_listening"]) - len(ipc["tcp_listening"]) >= 5  # every channel left TCP
+    assert all(addr in ("0100007F", "00000000000000000000000001000000") for addr in ipc["tcp_listening"])
