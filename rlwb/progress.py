@@ -60,8 +60,24 @@ def progress_bar(iterable=None, *, desc: str, total: int | None = None, disable:
         return tqdm(iterable, desc=desc, total=total, disable=True, **kwargs)
     if stream.isatty():
         return tqdm(iterable, desc=desc, total=total, disable=disable, leave=leave, file=stream, **kwargs)
-    return tqdm(iterable, desc=desc, total=total, disable=disable, leave=True, file=_LineLog(stream),
-                mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S, miniters=1, ascii=True, **kwargs)
+    return _log_tqdm()(iterable, desc=desc, total=total, disable=disable, leave=True, file=_LineLog(stream),
+                       mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S, miniters=1, ascii=True, **kwargs)
+
+
+def _log_tqdm():
+    """tqdm whose postfix changes wait for its next timed line. Why: `set_postfix` redraws at once by default,
+    which in a log is a line per call (a GRPO loop's per-step reward: one line per step), and shows the count
+    tqdm last synced (a `for x in bar` loop syncs it only when it draws: `0/50` on every line)."""
+    from tqdm import tqdm
+
+    class LogTqdm(tqdm):
+        def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+            super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+        def set_postfix_str(self, s="", refresh=True):
+            super().set_postfix_str(s, refresh=False)
+
+    return LogTqdm
 
 
 def _archived_run_log():
