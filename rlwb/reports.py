@@ -355,13 +355,10 @@ def _model_line(model: dict | None) -> str:
         return "–"
     card = model.get("card") or {}
     if card.get("recipe_hash"):
-        from rlwb.core.models import build_vendor
+        from rlwb.core.models import published_verdict
 
-        match, vendor = card.get("weights_match_published"), build_vendor(card)
-        verdict = ("" if match is None else " (NOT the published build)" if not match
-                   else " (the published build)" if card.get("weights_reference_build")
-                   else f" (the published build for {html.escape(vendor)} CPUs, not the one the README's numbers "
-                        f"come from)")
+        match = card.get("weights_match_published")
+        verdict = "" if match is None else f" ({html.escape(published_verdict(card))})"
         return (f"embedded {html.escape(str(card.get('name', 'default')))}, {card.get('params', 0):,} parameters, "
                 f"recipe <code>{html.escape(card['recipe_hash'])}</code>, weights "
                 f"<code>{html.escape(str(card.get('weights_sha256_16')))}</code>{verdict}")

@@ -33,6 +33,7 @@ def ipc_kernel_manager():
 
     return IpcKernelManager
 
+
 def resolve_notebook(notebook: str | os.PathLike) -> Path:
     p = Path(notebook)
     for cand in (p, NOTEBOOKS_DIR / p, NOTEBOOKS_DIR / f"{p}.ipynb"):

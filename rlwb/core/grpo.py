@@ -128,17 +128,11 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
     # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass.
     shared = not splits_update(cfg, len(comps))
-    if shared:
-        with timing.phase("training"):
-            opt.zero_grad(set_to_none=True)
-            old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
-        cur = _per_seq(old["logp"], lengths, width)
-        logp_trainer_old = cur.detach()
-    else:
-        with torch.no_grad(), timing.phase("scoring"):
-            old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
-        cur = None
-        logp_trainer_old = _per_seq(old["logp"], lengths, width)
+    opt.zero_grad(set_to_none=True)  # nothing backpropagates before the update: one place for both paths
+    with torch.set_grad_enabled(shared), timing.phase("training" if shared else "scoring"):
+        old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
+    logp = _per_seq(old["logp"], lengths, width)
+    cur, logp_trainer_old = (logp, logp.detach()) if shared else (None, logp)
     adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
     e_flat, t_flat = logp_engine[mask].double().cpu().numpy(), logp_trainer_old[mask].double().cpu().numpy()
     mm = M.mismatch_metrics(e_flat, t_flat)
@@ -154,8 +148,6 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
         with torch.no_grad():
             ref = _per_seq(completion_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
     with timing.phase("training"):
-        if not shared:
-            opt.zero_grad(set_to_none=True)
         st = accumulate_policy_gradient(model, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
                                         cfg, behaviour, adv, mask, weights, keep, ref, cur=cur)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
