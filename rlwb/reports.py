@@ -29,7 +29,8 @@ FIGURES = {
     "06_engine_knobs": plots.KNOB_FIGURES,
     "07_which_correction": plots.RACE_FIGURES,
 }
-TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "tok_s", "throughput", "throughput_ratio")
+TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "_s_median", "_ms", "_ms_mean", "_ms_median", "tok_s", "throughput",
+                   "throughput_ratio")
 
 
 def notebook_of(run_dir: Path) -> str:

@@ -353,3 +353,32 @@ def test_a_rope_base_the_engine_read_differently_is_refused_and_the_fix_reaches_
         ro = sample_and_score(w, scorer, prompts, Sampling(temperature=1.0, max_tokens=16, seed=0))
     e, t = ro.flat()
     assert np.max(np.abs(e - t)) <= 1e-5
+
+
+@pytest.mark.engines
+def test_iter_engines_starts_the_next_engine_ahead_and_fails_it_at_its_turn(tmp_path, monkeypatch, default_model):
+    """On CPU `iter_engines` launches the next preset's engine as soon as the current one is ready (its start-up
+    overlaps the current engine's work), at most two alive; a next engine that cannot start raises when its
+    turn comes, as without prefetching, and asking it again gives the same error; nothing outlives the loop."""
+    from rlwb.engines import worker as worker_mod
+    from rlwb.errors import EngineError
+    from rlwb.experiments.base import iter_engines, prefetch_engines
+
+    assert prefetch_engines()  # a CPU machine
+    extra = tmp_path / "mine.yaml"
+    extra.write_text("broken-start:\n  extends: vllm-v1-fixed\n  vllm_kwargs: {no_such_engine_argument: 1}\n")
+    monkeypatch.setenv("RLWB_ENGINE_PRESETS", str(extra))
+    seen, before = [], set(worker_mod._LIVE)  # other tests' shared engines may be alive
+    loop = iter_engines(["hf", "broken-start"], default_model.path, "float32", progress=False)
+    w = next(loop)
+    mine = set(worker_mod._LIVE) - before
+    assert w.preset.name == "hf" and sorted(x.preset.name for x in mine) == ["broken-start", "hf"]
+    ahead = next(x for x in mine if x.preset.name == "broken-start")
+    assert not ahead.ready
+    seen.append(len(w.generate([[5, 6, 7]], Sampling(max_tokens=4))))  # the current engine works meanwhile
+    with pytest.raises(EngineError, match="no_such_engine_argument") as first:
+        next(loop)
+    with pytest.raises(EngineError) as again:
+        ahead.wait_ready()
+    assert again.value is first.value and seen == [1]
+    assert set(worker_mod._LIVE) - before == set() and w.proc.poll() is not None

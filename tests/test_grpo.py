@@ -123,3 +123,66 @@ def test_shared_forward_gives_the_separate_passes_bitwise(default_model):
     with pytest.raises(ValueError, match="unsplit"):
         grpo.accumulate_policy_gradient(model, prompts, comps, grpo.GRPOConfig(micro_batch=4), engine_lp, adv, mask,
                                         cur=torch.zeros(12, width))
+
+
+def test_concurrent_runs_train_the_curves_of_one_at_a_time(default_model):
+    """Notebook 03's grid with two runs at once (two trainer copies, two engine processes of the preset, one
+    thread each) must give every run bitwise the curve it has when the runs go one at a time: each run reloads
+    the initial weights into its lane and draws from no shared random state. Only the wall-time columns may
+    differ. Three jobs on two lanes: a lane takes a second job, after another run on its engine."""
+    from rlwb import params
+    from rlwb.experiments.toy_grpo import train_grid
+
+    curves = {}
+    for lanes in (1, 2):
+        p = params.load("03_toy_grpo", ["params/03_toy_grpo/smoke.yaml"],
+                        {"num_seeds": 3, "corrections": ["none"], "drift_threshold": 0.0, "concurrent_runs": lanes})
+        curves[lanes] = train_grid(p, default_model.path, progress=False)
+    a, b = curves[1], curves[2]
+    assert len(a) == 9 and list(a.columns) == list(b.columns)
+    same = [c for c in a.columns if not c.startswith("t_")]
+    assert a[same].equals(b[same]), a[same].compare(b[same])
+    assert a["reward_mean"].nunique() > 1  # seeds really differ: the check compares distinct runs
+
+
+def test_a_failing_lane_stops_the_others_and_raises():
+    """`run_in_lanes`: the first error is raised in the caller and the other lane stops at its next check
+    instead of finishing the remaining jobs (a GRPO run checks every step)."""
+    import threading
+    import time
+
+    from rlwb.experiments.base import run_in_lanes
+
+    done, started = [], threading.Event()
+
+    def run(lane, job, should_stop):
+        if job == "bad":
+            started.wait(5)
+            raise RuntimeError("lane failed")
+        started.set()
+        for _ in range(100):  # a long job: 10 s unless stopped
+            should_stop()
+            time.sleep(0.1)
+        done.append(job)
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="lane failed"):
+        run_in_lanes(["long", "bad", "never"], ["a", "b"], run)
+    assert time.monotonic() - t0 < 5 and done == []
+    assert run_in_lanes([1, 2, 3], ["only"], lambda lane, job, stop: (lane, job * 10)) == [
+        ("only", 10), ("only", 20), ("only", 30)]
+
+
+def test_runs_share_the_machine_only_beside_an_engine_that_leaves_cores(monkeypatch):
+    """`lanes_for`: two runs at once beside a one-thread V1 engine; one at a time beside engines that take every
+    core (V0, tensor parallel over both cores), where a second run only oversubscribes them."""
+    from rlwb.engines.presets import resolve_preset
+    from rlwb.experiments import toy_grpo
+
+    monkeypatch.setattr(toy_grpo.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(toy_grpo, "cuda_available", lambda: False)
+    got = {n: toy_grpo.lanes_for(resolve_preset(n, cuda=False), 2)
+           for n in ("vllm-v1", "vllm-v1-fixed", "vllm-v1-fixed@kv-fp8-e5m2", "vllm-v0", "vllm-v1-fixed@tp2")}
+    assert got == {"vllm-v1": 2, "vllm-v1-fixed": 2, "vllm-v1-fixed@kv-fp8-e5m2": 2, "vllm-v0": 1,
+                   "vllm-v1-fixed@tp2": 1}
+    assert toy_grpo.lanes_for(resolve_preset("vllm-v1-fixed", cuda=False), 1) == 1

@@ -60,8 +60,9 @@ def test_plans_for_qwen_shapes_on_24_40_80_gb(model, gb):
     for nb in NOTEBOOKS:
         p = params.load(nb, [REPO / "params" / nb / "gpu.yaml"])
         seqs, seq_len = mp.forward_size(nb, p, shape.max_position_embeddings)
+        runs = getattr(p, "concurrent_runs", 1)
         if nb in FITS[(model, gb)]:
-            plan = mp.plan(nb, shape, gb * GiB, p.dtype, seqs=seqs, seq_len=seq_len)
+            plan = mp.plan(nb, shape, gb * GiB, p.dtype, seqs=seqs, seq_len=seq_len, runs=runs)
             # the pieces add up within the GPU, and each engine can hold what it must
             assert plan.trainer_gib + plan.engines_at_once * plan.engine_gib <= 0.95 * gb + 0.03  # (0.01 GiB rounding)
             assert plan.engine_gib >= plan.engine_min_gib and plan.kv_cache_gib > 0
@@ -70,7 +71,7 @@ def test_plans_for_qwen_shapes_on_24_40_80_gb(model, gb):
                 assert plan.engines_at_once == 2 and plan.gpu_memory_utilization < 0.48
         else:
             with pytest.raises(mp.MemoryPlanError, match=rf"{nb} needs ~[\d.]+ GiB .* of this {gb} GiB GPU"):
-                mp.plan(nb, shape, gb * GiB, p.dtype, seqs=seqs, seq_len=seq_len)
+                mp.plan(nb, shape, gb * GiB, p.dtype, seqs=seqs, seq_len=seq_len, runs=runs)
 
 
 def test_forward_sizes_follow_the_params():
@@ -94,6 +95,12 @@ def test_grpo_plan_counts_adamw_state_and_activations():
     assert medium.trainer_gib > small.trainer_gib + 10  # twice the micro-batch's activations and logits
     with pytest.raises(mp.MemoryPlanError, match="use a smaller micro_batch"):  # the whole step in one pass
         mp.plan("03_toy_grpo", shape, 80 * GiB, "bfloat16", seqs=256, seq_len=768)
+    # two runs at once (concurrent_runs=2): a second trainer copy in the same process and a second engine
+    two = mp.plan("03_toy_grpo", shape, 80 * GiB, "bfloat16", seqs=4, seq_len=768, runs=2)
+    assert two.engines_at_once == 2 * small.engines_at_once
+    assert two.trainer_gib == pytest.approx(2 * small.trainer_gib - mp.PROCESS_OVERHEAD / GiB, abs=0.02)
+    with pytest.raises(mp.MemoryPlanError, match="concurrent_runs=1"):  # fits alone on 40 GiB, not twice
+        mp.plan("03_toy_grpo", shape, 40 * GiB, "bfloat16", seqs=4, seq_len=768, runs=2)
 
 
 def test_engine_kwargs_apply_the_plan_on_cuda_only(monkeypatch):

@@ -39,3 +39,31 @@ def test_time_table_takes_the_latest_finished_run_per_notebook():
     assert [r["run_id"] for r in rows] == ["c", "a", ""] and rows[1]["sampling"] == 2.0
     assert rows[-1]["total"] == 17.0 and rows[-1]["sampling"] is None  # an older run has no split
     assert [r["run_id"] for r in time_table(runs, since="2026-11-23T00:00:00")] == ["a", ""]
+
+
+def test_overlapping_threads_share_the_wall_clock(monkeypatch):
+    """Two threads each inside a phase for the same 4 s: 2 s each, so the split never exceeds the wall time."""
+    import threading
+
+    clock = [100.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    timing.reset()
+    entered, leave = threading.Event(), threading.Event()
+
+    def other():
+        with timing.phase("sampling"):
+            entered.set()
+            leave.wait(5)
+
+    with timing.phase("training"):
+        clock[0] += 1  # alone: 1 s to training
+        t = threading.Thread(target=other)
+        t.start()
+        entered.wait(5)
+        clock[0] += 4  # both inside a phase: 2 s each
+        leave.set()
+        t.join()
+        clock[0] += 1  # alone again
+    got = timing.totals()
+    assert got["training"] == 4 and got["sampling"] == 2 and sum(got.values()) == 6
+    timing.reset()

@@ -136,22 +136,24 @@ def trainer_bytes(shape: ModelShape, role: str, seqs: int, seq_len: int) -> int:
 
 
 def plan(notebook: str, shape: ModelShape, gpu_bytes: int, engine_dtype: str, *, max_model_len: int | None = None,
-         seqs: int = 8, seq_len: int = 1024, engines_at_once: int | None = None) -> MemoryPlan:
+         seqs: int = 8, seq_len: int = 1024, engines_at_once: int | None = None, runs: int = 1) -> MemoryPlan:
     """Split one GPU between the notebook's trainer and its engines; raise MemoryPlanError if it cannot fit.
 
     `seqs` x `seq_len`: the trainer's largest forward (the scorer's batch, or GRPO's micro-batch). Each
     engine gets an equal share of what the trainer leaves (minus a 5% margin for fragmentation); its share
     must hold its weights, the KV cache of one `max_model_len` sequence (vLLM refuses to start with less)
-    and its workspace."""
+    and its workspace. `runs`: GRPO runs trained at once (`concurrent_runs`), each with its own trainer copy
+    (in the one trainer process) and its own engines."""
     if notebook not in NOTEBOOK_NEEDS:
         raise ValueError(f"no memory needs known for notebook {notebook!r}")
     if engine_dtype not in DTYPE_BYTES:
         raise ValueError(f"engine dtype must be one of {sorted(DTYPE_BYTES)}, got {engine_dtype!r}")
     at_once, role = NOTEBOOK_NEEDS[notebook]
-    at_once = at_once if engines_at_once is None else engines_at_once
+    at_once = (at_once if engines_at_once is None else engines_at_once) * runs
     n = shape.params()
     ctx = max_model_len or shape.max_position_embeddings
-    trainer = trainer_bytes(shape, role, seqs, seq_len)
+    one = trainer_bytes(shape, role, seqs, seq_len)
+    trainer = one + (runs - 1) * max(0, one - PROCESS_OVERHEAD)
     engine_min = n * DTYPE_BYTES[engine_dtype] + ctx * shape.kv_bytes_per_token(engine_dtype) + ENGINE_WORKSPACE
     usable = 0.95 * gpu_bytes
     left = usable - trainer
@@ -162,7 +164,7 @@ def plan(notebook: str, shape: ModelShape, gpu_bytes: int, engine_dtype: str, *,
         if at_once:
             parts.append(f"{at_once} engine(s) x {engine_min / GiB:.1f} GiB ({engine_dtype} weights, KV cache of one "
                          f"{ctx}-token sequence, workspace)")
-        hint = ("use a smaller micro_batch, a smaller model, or a larger GPU" if role == "train"
+        hint = ("use a smaller micro_batch, concurrent_runs=1, a smaller model, or a larger GPU" if role == "train"
                 else "use a smaller model, a 16-bit engine dtype, a shorter max_model_len, or a larger GPU")
         raise MemoryPlanError(f"{notebook} needs ~{need / GiB:.1f} GiB on the GPU ({' + '.join(parts)}) but "
                               f"{usable / GiB:.1f} GiB of this {gpu_bytes / GiB:.0f} GiB GPU are usable: {hint}")
@@ -190,7 +192,8 @@ def plan_for_run(notebook: str, params) -> dict:
     cfg = AutoConfig.from_pretrained(str(resolve_model(model, progress=False)))
     seqs, seq_len = forward_size(notebook, params, int(cfg.max_position_embeddings))
     p = plan(notebook, ModelShape.from_config(cfg), torch.cuda.get_device_properties(0).total_memory,
-             getattr(params, "dtype", "bfloat16"), seqs=seqs, seq_len=seq_len)
+             getattr(params, "dtype", "bfloat16"), seqs=seqs, seq_len=seq_len,
+             runs=int(getattr(params, "concurrent_runs", 1)))
     os.environ[ENV_VAR] = str(p.gpu_memory_utilization)
     return p.as_dict()
 

@@ -147,11 +147,22 @@ class EngineWorker:
     """
 
     def __init__(self, preset: str | Preset, model: str | os.PathLike, dtype: str = "float32",
-                 start_timeout: float = 900.0, extra_vllm_kwargs: dict | None = None, log_dir: str | None = None):
+                 start_timeout: float = 900.0, extra_vllm_kwargs: dict | None = None, log_dir: str | None = None,
+                 wait: bool = True):
+        """`wait=False` returns as soon as the process is launched: it imports its engine and builds it in the
+        background while the caller does other work (`iter_engines` starts the next engine that way), and
+        the first call that needs it, or `wait_ready()`, waits for the rest. Start-up errors surface there."""
+        self._info: dict | None = None
+        self._start_error: BaseException | None = None
+        self._t_launch = time.perf_counter()
+        self.start_s = float("nan")  # launch to ready, wall seconds (overlapping other work when prefetched)
         with timing.phase("engine_start"):
-            self._start(preset, model, dtype, start_timeout, extra_vllm_kwargs, log_dir)
+            self._launch(preset, model, dtype, extra_vllm_kwargs, log_dir)
+        self._start_deadline = time.monotonic() + start_timeout
+        if wait:
+            self.wait_ready()
 
-    def _start(self, preset, model, dtype, start_timeout, extra_vllm_kwargs, log_dir) -> None:
+    def _launch(self, preset, model, dtype, extra_vllm_kwargs, log_dir) -> None:
         self.preset = resolve_preset(preset) if isinstance(preset, str) else preset
         self.preset.check_interpreter()
         self.model, self.dtype = str(model), dtype
@@ -176,14 +187,34 @@ class EngineWorker:
         spec = worker_spec(self.preset, self.model, dtype, extra_vllm_kwargs)
         try:
             protocol.write_frame(self.proc.stdin, spec)
-            self._info = self._reply(start_timeout, "start")
         except BaseException:
             self.close()
             raise
-        self._info["preset"] = self.preset.name
-        self._info["model"] = self.model
-        for w in self._info.get("warnings") or []:  # visible in the notebook / terminal, not only the log
+
+    @property
+    def ready(self) -> bool:
+        return self._info is not None
+
+    def wait_ready(self) -> EngineWorker:
+        """Wait until the engine has started (at once if it has); raises what its start-up raised."""
+        if self._info is not None:
+            return self
+        if self._start_error is not None:  # asked again after a failed start: the same error
+            raise self._start_error
+        with timing.phase("engine_start"):
+            try:
+                info = self._reply(max(0.0, self._start_deadline - time.monotonic()), "start")
+            except BaseException as e:
+                self._start_error = e
+                self.close()
+                raise
+        self.start_s = time.perf_counter() - self._t_launch
+        info["preset"] = self.preset.name
+        info["model"] = self.model
+        self._info = info
+        for w in info.get("warnings") or []:  # visible in the notebook / terminal, not only the log
             warnings.warn(f"engine {self.preset.name}: {w}", RuntimeWarning, stacklevel=3)
+        return self
 
     # -- plumbing -----------------------------------------------------------------------------------
     def log_ref(self) -> str:
@@ -243,6 +274,7 @@ class EngineWorker:
         return msg.get("result")
 
     def _call(self, op: str, timeout: float | None = None, **args):
+        self.wait_ready()
         if self.proc.poll() is not None:
             raise self._crashed(f"worker is not running (before {op})")
         try:
@@ -269,7 +301,7 @@ class EngineWorker:
 
     def info(self) -> dict:
         """Engine identity and effective settings (vllm version, v0/v1/hf, dtype, prefix caching, ...)."""
-        return dict(self._info)
+        return dict(self.wait_ready()._info)
 
     def generate(self, prompts: list[list[int]], sampling: Sampling | list[Sampling], full: bool = False,
                  timeout: float | None = None) -> list[Completion]:

@@ -13,9 +13,10 @@ whose every number comes from `.metrics`). The notebook only wires these to the 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,7 @@ from rlwb.engines.worker import EngineWorker
 from rlwb.formatting import metric
 
 OnStart = Callable[[dict], None] | None
+J, L, R = TypeVar("J"), TypeVar("L"), TypeVar("R")
 
 
 @dataclass
@@ -46,18 +48,102 @@ class Result:
         raise NotImplementedError
 
 
+def prefetch_engines() -> bool:
+    """Start the next engine while the current one works? On CPU, yes: an engine's start-up (its interpreter
+    importing vLLM, ~6 s of a V1 start's ~8 s here, then building the engine) runs on one core while the
+    current engine samples and the trainer scores. Not on CUDA, where the memory plan gives the GPU's share to
+    one engine at a time."""
+    from rlwb.engines.presets import cuda_available
+
+    return not cuda_available()
+
+
 def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = True,
                  on_start: OnStart = None) -> Iterator[EngineWorker]:
-    """Start each preset in turn (one engine process alive at a time), yield it, close it."""
+    """Start each preset in turn, yield it, close it. With `prefetch_engines()` the next preset's engine is
+    launched as soon as the current one is ready (two engine processes alive at most); a start-up that fails
+    fails when its turn comes, as without prefetching."""
     from rlwb.progress import progress_bar
 
+    ahead = prefetch_engines()
     bar = progress_bar(presets, desc="engines", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        with EngineWorker(name, model_path, dtype=dtype) as w:
-            if on_start:
-                on_start(w.info())
-            yield w
+    launched: EngineWorker | BaseException | None = None
+    try:
+        for i, name in enumerate(bar):
+            bar.set_postfix_str(name)
+            w = launched if launched is not None else _launch(name, model_path, dtype)
+            launched = None
+            if isinstance(w, BaseException):
+                raise w
+            with w:
+                w.wait_ready()
+                if ahead and i + 1 < len(presets):
+                    launched = _launch(presets[i + 1], model_path, dtype)
+                if on_start:
+                    on_start(w.info())
+                yield w
+    finally:
+        if isinstance(launched, EngineWorker):
+            launched.close()
+
+
+def _launch(preset: str, model_path, dtype: str) -> EngineWorker | Exception:
+    """An engine launched without waiting for it, or the error launching it raised (raised at its turn)."""
+    try:
+        return EngineWorker(preset, model_path, dtype=dtype, wait=False)
+    except Exception as e:
+        return e
+
+
+class _Stopped(Exception):
+    """Raised by `should_stop()` inside a lane once another lane has failed."""
+
+
+def run_in_lanes(jobs: list[J], lanes: list[L], run: Callable[[L, J, Callable[[], None]], R]) -> list[R]:
+    """`run(lane, job, should_stop)` for every job, results in job order. Each lane (a trainer and its engine,
+    say) works on one job at a time, in a thread of its own when there is more than one lane; a free lane
+    takes the next job. `run` calls `should_stop()` now and then (a GRPO run: every step), which raises once
+    another lane has failed, so the first error ends every lane soon and is raised here; so is an interrupt
+    of the waiting caller, after the lanes have stopped."""
+    if len(lanes) <= 1:
+        return [run(lanes[0], job, lambda: None) for job in jobs]
+    results: list = [None] * len(jobs)
+    order, lock, stop, errors = iter(range(len(jobs))), threading.Lock(), threading.Event(), []
+
+    def should_stop() -> None:
+        if stop.is_set():
+            raise _Stopped
+
+    def work(lane) -> None:
+        try:
+            while not stop.is_set():
+                with lock:
+                    i = next(order, None)
+                if i is None:
+                    return
+                results[i] = run(lane, jobs[i], should_stop)
+        except _Stopped:
+            pass
+        except BaseException as e:  # noqa: BLE001 (re-raised by the caller's thread)
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=work, args=(lane,), name=f"rlwb-lane-{k}", daemon=True)
+               for k, lane in enumerate(lanes)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # a short wait, so that an interrupt reaches this thread
+    except BaseException:
+        stop.set()
+        for t in threads:
+            t.join()
+        raise
+    if errors:
+        raise errors[0]
+    return results
 
 
 def ci_text(metrics: dict, group: str, name: str, fmt: str = ".1e") -> str:

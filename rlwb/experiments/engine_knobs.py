@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,7 @@ from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.presets import KNOB_SEP, load_knobs, resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.errors import EngineCrashed, EngineError, PresetError
-from rlwb.experiments.base import OnStart, Result, split_metrics
+from rlwb.experiments.base import OnStart, Result, prefetch_engines, split_metrics
 
 # (metric, comparison, bound, source). verl: docs/algo/rollout_corr.md warns when |rollout_corr/kl| > 0.1,
 # eff_sample_size < 0.3 or chi2_token > 1.0 (https://github.com/volcengine/verl/blob/main/docs/algo/rollout_corr.md).
@@ -202,14 +203,21 @@ def _status_row(section: str, name: str, preset: str, description: str) -> dict:
             "error": "", "verdict": "", "vllm_version": "", "engine_start_s": float("nan")}
 
 
-def _measure(name: str, preset: str, p, model_path, dtype: str, prompts, sampling, scorer, base_ro, section: str,
-             description: str, on_start: OnStart, mets: dict, rollouts: dict, rows: list) -> Rollouts | None:
-    """Start `preset`, sample, score and time it; a row in `rows` either way."""
+def _measure(name: str, preset: str, engine: EngineWorker | Exception, p, prompts, sampling, scorer, base_ro,
+             section: str, description: str, on_start: OnStart, mets: dict, rollouts: dict, rows: list,
+             launch_next: Callable[[], EngineWorker | Exception | None]) -> Rollouts | None:
+    """Sample, score and time `preset`'s launched `engine` (see `launch`); a row in `rows` either way. Once the
+    engine is ready, `launch_next()` starts the next plan entry's engine, whose start-up overlaps this one's
+    sampling and scoring; it has finished starting (or failed to) before this engine's throughput is timed,
+    so nothing else runs while the clock does."""
     row = _status_row(section, name, preset, description)
     try:
-        t0 = time.perf_counter()
-        with EngineWorker(preset, model_path, dtype=dtype) as w:
-            row["engine_start_s"] = time.perf_counter() - t0
+        if isinstance(engine, BaseException):
+            raise engine
+        with engine as w:
+            w.wait_ready()
+            launch_next()
+            row["engine_start_s"] = w.start_s
             info = w.info()
             row["vllm_version"] = info.get("vllm_version") or ""
             if on_start:
@@ -227,6 +235,7 @@ def _measure(name: str, preset: str, p, model_path, dtype: str, prompts, samplin
                                                                f"infinite (the engine reports them as such)")
                 rows.append(row)
                 return None
+            settle(launch_next())
             tp = throughput(w, prompts, sampling, p.throughput_repeats)
     except (EngineCrashed, EngineError, PresetError) as e:
         row.update(status="unsupported here", error=error_line(e))
@@ -240,8 +249,27 @@ def _measure(name: str, preset: str, p, model_path, dtype: str, prompts, samplin
     return ro
 
 
+def launch(preset: str, model_path, dtype: str) -> EngineWorker | Exception:
+    """`preset`'s engine, launched without waiting for it to start, or the error launching it raised (a missing
+    environment): the knob's row records either when its turn comes."""
+    try:
+        return EngineWorker(preset, model_path, dtype=dtype, wait=False)
+    except (EngineCrashed, EngineError, PresetError) as e:
+        return e
+
+
+def settle(engine: EngineWorker | Exception | None) -> None:
+    """Let a launched engine finish starting (a failure is recorded when its turn comes)."""
+    if isinstance(engine, EngineWorker):
+        try:
+            engine.wait_ready()
+        except (EngineCrashed, EngineError):
+            pass
+
+
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> KnobResult:
-    """Baseline first, then each knob, then each version preset, then (with `moe`) the MoE router audit."""
+    """Baseline first, then each knob, then each version preset, then (with `moe`) the MoE router audit. On CPU
+    the next entry's engine starts while the current one is measured (`base.prefetch_engines`)."""
     from rlwb.progress import progress_bar
 
     p = params
@@ -257,17 +285,36 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
     rollouts: dict = {}
     rows: list = []
     base_ro = None
+    ahead = prefetch_engines()
+    engine: EngineWorker | Exception | None = launch(plan[0][2], model_path, p.dtype)
+    launched: list = []
     bar = progress_bar(plan, desc="knobs", disable=not progress)
-    for section, name, preset, desc in bar:
-        bar.set_postfix_str(name)
-        if section == "version":
-            desc = resolve_preset(preset).description
-        ro = _measure(name, preset, p, model_path, p.dtype, prompts, sampling, scorer,
-                      None if name == BASELINE else base_ro, section, desc, on_start, mets, rollouts, rows)
-        if name == BASELINE:
-            if ro is None:
-                raise EngineError(f"the baseline {p.baseline!r} did not run: {rows[-1]['error']}")
-            base_ro = ro
+    try:
+        for i, (section, name, preset, desc) in enumerate(bar):
+            bar.set_postfix_str(name)
+            if section == "version":
+                desc = resolve_preset(preset).description
+            following = plan[i + 1][2] if i + 1 < len(plan) else None
+            launched: list = []
+
+            def launch_next(following=following, launched=launched):
+                if ahead and following is not None and not launched:
+                    launched.append(launch(following, model_path, p.dtype))
+                return launched[0] if launched else None
+
+            ro = _measure(name, preset, engine, p, prompts, sampling, scorer, None if name == BASELINE else base_ro,
+                          section, desc, on_start, mets, rollouts, rows, launch_next)
+            engine = launched[0] if launched else None
+            if engine is None and following is not None:
+                engine = launch(following, model_path, p.dtype)
+            if name == BASELINE:
+                if ro is None:
+                    raise EngineError(f"the baseline {p.baseline!r} did not run: {rows[-1]['error']}")
+                base_ro = ro
+    finally:  # an interrupt or a failed baseline: no engine outlives the loop
+        for e in (engine, *launched):
+            if isinstance(e, EngineWorker):
+                e.close()
     base_tok_s = mets[f"{BASELINE}/tok_s"]
     for r in rows:
         if r["status"] == "ok":

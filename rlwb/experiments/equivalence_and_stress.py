@@ -31,7 +31,7 @@ from rlwb.core.rollouts import common_prefix_max_dlogp
 from rlwb.core.tokenizer import PromptCodec
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling, reports_raw_logprobs
-from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table, split_metrics
+from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table, prefetch_engines, split_metrics
 from rlwb.formatting import metric, number
 
 
@@ -71,22 +71,40 @@ class Pressure:
     rows: pd.DataFrame  # engine, case (free | pressure), request_id, position, abs_dlogp
 
 
-def memory_pressure(free: EngineWorker, prompts: list[list[int]], sampling: Sampling, scorer: TrainerScorer,
-                    kv_tokens: int, max_context: int) -> Pressure:
-    """The same seeded requests on `free` (the preset as configured) and on a second engine of the same
-    preset whose KV cache holds only `kv_tokens` tokens."""
-    info = free.info()
-    block = int(info["settings"].get("block_size") or 16)
+def pressure_settings(free: EngineWorker, prompts: list[list[int]], sampling: Sampling, kv_tokens: int,
+                      max_context: int) -> tuple[dict, int]:
+    """The pressure engine's vLLM keyword arguments and the tokens its cache holds, for `free`'s block size;
+    a clear error if that cache cannot hold the longest request."""
+    block = int(free.info()["settings"].get("block_size") or 16)
     kw = pressure_kwargs(kv_tokens, block, max_context)
     need = max(len(p) for p in prompts) + sampling.max_tokens
     if need > kw["max_model_len"]:
         raise ValueError(f"pressure_kv_tokens={kv_tokens} ({kw['num_gpu_blocks_override']} blocks of {block}) cannot "
                          f"hold the longest request ({need} tokens): raise pressure_kv_tokens")
+    return kw, kw["num_gpu_blocks_override"] * block
+
+
+def pressure_engine(free: EngineWorker, prompts: list[list[int]], sampling: Sampling, kv_tokens: int,
+                    max_context: int, wait: bool = True) -> EngineWorker:
+    """A second engine of `free`'s preset whose KV cache holds only `kv_tokens` tokens (`wait=False`: launched,
+    starting in the background)."""
+    kw, _ = pressure_settings(free, prompts, sampling, kv_tokens, max_context)
+    return EngineWorker(free.preset, free.model, dtype=free.dtype, extra_vllm_kwargs=kw, wait=wait)
+
+
+def memory_pressure(free: EngineWorker, prompts: list[list[int]], sampling: Sampling, scorer: TrainerScorer,
+                    kv_tokens: int, max_context: int, pressed: EngineWorker | None = None) -> Pressure:
+    """The same seeded requests on `free` (the preset as configured) and on a second engine of the same
+    preset whose KV cache holds only `kv_tokens` tokens (`pressed`, when the caller launched it ahead)."""
+    info = free.info()
+    _, cache_tokens = pressure_settings(free, prompts, sampling, kv_tokens, max_context)
+    if pressed is None:
+        pressed = pressure_engine(free, prompts, sampling, kv_tokens, max_context)
     raw = reports_raw_logprobs(info)
     free.reset_prefix_cache()
     free_comps = free.generate(prompts, sampling)
     free_pre = free.stats()["preemptions"]
-    with EngineWorker(free.preset, free.model, dtype=free.dtype, extra_vllm_kwargs=kw) as w:
+    with pressed as w:
         before = w.stats()["preemptions"]
         press = w.generate(prompts, sampling)
         after = w.stats()["preemptions"]
@@ -100,7 +118,7 @@ def memory_pressure(free: EngineWorker, prompts: list[list[int]], sampling: Samp
          "pressure_preemptions": float("nan") if after is None else float(after - (before or 0)),
          "pressure_identical_frac": float(np.mean(same)),
          "pressure_vs_free_abs_dlogp_max": max(common_prefix_max_dlogp(a, b) for a, b in zip(free_comps, press)),
-         "pressure_kv_tokens": float(kw["num_gpu_blocks_override"] * block)}
+         "pressure_kv_tokens": float(cache_tokens)}
     if free_pre is not None:  # V0 always counts; V1 only with stats logging on (not the presets' default)
         m["free_preemptions"] = float(free_pre)
     rows = [pd.DataFrame({"engine": free.preset.name, "case": case, "request_id": i,
@@ -222,17 +240,26 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
     cases, shrunk, press_rows, long_rows = [], [], [], []
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         e = w.preset.name
-        rep = V.validate(w, scorer, p.validate_cases, p.seed, p.validate_tolerance, max_context=validate_context,
-                         progress=progress)
-        m = equivalence_metrics(rep)
-        cases.append(pd.DataFrame([{**V.case_row(r), "engine": e, "tolerance": p.validate_tolerance}
-                                   for r in rep.results]))
-        if rep.shrunk_result is not None:
-            shrunk.append({**V.case_row(rep.shrunk_result), "engine": e, "description": V.describe(rep.shrunk)})
-        if w.preset.backend != "hf":  # the HF engine has no paged KV cache: nothing to preempt
-            pr = memory_pressure(w, pressure_prompts, s_press, scorer, p.pressure_kv_tokens, max_context)
-            m.update(pr.metrics)
-            press_rows.append(pr.rows)
+        # the memory-pressure engine starts while the validator runs (on CPU, as `iter_engines` prefetches)
+        paged = w.preset.backend != "hf"  # the HF engine has no paged KV cache: nothing to preempt
+        pressed = (pressure_engine(w, pressure_prompts, s_press, p.pressure_kv_tokens, max_context, wait=False)
+                   if paged and prefetch_engines() else None)
+        try:
+            rep = V.validate(w, scorer, p.validate_cases, p.seed, p.validate_tolerance,
+                             max_context=validate_context, progress=progress)
+            m = equivalence_metrics(rep)
+            cases.append(pd.DataFrame([{**V.case_row(r), "engine": e, "tolerance": p.validate_tolerance}
+                                       for r in rep.results]))
+            if rep.shrunk_result is not None:
+                shrunk.append({**V.case_row(rep.shrunk_result), "engine": e, "description": V.describe(rep.shrunk)})
+            if paged:
+                pr = memory_pressure(w, pressure_prompts, s_press, scorer, p.pressure_kv_tokens, max_context,
+                                     pressed=pressed)
+                m.update(pr.metrics)
+                press_rows.append(pr.rows)
+        finally:
+            if pressed is not None:
+                pressed.close()
         lc = long_context(w, scorer, p.longctx_lengths, p.longctx_prompts, s_long, codec, progress)
         m.update(lc.metrics)
         long_rows.append(lc.rows)

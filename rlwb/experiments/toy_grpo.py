@@ -7,6 +7,8 @@ curves into metrics and writes the conclusion.
 
 from __future__ import annotations
 
+import copy
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,9 @@ from rlwb.core.correction_catalog import LOWER_IS_WORSE
 from rlwb.core.grpo import train, trainer_device
 from rlwb.core.grpo_config import GRPOConfig
 from rlwb.core.monitor import DriftMonitor
-from rlwb.experiments.base import OnStart, Result, iter_engines
+from rlwb.engines.presets import Preset, cuda_available, resolve_preset
+from rlwb.engines.worker import EngineWorker
+from rlwb.experiments.base import OnStart, Result, iter_engines, run_in_lanes
 from rlwb.formatting import metric
 
 LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
@@ -68,31 +72,70 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     return GRPOResult(params, curve_metrics(curves), curves)
 
 
+def lanes_for(preset: Preset, wanted: int) -> int:
+    """How many runs train at once on `preset`'s engine: `wanted` where its engine leaves the trainer cores to
+    use, else 1. On CPU that is an engine with fewer OpenMP threads (its preset's OMP_NUM_THREADS, per
+    tensor- or data-parallel rank) than the machine has cores: the V1 presets use one. V0 takes every core;
+    two V0 engines beside the trainer oversubscribed 2 cores to ~5 s per step instead of ~0.4 s (measured,
+    notebook 03's default). On CUDA the engines compute on the
+    GPU and the memory plan sizes `wanted` runs."""
+    if wanted <= 1 or cuda_available():
+        return max(1, wanted)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    kw = preset.vllm_kwargs
+    ranks = int(kw.get("tensor_parallel_size", 1)) * int(kw.get("data_parallel_size", 1))
+    threads = int(preset.env.get("OMP_NUM_THREADS") or cores) * ranks
+    return wanted if threads < cores else 1
+
+
 def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, monitor_factory=None,
                drift_dir=None, corrections_for=None) -> pd.DataFrame:
     """The curves of `run`; `monitor_factory(engine, correction, seed)` overrides the drift monitors;
-    `corrections_for(engine)` the corrections run on an engine (default: all of `p.corrections`)."""
+    `corrections_for(engine)` the corrections run on an engine (default: all of `p.corrections`).
+
+    `p.concurrent_runs` runs train at once (where `lanes_for` allows), each in a thread with its own trainer
+    copy and its own engine process of the same preset. Why: on a small CPU box a run alternates between the
+    engine (one core, sampling) and the trainer (both cores, scoring and the update), so one run leaves a core
+    idle half the time; two runs fill it (1.43x measured on 2 cores, 03's default step). Every run reloads the initial
+    weights into its trainer and engine and draws nothing from a shared random state, so each run's curve is
+    bitwise the one it has when the runs go one at a time (tests/test_grpo.py); only the `t_*` columns,
+    wall time per step, reflect the sharing."""
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(trainer_device())
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    frames = []
     if monitor_factory is None and getattr(p, "drift_threshold", 0) > 0:
         monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir, getattr(p, "drift_metric", "mismatch_k3"))
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
+    lanes = max(1, int(getattr(p, "concurrent_runs", 1)))
+    models = [model]  # one trainer per lane, made when a lane first needs it
+    frames: list[pd.DataFrame] = []
+
+    def one_run(lane: tuple, job: tuple[str, int], should_stop) -> pd.DataFrame:
+        (m, engine), (corr, seed) = lane, job
+        name = engine.preset.name
+        monitor = monitor_factory(name, corr, seed) if monitor_factory else None
+        cfg = GRPOConfig.from_settings(p, correction=corr, seed=seed)
+        df = train(m, engine, cfg, initial, monitor=monitor, progress=progress, desc=f"{name}+{corr} seed {seed}",
+                   codec=codec, on_step=lambda _res: should_stop())
+        df.insert(1, "engine", name)
+        df.insert(2, "correction", corr)
+        df.insert(3, "seed", seed)
+        df["drift_trip_step"] = np.nan if monitor is None or monitor.trip_step is None else monitor.trip_step
+        return df
+
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
-        for corr in (corrections_for(w.preset.name) if corrections_for else p.corrections):
-            for seed in p.seeds:
-                monitor = monitor_factory(w.preset.name, corr, seed) if monitor_factory else None
-                cfg = GRPOConfig.from_settings(p, correction=corr, seed=seed)
-                df = train(model, w, cfg, initial, monitor=monitor, progress=progress,
-                           desc=f"{w.preset.name}+{corr} seed {seed}", codec=codec)
-                df.insert(1, "engine", w.preset.name)
-                df.insert(2, "correction", corr)
-                df.insert(3, "seed", seed)
-                df["drift_trip_step"] = np.nan if monitor is None or monitor.trip_step is None else monitor.trip_step
-                frames.append(df)
+        jobs = [(corr, seed) for corr in (corrections_for(w.preset.name) if corrections_for else p.corrections)
+                for seed in p.seeds]
+        n = min(lanes_for(w.preset, lanes), len(jobs))
+        extra = [EngineWorker(w.preset, model_path, dtype=p.dtype, wait=False) for _ in range(n - 1)]
+        try:
+            models += [copy.deepcopy(model) for _ in range(n - len(models))]
+            frames += run_in_lanes(jobs, list(zip(models[:n], [w, *extra])), one_run)
+        finally:
+            for e in extra:
+                e.close()
     return pd.concat(frames, ignore_index=True)
 
 
@@ -123,10 +166,23 @@ def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def timing_note(p) -> str:
+    """What the seconds per step of a GRPO grid measure (notebooks 03 and 07)."""
+    wanted = int(getattr(p, "concurrent_runs", 1))
+    shared = [e for e in p.engines if lanes_for(resolve_preset(e), wanted) > 1]
+    if not shared:
+        return "Runs went one at a time: s/step is a run's own wall time per step."
+    alone = [e for e in p.engines if e not in shared]
+    return (f"On {', '.join(f'`{e}`' for e in shared)} {wanted} runs trained at a time (`concurrent_runs`), each "
+            f"with its own engine process: s/step is one run's wall time per step while the others share the cores"
+            + (f"; {', '.join(f'`{e}`' for e in alone)} ran one at a time (its engine uses every core)" if alone
+               else "") + ". `concurrent_runs: 1` times every run alone; the curves are the same either way.")
+
+
 def conclusion(metrics: dict, p) -> str:
     lines = [f"**Setup.** {p.steps} steps × {p.prompts_per_step} prompts × {p.group_size} completions, "
              f"T={p.temperature:g}, lr={p.lr:g}, old logprobs from the {p.old_logprobs}, {p.num_seeds} seeds "
-             f"(means over seeds; first/last = first/last 10% of steps)."]
+             f"(means over seeds; first/last = first/last 10% of steps). {timing_note(p)}"]
     for e in p.engines:
         for c in p.corrections:
             L = f"{e}+{c}"

@@ -22,7 +22,7 @@ import pandas as pd
 from rlwb.core import stats
 from rlwb.core.correction_catalog import CATALOG, HEALTH
 from rlwb.experiments.base import OnStart, Result
-from rlwb.experiments.toy_grpo import train_grid
+from rlwb.experiments.toy_grpo import timing_note, train_grid
 
 FINAL_FRAC = 0.2  # "final reward" = mean reward over the last 20% of steps, per seed
 
@@ -184,4 +184,5 @@ def conclusion(metrics: dict, rank: pd.DataFrame, p) -> str:
                          f"budget ({p.num_seeds} seeds) the data cannot rank them.")
     if (rank["verdict"] == "n/a").any():
         lines.append("\nWith one seed no interval exists: every verdict is n/a (run with num_seeds ≥ 3).")
+    lines.append(f"\n**Timing.** {timing_note(p)}")
     return "\n".join(lines)

@@ -73,6 +73,13 @@ def engine_list(default: list[str], doc: str):
     return param(default, doc, check=check_engine)
 
 
+def concurrent_runs_param():
+    """The `concurrent_runs` parameter of the notebooks that train GRPO grids (03, 07)."""
+    return param(2, "GRPO runs trained at once, each with its own engine process and trainer copy (one run samples "
+                    "while another updates; curves identical to one at a time, s/step is wall time shared); "
+                    "1 = one at a time", ge=1, le=8)
+
+
 @dataclass
 class Params:
     """Base: fields every notebook has. Subclasses add theirs."""
@@ -180,6 +187,7 @@ class GRPOParams(GRPOSettings, EngineParams):
                                          "row) that trips it; 0 turns it off", ge=0)
     drift_metric: str = param("mismatch_k3", "per-step curve column the drift monitor watches (ess trips below "
                                              "the threshold, the others above)", choices=list(MONITORED))
+    concurrent_runs: int = concurrent_runs_param()
 
     @property
     def seeds(self) -> list[int]:
@@ -207,6 +215,7 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
     steps: int = param(20, "GRPO steps per run", ge=1)
     num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
     race_on_baseline: bool = param(False, "also race every correction on the baseline level (else `none` only)")
+    concurrent_runs: int = concurrent_runs_param()
 
     @property
     def seeds(self) -> list[int]:
