@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from rlwb.engines.worker import EngineWorker
+from rlwb.errors import EngineCrashed, EngineError, PresetError
 from rlwb.formatting import metric
 
 OnStart = Callable[[dict], None] | None
@@ -71,14 +72,14 @@ def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = Tr
     try:
         for i, name in enumerate(bar):
             bar.set_postfix_str(name)
-            w = launched if launched is not None else _launch(name, model_path, dtype)
+            w = launched if launched is not None else launch_engine(name, model_path, dtype)
             launched = None
             if isinstance(w, BaseException):
                 raise w
             with w:
                 w.wait_ready()
                 if ahead and i + 1 < len(presets):
-                    launched = _launch(presets[i + 1], model_path, dtype)
+                    launched = launch_engine(presets[i + 1], model_path, dtype)
                 if on_start:
                     on_start(w.info())
                 yield w
@@ -87,11 +88,13 @@ def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = Tr
             launched.close()
 
 
-def _launch(preset: str, model_path, dtype: str) -> EngineWorker | Exception:
-    """An engine launched without waiting for it, or the error launching it raised (raised at its turn)."""
+def launch_engine(preset: str, model_path, dtype: str) -> EngineWorker | Exception:
+    """`preset`'s engine, launched without waiting for it to start, or the error launching it raised (a missing
+    environment, a bad preset): the caller raises or records it when the engine's turn comes, as if it had
+    started the engine then."""
     try:
         return EngineWorker(preset, model_path, dtype=dtype, wait=False)
-    except Exception as e:
+    except (EngineCrashed, EngineError, PresetError) as e:
         return e
 
 

@@ -31,7 +31,7 @@ from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.presets import KNOB_SEP, load_knobs, resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.errors import EngineCrashed, EngineError, PresetError
-from rlwb.experiments.base import OnStart, Result, prefetch_engines, split_metrics
+from rlwb.experiments.base import OnStart, Result, launch_engine, prefetch_engines, split_metrics
 
 # (metric, comparison, bound, source). verl: docs/algo/rollout_corr.md warns when |rollout_corr/kl| > 0.1,
 # eff_sample_size < 0.3 or chi2_token > 1.0 (https://github.com/volcengine/verl/blob/main/docs/algo/rollout_corr.md).
@@ -206,7 +206,7 @@ def _status_row(section: str, name: str, preset: str, description: str) -> dict:
 def _measure(name: str, preset: str, engine: EngineWorker | Exception, p, prompts, sampling, scorer, base_ro,
              section: str, description: str, on_start: OnStart, mets: dict, rollouts: dict, rows: list,
              launch_next: Callable[[], EngineWorker | Exception | None]) -> Rollouts | None:
-    """Sample, score and time `preset`'s launched `engine` (see `launch`); a row in `rows` either way. Once the
+    """Sample, score and time `preset`'s launched `engine` (`base.launch_engine`); a row in `rows` either way. Once the
     engine is ready, `launch_next()` starts the next plan entry's engine, whose start-up overlaps this one's
     sampling and scoring; it has finished starting (or failed to) before this engine's throughput is timed,
     so nothing else runs while the clock does."""
@@ -249,15 +249,6 @@ def _measure(name: str, preset: str, engine: EngineWorker | Exception, p, prompt
     return ro
 
 
-def launch(preset: str, model_path, dtype: str) -> EngineWorker | Exception:
-    """`preset`'s engine, launched without waiting for it to start, or the error launching it raised (a missing
-    environment): the knob's row records either when its turn comes."""
-    try:
-        return EngineWorker(preset, model_path, dtype=dtype, wait=False)
-    except (EngineCrashed, EngineError, PresetError) as e:
-        return e
-
-
 def settle(engine: EngineWorker | Exception | None) -> None:
     """Let a launched engine finish starting (a failure is recorded when its turn comes)."""
     if isinstance(engine, EngineWorker):
@@ -286,7 +277,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
     rows: list = []
     base_ro = None
     ahead = prefetch_engines()
-    engine: EngineWorker | Exception | None = launch(plan[0][2], model_path, p.dtype)
+    engine: EngineWorker | Exception | None = launch_engine(plan[0][2], model_path, p.dtype)
     launched: list = []
     bar = progress_bar(plan, desc="knobs", disable=not progress)
     try:
@@ -295,18 +286,18 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
             if section == "version":
                 desc = resolve_preset(preset).description
             following = plan[i + 1][2] if i + 1 < len(plan) else None
-            launched: list = []
+            launched = []  # the next entry's engine, once `_measure` has launched it
 
             def launch_next(following=following, launched=launched):
                 if ahead and following is not None and not launched:
-                    launched.append(launch(following, model_path, p.dtype))
+                    launched.append(launch_engine(following, model_path, p.dtype))
                 return launched[0] if launched else None
 
             ro = _measure(name, preset, engine, p, prompts, sampling, scorer, None if name == BASELINE else base_ro,
                           section, desc, on_start, mets, rollouts, rows, launch_next)
             engine = launched[0] if launched else None
             if engine is None and following is not None:
-                engine = launch(following, model_path, p.dtype)
+                engine = launch_engine(following, model_path, p.dtype)
             if name == BASELINE:
                 if ro is None:
                     raise EngineError(f"the baseline {p.baseline!r} did not run: {rows[-1]['error']}")
