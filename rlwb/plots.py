@@ -429,6 +429,10 @@ def time_breakdown(curves, style: str = "notebook"):
         left += means[col].values
     for y, total in enumerate(left):
         ax.text(total, y, f" {total:.2f} s", va="center", fontsize="small")
+    if "concurrent_runs" in curves:  # a run's wall time while others shared the cores reads longer: say so
+        shared = curves.groupby("engine")["concurrent_runs"].max().loc[engines]
+        ax.set_yticks(range(len(engines)), [e if k <= 1 else f"{e}\n({k} runs at a time)" for e, k in shared.items()])
+    ax.set_xlim(0, 1.15 * left.max())  # room for the totals
     ax.set_xlabel("seconds per GRPO step (mean)")
     ax.set_title("Where a GRPO step's time goes")
     ax.grid(axis="y", visible=False)

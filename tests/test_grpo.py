@@ -129,7 +129,8 @@ def test_concurrent_runs_train_the_curves_of_one_at_a_time(default_model):
     """Notebook 03's grid with two runs at once (two trainer copies, two engine processes of the preset, one
     thread each) must give every run bitwise the curve it has when the runs go one at a time: each run reloads
     the initial weights into its lane and draws from no shared random state. Only the wall-time columns may
-    differ. Three jobs on two lanes: a lane takes a second job, after another run on its engine."""
+    differ (and `concurrent_runs`, which says so). Three jobs on two lanes: a lane takes a second job, after
+    another run on its engine."""
     from rlwb import params
     from rlwb.experiments.toy_grpo import train_grid
 
@@ -140,8 +141,9 @@ def test_concurrent_runs_train_the_curves_of_one_at_a_time(default_model):
         curves[lanes] = train_grid(p, default_model.path, progress=False)
     a, b = curves[1], curves[2]
     assert len(a) == 9 and list(a.columns) == list(b.columns)
-    same = [c for c in a.columns if not c.startswith("t_")]
+    same = [c for c in a.columns if not c.startswith("t_") and c != "concurrent_runs"]
     assert a[same].equals(b[same]), a[same].compare(b[same])
+    assert set(a["concurrent_runs"]) == {1} and set(b["concurrent_runs"]) == {2}  # what the t_* were measured under
     assert a["reward_mean"].nunique() > 1  # seeds really differ: the check compares distinct runs
 
 

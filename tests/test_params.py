@@ -163,3 +163,13 @@ def test_preset_with_missing_interpreter_is_rejected_before_compute(tmp_path, mo
     monkeypatch.setenv("RLWB_ENGINE_PRESETS", str(extra))
     with pytest.raises(ParamError, match=r"'engines\[0\]'.*interpreter /nonexistent/bin/python does not exist"):
         params.load("01_logprob_mismatch", overrides={"engines": ["mine"]})
+
+
+def test_a_parameter_doc_with_an_equals_sign_is_refused():
+    """papermill skips a parameters-cell line with two `=` (`x: int = 1  # 1 = off`): the parameter would vanish
+    from `papermill --help-notebook` without an error, as `concurrent_runs` once did."""
+    from rlwb.core.fields import param
+
+    with pytest.raises(ValueError, match="contains '='"):
+        param(1, "runs at once; 1 = one at a time")
+    assert param(1, "runs at once; 1 means one at a time").metadata["doc"].endswith("one at a time")

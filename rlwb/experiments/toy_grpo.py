@@ -132,7 +132,9 @@ def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, m
         extra = [EngineWorker(w.preset, model_path, dtype=p.dtype, wait=False) for _ in range(n - 1)]
         try:
             models += [copy.deepcopy(model) for _ in range(n - len(models))]
-            frames += run_in_lanes(jobs, list(zip(models[:n], [w, *extra])), one_run)
+            # `concurrent_runs`: runs trained at once on this engine, what the t_* columns were measured under
+            frames += [df.assign(concurrent_runs=n) for df in run_in_lanes(jobs, list(zip(models[:n], [w, *extra])),
+                                                                            one_run)]
         finally:
             for e in extra:
                 e.close()

@@ -77,7 +77,7 @@ def concurrent_runs_param():
     """The `concurrent_runs` parameter of the notebooks that train GRPO grids (03, 07)."""
     return param(2, "GRPO runs trained at once, each with its own engine process and trainer copy (one run samples "
                     "while another updates; curves identical to one at a time, s/step is wall time shared); "
-                    "1 = one at a time", ge=1, le=8)
+                    "1 means one at a time", ge=1, le=8)
 
 
 @dataclass
