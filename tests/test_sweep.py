@@ -148,4 +148,6 @@ def test_sweep_on_a_local_ray_cluster(outputs, default_model, tmp_path):
         assert len(ok_runs(outputs, "01_logprob_mismatch")) == 2
         assert (sweep_dir / "figures" / "summary.png").exists()
     finally:
+        # `ray stop` kills every process whose command line contains one of Ray's names, "monitor.py" among them:
+        # a `pytest tests/test_monitor.py ...` beside this test was killed (why that file is test_drift_monitoring.py)
         subprocess.run([ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
