@@ -77,8 +77,7 @@ def lanes_for(preset: Preset, wanted: int) -> int:
     use, else 1. On CPU that is an engine with fewer OpenMP threads (its preset's OMP_NUM_THREADS, per
     tensor- or data-parallel rank) than the machine has cores: the V1 presets use one. V0 takes every core;
     two V0 engines beside the trainer oversubscribed 2 cores to ~5 s per step instead of ~0.4 s (measured,
-    notebook 03's default). On CUDA the engines compute on the
-    GPU and the memory plan sizes `wanted` runs."""
+    notebook 03's default). On CUDA the engines compute on the GPU and the memory plan sizes `wanted` runs."""
     if wanted <= 1 or cuda_available():
         return max(1, wanted)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
