@@ -87,11 +87,23 @@ def _descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
-def _is_worker(pid: int) -> bool:
+def _cmdline(pid: int) -> str:
     try:
-        return "rlwb/engines/server.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="ignore")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="ignore")
     except OSError:
+        return ""
+
+
+def _is_worker(pid: int) -> bool:
+    """A worker started fresh runs server.py; a forked one keeps its fork server's command line (fork_server.py)
+    and is that server's child."""
+    if "rlwb/engines/server.py" in _cmdline(pid):
+        return True
+    try:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[1])
+    except (OSError, IndexError, ValueError):
         return False
+    return "rlwb/engines/fork_server.py" in _cmdline(pid) and "rlwb/engines/fork_server.py" in _cmdline(parent)
 
 
 @pytest.mark.engines

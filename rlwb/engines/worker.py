@@ -2,7 +2,8 @@
 
 The notebook kernel never imports vLLM: each engine runs `server.py` under its preset's interpreter, in a
 new process group (so closing it also ends vLLM's engine-core children), and talks over its stdin/stdout
-pipes. Its stderr goes to a log file whose tail is attached to `EngineCrashed` when it dies.
+pipes. Its stderr goes to a log file whose tail is attached to `EngineCrashed` when it dies. On CPU, V1
+workers are forked from a process that has imported vLLM already (`forking.py`); others start fresh.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from rlwb import timing
-from rlwb.engines import protocol
+from rlwb.engines import forking, protocol
 from rlwb.engines.presets import Preset, resolve_preset
 from rlwb.errors import EngineCrashed, EngineError
 
@@ -181,8 +182,11 @@ class EngineWorker:
         env = {**os.environ, "NO_COLOR": "1", **self.preset.env, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(SERVER.parent), "TOKENIZERS_PARALLELISM": "false"}
         env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # never needed: no pickled callables
-        self.proc = subprocess.Popen([str(self.preset.python), str(SERVER)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
+        if forking.enabled(env):  # skips the engine import (most of a start on CPU): see rlwb/engines/forking.py
+            self.proc = forking.spawn([str(self.preset.python), str(SERVER)], env, self.preset.backend, self._log)
+        else:
+            self.proc = subprocess.Popen([str(self.preset.python), str(SERVER)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
         _LIVE.add(self)
         spec = worker_spec(self.preset, self.model, dtype, extra_vllm_kwargs)
         try:
@@ -285,10 +289,12 @@ class EngineWorker:
 
     def _kill_group(self) -> None:
         # The whole group: vLLM's engine-core children outlive a leader that already exited.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        pid = self.proc.pid  # None: a fork server never forked this worker
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
