@@ -31,6 +31,8 @@ import time
 import weakref
 from pathlib import Path
 
+from rlwb.errors import EngineError
+
 FORK_SERVER = Path(__file__).with_name("fork_server.py")
 KEPT = 3  # fork servers kept alive without live workers (each holds an imported engine: ~0.4-0.6 GB RSS)
 MAX_MESSAGE = 1 << 20
@@ -51,8 +53,9 @@ def enabled(env: dict) -> bool:
     return flag == "1" and env.get("OMP_NUM_THREADS") == "1" and not cuda_available()
 
 
-class ForkServerGone(RuntimeError):
-    pass
+class _ServerGone(RuntimeError):
+    """The fork server ended. Never leaves this module: a worker it did not fork fails its start with the reason
+    in its log (`ForkedProcess`), and `spawn` retries once on a new server."""
 
 
 class ForkServer:
@@ -102,7 +105,7 @@ class ForkServer:
                 socket.send_fds(self.sock, [data], list(fds)) if fds else self.sock.send(data)
             except OSError as e:
                 self._gone = self._gone or f"{self.why_gone()} (send: {e})"
-                raise ForkServerGone(self._gone) from None
+                raise _ServerGone(self._gone) from None
         return rid
 
     def reply(self, rid: int, timeout: float | None) -> dict | None:
@@ -113,12 +116,12 @@ class ForkServer:
                 if rid in self._replies:
                     return self._replies.pop(rid)
                 if self._gone is not None:
-                    raise ForkServerGone(self._gone)
+                    raise _ServerGone(self._gone)
                 while select.select([self.sock], [], [], 0)[0]:
                     data = self.sock.recv(MAX_MESSAGE)
                     if not data:
                         self._gone = self.why_gone()
-                        raise ForkServerGone(self._gone)
+                        raise _ServerGone(self._gone)
                     m = json.loads(data)
                     self._replies[m["id"]] = m
                 if rid in self._replies:
@@ -174,7 +177,7 @@ class ForkedProcess:
             return True
         try:
             r = self.server.reply(self._rid, timeout)
-        except ForkServerGone as e:  # no worker was forked: say why in the worker's log, where its error points
+        except _ServerGone as e:  # no worker was forked: say why in the worker's log, where its error points
             self._fresh[3].write(f"rlwb: {e}\n".encode())
             self._fresh[3].flush()
             r = {"error": "gone"}
@@ -210,7 +213,7 @@ class ForkedProcess:
             return self.returncode
         try:
             r = self.server.reply(self.server.request({"op": "status", "pid": self._pid}), timeout=30)
-        except ForkServerGone:
+        except _ServerGone:
             # Its workers notice their parent is gone and end their process groups by SIGKILL.
             r = {"returncode": None if _exists(self._pid) else -signal.SIGKILL}
         if r is not None and r.get("returncode") is not None:
@@ -265,18 +268,23 @@ def spawn(argv: list[str], env: dict, backend: str, stderr) -> ForkedProcess | s
     """Fork a worker (`server.main()`) from its environment's fork server, with new stdio pipes and `stderr`
     (a file); returns at once. `argv` (interpreter, server.py) starts it fresh instead where the server will not
     fork: then this is a plain `Popen`."""
-    server = server_for(argv[0], env, backend)
-    if server.unsafe:
-        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
-                                start_new_session=True)
-    in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
-    try:
-        rid = server.request({"op": "fork", "backend": backend, "env": env}, [in_r, out_w, stderr.fileno()])
-    except BaseException:
-        for fd in (in_r, in_w, out_r, out_w):
-            os.close(fd)
-        raise
+    for attempt in (1, 2):  # a server that ended since it was last used is replaced once
+        server = server_for(argv[0], env, backend)
+        if server.unsafe:
+            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
+                                    start_new_session=True)
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            rid = server.request({"op": "fork", "backend": backend, "env": env}, [in_r, out_w, stderr.fileno()])
+            break
+        except BaseException as e:
+            for fd in (in_r, in_w, out_r, out_w):
+                os.close(fd)
+            if not isinstance(e, _ServerGone):
+                raise
+            if attempt == 2:
+                raise EngineError(f"could not reach a fork server for {argv[0]}: {e}") from None
     return ForkedProcess(server, rid, open(in_w, "wb"), open(out_r, "rb"),  # noqa: SIM115 (the worker's pipes)
                          (argv, in_r, out_w, stderr, env))
 
