@@ -1,7 +1,7 @@
 """Kernel side of the fork server (`fork_server.py`): engine workers forked from a process that has imported vLLM.
 
-`spawn(...)` stands in for `subprocess.Popen([python, server.py], ...)` in `EngineWorker`: it returns a
-`ForkedProcess` with the same surface (`pid`, `stdin`, `stdout`, `poll()`, `wait()`, `returncode`), and
+`start(...)` is how `EngineWorker` starts its worker process. Where it forks, it returns a `ForkedProcess`
+with `subprocess.Popen`'s surface (`pid`, `stdin`, `stdout`, `poll()`, `wait()`, `returncode`), and
 never blocks: the fork server may still be importing when it returns (that is how an engine started ahead
 overlaps other work); `pid` and `poll()` find out when the fork happened.
 
@@ -55,7 +55,7 @@ def enabled(env: dict) -> bool:
 
 class _ServerGone(RuntimeError):
     """The fork server ended. Never leaves this module: a worker it did not fork fails its start with the reason
-    in its log (`ForkedProcess`), and `spawn` retries once on a new server."""
+    in its log (`ForkedProcess`), and `_fork` retries once on a new server."""
 
 
 class ForkServer:
@@ -264,15 +264,24 @@ def server_for(python: str, env: dict, backend: str) -> ForkServer:
     return s
 
 
-def spawn(argv: list[str], env: dict, backend: str, stderr) -> ForkedProcess | subprocess.Popen:
-    """Fork a worker (`server.main()`) from its environment's fork server, with new stdio pipes and `stderr`
-    (a file); returns at once. `argv` (interpreter, server.py) starts it fresh instead where the server will not
-    fork: then this is a plain `Popen`."""
+def start(argv: list[str], env: dict, backend: str, stderr) -> ForkedProcess | subprocess.Popen:
+    """Start an engine worker (`argv`: interpreter, server.py) with stdio pipes, `stderr` (a file) and `env`, in
+    a new session; returns at once. Forked from its environment's fork server where `enabled` and that server
+    forks; otherwise started fresh (a plain `Popen`)."""
+    if enabled(env):
+        forked = _fork(argv, env, backend, stderr)
+        if forked is not None:
+            return forked
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
+                            start_new_session=True)
+
+
+def _fork(argv: list[str], env: dict, backend: str, stderr) -> ForkedProcess | None:
+    """Ask the environment's fork server for a worker; None where that server has refused to fork (`unsafe`)."""
     for attempt in (1, 2):  # a server that ended since it was last used is replaced once
         server = server_for(argv[0], env, backend)
         if server.unsafe:
-            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
-                                    start_new_session=True)
+            return None
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         try:

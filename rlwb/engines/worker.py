@@ -182,11 +182,8 @@ class EngineWorker:
         env = {**os.environ, "NO_COLOR": "1", **self.preset.env, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(SERVER.parent), "TOKENIZERS_PARALLELISM": "false"}
         env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # never needed: no pickled callables
-        if forking.enabled(env):  # skips the engine import (most of a start on CPU): see rlwb/engines/forking.py
-            self.proc = forking.spawn([str(self.preset.python), str(SERVER)], env, self.preset.backend, self._log)
-        else:
-            self.proc = subprocess.Popen([str(self.preset.python), str(SERVER)], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
+        # forked from a process that has imported the engine where it can be (rlwb/engines/forking.py), else fresh
+        self.proc = forking.start([str(self.preset.python), str(SERVER)], env, self.preset.backend, self._log)
         _LIVE.add(self)
         spec = worker_spec(self.preset, self.model, dtype, extra_vllm_kwargs)
         try:
