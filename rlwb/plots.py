@@ -398,7 +398,13 @@ def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log:
         if log:
             ax.set_yscale("log")
     axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize="small")
+    # one legend for every engine (a `none_only` engine's curve is in the `none` panel alone), on the fullest panel
+    labelled = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            labelled.setdefault(lab, h)
+    fullest = max(axes[0], key=lambda ax: len(ax.get_legend_handles_labels()[1]))
+    fullest.legend(list(labelled.values()), list(labelled), fontsize="small")
     avg = f"{smooth}-step moving average per seed; " if smooth > 1 else ""
     center = "geometric mean" if log else "mean"
     fig.suptitle(f"{title} ({avg}line: {center} over seeds; band: 95% CI over seeds)")
@@ -411,7 +417,7 @@ def reward_curves(curves, style: str = "notebook"):
 
 
 def clip_curves(curves, style: str = "notebook"):
-    return _curve_panels(curves, "clip_frac", "PPO clip fraction", "Clip fraction", style)
+    return _curve_panels(curves, "clip_frac", "PPO clip fraction", "Clip fraction", style, bounds=(0.0, 1.0))
 
 
 def mismatch_curves(curves, style: str = "notebook"):

@@ -147,6 +147,26 @@ def test_concurrent_runs_train_the_curves_of_one_at_a_time(default_model):
     assert a["reward_mean"].nunique() > 1  # seeds really differ: the check compares distinct runs
 
 
+def test_none_only_engines_train_only_none(default_model):
+    """Notebook 03's `none_only`: a listed engine runs `none` alone (the corrections' runs would repeat it), the
+    conclusion says what was skipped with the engine's measured k3 (fp32 V1-fixed: at the float floor, no
+    warning), and a `none_only` engine that measured a mismatch gets a warning."""
+    from rlwb import params
+    from rlwb.experiments import toy_grpo
+
+    p = params.load("03_toy_grpo", ["params/03_toy_grpo/smoke.yaml"],
+                    {"num_seeds": 1, "steps": 2, "corrections": ["none", "tis"], "none_only": ["vllm-v1-fixed"],
+                     "drift_threshold": 0.0, "concurrent_runs": 1})
+    r = toy_grpo.run(p, default_model.path, progress=False)
+    assert set(r.curves["correction"]) == {"none"} and len(r.curves) == 2
+    assert "vllm-v1-fixed+tis/reward_last" not in r.metrics
+    assert r.metrics["vllm-v1-fixed+none/mismatch_k3_mean"] < toy_grpo.NO_MISMATCH_K3
+    text = r.conclusion()
+    assert "Not run on `vllm-v1-fixed`" in text and "`tis`" in text and "Warning" not in text
+    warned = toy_grpo.none_only_lines({**r.metrics, "vllm-v1-fixed+none/mismatch_k3_mean": 1e-3}, p)
+    assert "Warning" in warned[-1] and "`vllm-v1-fixed`" in warned[-1]
+
+
 def test_a_failing_lane_stops_the_others_and_raises():
     """`run_in_lanes`: the first error is raised in the caller and the other lane stops at its next check
     instead of finishing the remaining jobs (a GRPO run checks every step)."""

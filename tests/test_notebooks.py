@@ -179,6 +179,10 @@ def check_toy_grpo(d: Path, m: dict) -> None:
         L = f"vllm-v1-fixed+{c}"  # Student-t interval over the 2 seeds
         assert m[f"{L}/drift_trip_frac"] == 0  # the drift monitor stays quiet on the fixed engine
         assert m[f"{L}/reward_last_ci_low"] <= m[f"{L}/reward_last"] <= m[f"{L}/reward_last_ci_high"]
+    # the premise of the default `none_only`: on the mismatch-free engine `tis` trains the same rewards as `none`
+    fixed = curves[curves["engine"] == "vllm-v1-fixed"].sort_values(["seed", "step"])
+    none, tis = (fixed[fixed["correction"] == c]["reward_mean"].to_numpy() for c in ("none", "tis"))
+    assert len(none) == 6 and (none == tis).all()
 
 
 def check_determinism_and_staleness(d: Path, m: dict) -> None:

@@ -147,6 +147,18 @@ def test_grpo_settings_have_one_source():
     assert (cfg.correction, cfg.seed) == ("tis", 7)
 
 
+def test_none_only_needs_none_among_the_corrections():
+    """Notebook 03: a `none_only` engine runs `none` alone, so `none` must be a correction when one is listed."""
+    p = params.load("03_toy_grpo", overrides={"corrections": ["none", "tis"], "none_only": ["vllm-v0"]})
+    assert p.corrections_for("vllm-v0") == ["none"] and p.corrections_for("vllm-v1") == ["none", "tis"]
+    with pytest.raises(ParamError, match="none_only.*'none'"):
+        params.load("03_toy_grpo", overrides={"corrections": ["tis"], "none_only": ["vllm-v0"]})
+    assert params.load("03_toy_grpo", overrides={"corrections": ["tis"], "none_only": []}).corrections_for(
+        "vllm-v0") == ["tis"]
+    with pytest.raises(ParamError, match="none_only"):
+        params.load("03_toy_grpo", overrides={"none_only": ["vllm-v9"]})
+
+
 def test_injected_unknown_names_are_caught_inside_the_notebook():
     """Plain papermill only warns about unknown parameters; the validation cell must reject them."""
     ns = {"In": ["", "seed: int = 0", "# Parameters\nseed = 1\nno_such_key = 3\n"], "seed": 1, "eval_prompts": 5,

@@ -27,6 +27,9 @@ from rlwb.experiments.base import OnStart, Result, iter_engines, run_in_lanes
 from rlwb.formatting import metric
 
 LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
+# Engine-trainer k3 below which an engine counts as mismatch-free (`none_only`): fp32 V0 and V1-fixed measure
+# ~1e-13; k3 1e-9 is a per-token logprob gap of ~4e-5, an importance weight within 1e-4 of 1.
+NO_MISMATCH_K3 = 1e-9
 
 
 DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windows, 2 in a row above
@@ -64,11 +67,12 @@ class GRPOResult(Result):
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         data_dir: str | Path | None = None) -> GRPOResult:
-    """Every engine x correction x seed from the same initial weights. Each engine starts once; every run
-    reloads the initial weights into the trainer and (in flight) into the engine. With `drift_threshold` > 0
-    every run has a drift monitor (`drift_trip_step` records where it tripped; the offending batch goes to
-    `data_dir`)."""
-    curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir)
+    """Every engine x correction x seed from the same initial weights (only `none` on the `none_only` engines).
+    Each engine starts once; every run reloads the initial weights into the trainer and (in flight) into the
+    engine. With `drift_threshold` > 0 every run has a drift monitor (`drift_trip_step` records where it
+    tripped; the offending batch goes to `data_dir`)."""
+    curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir,
+                        corrections_for=params.corrections_for)
     return GRPOResult(params, curve_metrics(curves), curves)
 
 
@@ -180,10 +184,32 @@ def timing_note(p) -> str:
                else "") + ". `concurrent_runs: 1` times every run alone; the curves are the same either way.")
 
 
+def none_only_lines(metrics: dict, p) -> list[str]:
+    """What the `none_only` engines skipped, and a warning where one of them measured a mismatch after all
+    (then its corrections would not have repeated `none`: the skip was wrong for these settings)."""
+    skipped = [c for c in p.corrections if c != "none"]
+    engines = [e for e in getattr(p, "none_only", []) if e in p.engines and f"{e}+none/mismatch_k3_mean" in metrics]
+    if not skipped or not engines:
+        return []
+    k3 = {e: metrics[f"{e}+none/mismatch_k3_mean"] for e in engines}
+    names = ", ".join(f"`{c}`" for c in skipped)
+    where = ", ".join(f"`{e}` (k3 {metric('k3', k3[e], '.1e')})" for e in engines)
+    lines = [f"\nNot run on {where} "
+             f"(`none_only`): {names}. With no engine-trainer mismatch every correction's weight is 1, so its run "
+             f"would repeat `none`'s."]
+    off = [e for e in engines if not k3[e] < NO_MISMATCH_K3]
+    if off:
+        lines.append(f"\n**Warning:** {', '.join(f'`{e}`' for e in off)} measured k3 above the float floor "
+                     f"({NO_MISMATCH_K3:g}) in these settings: a correction could change its runs. Remove it from "
+                     f"`none_only` to race {names} there.")
+    return lines
+
+
 def conclusion(metrics: dict, p) -> str:
     lines = [f"**Setup.** {p.steps} steps × {p.prompts_per_step} prompts × {p.group_size} completions, "
              f"T={p.temperature:g}, lr={p.lr:g}, old logprobs from the {p.old_logprobs}, {p.num_seeds} seeds "
              f"(means over seeds; first/last = first/last 10% of steps). {timing_note(p)}"]
+    lines += none_only_lines(metrics, p)
     for e in p.engines:
         for c in p.corrections:
             L = f"{e}+{c}"

@@ -182,6 +182,12 @@ class GRPOParams(GRPOSettings, EngineParams):
     engines: list[str] = engine_list(["vllm-v0", "vllm-v1", "vllm-v1-fixed"],
                                      "engine presets that generate the rollouts")
     corrections: list[str] = param(["none", "tis"], CORRECTIONS_DOC, choices=CORRECTIONS)
+    # Why the default skips `tis` on V0 and V1-fixed: in fp32 their engine and trainer logprobs agree to the float
+    # floor (k3 ~1e-13), so every correction's weight is 1 and its run repeats `none`'s (measured: identical
+    # rewards at every step of every seed, 2026-11-23). The conclusion flags a `none_only` engine whose k3 is not.
+    none_only: list[str] = param(["vllm-v0", "vllm-v1-fixed"], "engines that run only the `none` correction (no "
+                                 "engine-trainer mismatch: every correction's weight is 1); [] runs every correction "
+                                 "on every engine", check=check_preset_name, allow_empty=True)
     num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
     drift_threshold: float = param(1e-5, "drift monitor: level of drift_metric (mean of 2-step windows, twice in a "
                                          "row) that trips it; 0 turns it off", ge=0)
@@ -192,6 +198,15 @@ class GRPOParams(GRPOSettings, EngineParams):
     @property
     def seeds(self) -> list[int]:
         return [self.seed + i for i in range(self.num_seeds)]
+
+    def __post_init__(self):
+        if "none" not in self.corrections and set(self.none_only) & set(self.engines):
+            raise ParamError(f"parameter 'none_only' lists {sorted(set(self.none_only) & set(self.engines))}, which "
+                             "would run the `none` correction, but 'corrections' does not include 'none'")
+
+    def corrections_for(self, engine: str) -> list[str]:
+        """The corrections run on `engine`'s rollouts."""
+        return ["none"] if engine in self.none_only else list(self.corrections)
 
 
 @dataclass
