@@ -7,8 +7,10 @@ input costs a second, not a run. Whatever happens next, the run is archived with
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,14 +24,20 @@ from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
 from rlwb.progress import PROGRESS_LOG
 
 
-def ipc_kernel_manager():
+def ipc_kernel_manager(socket_dir: str | os.PathLike):
     """The kernel manager papermill starts a run's kernel with: Unix-socket transport instead of loopback TCP, so
-    no port is open to anyone on the machine and ipykernel's plain-TCP warning stays out of the run's terminal."""
+    no port is open to anyone on the machine and ipykernel's plain-TCP warning stays out of the run's terminal.
+
+    The sockets go in `socket_dir` (`socket_dir/kernel-ipc-1` ...), a private directory the caller removes:
+    jupyter_client's default puts them in the kernel's working directory, `notebooks/`, where a killed run
+    left them behind for copies of that directory to trip on."""
     from jupyter_client.manager import AsyncKernelManager
+
+    prefix = os.path.join(os.fspath(socket_dir), "kernel-ipc")
 
     class IpcKernelManager(AsyncKernelManager):
         def __init__(self, **kwargs):
-            super().__init__(**{"transport": "ipc", **kwargs})
+            super().__init__(**{"transport": "ipc", "ip": prefix, **kwargs})
 
     return IpcKernelManager
 
@@ -120,13 +128,14 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     os.environ["RLWB_RUN_DIR"] = str(tmp)
     error = None
     echo = ProgressEcho(tmp / PROGRESS_LOG)
+    sockets = tempfile.mkdtemp(prefix="rlwb-kernel-")  # short: a Unix socket path holds at most 107 bytes
     try:
         import papermill as pm
 
         echo.start()
         pm.execute_notebook(str(nb), str(tmp / "notebook.ipynb"), parameters=params.to_dict(),
                             kernel_name="python3", cwd=str(nb.parent), progress_bar=False, log_output=log_output,
-                            kernel_manager_class=ipc_kernel_manager())
+                            kernel_manager_class=ipc_kernel_manager(sockets))
     except (KeyboardInterrupt, _Interrupted):
         error = "interrupted"
     except Exception as e:  # papermill's execution error carries the cell's exception
@@ -134,6 +143,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         error = f"{ename}: {evalue}" if ename else f"{type(e).__name__}: {e}"
     finally:
         echo.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
         if stop and error is None:

@@ -176,22 +176,26 @@ for fd in os.listdir("/proc/self/fd"):
         continue
     if link.startswith("socket:[") and link[8:-1] in listening:
         mine.append(listening[link[8:-1]])
-print(json.dumps({"transport": IPKernelApp.instance().transport, "tcp_listening": mine}))"""
+app = IPKernelApp.instance()
+print(json.dumps({"transport": app.transport, "ip": app.ip, "tcp_listening": mine}))"""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(code)]
     nbformat.write(nb, tmp_path / "in.ipynb")
     script = ("import sys, papermill as pm\nfrom rlwb.runner import ipc_kernel_manager\n"
-              "kw = {'kernel_manager_class': ipc_kernel_manager()} if sys.argv[3] == 'ipc' else {}\n"
-              "pm.execute_notebook(sys.argv[1], sys.argv[2], kernel_name='python3', progress_bar=False, **kw)")
-    seen = {}
+              "kw = {'kernel_manager_class': ipc_kernel_manager(sys.argv[4])} if sys.argv[3] == 'ipc' else {}\n"
+              "pm.execute_notebook(sys.argv[1], sys.argv[2], kernel_name='python3', progress_bar=False, cwd='.', **kw)")
+    seen, sockets, cwd = {}, tmp_path / "sockets", tmp_path / "cwd"
+    sockets.mkdir(), cwd.mkdir()
     for manager in ("ipc", "papermill default"):
         out_nb = tmp_path / f"{manager[:3]}.ipynb"
-        r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.ipynb"), str(out_nb), manager],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.ipynb"), str(out_nb), manager,
+                            str(sockets)], capture_output=True, text=True, timeout=300, cwd=cwd)
         assert r.returncode == 0, r.stderr[-2000:]
         seen[manager] = (json.loads(nbformat.read(out_nb, 4).cells[0].outputs[0]["text"]), r.stderr)
     (ipc, ipc_err), (tcp, tcp_err) = seen["ipc"], seen["papermill default"]
     assert ipc["transport"] == "ipc" and tcp["transport"] == "tcp"
+    # the sockets lived in the directory given, never in the kernel's working directory, and were removed
+    assert ipc["ip"] == str(sockets / "kernel-ipc") and list(cwd.iterdir()) == [] and list(sockets.iterdir()) == []
     assert "without encryption" not in ipc_err and "WARNING" not in ipc_err, ipc_err[-2000:]
     assert "without encryption" in tcp_err  # the control: the warning this manager keeps out
     assert len(tcp["tcp_listening"]) - len(ipc["tcp_listening"]) >= 5  # every channel left TCP
