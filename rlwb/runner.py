@@ -6,6 +6,8 @@ input costs a second, not a run. Whatever happens next, the run is archived with
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import signal
@@ -24,13 +26,24 @@ from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
 from rlwb.progress import PROGRESS_LOG
 
 
+@functools.cache
+def kernel_socket_dir() -> str:
+    """This process's directory for its kernels' Unix sockets (short: a socket path holds at most 107 bytes),
+    removed when the process exits. One per process, not per run: an interrupted run can leave its kernel still
+    starting (a sweep's Ctrl-C), and a directory removed at the end of each run was once gone under such a
+    kernel (its socket bind failed, and the sweep did not stop: seen in CI, 2026-11-24)."""
+    path = tempfile.mkdtemp(prefix="rlwb-kernel-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def ipc_kernel_manager(socket_dir: str | os.PathLike):
     """The kernel manager papermill starts a run's kernel with: Unix-socket transport instead of loopback TCP, so
     no port is open to anyone on the machine and ipykernel's plain-TCP warning stays out of the run's terminal.
 
-    The sockets go in `socket_dir` (`socket_dir/kernel-ipc-1` ...), a private directory the caller removes:
-    jupyter_client's default puts them in the kernel's working directory, `notebooks/`, where a killed run
-    left them behind for copies of that directory to trip on."""
+    The sockets go in `socket_dir` (`socket_dir/kernel-ipc-1` ...; `kernel_socket_dir()` for runs), not where
+    jupyter_client's default puts them, the kernel's working directory `notebooks/`, where killed runs left them
+    behind for copies of that directory to trip on."""
     from jupyter_client.manager import AsyncKernelManager
 
     prefix = os.path.join(os.fspath(socket_dir), "kernel-ipc")
@@ -128,14 +141,13 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     os.environ["RLWB_RUN_DIR"] = str(tmp)
     error = None
     echo = ProgressEcho(tmp / PROGRESS_LOG)
-    sockets = tempfile.mkdtemp(prefix="rlwb-kernel-")  # short: a Unix socket path holds at most 107 bytes
     try:
         import papermill as pm
 
         echo.start()
         pm.execute_notebook(str(nb), str(tmp / "notebook.ipynb"), parameters=params.to_dict(),
                             kernel_name="python3", cwd=str(nb.parent), progress_bar=False, log_output=log_output,
-                            kernel_manager_class=ipc_kernel_manager(sockets))
+                            kernel_manager_class=ipc_kernel_manager(kernel_socket_dir()))
     except (KeyboardInterrupt, _Interrupted):
         error = "interrupted"
     except Exception as e:  # papermill's execution error carries the cell's exception
@@ -143,7 +155,6 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         error = f"{ename}: {evalue}" if ename else f"{type(e).__name__}: {e}"
     finally:
         echo.stop()
-        shutil.rmtree(sockets, ignore_errors=True)
         signal.signal(signal.SIGTERM, old_term)
         signal.signal(signal.SIGINT, old_int)
         if stop and error is None:
