@@ -24,12 +24,9 @@ from rlwb.core.monitor import DriftMonitor
 from rlwb.engines.presets import Preset, cuda_available, resolve_preset
 from rlwb.engines.worker import EngineWorker
 from rlwb.experiments.base import OnStart, Result, iter_engines, run_in_lanes
-from rlwb.formatting import metric
+from rlwb.formatting import KL_FLOOR, metric
 
 LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
-# Engine-trainer k3 below which an engine counts as mismatch-free (`none_only`): fp32 V0 and V1-fixed measure
-# ~1e-13; k3 1e-9 is a per-token logprob gap of ~4e-5, an importance weight within 1e-4 of 1.
-NO_MISMATCH_K3 = 1e-9
 
 
 DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windows, 2 in a row above
@@ -197,10 +194,10 @@ def none_only_lines(metrics: dict, p) -> list[str]:
     lines = [f"\nNot run on {where} "
              f"(`none_only`): {names}. With no engine-trainer mismatch every correction's weight is 1, so its run "
              f"would repeat `none`'s."]
-    off = [e for e in engines if not k3[e] < NO_MISMATCH_K3]
+    off = [e for e in engines if not k3[e] <= KL_FLOOR]  # rlwb's float floor of a divergence (formatting)
     if off:
         lines.append(f"\n**Warning:** {', '.join(f'`{e}`' for e in off)} measured k3 above the float floor "
-                     f"({NO_MISMATCH_K3:g}) in these settings: a correction could change its runs. Remove it from "
+                     f"({KL_FLOOR:g}) in these settings: a correction could change its runs. Remove it from "
                      f"`none_only` to race {names} there.")
     return lines
 
