@@ -185,7 +185,7 @@ def none_only_lines(metrics: dict, p) -> list[str]:
     """What the `none_only` engines skipped, and a warning where one of them measured a mismatch after all
     (then its corrections would not have repeated `none`: the skip was wrong for these settings)."""
     skipped = [c for c in p.corrections if c != "none"]
-    engines = [e for e in getattr(p, "none_only", []) if e in p.engines and f"{e}+none/mismatch_k3_mean" in metrics]
+    engines = [e for e in p.none_only if e in p.engines and f"{e}+none/mismatch_k3_mean" in metrics]
     if not skipped or not engines:
         return []
     k3 = {e: metrics[f"{e}+none/mismatch_k3_mean"] for e in engines}

@@ -58,15 +58,8 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         data_dir: str | Path | None = None) -> RaceResult:
     """The baseline level runs `none` (every correction too with `race_on_baseline`); every other level
     runs every correction. Each level's engine starts once."""
-    first = params.engines[0]
-
-    def corrections_for(engine: str) -> list[str]:
-        if engine == first and not params.race_on_baseline:
-            return ["none"]
-        return list(params.corrections)
-
     curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir,
-                        corrections_for=corrections_for)
+                        corrections_for=params.corrections_for)
     metrics = race_metrics(curves, params)
     return RaceResult(params, metrics, curves, ranking(metrics, curves, params))
 

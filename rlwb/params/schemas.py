@@ -245,6 +245,11 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
             if len(set(values)) != len(values):
                 raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
 
+    def corrections_for(self, engine: str) -> list[str]:
+        """The corrections run on `engine`'s rollouts: `none` alone on the baseline level (the first engine)
+        unless `race_on_baseline`."""
+        return ["none"] if engine == self.engines[0] and not self.race_on_baseline else list(self.corrections)
+
 
 KNOBS_DOC = "knobs (params/engine_knobs.yaml) applied one at a time to the baseline"
 
