@@ -36,8 +36,8 @@ def _cmd_run(a) -> int:
 
 def _cmd_runs(a) -> int:
     from rlwb.archive import list_runs
-    from rlwb.params import SCHEMAS
     from rlwb.paths import outputs_dir
+    from rlwb.registry import headline
 
     runs = list_runs(outputs_dir(a.outputs))
     if a.notebook:
@@ -47,7 +47,7 @@ def _cmd_runs(a) -> int:
         return 0
     rows = [("notebook", "run id", "status", "duration_s", "headline")]
     for r in runs:
-        keys = SCHEMAS[r["notebook"]].HEADLINE[:1] if r["notebook"] in SCHEMAS else []
+        keys = headline(r["notebook"])[:1]
         head = ", ".join(f"{k}={number(r['metrics'].get(k))}" for k in keys)
         rows.append((r["notebook"], r["run_id"], r.get("status", "?"), number(r.get("duration_s")), head))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
@@ -99,18 +99,18 @@ def _cmd_engines_setup(a) -> int:
 
 
 def _cmd_engines_check(a) -> int:
-    from rlwb.engines.check import check_engines
+    from rlwb.engine_check import check_engines, exit_code
 
     report = check_engines(a.engines or None, model=a.model)
     if a.json:
         print(json.dumps(report, indent=2))
     else:
         for name, r in report.items():
-            cols = " ".join(f"{k}={number(v)}" for k, v in r.items() if k != "error")
-            print(f"{name:20s} {cols}")
+            held = f" held to the {r['expected']}: {r['why']}" if r.get("expected") and r.get("why") else ""
+            print(f"{name:22s} {r['status']:13s} {r.get('engine') or '':3s} {r.get('dtype') or '':9s}{held}")
             if r.get("error"):
-                print(f"{'':20s} error: {r['error'].splitlines()[0]}")
-    return 0 if all(r["ok"] for r in report.values()) else 1
+                print(f"{'':22s} {r['error'].splitlines()[0]}")
+    return exit_code(report)
 
 
 def _cmd_figures(a) -> int:

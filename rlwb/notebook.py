@@ -21,6 +21,7 @@ def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Para
     """Validate the parameters, plan GPU memory (on CUDA; raises before any compute when the run cannot
     fit), and open the run; the plan goes into run.json."""
     from rlwb.core.memory_plan import plan_for_run
+    from rlwb.registry import notebook as record
 
     params = from_namespace(notebook, namespace)
     set_style(style)
@@ -28,7 +29,7 @@ def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Para
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    plan = plan_for_run(notebook, params)
+    plan = plan_for_run(notebook, record(notebook).needs, params)
     run = start_notebook_run(params)
     run.record_memory_plan(plan)
     return params, run

@@ -19,16 +19,6 @@ import pandas as pd
 from rlwb import archive, plots
 from rlwb.formatting import metric, number
 
-FIGURES = {
-    "00_default_policy": {"accuracy_by_digits": ("samples", plots.accuracy_by_digits)},
-    "01_logprob_mismatch": plots.MISMATCH_FIGURES,
-    "02_kl_vs_temperature": plots.KL_FIGURES,
-    "03_toy_grpo": plots.GRPO_FIGURES,
-    "04_determinism_and_staleness": plots.DETERMINISM_FIGURES,
-    "05_equivalence_and_stress": plots.STRESS_FIGURES,
-    "06_engine_knobs": plots.KNOB_FIGURES,
-    "07_which_correction": plots.RACE_FIGURES,
-}
 TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "_s_median", "_ms", "_ms_mean", "_ms_median", "tok_s", "throughput",
                    "throughput_ratio")
 
@@ -46,13 +36,15 @@ def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> l
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
+    from rlwb.registry import NOTEBOOKS
+
     nb = notebook_of(run_dir)
-    if nb not in FIGURES:
+    if nb not in NOTEBOOKS:
         raise ValueError(f"no figure recipes for notebook {nb!r}")
     plots.set_style(style)
     out_dir = run_dir / "figures" if style == "notebook" else run_dir / "figures" / style
     written, cache = [], {}
-    for name, (data, fn) in FIGURES[nb].items():
+    for name, (data, fn) in NOTEBOOKS[nb].figures().items():
         if data not in cache:
             path = run_dir / "data" / f"{data}.parquet"
             if not path.exists():
@@ -189,7 +181,7 @@ def run_model_name(run: dict) -> str:
 
 
 def trend_points(runs: list[dict], metrics: list[str]) -> list[dict]:
-    """A notebook's runs, oldest first, as `plots.trend_figure` points."""
+    """A notebook's runs, oldest first, as `rlwb.plots.trends.trend_figure` points."""
     out = []
     for r in sorted(runs, key=lambda r: (r.get("started_at") or "", r["run_id"])):
         drift, when = r.get("drift"), (r.get("started_at") or "")[5:16].replace("T", " ")
@@ -205,16 +197,17 @@ def trends_html(root: Path, runs: list[dict]) -> str:
     """Per notebook: the trend figure (`trends/<notebook>.png`) and a table of its points."""
     import matplotlib.pyplot as plt
 
-    from rlwb.params import SCHEMAS
+    from rlwb.plots.trends import trend_figure
+    from rlwb.registry import headline
 
     plots.set_style("notebook")
     parts = []
     for nb in sorted({r["notebook"] for r in runs}):
-        metrics = SCHEMAS[nb].HEADLINE if nb in SCHEMAS else []
+        metrics = headline(nb)
         points = trend_points([r for r in runs if r["notebook"] == nb], metrics)
         if not metrics or not points:
             continue
-        fig = plots.trend_figure(points, metrics, f"{nb}: headline metrics, run after run")
+        fig = trend_figure(points, metrics, f"{nb}: headline metrics, run after run")
         plots.save_figure(fig, root / "trends" / nb)
         plt.close(fig)
         rows = "".join(
@@ -240,7 +233,7 @@ def trends_html(root: Path, runs: list[dict]) -> str:
 def build_index(root: Path) -> Path:
     """`<outputs>/index.html`: the trend of every notebook's headline metrics across runs (versions, commits,
     drift and failures marked), then every run, newest first, filterable. Static HTML + PNGs, offline."""
-    from rlwb.params import SCHEMAS
+    from rlwb.registry import headline
 
     runs = archive.list_runs(root)
     trends = trends_html(root, runs)
@@ -250,7 +243,7 @@ def build_index(root: Path) -> Path:
         engines = r.get("engines") or {}
         eng = ", ".join(f"{k} ({v.get('engine')}{' ' + v['vllm_version'] if v.get('vllm_version') else ''})"
                         for k, v in engines.items())
-        heads = SCHEMAS[r["notebook"]].HEADLINE if r["notebook"] in SCHEMAS else []
+        heads = headline(r["notebook"])
         head = "<br>".join(f"<code>{html.escape(k)}</code> = {html.escape(metric(k, r['metrics'].get(k), '.4g'))}"
                            for k in heads[:3])
         figs = sorted(Path(r["dir"], "figures").glob("*.png"))

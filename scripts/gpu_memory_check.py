@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rlwb.core import grpo  # noqa: E402
 from rlwb.core import memory_plan as mp
 from rlwb.core.trainer import TrainerScorer  # noqa: E402
+from rlwb.registry import NOTEBOOKS
 
 QWEN = {  # config.json of each published checkpoint (the fields the plan and the model need)
     "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -109,7 +110,7 @@ def main() -> None:
             dtype = "float32" if nb.startswith("05") else "bfloat16"
             try:
                 seqs = MICRO if nb.startswith("03") else 64
-                p = mp.plan(nb, shape, total, dtype, seqs=seqs, seq_len=PROMPT + COMPLETION)
+                p = mp.plan(nb, NOTEBOOKS[nb].needs, shape, total, dtype, seqs=seqs, seq_len=PROMPT + COMPLETION)
                 plans[nb] = {"gpu_memory_utilization": p.gpu_memory_utilization, "trainer_gib": p.trainer_gib,
                              "engine_gib": p.engine_gib}
             except mp.MemoryPlanError as e:

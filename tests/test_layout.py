@@ -1,5 +1,7 @@
-"""The package's layers as the tree shows them: core below experiments, no import cycles, one experiment module
-per notebook with the same `run` signature, every error type in `rlwb.errors`."""
+"""The package's layers as the tree shows them, checked on every import (function-level ones included): engines
+below core, core below experiments and figures, infrastructure on top; no import cycles; one record per notebook
+(`rlwb.registry`) and the notebooks, experiments, figures and params on disk naming the same stems; every public
+error type in `rlwb.errors`."""
 
 import ast
 import inspect
@@ -9,30 +11,51 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "rlwb"
+# engine-side code runs in the engines' own interpreters and imports nothing of rlwb's kernel side
+ENGINE_SIDE = {"server.py", "vllm_ext.py", "fork_server.py"}
+LEAF = ("rlwb.errors", "rlwb.paths", "rlwb.progress", "rlwb.timing", "rlwb.formatting")
+# layer -> the layers its modules may import (leaf utilities are importable from everywhere)
+ALLOWED = {
+    "rlwb.engines": ("rlwb.engines",),
+    "rlwb.core": ("rlwb.core", "rlwb.engines"),
+    "rlwb.experiments": ("rlwb.experiments", "rlwb.core", "rlwb.engines"),
+    "rlwb.plots": ("rlwb.plots", "rlwb.core"),
+}
 
 
 def module_name(path: Path) -> str:
     return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
 
 
-def top_level_imports() -> dict[str, set[str]]:
-    """Module -> rlwb modules it imports at module level (`from pkg import submodule` counts as the submodule)."""
-    modules = {module_name(f): f for f in PKG.rglob("*.py") if f.name != "server.py" and f.name != "vllm_ext.py"}
-    graph = {}
-    for name, f in modules.items():
-        deps = set()
-        for node in ast.parse(f.read_text()).body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rlwb"):
-                subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
-                deps |= subs or {node.module}
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names if a.name.startswith("rlwb")}
-        graph[name] = {d for d in deps if d in modules and d != name}
-    return graph
+def modules() -> dict[str, Path]:
+    return {module_name(f): f for f in PKG.rglob("*.py")}
+
+
+def imports(tree: ast.AST, known: set[str], top_level_only: bool) -> set[str]:
+    """rlwb modules imported by `tree` (`from pkg import submodule` counts as the submodule)."""
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    deps = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rlwb"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known
+            deps |= subs or {node.module}
+        elif isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names if a.name.startswith("rlwb")}
+    return deps
+
+
+def import_graph(top_level_only: bool) -> dict[str, set[str]]:
+    mods = {m: f for m, f in modules().items() if f.name not in ENGINE_SIDE}
+    return {m: {d for d in imports(ast.parse(f.read_text()), set(mods), top_level_only) if d in mods and d != m}
+            for m, f in mods.items()}
+
+
+def layer(module: str) -> str:
+    return next((lay for lay in ALLOWED if module == lay or module.startswith(lay + ".")), "infrastructure")
 
 
 def test_no_import_cycles():
-    graph, cycles = top_level_imports(), []
+    graph, cycles = import_graph(top_level_only=True), []
 
     def visit(node, path):
         for dep in graph[node]:
@@ -46,11 +69,32 @@ def test_no_import_cycles():
     assert not cycles, cycles[:3]
 
 
-def test_core_depends_only_on_core_engines_and_leaf_utilities():
-    leaf = ("rlwb.core", "rlwb.engines", "rlwb.errors", "rlwb.progress", "rlwb.paths", "rlwb.timing")
-    bad = {m: sorted(d for d in deps if not d.startswith(leaf))
-           for m, deps in top_level_imports().items() if m.startswith("rlwb.core")}
-    assert not {m: d for m, d in bad.items() if d}
+def test_layers_import_only_downwards_function_level_imports_included():
+    bad = {}
+    for m, deps in import_graph(top_level_only=False).items():
+        lay = layer(m)
+        if lay == "infrastructure":
+            continue
+        wrong = sorted(d for d in deps if not d.startswith(LEAF) and layer(d) not in ALLOWED[lay])
+        if wrong:
+            bad[m] = wrong
+    assert not bad, bad
+
+
+def test_the_layer_check_catches_an_upward_import():
+    """The check above on a module written to break it: core importing the archive inside a function."""
+    tree = ast.parse("def f():\n    from rlwb.archive import Run\n    return Run\n")
+    deps = imports(tree, set(modules()), top_level_only=False)
+    assert deps == {"rlwb.archive"} and layer("rlwb.archive") not in ALLOWED["rlwb.core"]
+
+
+def test_engine_side_code_imports_nothing_kernel_side():
+    """server.py, vllm_ext.py and fork_server.py run under the engines' interpreters (vLLM's torch and
+    transformers), where only rlwb.engines' own engine-side files are on the path."""
+    for f in (PKG / "engines").glob("*.py"):
+        if f.name in ENGINE_SIDE:
+            deps = imports(ast.parse(f.read_text()), set(modules()), top_level_only=False)
+            assert all(d.split(".")[-1] in {n.removesuffix(".py") for n in ENGINE_SIDE} for d in deps), (f.name, deps)
 
 
 def test_every_exception_class_lives_in_errors():
@@ -61,14 +105,28 @@ def test_every_exception_class_lives_in_errors():
     assert not stray, stray
 
 
-@pytest.mark.parametrize("stem", ["00_default_policy", "01_logprob_mismatch", "02_kl_vs_temperature", "03_toy_grpo",
-                                  "04_determinism_and_staleness", "05_equivalence_and_stress"])
-def test_one_experiment_module_per_notebook_with_one_run_shape(stem):
-    from rlwb.experiments import NOTEBOOKS, experiment_for
-    from rlwb.experiments.base import Result
+def test_notebooks_records_experiments_figures_and_params_name_the_same_stems():
+    from rlwb.registry import NOTEBOOKS
 
-    assert (REPO / "notebooks" / f"{stem}.ipynb").exists() and stem in NOTEBOOKS
-    mod = experiment_for(stem)
+    on_disk = {p.stem for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    experiments = {p.stem for p in (PKG / "experiments").glob("*.py")}
+    figures = {p.stem for p in (PKG / "plots").glob("*.py")}
+    params_dirs = {p.name for p in (REPO / "params").iterdir() if p.is_dir() and p.name[:2].isdigit()}
+    assert set(NOTEBOOKS) == on_disk == params_dirs
+    names = {r.name for r in NOTEBOOKS.values()}
+    assert names <= experiments and names <= figures
+    assert len(names) == len(NOTEBOOKS)  # no two notebooks share a module name
+    for r in NOTEBOOKS.values():
+        assert r.path.exists() and (r.params_dir / "default.yaml").exists() and (r.params_dir / "smoke.yaml").exists()
+
+
+@pytest.mark.parametrize("stem", sorted(p.stem for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+def test_one_experiment_module_per_notebook_with_one_run_shape(stem):
+    from rlwb.experiments.base import Result
+    from rlwb.registry import notebook
+
+    record = notebook(stem)
+    mod = record.experiment()
     assert Path(mod.__file__).stem == stem.split("_", 1)[1]
     params = list(inspect.signature(mod.run).parameters.values())
     assert [p.name for p in params[:4]] == ["params", "model_path", "on_start", "progress"]
@@ -78,11 +136,28 @@ def test_one_experiment_module_per_notebook_with_one_run_shape(stem):
     assert issubclass(result_cls, Result)
     for method in ("frames", "summary", "conclusion"):
         assert getattr(result_cls, method) is not getattr(Result, method), f"{result_cls.__name__}.{method}"
+    figures = record.figures()
+    assert figures and all(callable(fn) and isinstance(table, str) for table, fn in figures.values())
 
 
-def test_unknown_notebook_has_no_experiment():
+def test_every_figure_the_notebook_saves_has_a_recipe():
+    """`rlwb figures` rebuilds exactly the figures a notebook saves: each `run.save_figure(..., "name")` in a
+    notebook names a figure of its `FIGURES`."""
+    import json
+    import re
+
+    from rlwb.registry import NOTEBOOKS
+
+    for stem, record in NOTEBOOKS.items():
+        cells = json.loads(record.path.read_text())["cells"]
+        src = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        saved = set(re.findall(r'save_figure\([^\n]*,\s*"([a-z0-9_]+)"\)', src))
+        assert saved and saved <= set(record.figures()), (stem, saved - set(record.figures()))
+
+
+def test_unknown_notebook_is_refused():
     from rlwb.errors import ParamError
-    from rlwb.experiments import experiment_for
+    from rlwb.registry import notebook
 
-    with pytest.raises(ParamError, match="no experiment"):
-        experiment_for("99_nothing")
+    with pytest.raises(ParamError, match="unknown notebook '99_nothing'"):
+        notebook("99_nothing")

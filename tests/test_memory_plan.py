@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from rlwb.core import memory_plan as mp
+from rlwb.registry import NOTEBOOKS as RECORDS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,10 +60,10 @@ def test_plans_for_qwen_shapes_on_24_40_80_gb(model, gb):
     shape = mp.ModelShape.from_config(QWEN[model])
     for nb in NOTEBOOKS:
         p = params.load(nb, [REPO / "params" / nb / "gpu.yaml"])
-        seqs, seq_len = mp.forward_size(nb, p, shape.max_position_embeddings)
+        seqs, seq_len = mp.forward_size(p, shape.max_position_embeddings)
         runs = getattr(p, "concurrent_runs", 1)
         if nb in FITS[(model, gb)]:
-            plan = mp.plan(nb, shape, gb * GiB, p.dtype, seqs=seqs, seq_len=seq_len, runs=runs)
+            plan = mp.plan(nb, RECORDS[nb].needs, shape, gb * GiB, p.dtype, seqs=seqs, seq_len=seq_len, runs=runs)
             # the pieces add up within the GPU, and each engine can hold what it must
             assert plan.trainer_gib + plan.engines_at_once * plan.engine_gib <= 0.95 * gb + 0.03  # (0.01 GiB rounding)
             assert plan.engine_gib >= plan.engine_min_gib and plan.kv_cache_gib > 0
@@ -71,47 +72,53 @@ def test_plans_for_qwen_shapes_on_24_40_80_gb(model, gb):
                 assert plan.engines_at_once == 2 and plan.gpu_memory_utilization < 0.48
         else:
             with pytest.raises(mp.MemoryPlanError, match=rf"{nb} needs ~[\d.]+ GiB .* of this {gb} GiB GPU"):
-                mp.plan(nb, shape, gb * GiB, p.dtype, seqs=seqs, seq_len=seq_len, runs=runs)
+                mp.plan(nb, RECORDS[nb].needs, shape, gb * GiB, p.dtype, seqs=seqs, seq_len=seq_len, runs=runs)
 
 
 def test_forward_sizes_follow_the_params():
     from rlwb import params
 
     grpo = params.load("03_toy_grpo", [REPO / "params" / "03_toy_grpo" / "gpu.yaml"])
-    assert mp.forward_size("03_toy_grpo", grpo, 32768) == (grpo.micro_batch, grpo.max_tokens + mp.PROMPT_ALLOWANCE)
+    assert mp.forward_size(grpo, 32768) == (grpo.micro_batch, grpo.max_tokens + mp.PROMPT_ALLOWANCE)
     stale = params.load("04_determinism_and_staleness", [REPO / "params" / "04_determinism_and_staleness" / "gpu.yaml"])
-    assert mp.forward_size("04_determinism_and_staleness", stale, 32768)[1] == 2048 + 128 + mp.PROMPT_ALLOWANCE
+    assert mp.forward_size(stale, 32768)[1] == 2048 + 128 + mp.PROMPT_ALLOWANCE
     stress = params.load("05_equivalence_and_stress")  # CPU default: validator cases up to the whole context
-    assert mp.forward_size("05_equivalence_and_stress", stress, 4096) == (1, 4096)
+    assert mp.forward_size(stress, 4096) == (1, 4096)
+
+
+GRPO_NEEDS = RECORDS["03_toy_grpo"].needs
 
 
 def test_grpo_plan_counts_adamw_state_and_activations():
     """notebook 03's gpu.yaml: 32 prompts x 8 completions x (512 + 256 prompt) tokens per step."""
     shape = mp.ModelShape.from_config(QWEN["0.5B"])
     n = shape.params()
-    small = mp.plan("03_toy_grpo", shape, 40 * GiB, "bfloat16", seqs=4, seq_len=768)  # micro_batch 4
-    medium = mp.plan("03_toy_grpo", shape, 80 * GiB, "bfloat16", seqs=8, seq_len=768)
+    small = mp.plan("03_toy_grpo", GRPO_NEEDS, shape, 40 * GiB, "bfloat16", seqs=4, seq_len=768)  # micro_batch 4
+    medium = mp.plan("03_toy_grpo", GRPO_NEEDS, shape, 80 * GiB, "bfloat16", seqs=8, seq_len=768)
     assert small.trainer_gib * GiB >= 20 * n  # weights + grads + 2 Adam moments + initial copy, fp32
     assert medium.trainer_gib > small.trainer_gib + 10  # twice the micro-batch's activations and logits
     with pytest.raises(mp.MemoryPlanError, match="use a smaller micro_batch"):  # the whole step in one pass
-        mp.plan("03_toy_grpo", shape, 80 * GiB, "bfloat16", seqs=256, seq_len=768)
+        mp.plan("03_toy_grpo", GRPO_NEEDS, shape, 80 * GiB, "bfloat16", seqs=256, seq_len=768)
     # two runs at once (concurrent_runs=2): a second trainer copy in the same process and a second engine
-    two = mp.plan("03_toy_grpo", shape, 80 * GiB, "bfloat16", seqs=4, seq_len=768, runs=2)
+    two = mp.plan("03_toy_grpo", GRPO_NEEDS, shape, 80 * GiB, "bfloat16", seqs=4, seq_len=768, runs=2)
     assert two.engines_at_once == 2 * small.engines_at_once
     assert two.trainer_gib == pytest.approx(2 * small.trainer_gib - mp.PROCESS_OVERHEAD / GiB, abs=0.02)
     with pytest.raises(mp.MemoryPlanError, match="concurrent_runs=1"):  # fits alone on 40 GiB, not twice
-        mp.plan("03_toy_grpo", shape, 40 * GiB, "bfloat16", seqs=4, seq_len=768, runs=2)
+        mp.plan("03_toy_grpo", GRPO_NEEDS, shape, 40 * GiB, "bfloat16", seqs=4, seq_len=768, runs=2)
 
 
 def test_engine_kwargs_apply_the_plan_on_cuda_only(monkeypatch):
-    monkeypatch.setenv(mp.ENV_VAR, "0.31")
-    assert mp.engine_kwargs({"dtype": "bfloat16"}, cuda=True)["gpu_memory_utilization"] == 0.31
-    assert "gpu_memory_utilization" not in mp.engine_kwargs({}, cuda=False)
+    from rlwb.engines.presets import GPU_SHARE_ENV, engine_kwargs
+
+    monkeypatch.setenv(GPU_SHARE_ENV, "0.31")
+    assert engine_kwargs({"dtype": "bfloat16"}, cuda=True)["gpu_memory_utilization"] == 0.31
+    assert "gpu_memory_utilization" not in engine_kwargs({}, cuda=False)
     # a preset that sets its own share keeps it
-    assert mp.engine_kwargs({"gpu_memory_utilization": 0.5}, cuda=True)["gpu_memory_utilization"] == 0.5
+    assert engine_kwargs({"gpu_memory_utilization": 0.5}, cuda=True)["gpu_memory_utilization"] == 0.5
 
 
 def test_cpu_runs_record_no_gpu_plan():
     from rlwb import params
 
-    assert mp.plan_for_run("01_logprob_mismatch", params.load("01_logprob_mismatch"))["device"] == "cpu"
+    nb = "01_logprob_mismatch"
+    assert mp.plan_for_run(nb, RECORDS[nb].needs, params.load(nb))["device"] == "cpu"

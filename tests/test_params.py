@@ -10,6 +10,7 @@ import yaml
 
 from rlwb import params
 from rlwb.params import ParamError
+from rlwb.registry import NOTEBOOKS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,11 +90,11 @@ def test_params_hash_is_stable_and_sensitive():
     assert len(a.hash()) == 8
 
 
-@pytest.mark.parametrize("stem", sorted(params.SCHEMAS))
+@pytest.mark.parametrize("stem", sorted(NOTEBOOKS))
 def test_notebook_parameters_cell_and_default_yaml_match_the_schema(stem):
     from rlwb.params.cells import defaults_yaml, out_of_date, parameters_cell
 
-    schema = params.SCHEMAS[stem]
+    schema = NOTEBOOKS[stem].schema
     nb = nbformat.read(REPO / "notebooks" / f"{stem}.ipynb", as_version=4)
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1, "exactly one cell tagged `parameters`"
@@ -128,7 +129,7 @@ def test_sync_params_writes_what_the_schemas_say(tmp_path):
     assert len(sync(nbs, prm)) == 2 and sync(nbs, prm) == []
     nb = nbformat.read(nbs / "01_logprob_mismatch.ipynb", as_version=4)
     assert next(c for c in nb.cells if "parameters" in c.metadata.get("tags", [])).source == parameters_cell(
-        params.SCHEMAS["01_logprob_mismatch"])
+        NOTEBOOKS["01_logprob_mismatch"].schema)
     assert yaml.safe_load((prm / "03_toy_grpo" / "default.yaml").read_text())["steps"] == 50
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from rlwb import params
 from rlwb.params import ParamError
+from rlwb.registry import NOTEBOOKS
 from tests.conftest import process_group_members
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,7 +25,7 @@ junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(sorted(params.SCHEMAS)),
+@given(st.sampled_from(sorted(NOTEBOOKS)),
        st.dictionaries(st.sampled_from(["seed", "prompts", "temperature", "engines", "top_p", "top_k", "dtype",
                                         "model", "temperatures", "steps", "lr", "corrections", "batch_sizes",
                                         "full_vocab", "bogus"]), junk, max_size=4))

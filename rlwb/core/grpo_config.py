@@ -30,6 +30,11 @@ class GRPOSettings:
                                 "0 means all at once", ge=0)
     max_digits: int = param(3, "operands of the training prompts have 1 to this many digits (qwen2-chat: 2)", ge=1)
 
+    def trainer_forward(self, context: int, prompt_allowance: int) -> tuple[int, int]:
+        """(sequences, tokens each) of the update's largest forward pass, for the GPU memory plan
+        (`rlwb.core.memory_plan.forward_size`): a micro-batch, or the whole step's batch when unsplit."""
+        return (self.micro_batch or self.prompts_per_step * self.group_size), self.max_tokens + prompt_allowance
+
 
 @dataclass
 class GRPOConfig(GRPOSettings):

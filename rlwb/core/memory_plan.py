@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
+from rlwb.engines.presets import GPU_SHARE_ENV
 from rlwb.errors import MemoryPlanError
 
 GiB = 1024**3
@@ -29,19 +30,25 @@ PROCESS_OVERHEAD = 1.0 * GiB
 # An engine's working memory beyond weights and KV cache: CUDA graphs, activations of the largest batch,
 # the sampler's logits. vLLM's own profiling measures it at start; this is its planning allowance.
 ENGINE_WORKSPACE = 2.0 * GiB
-# Notebook -> (engines alive at once, trainer role). "score": fp32 scorer(s), no grad. "train": fp32 policy
-# with AdamW and a copy of its initial weights (every run restarts from them). "none": no trainer on GPU.
-NOTEBOOK_NEEDS = {
-    "00_default_policy": (0, "score"),
-    "01_logprob_mismatch": (1, "score"),
-    "02_kl_vs_temperature": (1, "score"),
-    "03_toy_grpo": (1, "train"),
-    "04_determinism_and_staleness": (1, "score2"),  # old and new weights are scored side by side
-    "05_equivalence_and_stress": (2, "score"),  # the memory-pressure engine starts beside the first one
-    "06_engine_knobs": (1, "score2"),  # one knob's engine at a time; the MoE audit's scorer beside the main one
-    "07_which_correction": (1, "train"),  # notebook 03's loop, one mismatch level's engine at a time
-}
-ENV_VAR = "RLWB_GPU_MEMORY_UTILIZATION"  # what a planned run hands its engines (see `engine_kwargs`)
+TRAINER_ROLES = ("none", "score", "score2", "train")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a notebook run holds on the GPU besides its engines' shares (each notebook's record in
+    `rlwb.registry` declares its own). `role`: "score" an fp32 scorer, no grad; "score2" two of them side by side;
+    "train" the fp32 policy with AdamW and a copy of its initial weights (every run restarts from them); "none"
+    no trainer on the GPU."""
+
+    engines_at_once: int  # engine processes alive at once in one run
+    role: str
+
+    def __post_init__(self):
+        if self.role not in TRAINER_ROLES or self.engines_at_once < 0:
+            raise ValueError(f"memory needs: role must be one of {TRAINER_ROLES} and engines_at_once >= 0, got "
+                             f"{self.role!r}, {self.engines_at_once}")
+
+
 
 
 
@@ -107,7 +114,7 @@ MARGIN = 1.10  # on top of every trainer estimate: allocator rounding, temporari
 
 
 def trainer_bytes(shape: ModelShape, role: str, seqs: int, seq_len: int) -> int:
-    """The trainer process's peak on the GPU for a notebook role (see NOTEBOOK_NEEDS): `seqs` sequences of
+    """The trainer process's peak on the GPU for a notebook role (see `Needs`): `seqs` sequences of
     `seq_len` tokens in one forward (the scorer's batch, or the policy update's micro-batch)."""
     n = shape.params()
     h, L, V, a, i = (shape.hidden_size, shape.num_hidden_layers, shape.vocab_size, shape.num_attention_heads,
@@ -135,20 +142,20 @@ def trainer_bytes(shape: ModelShape, role: str, seqs: int, seq_len: int) -> int:
     raise ValueError(f"unknown trainer role {role!r}")
 
 
-def plan(notebook: str, shape: ModelShape, gpu_bytes: int, engine_dtype: str, *, max_model_len: int | None = None,
-         seqs: int = 8, seq_len: int = 1024, engines_at_once: int | None = None, runs: int = 1) -> MemoryPlan:
+def plan(notebook: str, needs: Needs, shape: ModelShape, gpu_bytes: int, engine_dtype: str, *,
+         max_model_len: int | None = None, seqs: int = 8, seq_len: int = 1024, engines_at_once: int | None = None,
+         runs: int = 1) -> MemoryPlan:
     """Split one GPU between the notebook's trainer and its engines; raise MemoryPlanError if it cannot fit.
 
+    `notebook` names the run in messages; `needs` is what it holds (its record in `rlwb.registry`).
     `seqs` x `seq_len`: the trainer's largest forward (the scorer's batch, or GRPO's micro-batch). Each
     engine gets an equal share of what the trainer leaves (minus a 5% margin for fragmentation); its share
     must hold its weights, the KV cache of one `max_model_len` sequence (vLLM refuses to start with less)
     and its workspace. `runs`: GRPO runs trained at once (`concurrent_runs`), each with its own trainer copy
     (in the one trainer process) and its own engines."""
-    if notebook not in NOTEBOOK_NEEDS:
-        raise ValueError(f"no memory needs known for notebook {notebook!r}")
     if engine_dtype not in DTYPE_BYTES:
         raise ValueError(f"engine dtype must be one of {sorted(DTYPE_BYTES)}, got {engine_dtype!r}")
-    at_once, role = NOTEBOOK_NEEDS[notebook]
+    at_once, role = needs.engines_at_once, needs.role
     at_once = (at_once if engines_at_once is None else engines_at_once) * runs
     n = shape.params()
     ctx = max_model_len or shape.max_position_embeddings
@@ -176,10 +183,10 @@ def plan(notebook: str, shape: ModelShape, gpu_bytes: int, engine_dtype: str, *,
                       gpu_memory_utilization=round(per_engine / gpu_bytes, 3) if at_once else 0.0)
 
 
-def plan_for_run(notebook: str, params) -> dict:
+def plan_for_run(notebook: str, needs: Needs, params) -> dict:
     """The plan of a notebook run on this machine, for run.json: `{"device": "cpu"}` without CUDA, else the
     CUDA plan (raising MemoryPlanError before any compute when it cannot fit). Exports the engines' share
-    through `RLWB_GPU_MEMORY_UTILIZATION` for `engine_kwargs`."""
+    through `RLWB_GPU_MEMORY_UTILIZATION` for the engine presets (`rlwb.engines.presets.engine_kwargs`)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -190,33 +197,23 @@ def plan_for_run(notebook: str, params) -> dict:
 
     model = getattr(params, "model", "default")
     cfg = AutoConfig.from_pretrained(str(resolve_model(model, progress=False)))
-    seqs, seq_len = forward_size(notebook, params, int(cfg.max_position_embeddings))
-    p = plan(notebook, ModelShape.from_config(cfg), torch.cuda.get_device_properties(0).total_memory,
+    seqs, seq_len = forward_size(params, int(cfg.max_position_embeddings))
+    p = plan(notebook, needs, ModelShape.from_config(cfg), torch.cuda.get_device_properties(0).total_memory,
              getattr(params, "dtype", "bfloat16"), seqs=seqs, seq_len=seq_len,
              runs=int(getattr(params, "concurrent_runs", 1)))
-    os.environ[ENV_VAR] = str(p.gpu_memory_utilization)
+    os.environ[GPU_SHARE_ENV] = str(p.gpu_memory_utilization)
     return p.as_dict()
 
 
 PROMPT_ALLOWANCE = 256  # tokens of prompt the plan allows for on top of max_tokens
 
 
-def forward_size(notebook: str, params, context: int) -> tuple[int, int]:
-    """(sequences, tokens each) of the trainer's largest forward pass in a notebook run with `params`, for a
-    model of `context` positions."""
+def forward_size(params, context: int) -> tuple[int, int]:
+    """(sequences, tokens each) of the trainer's largest forward pass in a run with `params`, for a model of
+    `context` positions: the params' own `trainer_forward(context, prompt_allowance)` where a notebook's
+    trainer does something else than the scorer's batches (GRPO's update, notebook 05's long contexts)."""
+    own = getattr(params, "trainer_forward", None)
+    if own is not None:
+        return own(context, PROMPT_ALLOWANCE)
     seq_len = int(getattr(params, "max_tokens", 256)) + PROMPT_ALLOWANCE + int(getattr(params, "prefix_tokens", 0))
-    if notebook in ("03_toy_grpo", "07_which_correction"):  # the GRPO update: a micro-batch at a time
-        micro = int(getattr(params, "micro_batch", 0) or 0)
-        return micro or int(params.prompts_per_step) * int(params.group_size), seq_len
-    if notebook == "05_equivalence_and_stress":  # long contexts are scored one at a time; validator cases batch
-        longest = max(list(params.longctx_lengths)) + int(params.longctx_max_tokens)
-        return 1, max(longest, int(params.validate_max_context or context), seq_len)
     return 64, seq_len  # TrainerScorer.score's batch_size
-
-
-def engine_kwargs(vllm_kwargs: dict, cuda: bool) -> dict:
-    """vLLM kwargs with the run's planned `gpu_memory_utilization` on CUDA, unless the preset sets its own."""
-    share = os.environ.get(ENV_VAR)
-    if cuda and share and "gpu_memory_utilization" not in vllm_kwargs:
-        return {**vllm_kwargs, "gpu_memory_utilization": float(share)}
-    return dict(vllm_kwargs)

@@ -125,6 +125,17 @@ def available_presets(files: list[Path] | None = None) -> list[str]:
     return [n for n in load_presets(files) if not n.startswith("_")]
 
 
+GPU_SHARE_ENV = "RLWB_GPU_MEMORY_UTILIZATION"  # the GPU share a planned run (rlwb.core.memory_plan) hands its engines
+
+
+def engine_kwargs(vllm_kwargs: dict, cuda: bool) -> dict:
+    """vLLM kwargs with the run's planned `gpu_memory_utilization` on CUDA, unless the preset sets its own."""
+    share = os.environ.get(GPU_SHARE_ENV)
+    if cuda and share and "gpu_memory_utilization" not in vllm_kwargs:
+        return {**vllm_kwargs, "gpu_memory_utilization": float(share)}
+    return dict(vllm_kwargs)
+
+
 def cuda_available() -> bool:
     try:
         import torch

@@ -131,8 +131,7 @@ def generate_requests(prompts: list[list[int]], sampling: Sampling | list[Sampli
 def worker_spec(preset: Preset, model: str, dtype: str = "float32", extra_vllm_kwargs: dict | None = None) -> dict:
     """What the worker process is started with (`server.py` builds its engine from it): the preset's settings
     for this machine. `rlwb bench` builds its in-process baseline from the same spec, so both run one config."""
-    from rlwb.core.memory_plan import engine_kwargs
-    from rlwb.engines.presets import cuda_available
+    from rlwb.engines.presets import cuda_available, engine_kwargs
 
     return {"backend": preset.backend, "model": str(model), "dtype": dtype,
             "vllm_kwargs": engine_kwargs({**preset.vllm_kwargs, **(extra_vllm_kwargs or {})}, cuda=cuda_available()),

@@ -336,15 +336,7 @@ class StressParams(EngineParams):
     validate_max_context: int = param(0, "longest validator case (prompt + completion) in tokens; "
                                          "0 means the whole model context", ge=0)
 
-
-SCHEMAS: dict[str, type[Params]] = {c.NOTEBOOK: c for c in (DefaultPolicyParams, MismatchParams,
-                                                            KLTemperatureParams, GRPOParams, DeterminismParams,
-                                                            StressParams, EngineKnobParams, CorrectionRaceParams)}
-
-
-def schema_for(notebook: str) -> type[Params]:
-    """The params dataclass of a notebook (by stem or path)."""
-    stem = Path(notebook).stem
-    if stem not in SCHEMAS:
-        raise ParamError(f"no parameter schema for notebook {stem!r}; known: {sorted(SCHEMAS)}")
-    return SCHEMAS[stem]
+    def trainer_forward(self, context: int, prompt_allowance: int) -> tuple[int, int]:
+        """The scorer's largest forward (GPU memory plan): long contexts and validator cases go one at a time."""
+        longest = max(self.longctx_lengths) + self.longctx_max_tokens
+        return 1, max(longest, self.validate_max_context or context, self.max_tokens + prompt_allowance)

@@ -17,7 +17,14 @@ from pathlib import Path
 import yaml
 
 from rlwb.errors import ParamError
-from rlwb.params.schemas import Params, schema_for
+from rlwb.params.schemas import Params
+
+
+def schema_for(notebook: str) -> type[Params]:
+    """The params dataclass of a notebook (by stem or path): its record in `rlwb.registry`."""
+    from rlwb.registry import notebook as record
+
+    return record(notebook).schema
 
 
 def type_name(tp) -> str:

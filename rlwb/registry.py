@@ -1,0 +1,92 @@
+"""Every notebook, declared once.
+
+A notebook is `notebooks/<stem>.ipynb`; its record here names its parameters (the schema, whose `NOTEBOOK` is the
+stem), the question its report answers and what a run holds on a GPU. Everything else is found from the stem
+by one rule, so nothing else lists notebooks: the experiment is `rlwb/experiments/<name>.py` and its figures
+`rlwb/plots/<name>.py` (`<name>` = the stem without its number), the parameter files `params/<stem>/`.
+`tests/test_layout.py` checks that the notebooks on disk, these records, the experiments, the figure modules and
+the params folders name the same stems; the schemas table, `rlwb figures`, the memory plan, the index and the
+README's notebook table all read from `NOTEBOOKS`.
+
+To add a notebook: write its schema (`rlwb/params/schemas.py`), its experiment and figures modules, add a record
+below, then `rlwb sync-params` writes its parameters cell and `params/<stem>/default.yaml`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from rlwb.core.memory_plan import Needs
+from rlwb.errors import ParamError
+from rlwb.params import schemas as S
+from rlwb.paths import NOTEBOOKS_DIR, PARAMS_DIR
+
+
+@dataclass(frozen=True)
+class Notebook:
+    schema: type[S.Params]  # its parameters; `schema.NOTEBOOK` is the stem
+    question: str  # the one line its report answers (README's notebook table, the index)
+    needs: Needs  # what one run holds on a GPU besides engine shares (rlwb.core.memory_plan)
+
+    @property
+    def stem(self) -> str:
+        return self.schema.NOTEBOOK
+
+    @property
+    def name(self) -> str:
+        """`03_toy_grpo` -> `toy_grpo`: the experiment's and the figures' module name."""
+        return self.stem.split("_", 1)[1]
+
+    @property
+    def path(self) -> Path:
+        return NOTEBOOKS_DIR / f"{self.stem}.ipynb"
+
+    @property
+    def params_dir(self) -> Path:
+        return PARAMS_DIR / self.stem
+
+    def experiment(self) -> ModuleType:
+        """`rlwb.experiments.<name>`: its `run(params, model_path, *, on_start, progress) -> Result`."""
+        return importlib.import_module(f"rlwb.experiments.{self.name}")
+
+    def figures(self) -> dict:
+        """`rlwb.plots.<name>.FIGURES`: figure name -> (the data table it is drawn from, the function)."""
+        return importlib.import_module(f"rlwb.plots.{self.name}").FIGURES
+
+
+NOTEBOOKS: dict[str, Notebook] = {n.stem: n for n in (
+    Notebook(S.DefaultPolicyParams, "what policy do the experiments use?", Needs(0, "score")),
+    Notebook(S.MismatchParams, "engine vs trainer logprobs, the V0 → V1 → V1-fixed ladder, reward equivalence",
+             Needs(1, "score")),
+    Notebook(S.KLTemperatureParams, "KL drift across temperatures, raw vs processed, top-p renormalisation",
+             Needs(1, "score")),
+    Notebook(S.GRPOParams, "what mismatch does to GRPO", Needs(1, "train")),
+    # old and new weights are scored side by side
+    Notebook(S.DeterminismParams, "batch invariance, reruns, stale prefix cache after in-flight weight updates",
+             Needs(1, "score2")),
+    # the memory-pressure engine starts beside the first one
+    Notebook(S.StressParams, "property-based validator per preset, memory pressure with preemption, long contexts",
+             Needs(2, "score")),
+    # one knob's engine at a time; the MoE audit's scorer beside the main one
+    Notebook(S.EngineKnobParams, "which vLLM settings keep rollouts on-policy, and what each costs in throughput; "
+             "other vLLM versions; MoE router agreement", Needs(1, "score2")),
+    # notebook 03's loop, one mismatch level's engine at a time
+    Notebook(S.CorrectionRaceParams, "which peer's off-policy correction recovers the no-mismatch baseline, per "
+             "mismatch level", Needs(1, "train")),
+)}
+
+
+def headline(stem: str) -> list[str]:
+    """The metric keys `rlwb runs` and the index show for a notebook's runs ([] for a stem no longer declared)."""
+    return list(NOTEBOOKS[stem].schema.HEADLINE) if stem in NOTEBOOKS else []
+
+
+def notebook(name: str | Path) -> Notebook:
+    """The record of a notebook, by stem or path (`notebooks/03_toy_grpo.ipynb`)."""
+    stem = Path(name).stem
+    if stem not in NOTEBOOKS:
+        raise ParamError(f"unknown notebook {stem!r}; known: {', '.join(NOTEBOOKS)}")
+    return NOTEBOOKS[stem]
