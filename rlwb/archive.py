@@ -192,6 +192,7 @@ class Run:
             for name, frame in result.frames().items():
                 self.save_data(frame, name)
             merged = self.log_metrics(result.metrics)
+            self._update_run_json(answer=result.answer())
         self.write_timing()
         return merged
 

@@ -108,8 +108,9 @@ def _cmd_engines_check(a) -> int:
         for name, r in report.items():
             held = f" held to the {r['expected']}: {r['why']}" if r.get("expected") and r.get("why") else ""
             print(f"{name:22s} {r['status']:13s} {r.get('engine') or '':3s} {r.get('dtype') or '':9s}{held}")
-            if r.get("error"):
-                print(f"{'':22s} {r['error'].splitlines()[0]}")
+            if r.get("error"):  # the first lines say what failed (a validation error names the field after line 1)
+                for line in [s for s in r["error"].splitlines() if s.strip()][:3]:
+                    print(f"{'':22s} {line.strip()[:200]}")
     return exit_code(report)
 
 

@@ -83,4 +83,6 @@ def table(df, spec: str = ".3g"):
             styler = styler.format(cell_formatter(row), subset=pd.IndexSlice[[row], numeric])
     else:
         styler = styler.format({c: cell_formatter(c) for c in numeric})
+    if isinstance(df.index, pd.RangeIndex):  # 0, 1, 2, ... tells a reader nothing: hide it
+        styler = styler.hide(axis="index")
     return styler

@@ -205,7 +205,7 @@ def trends_html(root: Path, runs: list[dict]) -> str:
     for nb in sorted({r["notebook"] for r in runs}):
         metrics = headline(nb)
         points = trend_points([r for r in runs if r["notebook"] == nb], metrics)
-        if not metrics or not points:
+        if not metrics or len(points) < 2:  # one point is no trend: the latest report above says it all
             continue
         fig = trend_figure(points, metrics, f"{nb}: headline metrics, run after run")
         plots.save_figure(fig, root / "trends" / nb)
@@ -230,13 +230,45 @@ def trends_html(root: Path, runs: list[dict]) -> str:
     return "".join(parts)
 
 
+NO_ANSWER = "(no answer recorded: a run made before answers were archived)"
+
+
+def latest_html(root: Path, runs: list[dict]) -> str:
+    """The index's opening: per notebook (registry order, then any others), its latest successful run's report
+    link, when and on which model build it ran, and its one-line answer."""
+    from rlwb.registry import NOTEBOOKS
+
+    newest = {}
+    for r in runs:  # newest first
+        if r.get("status") == "ok":
+            newest.setdefault(r["notebook"], r)
+    order = [nb for nb in NOTEBOOKS if nb in newest] + sorted(set(newest) - set(NOTEBOOKS))
+    rows = []
+    for nb in order:
+        r = newest[nb]
+        rel = os.path.relpath(r["dir"], root)
+        question = NOTEBOOKS[nb].question if nb in NOTEBOOKS else ""
+        model = r.get("model") or {}
+        build = model.get("weights_sha256_16") or ""
+        rows.append(f"<tr><td><b>{html.escape(nb)}</b><div class=q>{html.escape(question)}</div></td>"
+                    f'<td><a href="{html.escape(rel)}/report.html">{html.escape(r["run_id"])}</a>'
+                    f"<div class=q>{html.escape((r.get('started_at') or '')[:16].replace('T', ' '))} UTC"
+                    + (f" · {html.escape(run_model_name(r) or '')} <code>{html.escape(build)}</code>" if build else "")
+                    + f"</div></td><td>{html.escape(r.get('answer') or NO_ANSWER)}</td></tr>")
+    if not rows:
+        return "<p>No successful run yet: <code>make reports</code> makes one per notebook.</p>"
+    return ("<table class=latest><thead><tr><th>notebook</th><th>latest report</th><th>answer</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
 def build_index(root: Path) -> Path:
     """`<outputs>/index.html`: the trend of every notebook's headline metrics across runs (versions, commits,
     drift and failures marked), then every run, newest first, filterable. Static HTML + PNGs, offline."""
     from rlwb.registry import headline
 
     runs = archive.list_runs(root)
-    trends = trends_html(root, runs)
+    latest = latest_html(root, runs)
+    trends = trends_html(root, runs) or "<p>Trends appear once a notebook has two or more runs.</p>"
     rows = []
     for r in runs:
         rel = os.path.relpath(r["dir"], root)
@@ -277,8 +309,12 @@ th {{ background: #f4f4f4; position: sticky; top: 0; }}
 .filters {{ margin: 1rem 0; }}
 img.trend {{ max-width: 100%; display: block; }}
 details table {{ width: auto; font-size: 0.8rem; }}
+.q {{ font-size: 0.8rem; color: #555; }}
+table.latest td:last-child {{ max-width: 60rem; }}
 </style></head><body>
 <h1>rlwb runs</h1>
+<h2 id="latest">Latest report of each notebook</h2>
+{latest}
 <h2 id="trends">Trends</h2>
 <p>Each notebook's headline metrics, run after run (oldest left); one line per parameter set (runs with other
 parameters measure something else). Dotted lines: the engines' versions changed. Red rings: a rerun flagged drift

@@ -95,3 +95,23 @@ def _wait_for_rlwb_kernel(page, base: str, token: str) -> None:
             return
         time.sleep(0.5)
     pytest.fail(f"the rlwb kernel never became idle: {states}")
+
+
+@pytest.mark.engines
+def test_explore_notebook_runs_and_shows_the_raw_gap(tmp_path, default_model):
+    """`notebooks/explore.ipynb`, the dozen-line scratch pad over `rlwb.lab`, executes top to bottom in a kernel
+    and shows what it promises: V1's raw logprobs off the trainer at T = 0.7 (k3 above the float floor), the
+    worst tokens with their text, the scatter figure."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(REPO / "notebooks" / "explore.ipynb", as_version=4)
+    assert len([c for c in nb.cells if c.cell_type == "code"]) <= 6  # a scratch pad, not an experiment
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    metrics_text = nb.cells[2].outputs[-1]["data"]["text/plain"]
+    k3 = float(next(line.split()[-1] for line in metrics_text.splitlines() if line.startswith("k3_mean ")))
+    assert k3 > 1e-8, metrics_text  # the raw gap (fp32 processed engines sit at ~1e-13)
+    assert "dlogp" in nb.cells[3].outputs[-1]["data"]["text/plain"]
+    assert any("image/png" in o.get("data", {}) for o in nb.cells[4].outputs)

@@ -97,6 +97,12 @@ def test_index_page_lists_runs_in_chromium(two_runs, tmp_path):
     # newest first: the fake failed run (year 2000) is the last row
     row_start = '<tr class="run" data-notebook="00_default_policy" '
     assert dom.stdout.rfind('<tr class="run"') == dom.stdout.find('data-status="failed"') - len(row_start)
+    # it opens with the latest successful report of each notebook and its one-line answer (from run.json), then
+    # the trends: the newest ok run is the seed-5 one (dirs[2]), not the fake failed one
+    latest = dom.stdout[dom.stdout.index('id="latest"'):dom.stdout.index('id="trends"')]
+    assert dirs[2].name in latest and dirs[0].name not in latest and "deadbeef" not in latest
+    answer = json.loads((dirs[2] / "run.json").read_text())["answer"]
+    assert "greedily" in answer and answer in latest.replace("&amp;", "&")
     # the trend view: a figure per notebook (written beside the page) and a table of its points
     assert 'id="trends"' in dom.stdout and 'src="trends/00_default_policy.png"' in dom.stdout
     assert (out / "trends" / "00_default_policy.png").stat().st_size > 10_000

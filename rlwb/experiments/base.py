@@ -48,6 +48,24 @@ class Result:
         """The answer, in Markdown; every number from `self.metrics`."""
         raise NotImplementedError
 
+    def answer(self) -> str:
+        """The answer in one line, plain text (the index lists it beside each notebook's latest report): the
+        conclusion's first paragraph that is not its setup, without Markdown. Experiments may say it better."""
+        return one_line(self.conclusion())
+
+
+def one_line(markdown: str, limit: int = 320) -> str:
+    """The first paragraph of `markdown` that does not describe the setup, as plain text of at most `limit`
+    characters (cut at a word)."""
+    import re
+
+    paras = [p.strip() for p in re.split(r"\n\s*\n|\n(?=[-*] )", markdown or "") if p.strip()]
+    para = next((p for p in paras if not re.match(r"\*\*(Setup|How)\b", p)), paras[0] if paras else "")
+    text = re.sub(r"\*\*|__|`|^[-*#>]+\s*", "", para, flags=re.M)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
+
 
 def prefetch_engines() -> bool:
     """Start the next engine while the current one works? On CPU, yes: an engine's start-up (its interpreter
