@@ -33,14 +33,14 @@ def test_notebooks_are_committed_without_outputs(nb):
 def test_notebooks_stay_thin_and_answer_first(nb):
     """Logic lives in rlwb: a notebook calls its experiment's `run`, saves the result, then shows the answer
     (conclusion + key table) before any figure."""
-    from rlwb.experiments import module_name
+    from rlwb.registry import notebook
 
     book = nbformat.read(nb, as_version=4)
     code = [c.source for c in book.cells if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", [])]
     assert all(len(src.splitlines()) <= 8 for src in code), "a notebook cell grew past 8 lines: move it into rlwb"
     assert not any(re.search(r"^\s*(def|class|for|while) ", src, re.M) for src in code)
     src = "\n".join(code)
-    assert f"{module_name(nb.stem)}.run(params, model_path, on_start=run.record_engine" in src
+    assert f"{notebook(nb.stem).name}.run(params, model_path, on_start=run.record_engine" in src
     assert "run.save_result(result)" in src
     answer = next(i for i, c in enumerate(book.cells) if c.cell_type == "markdown" and c.source.startswith("## Answer"))
     first_figure = next(i for i, c in enumerate(book.cells) if "save_figure" in c.source)

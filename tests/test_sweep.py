@@ -47,7 +47,7 @@ def test_cells_are_the_cartesian_product_of_axes_and_zip_groups(tmp_path):
     ({"notebook": "01_logprob_mismatch", "grid": {"temperature": [0.5, -1.0]}}, "cell 1"),
     ({"notebook": "01_logprob_mismatch", "grid": {"temprature": [0.5]}}, "temprature"),
     ({"notebook": "01_logprob_mismatch", "grid": {"seed": [0, 1]}, "summary": {"x": "temperature"}}, "summary x"),
-    ({"notebook": "99_nothing", "grid": {"seed": [0]}}, "no parameter schema"),
+    ({"notebook": "99_nothing", "grid": {"seed": [0]}}, "unknown notebook '99_nothing'"),
     ({"notebook": "01_logprob_mismatch", "files": ["nowhere.yaml"], "grid": {"seed": [0]}}, "nowhere.yaml"),
 ])
 def test_bad_grids_fail_before_anything_runs_naming_the_problem(tmp_path, grid, message):
