@@ -76,6 +76,9 @@ NOTEBOOKS: dict[str, Notebook] = {n.stem: n for n in (
     # notebook 03's loop, one mismatch level's engine at a time
     Notebook(S.CorrectionRaceParams, "which peer's off-policy correction recovers the no-mismatch baseline, per "
              "mismatch level", Needs(1, "train")),
+    # notebook 03's loop, one engine; the doses change what it reports or the weights it samples with
+    Notebook(S.MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
+             "seed, per kind of mismatch and correction", Needs(1, "train")),
 )}
 
 

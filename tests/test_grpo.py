@@ -98,7 +98,7 @@ def test_shared_forward_gives_the_separate_passes_bitwise(default_model):
     mask = grpo._pad([np.ones(n) for n in lengths], width).bool()
     engine_lp = grpo._pad([-torch.rand(n, generator=g).numpy() * 3 for n in lengths], width)
     adv = torch.randn(12, generator=g)
-    cfg = grpo.GRPOConfig(temperature=0.7, correction="tis")
+    cfg = grpo.GRPOConfig(temperature=0.7, correction="tis", old_logprobs="trainer")
     batch = make_batch(prompts, comps)
     grads, olds = {}, {}
     for shared in (False, True):
@@ -147,24 +147,25 @@ def test_concurrent_runs_train_the_curves_of_one_at_a_time(default_model):
     assert a["reward_mean"].nunique() > 1  # seeds really differ: the check compares distinct runs
 
 
-def test_none_only_engines_train_only_none(default_model):
-    """Notebook 03's `none_only`: a listed engine runs `none` alone (the corrections' runs would repeat it), the
-    conclusion says what was skipped with the engine's measured k3 (fp32 V1-fixed: at the float floor, no
-    warning), and a `none_only` engine that measured a mismatch gets a warning."""
+def test_corrections_run_only_where_none_measured_a_mismatch(default_model):
+    """`skip_at_floor`: an engine whose `none` runs measured k3 at the float floor on every step (fp32 V1-fixed)
+    runs `none` alone and the conclusion says so with the measured k3; an engine that measured a mismatch (V1's
+    raw logprobs at T = 0.7) races the corrections. The decision is made from the runs, before the corrections."""
     from rlwb import params
     from rlwb.experiments import toy_grpo
 
     p = params.load("03_toy_grpo", ["params/03_toy_grpo/smoke.yaml"],
-                    {"num_seeds": 1, "steps": 2, "corrections": ["none", "tis"], "none_only": ["vllm-v1-fixed"],
-                     "drift_threshold": 0.0, "concurrent_runs": 1})
+                    {"engines": ["vllm-v1-fixed", "vllm-v1"], "num_seeds": 1, "steps": 2,
+                     "corrections": ["none", "verl.geo_rs"], "skip_at_floor": True, "drift_threshold": 0.0,
+                     "concurrent_runs": 1})
     r = toy_grpo.run(p, default_model.path, progress=False)
-    assert set(r.curves["correction"]) == {"none"} and len(r.curves) == 2
-    assert "vllm-v1-fixed+tis/reward_last" not in r.metrics
-    assert r.metrics["vllm-v1-fixed+none/mismatch_k3_mean"] <= toy_grpo.KL_FLOOR
+    ran = r.curves.groupby("engine")["correction"].unique().map(set).to_dict()
+    assert ran == {"vllm-v1-fixed": {"none"}, "vllm-v1": {"none", "verl.geo_rs"}}
+    assert r.metrics["vllm-v1-fixed/skipped_at_floor"] == 1.0 and r.metrics["vllm-v1/skipped_at_floor"] == 0.0
+    k3 = {e: r.metrics[f"{e}+none/mismatch_k3_max"] for e in ("vllm-v1-fixed", "vllm-v1")}
+    assert k3["vllm-v1-fixed"] <= toy_grpo.KL_FLOOR < k3["vllm-v1"]
     text = r.conclusion()
-    assert "Not run on `vllm-v1-fixed`" in text and "`tis`" in text and "Warning" not in text
-    warned = toy_grpo.none_only_lines({**r.metrics, "vllm-v1-fixed+none/mismatch_k3_mean": 1e-3}, p)
-    assert "Warning" in warned[-1] and "`vllm-v1-fixed`" in warned[-1]
+    assert "Not run on `vllm-v1-fixed` (largest per-step k3" in text and "`vllm-v1` (" not in text.split("Not run")[1]
 
 
 def test_a_failing_lane_stops_the_others_and_raises():

@@ -75,8 +75,8 @@ def test_gpu_params_validate(nb):
     # notebook 05's validator checks semantics at the float floor, notebook 06's and 07's baselines must have
     # no mismatch: fp32 engines there, bf16 elsewhere
     assert p.model == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert p.dtype == ("float32" if nb.stem in ("05_equivalence_and_stress", "06_engine_knobs", "07_which_correction")
-                       else "bfloat16")
+    assert p.dtype == ("float32" if nb.stem in ("05_equivalence_and_stress", "06_engine_knobs", "07_which_correction",
+                                                "08_mismatch_cost") else "bfloat16")
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
@@ -173,16 +173,18 @@ def check_toy_grpo(d: Path, m: dict) -> None:
     assert set(CURVE_COLUMNS) <= set(curves.columns)
     assert len(curves) == 3 * 2 * 2  # steps x corrections x seeds
     assert (curves["t_sync"] > 0).all() and (curves["grad_norm"] > 0).any()
-    for c in ("none", "tis"):
+    for c in ("none", "verl.geo_rs"):
         for k in ("reward_first", "reward_last", "clip_frac_mean", "mismatch_k3_mean", "step_s_mean"):
             assert f"vllm-v1-fixed+{c}/{k}" in m
         L = f"vllm-v1-fixed+{c}"  # Student-t interval over the 2 seeds
         assert m[f"{L}/drift_trip_frac"] == 0  # the drift monitor stays quiet on the fixed engine
         assert m[f"{L}/reward_last_ci_low"] <= m[f"{L}/reward_last"] <= m[f"{L}/reward_last_ci_high"]
-    # the premise of the default `none_only`: on the mismatch-free engine `tis` trains the same rewards as `none`
+    # the premise of `skip_at_floor`: on the mismatch-free engine a correction trains the same rewards as `none`,
+    # so its paired gap to the reference is exactly 0 on both seeds
     fixed = curves[curves["engine"] == "vllm-v1-fixed"].sort_values(["seed", "step"])
-    none, tis = (fixed[fixed["correction"] == c]["reward_mean"].to_numpy() for c in ("none", "tis"))
-    assert len(none) == 6 and (none == tis).all()
+    none, geo = (fixed[fixed["correction"] == c]["reward_mean"].to_numpy() for c in ("none", "verl.geo_rs"))
+    assert len(none) == 6 and (none == geo).all()
+    assert m["vllm-v1-fixed+verl.geo_rs/gap"] == m["vllm-v1-fixed+verl.geo_rs/gap_ci_low"] == 0.0
 
 
 def check_determinism_and_staleness(d: Path, m: dict) -> None:
@@ -235,13 +237,16 @@ def check_which_correction(d: Path, m: dict) -> None:
     assert m[f"{bf16}+verl.geo_rs/masked_frac_mean"] > 0.05 and m[f"{bf16}+verl.geo_rs/ess_mean"] < 0.95
     assert m[f"{bf16}+trl.sequence_mask/masked_frac_mean"] == 0
     ranking = pd.read_parquet(d / "data" / "ranking.parquet")
+    # 2 seeds, 3 tested rows: every verdict is a Holm-corrected test with its MDE beside it, never a CI alone
     assert len(ranking) == 4 and set(ranking["verdict"]) <= {"baseline", "recovers", "falls short",
-                                                               "above baseline"}
+                                                               "above baseline", "inconclusive"}
+    tested = ranking[ranking["verdict"] != "baseline"]
+    assert tested["p_equiv_holm"].notna().all() and (tested["mde"] >= 0).all()
     lvl = ranking[ranking["level"] == bf16]
     assert list(lvl["rank"]) == [1, 2, 3] and lvl["reward_final"].is_monotonic_decreasing
     for f in ("race_gaps", "race_reward_curves", "race_health", "time_breakdown"):
         assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
-    assert "Recover the baseline" in (d / "report.html").read_text()
+    assert "How verdicts are reached" in (d / "report.html").read_text()
 
 
 def check_engine_knobs(d: Path, m: dict) -> None:
@@ -275,11 +280,38 @@ def check_engine_knobs(d: Path, m: dict) -> None:
     assert "Unsupported here" in html and "MoE router" in html
 
 
+def check_mismatch_cost(d: Path, m: dict) -> None:
+    """The machinery, not the outcome: doses achieved, controls present, paired gaps and KL computed."""
+    doses = pd.read_parquet(d / "data" / "doses.parquet").set_index(["kind", "dose", "arm"])
+    curves = pd.read_parquet(d / "data" / "curves.parquet")
+    arms = ["none@engine", "none@trainer"]
+    assert len(doses) == 3 * 2 and len(curves) == 3 * 2 * 2 * 3  # (clean, ratio, weights) x arms x seeds x steps
+    for a in arms:
+        assert doses.loc[("clean", 0.0, a), "k3_achieved"] <= 1e-8  # fp32 V1-fixed: the float floor at dose 0
+        # the ratio dose reaches the reported logprobs at (at most) its intended k3: the cap at logp 0 only lowers it
+        assert 0.2 * 0.01 < doses.loc[("ratio", 0.01, a), "k3_achieved"] <= 0.01
+        assert doses.loc[("weights", 0.03, a), "k3_achieved"] > 1e-6  # perturbed weights: another policy sampled
+        assert doses.loc[("weights", 0.03, a), "kl_to_clean"] > 0
+    # the control: under ratio mismatch `none@trainer` never reads the reported logprobs, so it trains bitwise as
+    # its clean twin (same final rewards, zero KL); `none@engine` reads them in its PPO ratio and moves
+    ctl = doses.loc[("ratio", 0.01, "none@trainer")]
+    assert ctl["identical"] and ctl["gap"] == 0 and ctl["kl_to_clean"] == 0
+    assert doses.loc[("ratio", 0.01, "none@engine"), "kl_to_clean"] > 0
+    for key in ("gap", "gap_ci_low", "gap_ci_high", "mde"):  # paired over the 2 seeds: every interval exists
+        assert np.isfinite(m[f"ratio@0.01/none@engine/{key}"]), key
+    assert m["ratio@0.01/none@engine/gap_ci_low"] <= m["ratio@0.01/none@engine/gap"] <= m[
+        "ratio@0.01/none@engine/gap_ci_high"]
+    for f in ("dose_response", "cost_reward_curves"):
+        assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
+    html = (d / "report.html").read_text()
+    assert "Controls." in html and "(passes: the reported logprobs never reach its update)" in html
+
+
 CHECKS = {"00_default_policy": check_default_policy, "01_logprob_mismatch": check_logprob_mismatch,
           "02_kl_vs_temperature": check_kl_vs_temperature, "03_toy_grpo": check_toy_grpo,
           "04_determinism_and_staleness": check_determinism_and_staleness,
           "05_equivalence_and_stress": check_equivalence_and_stress, "06_engine_knobs": check_engine_knobs,
-          "07_which_correction": check_which_correction}
+          "07_which_correction": check_which_correction, "08_mismatch_cost": check_mismatch_cost}
 
 REPORT_NOISE = ('data-mime-type="application/vnd.jupyter.stderr"', "PosixPath", "/tmp/", ".tmp-", "it/s]", "s/it]",
                 "Loading weights", "IProgress", "TqdmWarning", "Traceback", "rlwb.notebook.start")

@@ -148,16 +148,22 @@ def test_grpo_settings_have_one_source():
     assert (cfg.correction, cfg.seed) == ("tis", 7)
 
 
-def test_none_only_needs_none_among_the_corrections():
-    """Notebook 03: a `none_only` engine runs `none` alone, so `none` must be a correction when one is listed."""
-    p = params.load("03_toy_grpo", overrides={"corrections": ["none", "tis"], "none_only": ["vllm-v0"]})
-    assert p.corrections_for("vllm-v0") == ["none"] and p.corrections_for("vllm-v1") == ["none", "tis"]
-    with pytest.raises(ParamError, match="none_only.*'none'"):
-        params.load("03_toy_grpo", overrides={"corrections": ["tis"], "none_only": ["vllm-v0"]})
-    assert params.load("03_toy_grpo", overrides={"corrections": ["tis"], "none_only": []}).corrections_for(
-        "vllm-v0") == ["tis"]
-    with pytest.raises(ParamError, match="none_only"):
-        params.load("03_toy_grpo", overrides={"none_only": ["vllm-v9"]})
+def test_weighting_corrections_are_refused_where_the_ppo_ratio_already_holds_them():
+    """With behaviour logprobs from the engine the PPO ratio is pi_theta/pi_engine: a TIS weight pi_trainer/
+    pi_engine on top would apply the ratio twice (verl's bypass mode turns IS weights off). Such corrections are
+    refused before any compute, naming the problem; rejection-only ones are defined in both modes."""
+    from rlwb.core.correction_catalog import CATALOG, modes
+
+    for nb in ("03_toy_grpo", "07_which_correction"):
+        with pytest.raises(ParamError, match="tis.*twice.*old_logprobs: trainer"):
+            params.load(nb, overrides={"corrections": ["none", "tis"], "old_logprobs": "engine"})
+        assert params.load(nb, overrides={"corrections": ["none", "tis"], "old_logprobs": "trainer"})
+        assert params.load(nb, overrides={"corrections": ["none", "verl.geo_rs", "mis"], "old_logprobs": "engine"})
+    with pytest.raises(ParamError, match="icepop"):  # a band whose survivors keep their ratio as weight
+        params.load("07_which_correction", overrides={"old_logprobs": "engine"})
+    assert modes("verl.k3_rs") == ("trainer", "engine") and modes("trl.sequence_mask") == ("trainer",)
+    assert {n for n, e in CATALOG.items() if not e.weighs_tokens} >= {"none", "mis", "seq_mask", "verl.geo_rs",
+                                                                       "skyrl.geo_mask", "trl.opsm"}
 
 
 def test_injected_unknown_names_are_caught_inside_the_notebook():

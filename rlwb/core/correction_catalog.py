@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlwb.errors import ParamError
+
 VERL = "https://github.com/volcengine/verl/blob/v0.9.1/verl/trainer/ppo/rollout_corr_helper.py"
 VERL_PRESETS = "https://github.com/volcengine/verl/blob/v0.9.1/verl/trainer/config/algorithm.py"
 TRL = "https://github.com/huggingface/trl/blob/v1.16.0/trl/trainer/grpo_trainer.py"
@@ -22,6 +24,16 @@ OPENRLHF = "https://github.com/OpenRLHF/OpenRLHF/blob/v0.11.2/openrlhf/models/lo
 YAO = "https://fengyao.notion.site/off-policy-rl"
 ICEPOP = "https://arxiv.org/abs/2510.18855"
 DSV32 = "https://arxiv.org/abs/2512.02556"
+VERL_BYPASS = ("https://github.com/volcengine/verl/blob/v0.9.1/verl/trainer/ppo/core_algos.py "
+               "(compute_policy_loss_bypass_mode)")
+
+# Parts that multiply a token's loss term by a ratio-derived weight. Every peer defines these in the *decoupled*
+# mode, where the PPO ratio is pi_theta / pi_trainer_old and the weight pi_trainer_old / pi_engine brings the
+# engine's samples back to the trainer's policy. With behaviour logprobs from the engine (verl's bypass mode,
+# PipelineRL) the PPO ratio is already pi_theta / pi_engine: a weight on top applies the ratio twice
+# (r * min(r, C)), which is why verl's bypass PPO-clip loss computes its IS weights for metrics only. Rejection
+# parts only remove tokens or sequences, so they mean the same in both modes (verl bypass_ppo_clip_geo_rs()).
+WEIGHT_PARTS = frozenset({"token_tis", "sequence_tis", "token_band", "sequence_band"})
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,11 @@ class CatalogEntry:
     peer: str  # who ships it, and the setting that reproduces it there
     what: str  # one line a reader of the race table understands
     url: str
+
+    @property
+    def weighs_tokens(self) -> bool:
+        """Does it multiply loss terms by a ratio (so it is defined for `old_logprobs: trainer` only)?"""
+        return any(p.fn in WEIGHT_PARTS for p in self.parts)
 
 
 def _e(parts, peer, what, url):
@@ -114,3 +131,22 @@ CORRECTIONS: tuple[str, ...] = tuple(CATALOG)
 HEALTH = ("is_weight_mean", "is_weight_std", "is_weight_max", "ess", "masked_frac", "truncated_frac",
           "seq_masked_frac")
 LOWER_IS_WORSE = ("ess",)
+
+
+def modes(name: str) -> tuple[str, ...]:
+    """The `old_logprobs` modes correction `name` is defined in: a weighting correction in `trainer` (decoupled)
+    only, a rejection-only one (or `none`) in both."""
+    return ("trainer",) if CATALOG[name].weighs_tokens else ("trainer", "engine")
+
+
+def check_modes(corrections: list[str], old_logprobs: str, param: str = "corrections") -> None:
+    """Refuse, before any compute, a correction in a mode its peers do not define it for (ParamError)."""
+    bad = [c for c in corrections if c in CATALOG and old_logprobs not in modes(c)]
+    if bad:
+        ok = [c for c in CATALOG if old_logprobs in modes(c)]
+        raise ParamError(
+            f"parameter {param!r}: {', '.join(bad)} weigh(s) each token by a ratio pi_trainer/pi_engine, but with "
+            f"old_logprobs '{old_logprobs}' the PPO ratio is already pi_theta/pi_engine, so the weight would apply "
+            f"twice (r * min(r, C)); verl's bypass mode turns its IS weights off for this reason ({VERL_BYPASS}). "
+            f"Use old_logprobs: trainer (the decoupled mode the peers define these in), or corrections that only "
+            f"reject tokens or sequences: {', '.join(ok)}")

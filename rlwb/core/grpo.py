@@ -4,8 +4,10 @@ Each step: sample prompts x group from the engine -> verifiable rewards -> group
 trainer recomputes old logprobs (for mismatch logging and corrections) -> token-level clipped loss ->
 optimizer step -> `update_weights` into the running engine (prefix cache reset or not, as its preset says).
 
-`old_logprobs="engine"` uses the engine's reported logprobs as the behaviour policy (PipelineRL style):
-any engine/trainer mismatch then enters the PPO ratio directly. `"trainer"` recomputes them.
+`old_logprobs="engine"` uses the engine's reported logprobs as the behaviour policy (PipelineRL style, verl's
+bypass mode): any engine/trainer mismatch then enters the PPO ratio directly, and only corrections that reject
+tokens or sequences are defined (a weight pi_trainer/pi_engine would apply the ratio twice:
+`correction_catalog.check_modes`). `"trainer"` recomputes them (the decoupled mode every correction is defined in).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import pandas as pd
 import torch
 
 from rlwb import timing
-from rlwb.core import corrections, losses, tasks, tokenizer
+from rlwb.core import corrections, doses, losses, tasks, tokenizer
 from rlwb.core import metrics as M
-from rlwb.core.correction_catalog import HEALTH
+from rlwb.core.correction_catalog import HEALTH, check_modes
 from rlwb.core.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.trainer import completion_logprobs, make_batch
 from rlwb.engines.worker import EngineWorker, Sampling
@@ -104,7 +106,8 @@ def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int
 
 
 def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
-              ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None) -> StepResult:
+              ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None,
+              engine_noise: dict | None = None) -> StepResult:
     codec = codec or tokenizer.PromptCodec()
     t0 = time.perf_counter()
     problems = tasks.make_problems(cfg.prompts_per_step, seed=step_problem_seed(cfg.seed, step),
@@ -124,6 +127,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     width = max(lengths)
     mask = _pad([np.ones(n) for n in lengths], width).bool().to(dev)
     logp_engine = _pad([c.logprobs for c in comps], width).to(dev)
+    # a ratio-mismatch dose: what the engine reports is off, what it sampled is not (rlwb.core.doses)
+    logp_engine = doses.noisy_logprobs(logp_engine, mask, cfg.logprob_noise_k3, cfg.seed, step)
     # The trainer's logprobs before the update. An unsplit update's forward pass is at these same weights, so
     # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
     # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass.
@@ -154,7 +159,9 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
         opt.step()
     t3 = time.perf_counter()
 
-    engine.update_weights(model.state_dict())  # moved to CPU and written to shared memory by the worker client
+    # moved to CPU and written to shared memory by the worker client; a distribution-mismatch dose adds its fixed
+    # perturbation to what the engine samples with (the trainer keeps the clean weights)
+    engine.update_weights(doses.perturbed(model.state_dict(), engine_noise))
     t4 = time.perf_counter()
     row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
            "clip_frac": st.clip_frac,
@@ -178,11 +185,16 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
     first, so every run starts from the same policy). Returns one row per step."""
     from rlwb.progress import progress_bar
 
+    check_modes([cfg.correction], cfg.old_logprobs)  # a weighting correction on pi_theta/pi_engine: refused
     torch.manual_seed(cfg.seed)
+    engine_noise = (doses.weight_noise(initial_state or model.state_dict(), cfg.engine_weight_noise, cfg.seed)
+                    if cfg.engine_weight_noise else None)
     if initial_state is not None:
         model.load_state_dict(initial_state)
-        engine.update_weights(initial_state)
+        engine.update_weights(doses.perturbed(initial_state, engine_noise))
         engine.reset_prefix_cache()
+    elif engine_noise:
+        engine.update_weights(doses.perturbed(model.state_dict(), engine_noise))
     ref_model = None
     if cfg.beta:
         import copy
@@ -192,7 +204,7 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
     rows = []
     bar = progress_bar(range(cfg.steps), desc=desc, disable=not progress, leave=False)
     for step in bar:
-        res = grpo_step(step, model, opt, engine, cfg, ref_model, codec)
+        res = grpo_step(step, model, opt, engine, cfg, ref_model, codec, engine_noise)
         rows.append(res.row)
         bar.set_postfix(reward=f"{res.row['reward_mean']:.2f}", k3=f"{res.row['mismatch_k3']:.1e}")
         if on_step:

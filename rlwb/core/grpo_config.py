@@ -45,6 +45,8 @@ class GRPOConfig(GRPOSettings):
     seed: int = 0
     beta: float = 0.0
     max_grad_norm: float = 1.0
+    logprob_noise_k3: float = 0.0  # ratio mismatch dose: intended k3 of noise on the reported logprobs (core.doses)
+    engine_weight_noise: float = 0.0  # distribution mismatch dose: relative weight noise of the engine (core.doses)
 
     @classmethod
     def from_settings(cls, settings: GRPOSettings, **per_run) -> GRPOConfig:

@@ -187,3 +187,61 @@ def mismatch_cis(log_ratios: Sequence[np.ndarray], clip_eps: float = 0.2, n_boot
         lo, hi = sequence_bootstrap_ci(log_ratios, fns[k], n_boot=n_boot, seed=seed)
         out[f"{k}_ci_low"], out[f"{k}_ci_high"] = lo, hi
     return out
+
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm-Bonferroni adjusted p-values (Holm 1979, https://www.jstor.org/stable/4615733): the i-th smallest of
+    m is multiplied by (m - i), running maxima keep the order, capped at 1. Rejecting where adjusted < alpha
+    holds the family-wise error rate at alpha for any dependence between the tests. NaNs stay NaN and do not
+    count in m."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    order = ok[np.argsort(p[ok], kind="stable")]
+    m, running = len(order), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        out[j] = running
+    return out
+
+
+@dataclass(frozen=True)
+class PairedGapTest:
+    """One paired gap (per-seed differences of the same configuration pair) tested two ways, unadjusted."""
+
+    n: int
+    mean: float
+    p_diff: float  # two-sided t test of mean gap = 0
+    p_equiv: float  # TOST of |mean gap| >= margin (small: the gap is shown inside +-margin)
+    sd: float
+
+
+def paired_gap_test(gaps: Sequence[float], margin: float) -> PairedGapTest:
+    """Difference and equivalence (two one-sided tests, Schuirmann 1987; https://doi.org/10.1007/BF01068419)
+    t tests of per-seed gaps. Zero spread (every seed's gap the same) has no t statistic: the p-values are then
+    0 or 1 by whether the common gap is nonzero / inside the margin."""
+    from scipy import stats as st
+
+    g = np.asarray(gaps, dtype=np.float64)
+    n = g.size
+    if n < 2:
+        return PairedGapTest(n, float(g.mean()) if n else float("nan"), float("nan"), float("nan"), float("nan"))
+    m, sd = float(g.mean()), float(g.std(ddof=1))
+    if sd == 0:
+        return PairedGapTest(n, m, float(m == 0), float(not abs(m) < margin), 0.0)
+    p_diff = float(st.ttest_1samp(g, 0.0).pvalue)
+    p_lo = float(st.ttest_1samp(g, -margin, alternative="greater").pvalue)
+    p_hi = float(st.ttest_1samp(g, margin, alternative="less").pvalue)
+    return PairedGapTest(n, m, p_diff, max(p_lo, p_hi), sd)
+
+
+def minimal_detectable_gap(sd: float, n: int, alpha: float = ALPHA, power: float = 0.8) -> float:
+    """The smallest true mean gap a two-sided paired t test at level `alpha` detects with probability `power`,
+    given the per-seed spread `sd` (the usual approximation (t_{1-alpha/2} + t_{power}) * sd / sqrt(n), n - 1
+    degrees of freedom). What a "no effect" at this budget can and cannot rule out."""
+    from scipy import stats as st
+
+    if n < 2 or not np.isfinite(sd):
+        return float("nan")
+    df = n - 1
+    return float((st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * sd / np.sqrt(n))

@@ -119,6 +119,12 @@ class PromptCodec:
         """Raw text (no chat template): the tokenizer's own special tokens only (BOS where it has one)."""
         return encode_prompt(text) if self.hf is None else list(self.hf(text)["input_ids"])
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """Text that continues a prompt (a completion to score): no special tokens at all."""
+        if self.hf is None:
+            return encode_prompt(text)[1:]  # no <bos>
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
     def encode_text(self, text: str) -> list[int]:
         """Natural text to continue, e.g. a corpus prefix (normalized for the char vocabulary)."""
         return self.encode(normalize_text(text) if self.hf is None else text)

@@ -26,6 +26,7 @@ from rlwb.engines.worker import EngineWorker
 from rlwb.experiments.base import OnStart, Result, iter_engines, run_in_lanes
 from rlwb.formatting import KL_FLOOR, metric
 
+REFERENCE = "vllm-v1-fixed+none"  # the fixed engine, uncorrected: what notebook 03 pairs every run against
 LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
 
 
@@ -49,12 +50,18 @@ class GRPOResult(Result):
 
     def summary(self) -> pd.DataFrame:
         """Per engine + correction, means over seeds: reward first/last 10% of steps and the gain with its
-        95% interval, clip fraction, engine-trainer k3, seconds per step."""
+        95% interval, the final reward's gap to the reference paired by seed (95% interval), clip fraction,
+        engine-trainer k3, seconds per step."""
         m, rows = self.metrics, []
-        for key in dict.fromkeys(k.rsplit("/", 1)[0] for k in m if k.endswith("/reward_gain")):
+        labels = list(dict.fromkeys(k.rsplit("/", 1)[0] for k in m if k.endswith("/reward_gain")))
+        ref = reference(labels)
+        for key in labels:
             rows.append({"run": key, "reward_first": m[f"{key}/reward_first"], "reward_last": m[f"{key}/reward_last"],
                          "reward_gain": m[f"{key}/reward_gain"], "gain_ci_low": m[f"{key}/reward_gain_ci_low"],
                          "gain_ci_high": m[f"{key}/reward_gain_ci_high"], "clip_frac": m[f"{key}/clip_frac_mean"],
+                         "gap": m.get(f"{key}/gap", 0.0 if key == ref else float("nan")),
+                         "gap_ci_low": m.get(f"{key}/gap_ci_low", float("nan")),
+                         "gap_ci_high": m.get(f"{key}/gap_ci_high", float("nan")),
                          "mismatch_k3": m[f"{key}/mismatch_k3_mean"], "step_s": m[f"{key}/step_s_mean"]})
         return pd.DataFrame(rows).set_index("run")
 
@@ -64,12 +71,12 @@ class GRPOResult(Result):
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         data_dir: str | Path | None = None) -> GRPOResult:
-    """Every engine x correction x seed from the same initial weights (only `none` on the `none_only` engines).
+    """Every engine x correction x seed from the same initial weights (only `none` on an engine whose `none`
+    runs measured no mismatch, with `skip_at_floor`).
     Each engine starts once; every run reloads the initial weights into the trainer and (in flight) into the
     engine. With `drift_threshold` > 0 every run has a drift monitor (`drift_trip_step` records where it
     tripped; the offending batch goes to `data_dir`)."""
-    curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir,
-                        corrections_for=params.corrections_for)
+    curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir)
     return GRPOResult(params, curve_metrics(curves), curves)
 
 
@@ -126,19 +133,31 @@ def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, m
         return df
 
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
-        jobs = [(corr, seed) for corr in (corrections_for(w.preset.name) if corrections_for else p.corrections)
-                for seed in p.seeds]
-        n = min(lanes_for(w.preset, lanes), len(jobs))
+        wanted = corrections_for(w.preset.name) if corrections_for else list(p.corrections)
+        # with `skip_at_floor`, `none` runs first and the others only if it measured a mismatch (`at_floor`)
+        phases = ([["none"], [c for c in wanted if c != "none"]]
+                  if getattr(p, "skip_at_floor", False) and "none" in wanted and len(wanted) > 1 else [wanted])
+        n = min(lanes_for(w.preset, lanes), len(wanted) * len(p.seeds))
         extra = [EngineWorker(w.preset, model_path, dtype=p.dtype, wait=False) for _ in range(n - 1)]
         try:
             models += [copy.deepcopy(model) for _ in range(n - len(models))]
-            # `concurrent_runs`: runs trained at once on this engine, what the t_* columns were measured under
-            frames += [df.assign(concurrent_runs=n) for df in run_in_lanes(jobs, list(zip(models[:n], [w, *extra])),
-                                                                            one_run)]
+            for i, cs in enumerate(phases):
+                if i and at_floor(pd.concat(frames[-len(p.seeds):])):
+                    break
+                jobs = [(corr, seed) for corr in cs for seed in p.seeds]
+                # `concurrent_runs`: runs trained at once on this engine, what the t_* columns were measured under
+                frames += [df.assign(concurrent_runs=n) for df in
+                           run_in_lanes(jobs, list(zip(models[:n], [w, *extra])), one_run)]
         finally:
             for e in extra:
                 e.close()
     return pd.concat(frames, ignore_index=True)
+
+
+def at_floor(none_curves: pd.DataFrame) -> bool:
+    """Did these `none` runs measure engine-trainer k3 at rlwb's float floor (`formatting.KL_FLOOR`) on every
+    step? Then every correction's weight is 1 to the float floor and its run would repeat `none`'s."""
+    return bool((none_curves["mismatch_k3"] <= KL_FLOOR).all())
 
 
 def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
@@ -160,11 +179,45 @@ def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
         out[f"{L}/reward_gain_ci_low"], out[f"{L}/reward_gain_ci_high"] = stats.seed_ci(gain)
         out[f"{L}/clip_frac_mean"] = float(d["clip_frac"].mean())
         out[f"{L}/mismatch_k3_mean"] = float(d["mismatch_k3"].mean())
+        out[f"{L}/mismatch_k3_max"] = float(d["mismatch_k3"].max())
         out[f"{L}/step_s_mean"] = float(d[["t_rollout", "t_score", "t_update", "t_sync"]].sum(axis=1).mean())
         if "drift_trip_step" in d:
             trips = d.groupby("seed")["drift_trip_step"].first()
             out[f"{L}/drift_trip_frac"] = float(trips.notna().mean())
             out[f"{L}/drift_trip_step_mean"] = float(trips.mean()) if trips.notna().any() else float("nan")
+    for e in curves["engine"].unique():
+        ran = set(curves.loc[curves["engine"] == e, "correction"])
+        out[f"{e}/skipped_at_floor"] = float(ran == {"none"} and at_floor(curves[curves["engine"] == e]))
+    out.update(paired_gaps(curves))
+    return out
+
+
+def reference(labels) -> str | None:
+    """The configuration notebook 03's gaps are paired against: `vllm-v1-fixed+none` (the fixed engine) when it
+    ran, else the first engine's `none`."""
+    labels = list(labels)
+    return REFERENCE if REFERENCE in labels else next((x for x in labels if x.endswith("+none")), None)
+
+
+def paired_gaps(curves: pd.DataFrame) -> dict[str, float]:
+    """Per `<engine>+<correction>`: its final reward (last 10% of steps) minus the reference's, paired by seed
+    (same seed: same initial weights, prompts and sampling seeds), with a 95% Student-t interval over seeds.
+    Unpaired gains hide what pairing removes: much of a run's reward noise is its seed's prompts."""
+    steps = sorted(curves["step"].unique())
+    last = steps[-max(1, round(0.1 * len(steps))):]
+    fin = curves[curves["step"].isin(last)].groupby(["engine", "correction", "seed"], sort=False)["reward_mean"].mean()
+    labels = {f"{e}+{c}": (e, c) for e, c, _ in fin.index}
+    ref = reference(labels)
+    if ref is None:
+        return {}
+    base = fin.loc[labels[ref]]
+    out = {}
+    for L, key in labels.items():
+        if ref == L:
+            continue
+        gap = (fin.loc[key] - base).dropna().to_numpy()
+        out[f"{L}/gap"] = float(gap.mean()) if gap.size else float("nan")
+        out[f"{L}/gap_ci_low"], out[f"{L}/gap_ci_high"] = stats.seed_ci(gap)
     return out
 
 
@@ -181,32 +234,25 @@ def timing_note(p) -> str:
                else "") + ". `concurrent_runs: 1` times every run alone; the curves are the same either way.")
 
 
-def none_only_lines(metrics: dict, p) -> list[str]:
-    """What the `none_only` engines skipped, and a warning where one of them measured a mismatch after all
-    (then its corrections would not have repeated `none`: the skip was wrong for these settings)."""
-    skipped = [c for c in p.corrections if c != "none"]
-    engines = [e for e in p.none_only if e in p.engines and f"{e}+none/mismatch_k3_mean" in metrics]
-    if not skipped or not engines:
+def skipped_lines(metrics: dict, p) -> list[str]:
+    """Which engines ran `none` alone because their `none` runs measured no mismatch (`skip_at_floor`), with
+    the largest per-step k3 that decision rests on."""
+    others = [c for c in p.corrections if c != "none"]
+    engines = [e for e in p.engines if metrics.get(f"{e}/skipped_at_floor") == 1.0]
+    if not others or not engines:
         return []
-    k3 = {e: metrics[f"{e}+none/mismatch_k3_mean"] for e in engines}
-    names = ", ".join(f"`{c}`" for c in skipped)
-    where = ", ".join(f"`{e}` (k3 {metric('k3', k3[e], '.1e')})" for e in engines)
-    lines = [f"\nNot run on {where} "
-             f"(`none_only`): {names}. With no engine-trainer mismatch every correction's weight is 1, so its run "
-             f"would repeat `none`'s."]
-    off = [e for e in engines if not k3[e] <= KL_FLOOR]  # rlwb's float floor of a divergence (formatting)
-    if off:
-        lines.append(f"\n**Warning:** {', '.join(f'`{e}`' for e in off)} measured k3 above the float floor "
-                     f"({KL_FLOOR:g}) in these settings: a correction could change its runs. Remove it from "
-                     f"`none_only` to race {names} there.")
-    return lines
+    where = ", ".join(f"`{e}` (largest per-step k3 {metric('k3', metrics[f'{e}+none/mismatch_k3_max'], '.1e')})"
+                      for e in engines)
+    return [f"\nNot run on {where}: {', '.join(f'`{c}`' for c in others)}. Their `none` runs measured "
+            f"engine-trainer k3 at the float floor (≤ {KL_FLOOR:g}) on every step, so every correction's weight is 1 "
+            f"and its run would repeat `none`'s (`skip_at_floor: false` runs them anyway)."]
 
 
 def conclusion(metrics: dict, p) -> str:
     lines = [f"**Setup.** {p.steps} steps × {p.prompts_per_step} prompts × {p.group_size} completions, "
              f"T={p.temperature:g}, lr={p.lr:g}, old logprobs from the {p.old_logprobs}, {p.num_seeds} seeds "
              f"(means over seeds; first/last = first/last 10% of steps). {timing_note(p)}"]
-    lines += none_only_lines(metrics, p)
+    lines += skipped_lines(metrics, p)
     for e in p.engines:
         for c in p.corrections:
             L = f"{e}+{c}"
@@ -228,11 +274,15 @@ def conclusion(metrics: dict, p) -> str:
         ci = f" [95% CI over seeds {lo:+.3f}, {hi:+.3f}]" if lo is not None and np.isfinite(lo) else ""
         lines.append(f"\n**Learning check.** The correct configuration `{ref}` {verdict} on this budget: reward "
                      f"{deltas[ref]:+.3f}{ci} (criterion: ≥ {LEARNING_MIN_GAIN:+.2f}).")
-    others = {k: v for k, v in deltas.items() if k != ref}
-    if ref in deltas and others:
-        worst = min(others, key=others.get)
-        lines.append(f"Smallest gain elsewhere: `{worst}` {others[worst]:+.3f}, {others[worst] - deltas[ref]:+.3f} "
-                     f"relative to `{ref}`.")
+    paired = reference(deltas)
+    gaps = [L for L in deltas if f"{L}/gap" in metrics]
+    if paired and gaps and p.num_seeds > 1:
+        lines.append(f"\n**Paired gaps to `{paired}`** (final reward minus its, seed by seed; 95% CI over "
+                     f"{p.num_seeds} seeds): " + "; ".join(
+                         f"`{L}` {metrics[f'{L}/gap']:+.3f} [{metrics[f'{L}/gap_ci_low']:+.3f}, "
+                         f"{metrics[f'{L}/gap_ci_high']:+.3f}]" for L in gaps) + ". An interval that holds 0 "
+                     "shows no cost at this budget, which is not a cost shown absent (notebook 08 sizes the "
+                     "smallest cost a budget can detect).")
     if getattr(p, "drift_threshold", 0) > 0:
         tripped = [f"`{L}` ({metrics[f'{L}/drift_trip_frac']:.0%} of seeds, at step "
                    f"{metrics[f'{L}/drift_trip_step_mean']:.0f} on average)" for L in deltas

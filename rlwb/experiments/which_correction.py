@@ -5,8 +5,8 @@ trainer agree to the float floor) in one controlled knob: V1's raw logprobs, a b
 correction (`rlwb.core.correction_catalog`) trains the same policy from the same weights on each level,
 with the same seeds, in the *decoupled* mode the peers define their IS corrections in (the trainer
 recomputes the behaviour logprobs; the correction weighs trainer vs engine). The answer is a ranked table:
-final reward against the baseline's (paired by seed), the 95% interval of that gap, and whether the CIs
-separate a correction from the best one at its level.
+final reward against the baseline's (paired by seed), the 95% interval of that gap, and a verdict from
+equivalence and difference tests Holm-corrected over the race, with the smallest gap the budget can detect.
 
 The GRPO loop and the grid over engines x corrections x seeds are notebook 03's (`toy_grpo.train_grid`).
 """
@@ -37,7 +37,7 @@ class RaceResult(Result):
 
     def summary(self) -> pd.DataFrame:
         cols = ["level", "rank", "correction", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "verdict",
-                "vs_best", "ess", "masked_frac", "step_s"]  # step_s: median seconds per step
+                "mde", "p_equiv_holm", "ess", "masked_frac", "step_s"]  # step_s: median seconds per step
         return self.ranking[cols].set_index(["level", "rank"])
 
     def conclusion(self) -> str:
@@ -99,48 +99,74 @@ def race_metrics(curves: pd.DataFrame, p) -> dict[str, float]:
     return out
 
 
-def _paired_ci(fin: pd.DataFrame, e: str, a: str, b: str) -> tuple[float, float]:
-    """95% interval of final(a) - final(b) at level e, paired by seed."""
-    x = fin[(fin["engine"] == e) & (fin["correction"] == a)].set_index("seed")["reward_final"]
-    y = fin[(fin["engine"] == e) & (fin["correction"] == b)].set_index("seed")["reward_final"]
-    return stats.seed_ci((x - y).dropna().to_numpy())
+def same_sampler(level: str, baseline: str) -> bool:
+    """Does `level`'s preset differ from `baseline`'s only in `logprobs_mode` (what the engine *reports*, not
+    what it samples)? Then, with behaviour logprobs from the trainer, `none` never reads the engine's logprobs
+    and trains bitwise as the baseline by construction: only a correction can see such a level."""
+    from dataclasses import asdict
+
+    from rlwb.engines.presets import resolve_preset
+
+    def key(name):
+        d = asdict(resolve_preset(name))
+        d.pop("name"), d.pop("description")
+        d["vllm_kwargs"] = {k: v for k, v in d["vllm_kwargs"].items() if k != "logprobs_mode"}
+        return repr(d)
+
+    return level != baseline and key(level) == key(baseline)
 
 
 def ranking(metrics: dict, curves: pd.DataFrame, p) -> pd.DataFrame:
-    """One row per (level, correction), best final reward first within each level.
+    """One row per (level, correction), highest final reward first within each level (the order is descriptive:
+    no test is run against a winner picked from the same data).
 
-    verdict: "recovers" when the gap's 95% CI reaches 0 (not shown to fall short of the baseline),
-    "falls short" when the whole CI is below 0, "above baseline" when it is above; "n/a" with one seed.
-    vs_best: whether the paired CI of (this - the level's best) excludes 0 ("worse than best") or not
-    ("not separated from best")."""
+    Each gap to the baseline (paired by seed) is tested twice, both Holm-corrected over every tested row of the
+    race (`stats.holm`): a t test of gap = 0 and an equivalence test (TOST) of |gap| < `p.margin`.
+    verdict: "recovers" (equivalent within the margin), "falls short" / "above baseline" (the gap differs from 0),
+    "inconclusive" (neither at this budget: `mde` says what it could have detected), "n/a" (one seed), and
+    "= baseline (by construction)" for `none` on a level that only changes the reported logprobs in the decoupled
+    mode (`same_sampler`: not a test). mde: the smallest gap the budget detects with 80% power at the Holm
+    family's strictest level (alpha / tests)."""
     fin = final_rewards(curves)
+    base_e = p.engines[0]
+    base = fin[(fin["engine"] == base_e) & (fin["correction"] == "none")].set_index("seed")["reward_final"]
     rows = []
     for e in p.engines:
         cs = list(dict.fromkeys(curves.loc[curves["engine"] == e, "correction"]))
         ranked = sorted(cs, key=lambda c: -metrics[f"{e}+{c}/reward_final"])
         for i, c in enumerate(ranked):
             L = f"{e}+{c}"
-            lo, hi = metrics[f"{L}/gap_ci_low"], metrics[f"{L}/gap_ci_high"]
-            is_base = e == p.engines[0] and c == "none"
-            if is_base:
-                verdict = "baseline"
-            elif not np.isfinite(lo):
-                verdict = "n/a"
+            f = fin[(fin["engine"] == e) & (fin["correction"] == c)].set_index("seed")["reward_final"]
+            test = stats.paired_gap_test((f - base).dropna().to_numpy(), p.margin)
+            if e == base_e and c == "none":
+                kind = "baseline"
+            elif c == "none" and p.old_logprobs == "trainer" and same_sampler(e, base_e):
+                kind = "= baseline (by construction)"
             else:
-                verdict = "falls short" if hi < 0 else ("above baseline" if lo > 0 else "recovers")
-            if i == 0:
-                vs = "best"
-            else:
-                blo, bhi = _paired_ci(fin, e, c, ranked[0])
-                vs = "n/a" if not np.isfinite(blo) else ("worse than best" if bhi < 0 else "not separated")
+                kind = "test" if test.n >= 2 else "n/a"
             rows.append({"level": e, "rank": i + 1, "correction": c, "reward_final": metrics[f"{L}/reward_final"],
-                         "gap": metrics[f"{L}/gap"], "gap_ci_low": lo, "gap_ci_high": hi, "verdict": verdict,
-                         "vs_best": vs, "ess": metrics[f"{L}/ess_mean"],
+                         "gap": metrics[f"{L}/gap"], "gap_ci_low": metrics[f"{L}/gap_ci_low"],
+                         "gap_ci_high": metrics[f"{L}/gap_ci_high"], "verdict": kind, "p_diff": test.p_diff,
+                         "p_equiv": test.p_equiv, "sd": test.sd, "n": test.n, "ess": metrics[f"{L}/ess_mean"],
                          "masked_frac": metrics[f"{L}/masked_frac_mean"],
                          "truncated_frac": metrics[f"{L}/truncated_frac_mean"],
                          "mismatch_k3": metrics[f"{L}/mismatch_k3_mean"], "step_s": metrics[f"{L}/step_s_median"],
                          "peer": CATALOG[c].peer})
-    return pd.DataFrame(rows)
+    r = pd.DataFrame(rows)
+    tested = r["verdict"] == "test"
+    m = int(tested.sum())
+    r["p_diff_holm"], r["p_equiv_holm"], r["mde"] = np.nan, np.nan, np.nan
+    if m:
+        r.loc[tested, "p_diff_holm"] = stats.holm(r.loc[tested, "p_diff"])
+        r.loc[tested, "p_equiv_holm"] = stats.holm(r.loc[tested, "p_equiv"])
+        r.loc[tested, "mde"] = [stats.minimal_detectable_gap(sd, n, stats.ALPHA / m)
+                                for sd, n in zip(r.loc[tested, "sd"], r.loc[tested, "n"])]
+        r.loc[tested, "verdict"] = [
+            "recovers" if pe < stats.ALPHA else
+            ("falls short" if g < 0 else "above baseline") if pdf < stats.ALPHA else "inconclusive"
+            for pe, pdf, g in zip(r.loc[tested, "p_equiv_holm"], r.loc[tested, "p_diff_holm"], r.loc[tested, "gap"])]
+    r["margin"] = p.margin  # the equivalence band the race figure shades
+    return r.drop(columns=["sd"])
 
 
 def conclusion(metrics: dict, rank: pd.DataFrame, p) -> str:
@@ -148,33 +174,47 @@ def conclusion(metrics: dict, rank: pd.DataFrame, p) -> str:
     b = metrics[f"{base}/reward_final"]
     blo, bhi = metrics[f"{base}/reward_final_ci_low"], metrics[f"{base}/reward_final_ci_high"]
     ci = f" [95% CI {blo:.3f}, {bhi:.3f}]" if np.isfinite(blo) else ""
+    tested = rank[rank["p_diff_holm"].notna()]
     lines = [f"**Baseline.** `{base}` (no mismatch) reaches a final reward of {b:.3f}{ci} "
              f"(mean over the last {FINAL_FRAC:.0%} of {p.steps} steps, {p.num_seeds} seeds; behaviour "
              f"logprobs from the {p.old_logprobs})."]
+    if len(tested):
+        lines.append(f"\n**How verdicts are reached.** Each gap to the baseline is paired by seed and tested twice, "
+                     f"Holm-corrected over the race's {len(tested)} tested rows: *recovers* = shown inside "
+                     f"±{p.margin:g} of the baseline (equivalence, TOST); *falls short* / *above baseline* = shown to "
+                     f"differ from 0; *inconclusive* = neither. The smallest gap this budget detects (80% power at "
+                     f"the corrected level) is {np.nanmin(tested['mde']):.3f} to {np.nanmax(tested['mde']):.3f} "
+                     f"reward: a gap below it can hide in an inconclusive row.")
     for e in p.engines[1:]:
         d = rank[rank["level"] == e]
         if d.empty:
             continue
         k3 = metrics.get(f"{e}+none/mismatch_k3_mean", float(d["mismatch_k3"].mean()))
-        rec = d[d["verdict"].isin(["recovers", "above baseline"])]["correction"].tolist()
-        short = [f"{r.correction} (removes {r.masked_frac:.0%} of tokens, ESS {r.ess:.2f})"
-                 for r in d[d["verdict"] == "falls short"].itertuples()]
         best = d.iloc[0]
-        tied = d[d["vs_best"] == "not separated"]["correction"].tolist()
-        lines.append(f"\n**`{e}`** (engine-trainer k3 {k3:.2g} per token under `none`): best `{best['correction']}` "
-                     f"at {best['reward_final']:.3f} ({best['gap']:+.3f} vs baseline).")
-        lines.append("Recover the baseline (gap CI reaches 0): " + (", ".join(f"`{c}`" for c in rec) or "none")
-                     + "; fall short (whole CI below 0): " + (", ".join(f"`{c}`" for c in short) or "none") + ".")
-        if metrics.get(f"{e}+none/same_as_baseline") == 1.0:
-            lines.append(f"Uncorrected, this level trains exactly as the baseline (the same final reward on every "
-                         f"seed): with behaviour logprobs from the {p.old_logprobs}, the engine's reported logprobs "
-                         "reach the update only through a correction, so here a correction can only add the "
-                         "engine's error." if p.old_logprobs == "trainer" else
-                         "Uncorrected, this level trains exactly as the baseline (the same final reward on every "
+        lines.append(f"\n**`{e}`** (engine-trainer k3 {k3:.2g} per token under `none`): highest final reward "
+                     f"`{best['correction']}` at {best['reward_final']:.3f} ({best['gap']:+.3f} vs baseline; the "
+                     f"order within a level is descriptive, not a test).")
+        groups = {v: d[d["verdict"] == v] for v in ("recovers", "falls short", "above baseline", "inconclusive")}
+        parts = []
+        for v, g in groups.items():
+            if len(g):
+                parts.append(f"{v}: " + ", ".join(
+                    f"`{r.correction}` ({r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], MDE {r.mde:.3f}"
+                    + (f"; removes {r.masked_frac:.0%} of tokens, ESS {r.ess:.2f}" if v == "falls short" else "")
+                    + ")" for r in g.itertuples()))
+        if parts:
+            lines.append("; ".join(parts) + ".")
+        if (d["verdict"] == "= baseline (by construction)").any():
+            same = metrics.get(f"{e}+none/same_as_baseline") == 1.0
+            lines.append(f"`none` here trains bitwise as the baseline by construction: `{e}` differs from "
+                         f"`{p.engines[0]}` only in the logprobs it reports, and with behaviour logprobs from the "
+                         "trainer `none` never reads them; only a correction sees this level"
+                         + (" (measured: the same final reward on every seed)." if same else
+                            ". **Measured otherwise** (the final rewards differ): the pipeline is not doing what "
+                            "this level assumes; look at the engine's sampling settings."))
+        elif metrics.get(f"{e}+none/same_as_baseline") == 1.0:
+            lines.append("Uncorrected, this level trains exactly as the baseline (the same final reward on every "
                          "seed).")
-        if tied:
-            lines.append(f"The CIs do not separate {', '.join(f'`{c}`' for c in tied)} from the best: on this "
-                         f"budget ({p.num_seeds} seeds) the data cannot rank them.")
     if (rank["verdict"] == "n/a").any():
         lines.append("\nWith one seed no interval exists: every verdict is n/a (run with num_seeds ≥ 3).")
     lines.append(f"\n**Timing.** {timing_note(p)}")

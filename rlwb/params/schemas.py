@@ -13,7 +13,7 @@ import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlwb.core.correction_catalog import CORRECTIONS
+from rlwb.core.correction_catalog import CORRECTIONS, check_modes
 from rlwb.core.fields import DTYPES, param
 from rlwb.core.grpo_config import GRPOSettings
 from rlwb.core.models import EMBEDDED_NAMES
@@ -181,13 +181,15 @@ class GRPOParams(GRPOSettings, EngineParams):
 
     engines: list[str] = engine_list(["vllm-v0", "vllm-v1", "vllm-v1-fixed"],
                                      "engine presets that generate the rollouts")
-    corrections: list[str] = param(["none", "tis"], CORRECTIONS_DOC, choices=CORRECTIONS)
-    # Why the default skips `tis` on V0 and V1-fixed: in fp32 their engine and trainer logprobs agree to the float
-    # floor (k3 ~1e-13), so every correction's weight is 1 and its run repeats `none`'s (measured: identical
-    # rewards at every step of every seed, 2026-11-23). The conclusion flags a `none_only` engine whose k3 is not.
-    none_only: list[str] = param(["vllm-v0", "vllm-v1-fixed"], "engines that run only the `none` correction (no "
-                                 "engine-trainer mismatch: every correction's weight is 1); [] runs every correction "
-                                 "on every engine", check=check_preset_name, allow_empty=True)
+    # engine mode (the PPO ratio is pi_theta / pi_engine, PipelineRL style): only corrections that reject tokens or
+    # sequences are defined here (a weighting one would apply the ratio twice); Geo-RS is verl's recipe for it
+    # (bypass_ppo_clip_geo_rs)
+    corrections: list[str] = param(["none", "verl.geo_rs"], CORRECTIONS_DOC, choices=CORRECTIONS)
+    # Why skip at the floor: in fp32 V0's and V1-fixed's engine and trainer logprobs agree to the float floor
+    # (k3 ~1e-13), so every correction's weight is 1 and its run repeats `none`'s (measured: identical rewards at
+    # every step of every seed, 2026-11-23). Decided per engine from its own `none` runs, never from a fixed list.
+    skip_at_floor: bool = param(True, "run the other corrections on an engine only if its `none` runs measured "
+                                      "engine-trainer k3 above the float floor (1e-8) at some step")
     num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
     drift_threshold: float = param(1e-5, "drift monitor: level of drift_metric (mean of 2-step windows, twice in a "
                                          "row) that trips it; 0 turns it off", ge=0)
@@ -200,13 +202,7 @@ class GRPOParams(GRPOSettings, EngineParams):
         return [self.seed + i for i in range(self.num_seeds)]
 
     def __post_init__(self):
-        if "none" not in self.corrections and set(self.none_only) & set(self.engines):
-            raise ParamError(f"parameter 'none_only' lists {sorted(set(self.none_only) & set(self.engines))}, which "
-                             "would run the `none` correction, but 'corrections' does not include 'none'")
-
-    def corrections_for(self, engine: str) -> list[str]:
-        """The corrections run on `engine`'s rollouts."""
-        return ["none"] if engine in self.none_only else list(self.corrections)
+        check_modes(self.corrections, self.old_logprobs)
 
 
 @dataclass
@@ -230,6 +226,8 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
     steps: int = param(20, "GRPO steps per run", ge=1)
     num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
     race_on_baseline: bool = param(False, "also race every correction on the baseline level (else `none` only)")
+    margin: float = param(0.05, "equivalence margin on the final-reward gap: a correction recovers a level when "
+                                "its gap to the baseline is shown inside +-margin (TOST, Holm-corrected)", gt=0, lt=1)
     concurrent_runs: int = concurrent_runs_param()
 
     @property
@@ -237,6 +235,7 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
         return [self.seed + i for i in range(self.num_seeds)]
 
     def __post_init__(self):
+        check_modes(self.corrections, self.old_logprobs)
         if "none" not in self.corrections:
             raise ParamError("parameter 'corrections' must include 'none': the uncorrected run at each level is "
                              "what the corrections are measured against")
@@ -249,6 +248,62 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
         """The corrections run on `engine`'s rollouts: `none` alone on the baseline level (the first engine)
         unless `race_on_baseline`."""
         return ["none"] if engine == self.engines[0] and not self.race_on_baseline else list(self.corrections)
+
+
+def check_arm(arm: str) -> str | None:
+    """`<correction>` or `<correction>@<mode>`: a catalogue correction and the old_logprobs mode it is run in
+    (`MismatchCostParams.__post_init__` checks the mode is one the correction is defined for)."""
+    from rlwb.core.correction_catalog import CATALOG
+
+    corr, at, mode = arm.partition("@")
+    if corr not in CATALOG or (at and mode not in ("engine", "trainer")):
+        return (f"arm {arm!r} is not <correction>[@<mode>] with a correction of rlwb.core.correction_catalog and "
+                f"mode engine or trainer (e.g. none@engine, tis@trainer)")
+    return None
+
+
+@dataclass
+class MismatchCostParams(GRPOSettings, EngineParams):
+    """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
+
+    NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
+    HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final", "ratio/none@engine/max_dose_gap",
+                                             "weights/none@engine/max_dose_gap"]
+
+    engines: list[str] = engine_list(["vllm-v1-fixed"], "the one engine preset every arm samples from (fp32 "
+                                                        "vllm-v1-fixed: no mismatch at dose 0)")
+    arms: list[str] = param(["none@engine", "none@trainer", "tis@trainer"],
+                            "<correction>@<old_logprobs mode> trained at every dose (a bare name takes "
+                            "old_logprobs); none@trainer is the control ratio mismatch cannot reach", check=check_arm)
+    ratio_k3: list[float] = param([1e-3, 1e-2, 1e-1], "ratio-mismatch doses: intended mean k3 per token of "
+                                                     "Gaussian noise on the engine's reported logprobs", gt=0,
+                                  allow_empty=True)
+    weight_noise: list[float] = param([0.01, 0.03], "distribution-mismatch doses: the engine samples with weights "
+                                                    "plus this times their rms times N(0, 1)", gt=0, allow_empty=True)
+    steps: int = param(40, "GRPO steps per run", ge=1)
+    num_seeds: int = param(4, "seeds per arm and dose, paired across them: seed, seed+1, ...", ge=2)
+    concurrent_runs: int = concurrent_runs_param()
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(self.num_seeds)]
+
+    def __post_init__(self):
+        if len(self.engines) != 1:
+            raise ParamError(f"parameter 'engines' must name one preset (every arm and dose samples from it, so gaps "
+                             f"are paired), got {self.engines}")
+        for name, values in (("arms", self.arm_labels), ("ratio_k3", self.ratio_k3),
+                             ("weight_noise", self.weight_noise)):
+            if len(set(values)) != len(values):
+                raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
+        for label in self.arm_labels:
+            corr, _, mode = label.partition("@")
+            check_modes([corr], mode, param=f"arms ({label})")
+
+    @property
+    def arm_labels(self) -> list[str]:
+        """Every arm as `<correction>@<mode>` (a bare name takes `old_logprobs`)."""
+        return [a if "@" in a else f"{a}@{self.old_logprobs}" for a in self.arms]
 
 
 KNOBS_DOC = "knobs (params/engine_knobs.yaml) applied one at a time to the baseline"

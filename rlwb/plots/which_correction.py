@@ -113,7 +113,7 @@ def race_gaps(ranking, style: str = "notebook"):
                                                                     0.3 + 0.12 * n),
                              sharex=True, squeeze=False)
     verdict_color = {"recovers": "#009E73", "above baseline": "#0072B2", "falls short": "#D55E00",
-                     "n/a": "0.5", "baseline": "0.5"}
+                     "inconclusive": "#E69F00", "= baseline (by construction)": "0.6", "n/a": "0.5", "baseline": "0.5"}
     for ax, lvl in zip(axes[0], levels):
         d = ranking[ranking["level"] == lvl].sort_values("rank", ascending=False)
         y = np.arange(len(d))
@@ -123,16 +123,19 @@ def race_gaps(ranking, style: str = "notebook"):
             ax.errorbar(r["gap"], y[k], xerr=[[lo.iloc[k]], [hi.iloc[k]]], fmt="o", ms=5, capsize=3,
                         color=verdict_color.get(r["verdict"], "0.3"))
         ax.axvline(0, color="0.4", ls="--", lw=1)
+        if "margin" in d and np.isfinite(d["margin"].iloc[0]):  # the equivalence band a "recovers" is shown inside
+            ax.axvspan(-d["margin"].iloc[0], d["margin"].iloc[0], color="#009E73", alpha=0.08, lw=0)
         ax.set_yticks(y, d["correction"])
         ax.set_title(f"level: {lvl}")
         ax.set_xlabel("final reward − baseline")
         ax.grid(axis="y", visible=False)
     from matplotlib.lines import Line2D
 
-    used = [v for v in ("recovers", "above baseline", "falls short", "n/a") if v in set(ranking["verdict"])]
+    used = [v for v in ("recovers", "above baseline", "falls short", "inconclusive", "= baseline (by construction)",
+                        "n/a") if v in set(ranking["verdict"])]
     fig.legend([Line2D([], [], marker="o", ls="", color=verdict_color[v]) for v in used], used, fontsize="small",
                ncols=len(used), loc="lower center", bbox_to_anchor=(0.5, -0.02))
-    fig.suptitle("What recovers the baseline (95% CI over seeds, paired by seed)")
+    fig.suptitle("What recovers the baseline (95% CI over seeds, paired by seed; shaded: equivalence margin)")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 

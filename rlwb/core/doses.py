@@ -1,0 +1,60 @@
+"""Engine-trainer mismatch at known doses, for measuring what it costs a GRPO run (notebook 08).
+
+Two kinds, both applied on the real engine path of `rlwb.core.grpo` (the engine still samples; only what it
+reports or which weights it samples with is changed):
+
+- *ratio mismatch* (`logprob_noise_k3`): the engine samples from the trainer's policy, but the logprobs it
+  reports are off by Gaussian noise delta ~ N(0, sigma^2) per token, the shape of kernel-level error. For
+  r = exp(-delta), E[k3] = E[r - 1 - log r] = exp(sigma^2 / 2) - 1, so sigma = sqrt(2 ln(1 + k3)) gives an
+  intended mean k3 per token (k3: Schulman, http://joschu.net/blog/kl-approx.html). It reaches the update
+  through the PPO ratio (behaviour logprobs from the engine) or a correction's weights, never through sampling.
+- *distribution mismatch* (`engine_weight_noise`): the engine samples with weights theta + s * rms(theta) * z,
+  z ~ N(0, 1) drawn once per seed (a fixed perturbation, like a lower-precision engine's rounding), at relative
+  scale s. Its k3 depends on the model, so the achieved k3 is measured, not intended.
+
+Noise is drawn from generators seeded by (seed, step), never from a shared random state: the arms of one seed
+see the same prompts, sampling seeds and noise, so their reward gaps are paired.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def logprob_noise_sigma(k3: float) -> float:
+    """The std of Gaussian log-ratio noise whose mean k3 per token is `k3` (exp(sigma^2/2) - 1 = k3)."""
+    if k3 < 0:
+        raise ValueError(f"a k3 dose must be >= 0, got {k3}")
+    return math.sqrt(2.0 * math.log1p(k3))
+
+
+def noisy_logprobs(logp: torch.Tensor, mask: torch.Tensor, k3: float, seed: int, step: int) -> torch.Tensor:
+    """`logp` [B, L] plus N(0, sigma(k3)^2) on the real tokens (`mask`), seeded by (seed, step), capped at 0 (no
+    engine reports a probability above 1; the cap lowers the achieved k3 a little at large doses, which is why the
+    achieved k3 is measured, not assumed)."""
+    if k3 == 0:
+        return logp
+    g = torch.Generator().manual_seed(1_000_003 * seed + step + 17)
+    z = torch.randn(logp.shape, generator=g, dtype=torch.float64).to(logp.dtype).to(logp.device)
+    return (logp + logprob_noise_sigma(k3) * z * mask.to(logp.dtype)).clamp(max=0.0)
+
+
+def weight_noise(state: dict, scale: float, seed: int) -> dict[str, torch.Tensor]:
+    """A fixed perturbation per seed: for every floating tensor, scale * rms(tensor) * z with z ~ N(0, 1)
+    (the rms of the initial weights, so the perturbation does not grow with training)."""
+    g = torch.Generator().manual_seed(7_919 * seed + 5)
+    out = {}
+    for k, v in state.items():
+        if v.is_floating_point() and v.numel() > 1:
+            z = torch.randn(v.shape, generator=g, dtype=torch.float32)
+            out[k] = (scale * v.detach().float().pow(2).mean().sqrt().cpu() * z).to(v.dtype)
+    return out
+
+
+def perturbed(state: dict, noise: dict[str, torch.Tensor] | None) -> dict:
+    """`state` with `noise` added (the weights the engine samples with); `state` itself is not changed."""
+    if not noise:
+        return state
+    return {k: (v.detach() + noise[k].to(v.device) if k in noise else v) for k, v in state.items()}

@@ -1,0 +1,49 @@
+"""Notebook 08's doses (`rlwb.core.doses`): the ratio dose hits its intended k3 where nothing caps it, is paired
+(the same noise for every arm of a seed and step) and never reports a probability above 1; the weight dose is a
+fixed perturbation per seed of the stated relative size. Pure functions: no engine needed."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlwb.core import doses
+
+
+@pytest.mark.parametrize("k3", [1e-4, 1e-2, 1e-1])
+def test_gaussian_logprob_noise_has_the_intended_mean_k3(k3):
+    sigma = doses.logprob_noise_sigma(k3)
+    assert math.exp(sigma**2 / 2) - 1 == pytest.approx(k3, rel=1e-12)
+    delta = torch.randn(2_000_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * sigma
+    r = torch.exp(-delta)  # trainer / engine-reported ratio when the report is off by +delta
+    assert float((r - 1 - torch.log(r)).mean()) == pytest.approx(k3, rel=0.02)
+
+
+def test_logprob_noise_is_paired_capped_and_only_on_real_tokens():
+    logp = -torch.rand(6, 9, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
+    mask = torch.ones(6, 9, dtype=torch.bool)
+    mask[:, 6:] = False
+    a = doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=4)
+    assert torch.equal(a, doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=4))  # every arm sees the same
+    assert not torch.equal(a, doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=5))  # fresh per step
+    assert not torch.equal(a, doses.noisy_logprobs(logp, mask, 1e-2, seed=4, step=4))  # and per seed
+    assert (a <= 0).all() and torch.equal(a[:, 6:], logp[:, 6:]) and not torch.equal(a[:, :6], logp[:, :6])
+    assert doses.noisy_logprobs(logp, mask, 0.0, 3, 4) is logp
+    with pytest.raises(ValueError, match=">= 0"):
+        doses.logprob_noise_sigma(-1e-3)
+
+
+def test_weight_noise_is_fixed_per_seed_and_relative_to_each_tensor():
+    g = torch.Generator().manual_seed(2)
+    state = {"w": torch.randn(200, 300, generator=g) * 5.0, "b": torch.randn(300, generator=g) * 0.01,
+             "step": torch.tensor(7)}
+    n1, n2 = doses.weight_noise(state, 0.03, seed=1), doses.weight_noise(state, 0.03, seed=1)
+    assert set(n1) == {"w", "b"} and all(torch.equal(n1[k], n2[k]) for k in n1)
+    assert not torch.equal(n1["w"], doses.weight_noise(state, 0.03, seed=2)["w"])
+    for k in ("w", "b"):  # noise rms / tensor rms = the dose
+        ratio = float(n1[k].pow(2).mean().sqrt() / state[k].pow(2).mean().sqrt())
+        assert ratio == pytest.approx(0.03, rel=0.1)
+    p = doses.perturbed(state, n1)
+    assert torch.equal(p["step"], state["step"]) and torch.allclose(p["w"] - state["w"], n1["w"], atol=1e-5)
+    assert doses.perturbed(state, None) is state and np.isfinite(float(p["b"].sum()))
