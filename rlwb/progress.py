@@ -64,6 +64,12 @@ def progress_bar(iterable=None, *, desc: str, total: int | None = None, disable:
                        mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S, miniters=1, ascii=True, **kwargs)
 
 
+def progress_stream():
+    """Where a child process's progress lines go (a model build): the run's progress log inside an archived run
+    (never report.html), else our stderr."""
+    return _archived_run_log() if _in_kernel() and os.environ.get("RLWB_RUN_DIR") else sys.stderr
+
+
 def _log_tqdm():
     """tqdm whose postfix changes wait for its next timed line. Why: `set_postfix` redraws at once by default,
     which in a log is a line per call (a GRPO loop's per-step reward: one line per step), and shows the count

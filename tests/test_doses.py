@@ -30,6 +30,10 @@ def test_logprob_noise_is_paired_capped_and_only_on_real_tokens():
     assert not torch.equal(a, doses.noisy_logprobs(logp, mask, 1e-2, seed=4, step=4))  # and per seed
     assert (a <= 0).all() and torch.equal(a[:, 6:], logp[:, 6:]) and not torch.equal(a[:, :6], logp[:, :6])
     assert doses.noisy_logprobs(logp, mask, 0.0, 3, 4) is logp
+    # on logprobs far below 0 the cap never binds: the noise has exactly the std the dose asks for
+    deep = torch.full((400, 500), -50.0, dtype=torch.float64)
+    noise = doses.noisy_logprobs(deep, torch.ones_like(deep, dtype=torch.bool), 1e-2, seed=0, step=0) - deep
+    assert float(noise.std()) == pytest.approx(doses.logprob_noise_sigma(1e-2), rel=0.01)
     with pytest.raises(ValueError, match=">= 0"):
         doses.logprob_noise_sigma(-1e-3)
 

@@ -54,8 +54,10 @@ def layer(module: str) -> str:
     return next((lay for lay in ALLOWED if module == lay or module.startswith(lay + ".")), "infrastructure")
 
 
-def test_no_import_cycles():
-    graph, cycles = import_graph(top_level_only=True), []
+def test_no_import_cycles_function_level_imports_included():
+    """A deferred import is still a dependency: `core.models` <-> `core.moe_model` was a circle of function-level
+    imports until the MoE build took its base model from the caller."""
+    graph, cycles = import_graph(top_level_only=False), []
 
     def visit(node, path):
         for dep in graph[node]:

@@ -356,3 +356,24 @@ def test_notebook_smoke(stem, outputs, default_model, tmp_path):
     if stem != "00_default_policy":
         assert split["engine_start"] > 1 and split["sampling"] > 0
     check_report(d, tmp_path / "profile")
+
+
+@pytest.mark.slow
+def test_a_model_built_inside_a_run_stays_out_of_its_report(tmp_path):
+    """From an empty RLWB_CACHE the run builds its model itself (the fresh-machine case, whatever ran before): the
+    build's progress goes to the run's logs/progress.log (echoed by `rlwb run` to the terminal), never into the
+    notebook's outputs or report.html."""
+    from tests.conftest import rlwb
+
+    r = rlwb("run", "notebooks/00_default_policy.ipynb", "-f", "params/00_default_policy/smoke.yaml", "-p", "model",
+             "qwen2-chat-smoke", "--outputs", str(tmp_path / "out"), env={"RLWB_CACHE": str(tmp_path / "cache")},
+             timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = Path(r.stdout.strip().splitlines()[-1])
+    assert (tmp_path / "cache" / "models").is_dir()  # it really built here
+    assert "SFT chat arithmetic" in (d / "logs" / "progress.log").read_text() and "SFT chat arithmetic" in r.stderr
+    book = nbformat.read(d / "notebook.ipynb", as_version=4)
+    streams = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"]
+    assert not [o for o in streams if o.name == "stderr"], streams
+    html = (d / "report.html").read_text()
+    assert "SFT chat arithmetic" not in html and 'data-mime-type="application/vnd.jupyter.stderr"' not in html

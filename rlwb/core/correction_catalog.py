@@ -78,9 +78,10 @@ CATALOG: dict[str, CatalogEntry] = {
                        "verl decoupled_seq_is_rs() (Seq-MIS)",
                        "sequence TIS (cap 2) + sequences with prod r outside [0.5, 2] rejected", VERL_PRESETS),
     "verl.geo_rs": _e([("sequence_reject_geometric", {"lo": 1 / 1.001, "hi": 1 / 0.999})],
-                      "verl decoupled_geo_rs() (Geo-RS, 0.999_1.001)",
+                      "verl decoupled_geo_rs() (Geo-RS, 0.999_1.001); with engine logprobs bypass_ppo_clip_geo_rs()",
                       "sequences whose geometric-mean r is off 1 by more than 0.1% rejected", VERL_PRESETS),
-    "verl.k3_rs": _e([("sequence_reject_k3", {"threshold": 0.01})], "verl decoupled_k3_rs()",
+    "verl.k3_rs": _e([("sequence_reject_k3", {"threshold": 0.01})],
+                     "verl decoupled_k3_rs(); with engine logprobs bypass_ppo_clip_k3_rs()",
                      "sequences whose mean k3 exceeds 0.01 rejected", VERL_PRESETS),
     "verl.geo_rs_token_tis": _e([("token_tis", {"cap": 2.0}),
                                  ("sequence_reject_geometric", {"lo": 1 / 1.001, "hi": 1 / 0.999})],
@@ -147,6 +148,7 @@ def check_modes(corrections: list[str], old_logprobs: str, param: str = "correct
         raise ParamError(
             f"parameter {param!r}: {', '.join(bad)} weigh(s) each token by a ratio pi_trainer/pi_engine, but with "
             f"old_logprobs '{old_logprobs}' the PPO ratio is already pi_theta/pi_engine, so the weight would apply "
-            f"twice (r * min(r, C)); verl's bypass mode turns its IS weights off for this reason ({VERL_BYPASS}). "
+            f"twice (r * min(r, C)); verl's bypass PPO-clip loss turns its IS weights off for this reason "
+            f"({VERL_BYPASS}). "
             f"Use old_logprobs: trainer (the decoupled mode the peers define these in), or corrections that only "
             f"reject tokens or sequences: {', '.join(ok)}")

@@ -13,7 +13,8 @@ reports or which weights it samples with is changed):
   scale s. Its k3 depends on the model, so the achieved k3 is measured, not intended.
 
 Noise is drawn from generators seeded by (seed, step), never from a shared random state: the arms of one seed
-see the same prompts, sampling seeds and noise, so their reward gaps are paired.
+see the same prompts and sampling seeds, and the same noise draws wherever their batches have the same shape
+(at step 0 always; later the completions' lengths may differ), so their reward gaps are paired.
 """
 
 from __future__ import annotations

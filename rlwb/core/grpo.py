@@ -172,7 +172,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
            "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3,
            "t_correction": t_correction, "t_step": t4 - t0}
     batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],
-                    "logp_engine": [c.logprobs for c in comps],
+                    "logp_engine": [x.cpu().numpy() for x in logp_engine[mask].split(lengths)],  # as the update saw
                     "logp_trainer": [x.cpu().numpy() for x in old["logp"].detach().split(lengths)],
                     "reward": rewards.numpy()}
     return StepResult(row, batch_record)

@@ -243,6 +243,8 @@ def recipe_for(name: str):
 
 @functools.cache
 def _with_corpus(recipe):
+    if isinstance(recipe, MoeRecipe):
+        return recipe.with_corpus(recipe_for(recipe.base).hash())
     return recipe.with_corpus()  # hashing 12 MB of stdlib takes a second: once per process
 
 
@@ -311,20 +313,24 @@ def published_verdict(card: dict) -> str:
 def run_pinned_build(recipe, *, force: bool = False, progress: bool = True, env: dict | None = None) -> None:
     """`python -m rlwb.core.models` in a child process whose environment is `env` (default: ours) plus BUILD_ENV.
     The child's progress goes to our stderr (a terminal directly; otherwise forwarded line by line, so it
-    shows in a notebook or a log)."""
+    shows in JupyterLab or a log), or inside an archived run to its progress log (`rlwb.progress`), which
+    `rlwb run` echoes to the terminal: never into report.html."""
     import subprocess
     import sys
 
     kind = {ModelRecipe: "default", ChatModelRecipe: "chat", MoeRecipe: "moe"}[type(recipe)]
     cmd = [sys.executable, "-m", "rlwb.core.models", json.dumps(asdict(recipe)), "--kind", kind]
     cmd += ["--force"] * force + ["--quiet"] * (not progress)
+    from rlwb.progress import progress_stream
+
     child_env = {**(os.environ if env is None else env), **BUILD_ENV}
-    tty = sys.stderr.isatty()
+    out = progress_stream()  # inside an archived run its progress log: a build never lands in report.html
+    tty = out is sys.stderr and sys.stderr.isatty()
     proc = subprocess.Popen(cmd, env=child_env, stderr=None if tty else subprocess.PIPE, text=True)
     tail: list[str] = []
     if not tty:
         for line in proc.stderr:
-            sys.stderr.write(line)
+            out.write(line)
             tail = (tail + [line])[-20:]
     if proc.wait() != 0:
         what = "the default policy" if kind == "default" else f"embedded model {recipe.name!r}"
@@ -376,7 +382,8 @@ def _build_here(recipe, force: bool, progress: bool) -> EmbeddedModel:
     elif isinstance(recipe, MoeRecipe):
         from rlwb.core import moe_model
 
-        model, fields = moe_model.build(recipe, tmp, progress)
+        base = build_embedded_model(recipe.base, progress=progress)  # built first if missing
+        model, fields = moe_model.build(recipe, base, tmp, progress)
     else:
         from rlwb.core import chat_model
 

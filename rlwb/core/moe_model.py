@@ -41,11 +41,10 @@ class MoeRecipe:
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
-    def with_corpus(self) -> MoeRecipe:
-        """Bound to the base model's recipe hash (which is bound to this interpreter's corpus)."""
-        from rlwb.core.models import recipe_for
-
-        return replace(self, base_hash=recipe_for(self.base).hash())
+    def with_corpus(self, base_hash: str) -> MoeRecipe:
+        """Bound to the base model's recipe hash (which is bound to this interpreter's corpus; `models` passes
+        it in, so this module never imports `models`: the import goes one way)."""
+        return replace(self, base_hash=base_hash)
 
 
 def upcycle(dense, recipe: MoeRecipe):
@@ -89,17 +88,15 @@ def upcycle(dense, recipe: MoeRecipe):
     return moe.eval()
 
 
-def build(recipe: MoeRecipe, out: Path, progress: bool = True) -> tuple[object, dict]:
-    """Upcycle the base embedded model (built first if missing) and save into `out`; returns (model, card fields)."""
+def build(recipe: MoeRecipe, base, out: Path, progress: bool = True) -> tuple[object, dict]:
+    """Upcycle the base embedded model (`base`: its `models.EmbeddedModel`, built by the caller) and save into
+    `out`; returns (model, card fields)."""
     import time
 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlwb.core.models import build_embedded_model
-
     t0 = time.time()
-    base = build_embedded_model(recipe.base, progress=progress)
     dense = AutoModelForCausalLM.from_pretrained(base.path, dtype=torch.float32).eval()
     moe = upcycle(dense, recipe)
     moe.save_pretrained(out, safe_serialization=True)

@@ -227,7 +227,8 @@ def paired_gap_test(gaps: Sequence[float], margin: float) -> PairedGapTest:
     if n < 2:
         return PairedGapTest(n, float(g.mean()) if n else float("nan"), float("nan"), float("nan"), float("nan"))
     m, sd = float(g.mean()), float(g.std(ddof=1))
-    if sd == 0:
+    if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's gap the same (to rounding): no t statistic
+        sd = 0.0
         return PairedGapTest(n, m, float(m == 0), float(not abs(m) < margin), 0.0)
     p_diff = float(st.ttest_1samp(g, 0.0).pvalue)
     p_lo = float(st.ttest_1samp(g, -margin, alternative="greater").pvalue)
@@ -245,3 +246,14 @@ def minimal_detectable_gap(sd: float, n: int, alpha: float = ALPHA, power: float
         return float("nan")
     df = n - 1
     return float((st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * sd / np.sqrt(n))
+
+
+def equivalence_sd_max(margin: float, n: int, alpha: float = ALPHA) -> float:
+    """The largest per-seed spread (sd) at which a TOST at level `alpha` could still show a zero mean gap inside
+    +-`margin` with `n` seeds: margin * sqrt(n) / t_{1-alpha, n-1}. A budget whose spread exceeds it cannot call
+    anything equivalent, whatever the truth."""
+    from scipy import stats as st
+
+    if n < 2:
+        return float("nan")
+    return float(margin * np.sqrt(n) / st.t.ppf(1 - alpha, n - 1))

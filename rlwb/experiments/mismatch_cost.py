@@ -15,6 +15,7 @@ measurable where there is a gain to lose). A control that fails says the design,
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +91,8 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     todo = jobs(p)
-    frames, dists = [], {}
+    frames, clean_dists, pending, kl = [], {}, {}, {}
+    lock = threading.Lock()
 
     def one_run(lane, job, should_stop) -> pd.DataFrame:
         (m, engine), (kind, dose, arm, seed) = lane, job
@@ -98,11 +100,26 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         df = train(m, engine, cfg, initial, progress=progress, desc=f"{kind} {dose:g} {arm} seed {seed}",
                    codec=codec, on_step=lambda _res: should_stop())
         with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe
-            full = completion_logprobs(m, probe, p.temperature, full=True)["full"]
-            dists[(kind, dose, arm, seed)] = full.double().cpu()
+            full = completion_logprobs(m, probe, p.temperature, full=True)["full"].float().cpu()
+        # KL as soon as the clean twin exists; only the clean twins and runs waiting for theirs are held
+        # (a real vocabulary makes each [tokens, V] tensor tens of MB)
+        with lock:  # two lanes finish runs in their own threads
+            pair(job, full)
         for i, (k, v) in enumerate((("kind", kind), ("dose", dose), ("arm", arm), ("seed", seed))):
             df.insert(1 + i, k, v)
         return df
+
+    def pair(job, full) -> None:
+        kind, _, arm, seed = job
+        if kind == "clean":
+            clean_dists[(arm, seed)] = full
+            for key in [k for k in pending if (k[2], k[3]) == (arm, seed)]:
+                kl[key] = kl_divergence(full, pending.pop(key))
+            kl[job] = 0.0
+        elif (arm, seed) in clean_dists:
+            kl[job] = kl_divergence(clean_dists[(arm, seed)], full)
+        else:
+            pending[job] = full
 
     for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
         n = min(lanes_for(w.preset, p.concurrent_runs), len(todo))
@@ -115,7 +132,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
             for e in extra:
                 e.close()
     curves = pd.concat(frames, ignore_index=True)
-    table = dose_table(curves, p, kl_to_clean(dists))
+    table = dose_table(curves, p, kl)
     return CostResult(p, dose_metrics(table, curves), curves, table)
 
 
@@ -133,15 +150,12 @@ def probe_batch(codec, p):
                       [codec.encode_continuation(str(q.a + q.b)) for q in problems])
 
 
-def kl_to_clean(dists: dict) -> dict[tuple, float]:
-    """Per run: mean over probe tokens of KL(clean twin ‖ this run's trained policy), the twin being the same
-    arm and seed at dose 0: how far a dose moved the policy, whether or not reward shows it."""
-    out = {}
-    for (kind, dose, arm, seed), lp in dists.items():
-        ref = dists.get(("clean", 0.0, arm, seed))
-        if ref is not None:
-            out[(kind, dose, arm, seed)] = float((ref.exp() * (ref - lp)).sum(-1).mean())
-    return out
+def kl_divergence(ref: torch.Tensor, lp: torch.Tensor) -> float:
+    """Mean over probe tokens of KL(ref ‖ lp), both [tokens, V] log-distributions (in float64): a dosed run's
+    trained policy against its clean twin's (same arm and seed at dose 0), how far a dose moved the policy
+    whether or not reward shows it."""
+    ref, lp = ref.double(), lp.double()
+    return float((ref.exp() * (ref - lp)).sum(-1).mean())
 
 
 def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
@@ -162,8 +176,9 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
 def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     """One row per (kind, dose, arm): the dose as intended and as achieved (mean k3 per token over steps and
     seeds), the outcomes, and each outcome's gap to the same arm's clean run paired by seed (95% t interval),
-    with the smallest reward gap the seeds could detect (80% power, two-sided 5%: `stats.minimal_detectable_gap`).
-    verdict: "costs" (gap CI below 0), "gains" (above), "no cost shown" (CI holds 0)."""
+    with the smallest reward gap the seeds could detect (`mde`: 80% power at the Holm family's strictest level).
+    verdict: a t test of gap = 0 per dosed row, Holm-corrected over every dosed row: "costs" / "gains" where it
+    rejects, "no cost shown" where it does not (read the MDE beside it)."""
     s = per_seed(curves)
     s["kl_to_clean"] = [(kl or {}).get(k, float("nan")) for k in zip(s["kind"], s["dose"], s["arm"], s["seed"])]
     clean = s[s["kind"] == "clean"].set_index(["arm", "seed"])
@@ -181,16 +196,28 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
         gap = (d["reward_final"] - base["reward_final"]).dropna().to_numpy()
         row["gap"] = float(gap.mean())
         row["gap_ci_low"], row["gap_ci_high"] = stats.seed_ci(gap)
-        row["identical"] = bool((gap == 0).all())
-        row["mde"] = stats.minimal_detectable_gap(float(gap.std(ddof=1)) if gap.size > 1 else float("nan"),
-                                                  gap.size)
+        cur = curves[(curves["kind"] == kind) & (curves["dose"] == dose) & (curves["arm"] == arm)]
+        twin = curves[(curves["kind"] == "clean") & (curves["arm"] == arm)]
+        same = [c.sort_values(["seed", "step"])["reward_mean"].to_numpy() for c in (cur, twin)]
+        row["identical"] = bool(gap.size == len(p.seeds) and len(same[0]) == len(same[1])
+                                and (same[0] == same[1]).all())  # every seed's whole reward curve
+        row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
+        row["mde"] = float("nan")  # set below, at the Holm family's level
         for col in ("auc", "entropy", "grad_norm", "clip_frac"):
             row[f"{col}_gap"] = float((d[col] - base[col]).mean())
-        lo, hi = row["gap_ci_low"], row["gap_ci_high"]
-        row["verdict"] = ("clean" if kind == "clean" else "n/a" if not np.isfinite(lo) else
-                          "costs" if hi < 0 else "gains" if lo > 0 else "no cost shown")
+        row["p"] = stats.paired_gap_test(gap, margin=1.0).p_diff
         rows.append(row)
-    return pd.DataFrame(rows)
+    t = pd.DataFrame(rows)
+    dosed = (t["kind"] != "clean") & t["p"].notna()
+    m = int(dosed.sum())
+    t["p_holm"], t["verdict"] = np.nan, np.where(t["kind"] == "clean", "clean", "n/a")
+    if m:  # every dosed row is a test: Holm over all of them, the MDE at the family's strictest level
+        t.loc[dosed, "p_holm"] = stats.holm(t.loc[dosed, "p"])
+        t.loc[dosed, "mde"] = [stats.minimal_detectable_gap(sd, n, stats.ALPHA / m) for sd, n in
+                               zip(t.loc[dosed, "gap_sd"], t.loc[dosed, "seeds"])]
+        t.loc[dosed, "verdict"] = ["costs" if ph < stats.ALPHA and g < 0 else "gains" if ph < stats.ALPHA
+                                   else "no cost shown" for ph, g in zip(t.loc[dosed, "p_holm"], t.loc[dosed, "gap"])]
+    return t.drop(columns=["p"])
 
 
 def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
@@ -215,8 +242,10 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     for (kind, arm), d in table[table["kind"] != "clean"].groupby(["kind", "arm"], sort=False):
         d = d.sort_values("dose")
         out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
-        costs = d[d["verdict"] == "costs"]
-        out[f"{kind}/{arm}/threshold_k3"] = float(costs["k3_achieved"].iloc[0]) if len(costs) else float("nan")
+        # the smallest dose from which every larger dose measurably costs too (one noisy row is not a threshold)
+        costs = (d["verdict"] == "costs").to_numpy()
+        from_here = [i for i in range(len(d)) if costs[i:].all()]
+        out[f"{kind}/{arm}/threshold_k3"] = float(d["k3_achieved"].iloc[from_here[0]]) if from_here else float("nan")
     return out
 
 
@@ -238,8 +267,8 @@ def answer_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
             thr = metrics.get(f"{kind}/{arm}/threshold_k3", float("nan"))
             top = a.iloc[-1]
             if np.isfinite(thr):
-                out.append(f"- {kind} mismatch, `{arm}`: measurably costs reward from k3 "
-                           f"{metric('k3', thr, '.1e')} per token on (largest dose: {_fmt_gap(top)}).")
+                out.append(f"- {kind} mismatch, `{arm}`: measurably costs reward from k3 {metric('k3', thr, '.1e')} "
+                           f"per token on, at every larger dose too (largest dose: {_fmt_gap(top)}).")
             else:
                 out.append(f"- {kind} mismatch, `{arm}`: no dose up to k3 {metric('k3', top.k3_achieved, '.1e')} "
                            f"measurably cost reward (largest dose: {_fmt_gap(top)}; MDE {top.mde:.3f}): a cost "
@@ -253,7 +282,8 @@ def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
              f"{p.group_size} completions, T={p.temperature:g}, lr={p.lr:g}, {p.num_seeds} seeds paired across "
              f"every arm and dose (same initial weights, prompts, sampling seeds and noise). Cost = final reward "
              f"(last {FINAL_FRAC:.0%} of steps) minus the same arm's clean run, seed by seed, with a 95% t interval; "
-             f"MDE = the smallest cost these seeds detect with 80% power. {timing_note(p)}"]
+             f"a cost is a t test of that gap Holm-corrected over every dosed row; MDE = the smallest cost these "
+             f"seeds detect with 80% power at the corrected level. {timing_note(p)}"]
     answer = answer_lines(metrics, table, p)
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n" + "\n".join(answer))
     # controls
@@ -267,7 +297,9 @@ def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
     if "none@trainer" in arms and p.ratio_k3:
         same = table[(table["kind"] == "ratio") & (table["arm"] == "none@trainer")]
         ok = bool(same["identical"].all())
-        ctl.append("`none@trainer` under ratio mismatch trains bitwise as its clean run at every dose "
+        ok = ok and bool((same["kl_to_clean"] == 0).all())
+        ctl.append("`none@trainer` under ratio mismatch trains bitwise as its clean run at every dose (every seed's "
+                   "reward curve equal, KL to its clean twin 0) "
                    + ("(passes: the reported logprobs never reach its update)" if ok else
                       "(**fails**: the reported logprobs reached an update that should not read them; the design "
                       "or the loop is wrong)"))

@@ -123,7 +123,7 @@ class EngineParams(Params):
 
 
 CORRECTIONS_DOC = ("off-policy corrections, names from rlwb.core.correction_catalog (none, tis, verl.geo_rs, "
-                   "icepop, trl.sequence_mask, ...)")
+                   "icepop, ...; with old_logprobs engine only rejection ones: none, mis, verl.geo_rs, ...)")
 
 
 def prompt_source_param(doc: str = "prompts: task (the verifiable task) or open_ended (held-out text and chat "
