@@ -140,3 +140,32 @@ def test_published_verdict_reads_the_vendor_a_card_was_built_on():
     assert models.published_verdict(wrong) == f"DIFFERS from the published AuthenticAMD build {amd}"
     other = models.with_published({**old_amd, "host_cpu": {"vendor": "HygonGenuine"}})
     assert other["weights_match_published"] is None and "no published build" in models.published_verdict(other)
+
+
+def test_concurrent_builds_of_one_recipe_build_it_once(tmp_path, monkeypatch):
+    """Two callers that find the same model missing (a test session and `make setup` on a fresh machine) build it
+    once: the second waits on the build lock and takes the first's model. The build itself is replaced by a stand-in
+    that counts calls and takes a second (a real build is minutes; the lock, not the training, is under test)."""
+    import threading
+    import time
+
+    monkeypatch.setenv("RLWB_CACHE", str(tmp_path))
+    recipe = replace(models.ModelRecipe(), train_steps=1)
+    calls = []
+
+    def fake_build(r, *, force=False, progress=True, env=None):
+        calls.append(r.hash())
+        time.sleep(1.0)
+        out = models.default_model_dir(r)
+        out.mkdir(parents=True)
+        (out / "model.json").write_text(json.dumps({"recipe_hash": r.hash()}))
+
+    monkeypatch.setattr(models, "run_pinned_build", fake_build)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(models.build_default_model(recipe, progress=False).path))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [recipe.hash()] and len(got) == 2 and got[0] == got[1]

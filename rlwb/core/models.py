@@ -26,6 +26,7 @@ ISAs, not across vendors), which tests assert on every machine.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -269,8 +270,25 @@ def build_default_model(recipe=ModelRecipe(), force: bool = False, progress: boo
     except OSError as e:
         raise NotADirectoryError(f"model cache {out.parent} is not a usable directory (set RLWB_CACHE to one): "
                                  f"{type(e).__name__}: {e}") from None
-    run_pinned_build(recipe, force=force, progress=progress)
+    with build_lock(out):  # another process building the same recipe: wait for it, then take its model
+        if force or not (out / "model.json").exists():
+            run_pinned_build(recipe, force=force, progress=progress)
     return EmbeddedModel(out, model_card(out))
+
+
+@contextlib.contextmanager
+def build_lock(out: Path):
+    """An exclusive lock on `out`'s build, held across processes (`fcntl.flock` on `<out>.lock`). Why: on a fresh
+    machine `make setup`, a test session and a notebook run each found the default policy missing and built it
+    three times at once on 2 cores (35 min instead of 2). The lock ends with its holder, killed or not."""
+    import fcntl
+
+    with open(out.with_name(out.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def build_embedded_model(name: str, force: bool = False, progress: bool = True) -> EmbeddedModel:
