@@ -26,20 +26,12 @@ from rlwb.core.models import resolve_model
 from rlwb.core.rollouts import sample_and_score
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.presets import available_presets, resolve_preset
-from rlwb.engines.worker import EngineWorker, Sampling, reports_raw_logprobs
+from rlwb.engines.worker import EngineWorker, Sampling, expected_agreement, reports_raw_logprobs
 from rlwb.errors import PresetError
 
 FLOOR = 1e-4  # max |Δlogp| of an fp32 engine against the fp32 trainer (measured floors are 4e-6 to 2e-5)
 BAND_K3, BAND_MAX = 1e-3, 1.0  # a low-precision engine: bf16 measured k3 ~1e-5..1e-4, max |Δlogp| 0.03..0.05
 TEMPERATURES = (1.0, 0.7)
-
-
-def expectation(settings: dict, raw: bool) -> str:
-    """What an engine reporting `settings` (its `info()["settings"]`) must match: "float floor", "raw gap" or
-    "low-precision band"."""
-    lossy = (str(settings.get("dtype", "float32")) not in ("float32", "torch.float32")
-             or "fp8" in str(settings.get("kv_cache_dtype", "")))
-    return "low-precision band" if lossy else ("raw gap" if raw else "float floor")
 
 
 def verdict(expected: str, measured: dict[float, dict]) -> tuple[bool, str]:
@@ -86,7 +78,7 @@ def check_engines(presets: list[str] | None = None, model: str = "default", prom
                 raw = reports_raw_logprobs(info)
                 settings = info.get("settings") or {}
                 r.update(vllm_version=info.get("vllm_version"), engine=info.get("engine"), raw_logprobs=raw,
-                         dtype=str(settings.get("dtype")), expected=expectation(settings, raw))
+                         dtype=str(settings.get("dtype")), expected=expected_agreement(settings, raw))
                 measured = {}
                 for T in TEMPERATURES:
                     ro = sample_and_score(w, scorer, ids, Sampling(temperature=T, max_tokens=24, seed=0), raw=True)

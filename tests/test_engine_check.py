@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from rlwb.engine_check import expectation, verdict
+from rlwb.engine_check import verdict
+from rlwb.engines.worker import expected_agreement as expectation
 from tests.conftest import rlwb
 
 

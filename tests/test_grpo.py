@@ -132,7 +132,7 @@ def test_concurrent_runs_train_the_curves_of_one_at_a_time(default_model):
     differ (and `concurrent_runs`, which says so). Three jobs on two lanes: a lane takes a second job, after
     another run on its engine."""
     from rlwb import params
-    from rlwb.experiments.toy_grpo import train_grid
+    from rlwb.experiments.grpo_grid import train_grid
 
     curves = {}
     for lanes in (1, 2):
@@ -200,12 +200,32 @@ def test_runs_share_the_machine_only_beside_an_engine_that_leaves_cores(monkeypa
     """`lanes_for`: two runs at once beside a one-thread V1 engine; one at a time beside engines that take every
     core (V0, tensor parallel over both cores), where a second run only oversubscribes them."""
     from rlwb.engines.presets import resolve_preset
-    from rlwb.experiments import toy_grpo
+    from rlwb.experiments import grpo_grid
 
-    monkeypatch.setattr(toy_grpo.os, "sched_getaffinity", lambda _pid: {0, 1})
-    monkeypatch.setattr(toy_grpo, "cuda_available", lambda: False)
-    got = {n: toy_grpo.lanes_for(resolve_preset(n, cuda=False), 2)
+    monkeypatch.setattr(grpo_grid.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(grpo_grid, "cuda_available", lambda: False)
+    got = {n: grpo_grid.lanes_for(resolve_preset(n, cuda=False), 2)
            for n in ("vllm-v1", "vllm-v1-fixed", "vllm-v1-fixed@kv-fp8-e5m2", "vllm-v0", "vllm-v1-fixed@tp2")}
     assert got == {"vllm-v1": 2, "vllm-v1-fixed": 2, "vllm-v1-fixed@kv-fp8-e5m2": 2, "vllm-v0": 1,
                    "vllm-v1-fixed@tp2": 1}
-    assert toy_grpo.lanes_for(resolve_preset("vllm-v1-fixed", cuda=False), 1) == 1
+    assert grpo_grid.lanes_for(resolve_preset("vllm-v1-fixed", cuda=False), 1) == 1
+
+
+def test_an_engine_that_leaves_its_float_floor_is_named_in_the_report():
+    """`floor_breaches`: an engine that should sit at the float floor (fp32, processed logprobs, from its read-back
+    settings) but measured per-step k3 above 1e-8 is named with its worst k3 (as V0 once did in an archived 03 run,
+    1.5e-8 instead of 1.7e-13); engines at their floor, and engines not expected there (bf16, raw logprobs), are
+    not."""
+    import pandas as pd
+
+    from rlwb.experiments.grpo_grid import floor_breaches, floor_lines
+
+    curves = pd.DataFrame({"engine": ["vllm-v0"] * 3 + ["vllm-v1-fixed"] * 2 + ["vllm-v1-bf16"] * 2,
+                           "seed": [0, 1, 1, 0, 1, 0, 1],
+                           "mismatch_k3": [1.7e-13, 1.5e-8, 2e-13, 3e-13, 2e-13, 1e-5, 2e-5],
+                           "engine_expects": ["float floor"] * 5 + ["low-precision band"] * 2})
+    m = floor_breaches(curves)
+    assert m == {"vllm-v0/floor_breach_k3": 1.5e-8}
+    (line,) = floor_lines(m)
+    assert "`vllm-v0`" in line and "1.5e-08" in line and "did not reproduce its float floor" in line
+    assert floor_breaches(curves.drop(columns="engine_expects")) == {}

@@ -83,6 +83,17 @@ def test_layers_import_only_downwards_function_level_imports_included():
     assert not bad, bad
 
 
+def test_a_notebooks_experiment_imports_no_other_notebooks_experiment():
+    """What notebooks share lives in shared experiment modules (`base`, `grpo_grid`), not in another notebook's
+    module: 07 and 08 once imported notebook 03's grid from `toy_grpo`."""
+    from rlwb.registry import NOTEBOOKS
+
+    per_notebook = {f"rlwb.experiments.{n.name}" for n in NOTEBOOKS.values()}
+    graph = import_graph(top_level_only=False)
+    bad = {m: sorted(graph[m] & per_notebook) for m in per_notebook if graph[m] & per_notebook}
+    assert not bad, bad
+
+
 def test_the_layer_check_catches_an_upward_import():
     """The check above on a module written to break it: core importing the archive inside a function."""
     tree = ast.parse("def f():\n    from rlwb.archive import Run\n    return Run\n")

@@ -44,6 +44,17 @@ def reports_raw_logprobs(info: dict) -> bool:
     return info.get("engine") == "v1" and "processed" not in mode
 
 
+def expected_agreement(settings: dict, raw: bool) -> str:
+    """What an engine reporting `settings` (its `info()["settings"]`) must match against an fp32 trainer, from what
+    it says it runs, not from its name: "float floor" (fp32 weights and KV cache, processed logprobs), "raw gap"
+    (fp32, raw logprobs: at the floor against the trainer's raw logprobs) or "low-precision band" (bf16/fp16
+    weights or an fp8 KV cache). `rlwb engines check` holds every preset to it; GRPO grids flag a float-floor engine
+    that leaves its floor during a run."""
+    lossy = (str(settings.get("dtype", "float32")) not in ("float32", "torch.float32")
+             or "fp8" in str(settings.get("kv_cache_dtype", "")))
+    return "low-precision band" if lossy else ("raw gap" if raw else "float floor")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Per-request sampling settings, as vLLM's `SamplingParams` (top_k = 0 means off).

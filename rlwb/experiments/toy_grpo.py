@@ -1,44 +1,34 @@
 """Notebook 03's experiment: toy GRPO with rollouts from real engines, per engine config and correction.
 
-The loop itself (one step, a training run, in-flight weight sync) is `rlwb.core.grpo`; this module runs
-notebook 03's grid over it (engines x corrections x seeds, all from the same initial weights), turns the
-curves into metrics and writes the conclusion.
+The loop itself (one step, a training run, in-flight weight sync) is `rlwb.core.grpo`; the grid over it (engines x
+corrections x seeds, all from the same initial weights) is `grpo_grid.train_grid`, shared with notebook 07; this
+module turns the curves into metrics and writes the conclusion.
 """
 
 from __future__ import annotations
 
-import copy
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-from rlwb.core import stats, tokenizer
+from rlwb.core import stats
 from rlwb.core.correction_catalog import LOWER_IS_WORSE
-from rlwb.core.grpo import train, trainer_device
-from rlwb.core.grpo_config import GRPOConfig
-from rlwb.core.monitor import DriftMonitor
-from rlwb.engines.presets import Preset, cuda_available, resolve_preset
-from rlwb.engines.worker import EngineWorker
-from rlwb.experiments.base import OnStart, Result, iter_engines, run_in_lanes
+from rlwb.experiments.base import OnStart, Result
+from rlwb.experiments.grpo_grid import (
+    DRIFT_PATIENCE,
+    DRIFT_WINDOW,
+    at_floor,
+    floor_breaches,
+    floor_lines,
+    timing_note,
+    train_grid,
+)
 from rlwb.formatting import KL_FLOOR, metric
 
 REFERENCE = "vllm-v1-fixed+none"  # the fixed engine, uncorrected: what notebook 03 pairs every run against
 LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
-
-
-DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windows, 2 in a row above
-
-
-def drift_monitor_factory(threshold: float, save_dir=None, metric: str = "mismatch_k3"):
-    """Monitors that record (never stop) a trip per run, saving the offending batch under `save_dir`."""
-    def make(engine: str, correction: str, seed: int) -> DriftMonitor:
-        return DriftMonitor(threshold, DRIFT_WINDOW, DRIFT_PATIENCE, metric=metric, raise_on_trip=False,
-                            save_dir=save_dir, name=f"drift_{engine}+{correction}_seed{seed}")
-    return make
 
 
 @dataclass
@@ -80,86 +70,6 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     return GRPOResult(params, curve_metrics(curves), curves)
 
 
-def lanes_for(preset: Preset, wanted: int) -> int:
-    """How many runs train at once on `preset`'s engine: `wanted` where its engine leaves the trainer cores to
-    use, else 1. On CPU that is an engine with fewer OpenMP threads (its preset's OMP_NUM_THREADS, per
-    tensor- or data-parallel rank) than the machine has cores: the V1 presets use one. V0 takes every core;
-    two V0 engines beside the trainer oversubscribed 2 cores to ~5 s per step instead of ~0.4 s (measured,
-    notebook 03's default). On CUDA the engines compute on the GPU and the memory plan sizes `wanted` runs."""
-    if wanted <= 1 or cuda_available():
-        return max(1, wanted)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    kw = preset.vllm_kwargs
-    ranks = int(kw.get("tensor_parallel_size", 1)) * int(kw.get("data_parallel_size", 1))
-    threads = int(preset.env.get("OMP_NUM_THREADS") or cores) * ranks
-    return wanted if threads < cores else 1
-
-
-def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, monitor_factory=None,
-               drift_dir=None, corrections_for=None) -> pd.DataFrame:
-    """The curves of `run`; `monitor_factory(engine, correction, seed)` overrides the drift monitors;
-    `corrections_for(engine)` the corrections run on an engine (default: all of `p.corrections`).
-
-    `p.concurrent_runs` runs train at once (where `lanes_for` allows), each in a thread with its own trainer
-    copy and its own engine process of the same preset. Why: on a small CPU box a run alternates between the
-    engine (one core, sampling) and the trainer (both cores, scoring and the update), so one run leaves a core
-    idle half the time; two runs fill it (1.43x measured on 2 cores, 03's default step). Every run reloads the initial
-    weights into its trainer and engine and draws nothing from a shared random state, so each run's curve is
-    bitwise the one it has when the runs go one at a time (tests/test_grpo.py); only the `t_*` columns,
-    wall time per step, reflect the sharing."""
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(trainer_device())
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if monitor_factory is None and getattr(p, "drift_threshold", 0) > 0:
-        monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir, getattr(p, "drift_metric", "mismatch_k3"))
-    codec = tokenizer.PromptCodec(model_path, p.chat_template)
-    lanes = max(1, int(getattr(p, "concurrent_runs", 1)))
-    models = [model]  # one trainer per lane, made when a lane first needs it
-    frames: list[pd.DataFrame] = []
-
-    def one_run(lane: tuple, job: tuple[str, int], should_stop) -> pd.DataFrame:
-        (m, engine), (corr, seed) = lane, job
-        name = engine.preset.name
-        monitor = monitor_factory(name, corr, seed) if monitor_factory else None
-        cfg = GRPOConfig.from_settings(p, correction=corr, seed=seed)
-        df = train(m, engine, cfg, initial, monitor=monitor, progress=progress, desc=f"{name}+{corr} seed {seed}",
-                   codec=codec, on_step=lambda _res: should_stop())
-        df.insert(1, "engine", name)
-        df.insert(2, "correction", corr)
-        df.insert(3, "seed", seed)
-        df["drift_trip_step"] = np.nan if monitor is None or monitor.trip_step is None else monitor.trip_step
-        return df
-
-    for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
-        wanted = corrections_for(w.preset.name) if corrections_for else list(p.corrections)
-        # with `skip_at_floor`, `none` runs first and the others only if it measured a mismatch (`at_floor`)
-        phases = ([["none"], [c for c in wanted if c != "none"]]
-                  if getattr(p, "skip_at_floor", False) and "none" in wanted and len(wanted) > 1 else [wanted])
-        n = min(lanes_for(w.preset, lanes), len(wanted) * len(p.seeds))
-        extra = [EngineWorker(w.preset, model_path, dtype=p.dtype, wait=False) for _ in range(n - 1)]
-        try:
-            models += [copy.deepcopy(model) for _ in range(n - len(models))]
-            for i, cs in enumerate(phases):
-                if i and at_floor(pd.concat(frames[-len(p.seeds):])):
-                    break
-                jobs = [(corr, seed) for corr in cs for seed in p.seeds]
-                # `concurrent_runs`: runs trained at once on this engine, what the t_* columns were measured under
-                frames += [df.assign(concurrent_runs=n) for df in
-                           run_in_lanes(jobs, list(zip(models[:n], [w, *extra])), one_run)]
-        finally:
-            for e in extra:
-                e.close()
-    return pd.concat(frames, ignore_index=True)
-
-
-def at_floor(none_curves: pd.DataFrame) -> bool:
-    """Did these `none` runs measure engine-trainer k3 at rlwb's float floor (`formatting.KL_FLOOR`) on every
-    step? Then every correction's weight is 1 to the float floor and its run would repeat `none`'s."""
-    return bool((none_curves["mismatch_k3"] <= KL_FLOOR).all())
-
-
 def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
     """Per `<engine>+<correction>`, means over seeds: reward over the first / last 10% of steps (with 95%
     Student-t intervals across seeds), clip fraction, engine-trainer k3 and seconds per step."""
@@ -189,6 +99,7 @@ def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
         ran = set(curves.loc[curves["engine"] == e, "correction"])
         out[f"{e}/skipped_at_floor"] = float(ran == {"none"} and at_floor(curves[curves["engine"] == e]))
     out.update(paired_gaps(curves))
+    out.update(floor_breaches(curves))
     return out
 
 
@@ -221,19 +132,6 @@ def paired_gaps(curves: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def timing_note(p) -> str:
-    """What the seconds per step of a GRPO grid measure (notebooks 03 and 07)."""
-    wanted = int(getattr(p, "concurrent_runs", 1))
-    shared = [e for e in p.engines if lanes_for(resolve_preset(e), wanted) > 1]
-    if not shared:
-        return "Runs went one at a time: s/step is a run's own wall time per step."
-    alone = [e for e in p.engines if e not in shared]
-    return (f"On {', '.join(f'`{e}`' for e in shared)} {wanted} runs trained at a time (`concurrent_runs`), each "
-            f"with its own engine process: s/step is one run's wall time per step while the others share the cores"
-            + (f"; {', '.join(f'`{e}`' for e in alone)} ran one at a time (its engine uses every core)" if alone
-               else "") + ". `concurrent_runs: 1` times every run alone; the curves are the same either way.")
-
-
 def skipped_lines(metrics: dict, p) -> list[str]:
     """Which engines ran `none` alone because their `none` runs measured no mismatch (`skip_at_floor`), with
     the largest per-step k3 that decision rests on."""
@@ -252,6 +150,7 @@ def conclusion(metrics: dict, p) -> str:
     lines = [f"**Setup.** {p.steps} steps × {p.prompts_per_step} prompts × {p.group_size} completions, "
              f"T={p.temperature:g}, lr={p.lr:g}, old logprobs from the {p.old_logprobs}, {p.num_seeds} seeds "
              f"(means over seeds; first/last = first/last 10% of steps). {timing_note(p)}"]
+    lines += [f"\n{w}" for w in floor_lines(metrics)]
     lines += skipped_lines(metrics, p)
     for e in p.engines:
         for c in p.corrections:

@@ -8,7 +8,7 @@ recomputes the behaviour logprobs; the correction weighs trainer vs engine). The
 final reward against the baseline's (paired by seed), the 95% interval of that gap, and a verdict from
 equivalence and difference tests Holm-corrected over the race, with the smallest gap the budget can detect.
 
-The GRPO loop and the grid over engines x corrections x seeds are notebook 03's (`toy_grpo.train_grid`).
+The GRPO loop and the grid over engines x corrections x seeds are notebook 03's (`grpo_grid.train_grid`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pandas as pd
 from rlwb.core import stats
 from rlwb.core.correction_catalog import CATALOG, HEALTH
 from rlwb.experiments.base import OnStart, Result
-from rlwb.experiments.toy_grpo import timing_note, train_grid
+from rlwb.experiments.grpo_grid import floor_breaches, floor_lines, timing_note, train_grid
 
 FINAL_FRAC = 0.2  # "final reward" = mean reward over the last 20% of steps, per seed
 
@@ -96,6 +96,7 @@ def race_metrics(curves: pd.DataFrame, p) -> dict[str, float]:
         same = f.reindex(base.index)
         out[f"{L}/same_as_baseline"] = float(bool(len(f) == len(base) and (same == base).all()))
         out[f"{L}/correction_ms_mean"] = 1e3 * float(d["t_correction"].mean())
+    out.update(floor_breaches(curves))
     return out
 
 
@@ -185,6 +186,7 @@ def conclusion(metrics: dict, rank: pd.DataFrame, p) -> str:
     lines = [f"**Baseline.** `{base}` (no mismatch) reaches a final reward of {b:.3f}{ci} "
              f"(mean over the last {FINAL_FRAC:.0%} of {p.steps} steps, {p.num_seeds} seeds; behaviour "
              f"logprobs from the {p.old_logprobs})."]
+    lines += [f"\n{w}" for w in floor_lines(metrics)]
     if len(tested):
         lines.append(f"\n**How verdicts are reached.** Each gap to the baseline is paired by seed and tested twice, "
                      f"Holm-corrected as one family over the race's {len(tested)} tested rows ({2 * len(tested)} "
