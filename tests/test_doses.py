@@ -51,3 +51,17 @@ def test_weight_noise_is_fixed_per_seed_and_relative_to_each_tensor():
     p = doses.perturbed(state, n1)
     assert torch.equal(p["step"], state["step"]) and torch.allclose(p["w"] - state["w"], n1["w"], atol=1e-5)
     assert doses.perturbed(state, None) is state and np.isfinite(float(p["b"].sum()))
+
+
+def test_lagged_weights_hand_the_engine_the_weights_of_lag_updates_ago():
+    """Step t's engine samples with the trainer's weights of step max(0, t - lag): the initial weights until `lag`
+    updates have happened, and the pushed tensors are copies (the trainer's in-place updates do not reach them)."""
+    w = {"w": torch.zeros(3)}
+    lagged = doses.LaggedWeights(w, lag=2)
+    seen = []
+    for _ in range(5):  # the update at step t gives the weights of step t + 1; the engine then gets step t + 1 - 2's
+        w["w"] += 1.0  # in place, as an optimizer step
+        seen.append(float(lagged.push(w)["w"][0]))
+    assert seen == [0.0, 0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match=">= 1"):
+        doses.LaggedWeights(w, lag=0)

@@ -281,30 +281,46 @@ def check_engine_knobs(d: Path, m: dict) -> None:
 
 
 def check_mismatch_cost(d: Path, m: dict) -> None:
-    """The machinery, not the outcome: doses achieved, controls present, paired gaps and KL computed."""
-    doses = pd.read_parquet(d / "data" / "doses.parquet").set_index(["kind", "dose", "arm"])
+    """The machinery, not the outcome: doses achieved, controls present and judged, paired gaps and KL computed,
+    real engine points placed."""
+    doses = pd.read_parquet(d / "data" / "doses.parquet").set_index(["label", "arm"])
     curves = pd.read_parquet(d / "data" / "curves.parquet")
     arms = ["none@engine", "none@trainer"]
-    assert len(doses) == 3 * 2 and len(curves) == 3 * 2 * 2 * 3  # (clean, ratio, weights) x arms x seeds x steps
+    # clean, ratio, weights, stale x 2 arms; the point and its clean twin at T 1 x 1 arm; the rerun
+    assert sorted(doses.index) == sorted([(lab, a) for lab in ("clean", "ratio@0.01", "weights@0.03", "stale@2")
+                                          for a in arms] + [("vllm-v1@T1", "none@engine"),
+                                                            ("clean@T1", "none@engine"), ("rerun", "none@engine")])
+    assert len(curves) == (4 * 2 * 2 + 2 * 2 + 1) * 3  # runs x steps
     for a in arms:
-        assert doses.loc[("clean", 0.0, a), "k3_achieved"] <= 1e-8  # fp32 V1-fixed: the float floor at dose 0
+        assert doses.loc[("clean", a), "k3_achieved"] <= 1e-8  # fp32 V1-fixed: the float floor at dose 0
         # the ratio dose reaches the reported logprobs at (at most) its intended k3: the cap at logp 0 only lowers it
-        assert 0.2 * 0.01 < doses.loc[("ratio", 0.01, a), "k3_achieved"] <= 0.01
-        assert doses.loc[("weights", 0.03, a), "k3_achieved"] > 1e-6  # perturbed weights: another policy sampled
-        assert doses.loc[("weights", 0.03, a), "kl_to_clean"] > 0
-    # the control: under ratio mismatch `none@trainer` never reads the reported logprobs, so it trains bitwise as
-    # its clean twin (same final rewards, zero KL); `none@engine` reads them in its PPO ratio and moves
-    ctl = doses.loc[("ratio", 0.01, "none@trainer")]
-    assert ctl["identical"] and ctl["gap"] == 0 and ctl["kl_to_clean"] == 0
-    assert doses.loc[("ratio", 0.01, "none@engine"), "kl_to_clean"] > 0
+        assert 0.2 * 0.01 < doses.loc[("ratio@0.01", a), "k3_achieved"] <= 0.01
+        for lab in ("weights@0.03", "stale@2"):  # another policy sampled: a mismatch, and a policy that moved
+            assert doses.loc[(lab, a), "k3_achieved"] > 1e-6 and doses.loc[(lab, a), "kl_to_clean"] > 0
+    # the stale engine samples with the initial weights for its first 2 steps, then 2 updates behind
+    st = curves[(curves["label"] == "stale@2")].groupby("step")["mismatch_k3"].mean()
+    assert st.loc[0] <= 1e-8 and st.loc[1] > 1e-8
+    # controls: ratio-blind none@trainer trains bitwise as its clean twin; the rerun reproduces the first clean run;
+    # V1 raw at T 1 reports the processed logprobs (float floor) and is tested alone, unadjusted
+    ctl = doses.loc[("ratio@0.01", "none@trainer")]
+    assert ctl["control"] == "ratio-blind" and ctl["identical"] and ctl["gap"] == 0 and ctl["kl_to_clean"] == 0
+    assert ctl["verdict"] == "null (passes)" and m["control/ratio@0.01/none@trainer"] == 1.0
+    assert doses.loc[("ratio@0.01", "none@engine"), "kl_to_clean"] > 0
+    assert m["control/rerun/identical"] == 1.0 and doses.loc[("rerun", "none@engine"), "identical"]
+    t1 = doses.loc[("vllm-v1@T1", "none@engine")]
+    assert t1["control"] == "T=1" and t1["raw_logprobs"] and t1["k3_achieved"] <= 1e-8 and np.isnan(t1["p_holm"])
+    assert t1["verdict"] in ("null (passes)", "fails") and "control/vllm-v1@T1/none@engine" in m
     for key in ("gap", "gap_ci_low", "gap_ci_high", "mde"):  # paired over the 2 seeds: every interval exists
         assert np.isfinite(m[f"ratio@0.01/none@engine/{key}"]), key
     assert m["ratio@0.01/none@engine/gap_ci_low"] <= m["ratio@0.01/none@engine/gap"] <= m[
         "ratio@0.01/none@engine/gap_ci_high"]
+    family = doses[(doses["control"] == "") & ~doses["kind"].isin(["clean", "rerun"])]
+    assert len(family) == 5 and family["p_holm"].notna().all()  # ratio, weights, stale x 2 arms, minus the control
     for f in ("dose_response", "cost_reward_curves"):
         assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
     html = (d / "report.html").read_text()
     assert "Controls." in html and "(passes: the reported logprobs never reach its update)" in html
+    assert "Real engines on the same axes" not in html  # the only point is the T = 1 control
 
 
 CHECKS = {"00_default_policy": check_default_policy, "01_logprob_mismatch": check_logprob_mismatch,

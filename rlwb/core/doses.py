@@ -12,6 +12,12 @@ reports or which weights it samples with is changed):
   z ~ N(0, 1) drawn once per seed (a fixed perturbation, like a lower-precision engine's rounding), at relative
   scale s. Its k3 depends on the model, so the achieved k3 is measured, not intended.
 
+- *stale weights* (`engine_lag`): the engine samples at step t with the weights of step t - k (k updates
+  behind, as an asynchronous trainer whose engine lags), the trainer scores with the current ones. Its logprobs
+  are exact for what it sampled, so the PPO ratio against them (old_logprobs: engine, PipelineRL / verl bypass)
+  accounts for the lag, while a decoupled update without a correction (old_logprobs: trainer) does not.
+  Achieved k3 is measured.
+
 Noise is drawn from generators seeded by (seed, step), never from a shared random state: the arms of one seed
 see the same prompts and sampling seeds, and the same noise draws wherever their batches have the same shape
 (at step 0 always; later the completions' lengths may differ), so their reward gaps are paired.
@@ -20,6 +26,7 @@ see the same prompts and sampling seeds, and the same noise draws wherever their
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import torch
 
@@ -59,3 +66,22 @@ def perturbed(state: dict, noise: dict[str, torch.Tensor] | None) -> dict:
     if not noise:
         return state
     return {k: (v.detach() + noise[k].to(v.device) if k in noise else v) for k, v in state.items()}
+
+
+class LaggedWeights:
+    """The weights an engine `lag` updates behind samples with: `push` the trainer's weights after each update
+    and get those of `lag` updates earlier (the initial weights until that many updates have happened). Keeps
+    `lag` + 1 detached copies."""
+
+    def __init__(self, initial: dict, lag: int):
+        if lag < 1:
+            raise ValueError(f"an engine lag must be >= 1 update, got {lag}")
+        self._states: deque[dict] = deque([_snapshot(initial)], maxlen=lag + 1)
+
+    def push(self, state: dict) -> dict:
+        self._states.append(_snapshot(state))
+        return self._states[0]
+
+
+def _snapshot(state: dict) -> dict:
+    return {k: v.detach().clone() for k, v in state.items()}

@@ -107,7 +107,7 @@ def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int
 
 def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
               ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None,
-              engine_noise: dict | None = None) -> StepResult:
+              engine_noise: dict | None = None, lagged: doses.LaggedWeights | None = None) -> StepResult:
     codec = codec or tokenizer.PromptCodec()
     t0 = time.perf_counter()
     problems = tasks.make_problems(cfg.prompts_per_step, seed=step_problem_seed(cfg.seed, step),
@@ -160,8 +160,10 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     t3 = time.perf_counter()
 
     # moved to CPU and written to shared memory by the worker client; a distribution-mismatch dose adds its fixed
-    # perturbation to what the engine samples with (the trainer keeps the clean weights)
-    engine.update_weights(doses.perturbed(model.state_dict(), engine_noise))
+    # perturbation to what the engine samples with, or holds the engine `engine_lag` updates behind (the trainer
+    # keeps the current, clean weights)
+    engine.update_weights(lagged.push(model.state_dict()) if lagged is not None
+                          else doses.perturbed(model.state_dict(), engine_noise))
     t4 = time.perf_counter()
     row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
            "clip_frac": st.clip_frac,
@@ -195,6 +197,7 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
         engine.reset_prefix_cache()
     elif engine_noise:
         engine.update_weights(doses.perturbed(model.state_dict(), engine_noise))
+    lagged = doses.LaggedWeights(model.state_dict(), cfg.engine_lag) if cfg.engine_lag else None
     ref_model = None
     if cfg.beta:
         import copy
@@ -204,7 +207,7 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
     rows = []
     bar = progress_bar(range(cfg.steps), desc=desc, disable=not progress, leave=False)
     for step in bar:
-        res = grpo_step(step, model, opt, engine, cfg, ref_model, codec, engine_noise)
+        res = grpo_step(step, model, opt, engine, cfg, ref_model, codec, engine_noise, lagged)
         rows.append(res.row)
         bar.set_postfix(reward=f"{res.row['reward_mean']:.2f}", k3=f"{res.row['mismatch_k3']:.1e}")
         if on_step:

@@ -47,6 +47,7 @@ class GRPOConfig(GRPOSettings):
     max_grad_norm: float = 1.0
     logprob_noise_k3: float = 0.0  # ratio mismatch dose: intended k3 of noise on the reported logprobs (core.doses)
     engine_weight_noise: float = 0.0  # distribution mismatch dose: relative weight noise of the engine (core.doses)
+    engine_lag: int = 0  # distribution mismatch dose: the engine samples with the weights of this many updates ago
 
     @classmethod
     def from_settings(cls, settings: GRPOSettings, **per_run) -> GRPOConfig:

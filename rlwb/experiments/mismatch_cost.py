@@ -2,21 +2,24 @@
 
 Notebook 03's loop (`rlwb.core.grpo`) on one fp32 engine whose logprobs match the trainer's to the float floor,
 with mismatch injected at set doses on the real engine path (`rlwb.core.doses`): *ratio* mismatch (noise on
-the logprobs the engine reports; it samples correctly) and *distribution* mismatch (the engine samples with
-perturbed weights). Every arm (a correction in an old_logprobs mode) trains at every dose from the same initial
-weights with the same seeds, prompts and noise, so each dose's cost is a *paired* gap to the same arm's dose 0,
-seed by seed, with a Student-t interval and the smallest gap the budget could detect beside every null.
+the logprobs the engine reports; it samples correctly) and two *distribution* mismatches (the engine samples
+with perturbed weights, or with weights some updates behind). Real engines (notebook 01/06's presets and knobs,
+at a temperature) are trained the same way and placed on the same axes as points. Every arm (a correction in an
+old_logprobs mode) trains at every dose from the same initial weights with the same seeds, prompts and noise, so
+each dose's cost is a *paired* gap to the same arm's clean run at the same temperature, seed by seed, with a
+Student-t interval and the smallest gap the budget could detect beside every null.
 
-Controls: `none@trainer` under ratio doses must cost exactly nothing (the reported logprobs never reach its
-update: the behaviour policy is the trainer's and `none` reads no ratio); the clean arm must learn (a cost is only
-measurable where there is a gain to lose). A control that fails says the design, not the engine, is wrong.
+Controls that must come out null (a failed control says the design, not the engine, is wrong):
+- `none@trainer` under ratio doses trains bitwise as its clean twin: the reported logprobs never reach its update;
+- a real engine reporting raw logprobs at T = 1 (where raw = processed) costs nothing measurable;
+- the clean run of the first arm and seed, run twice, is bitwise the same: pairing by seed rests on it;
+- and the clean arms must learn (gain CI above 0): a cost is only measurable where there is a gain to lose.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,115 +28,164 @@ import torch
 
 from rlwb.core import stats, tokenizer
 from rlwb.core.doses import logprob_noise_sigma
-from rlwb.core.grpo import train, trainer_device
+from rlwb.core.grpo import train
 from rlwb.core.grpo_config import GRPOConfig
 from rlwb.core.trainer import completion_logprobs
-from rlwb.engines.worker import EngineWorker
-from rlwb.experiments.base import OnStart, Result, iter_engines, run_in_lanes
-from rlwb.experiments.toy_grpo import lanes_for, timing_note
+from rlwb.engines.worker import reports_raw_logprobs
+from rlwb.experiments.base import OnStart, Result, one_line
+from rlwb.experiments.grpo_grid import floor_breaches, floor_lines, one_phase, run_grid, timing_note
 from rlwb.formatting import metric
 
 FINAL_FRAC = 0.2  # "final reward" = mean reward over the last 20% of steps, per seed (as notebook 07)
+DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
 KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
-         "weights": "distribution mismatch (engine samples with perturbed weights)"}
+         "weights": "distribution mismatch (engine samples with perturbed weights)",
+         "stale": "distribution mismatch (engine samples with weights some updates behind)",
+         "engine": "a real engine setting (notebooks 01/06), placed on the axes by its measured k3"}
+DOSE_UNIT = {"ratio": "intended k3", "weights": "relative weight noise", "stale": "updates behind"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One GRPO run: which mismatch (`kind` and `dose`, or a real engine `point`), which arm, which seed, on which
+    engine and at which temperature. Its clean twin is the clean run of the same arm and seed at the same
+    temperature."""
+
+    kind: str  # clean | ratio | weights | stale | engine | rerun
+    dose: float  # intended k3 (ratio), relative weight noise (weights), updates behind (stale); 0 clean; NaN engine
+    arm: str
+    seed: int
+    engine: str
+    temperature: float
+    label: str  # the row's name in tables and metric keys: clean, clean@T0.5, ratio@0.01, vllm-v1@T0.5, rerun
+
+    @property
+    def twin(self) -> tuple[float, str, int]:
+        return self.temperature, self.arm, self.seed
 
 
 @dataclass
 class CostResult(Result):
-    curves: pd.DataFrame  # one row per (kind, dose, arm, seed, step): notebook 03's columns
-    doses: pd.DataFrame  # one row per (kind, dose, arm): achieved k3, outcomes, paired gaps with CIs, MDE
+    curves: pd.DataFrame  # one row per (label, arm, seed, step): notebook 03's columns
+    doses: pd.DataFrame  # one row per (label, arm): achieved k3, outcomes, paired gaps with CIs, MDE, verdict
 
     def frames(self) -> dict[str, pd.DataFrame]:
         return {"curves": self.curves, "doses": self.doses}
 
     def summary(self) -> pd.DataFrame:
-        cols = ["kind", "dose", "arm", "k3_achieved", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "mde",
+        cols = ["kind", "label", "arm", "k3_achieved", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "mde",
                 "verdict", "auc_gap", "entropy_gap", "kl_to_clean", "clip_frac"]
-        return self.doses[self.doses["kind"] != "clean"][cols].set_index(["kind", "dose", "arm"])
+        return self.doses[~self.doses["kind"].isin(["clean", "rerun"])][cols].set_index(["kind", "label", "arm"])
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.doses, self.params)
 
     def answer(self) -> str:
         """The first arm's verdict per kind of mismatch, in one line."""
-        from rlwb.experiments.base import one_line
-
         bullets = [b[2:] for b in answer_lines(self.metrics, self.doses, self.params)]
         first = self.params.arm_labels[0]
         return one_line(" ".join(b for b in bullets if f"`{first}`" in b) or " ".join(bullets), limit=400)
 
 
-def jobs(p) -> list[tuple[str, float, str, int]]:
-    """(kind, dose, arm, seed) of every run: each arm clean (dose 0) and at every dose of each kind."""
-    doses = [("clean", 0.0)] + [("ratio", d) for d in p.ratio_k3] + [("weights", d) for d in p.weight_noise]
-    return [(k, d, a, s) for k, d in doses for a in p.arm_labels for s in p.seeds]
+def jobs(p) -> list[Job]:
+    """Every run: each arm clean (dose 0) at the notebook's temperature (the point arms also at every other
+    temperature a point uses), at every dose of each kind, each point engine with `point_arms`, and the first clean
+    run again (the reproducibility control). Clean runs first, so dosed runs find their twins' policies ready."""
+    base, T = p.engines[0], p.temperature
+    out = [Job("clean", 0.0, a, s, base, T, "clean") for a in p.arm_labels for s in p.seeds]
+    for t in dict.fromkeys(t for _, t in p.points if t != T):  # the points' own temperatures: their arms only
+        out += [Job("clean", 0.0, a, s, base, t, clean_label(t, T)) for a in p.point_arm_labels for s in p.seeds]
+    for kind, values in (("ratio", p.ratio_k3), ("weights", p.weight_noise), ("stale", p.stale_steps)):
+        out += [Job(kind, float(d), a, s, base, T, f"{kind}@{d:g}") for d in values for a in p.arm_labels
+                for s in p.seeds]
+    out += [Job("engine", float("nan"), a, s, e, t, point_label(e, t, T)) for e, t in p.points
+            for a in p.point_arm_labels for s in p.seeds]
+    first = out[0]
+    return out + [replace(first, kind="rerun", label="rerun")]
 
 
-def config(p, kind: str, dose: float, arm: str, seed: int) -> GRPOConfig:
-    from dataclasses import replace
+def clean_label(t: float, base_t: float) -> str:
+    return "clean" if t == base_t else f"clean@T{t:g}"
 
-    corr, _, mode = arm.partition("@")
-    cfg = GRPOConfig.from_settings(p, correction=corr, seed=seed, logprob_noise_k3=dose if kind == "ratio" else 0.0,
-                                   engine_weight_noise=dose if kind == "weights" else 0.0)
-    return replace(cfg, old_logprobs=mode)
+
+def point_label(engine: str, t: float, base_t: float) -> str:
+    return engine if t == base_t else f"{engine}@T{t:g}"
+
+
+def config(p, job: Job) -> GRPOConfig:
+    corr, _, mode = job.arm.partition("@")
+    dose = {job.kind: job.dose}
+    cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, logprob_noise_k3=dose.get("ratio", 0.0),
+                                   engine_weight_noise=dose.get("weights", 0.0),
+                                   engine_lag=int(dose.get("stale", 0)))
+    return replace(cfg, old_logprobs=mode, temperature=job.temperature)
 
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         data_dir: str | Path | None = None) -> CostResult:
-    """Every (kind, dose, arm, seed) from the same initial weights on one engine (started once; with
-    `concurrent_runs` > 1 more processes of the same preset train other runs at the same time)."""
-    from transformers import AutoModelForCausalLM
-
+    """Every job from the same initial weights (`grpo_grid.run_grid`): the base engine's jobs first, then each
+    point engine's."""
     p = params
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).to(trainer_device())
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     todo = jobs(p)
-    frames, clean_dists, pending, kl = [], {}, {}, {}
-    lock = threading.Lock()
+    kl, raw = TwinKL(todo), {}
 
-    def one_run(lane, job, should_stop) -> pd.DataFrame:
-        (m, engine), (kind, dose, arm, seed) = lane, job
-        cfg = config(p, kind, dose, arm, seed)
-        df = train(m, engine, cfg, initial, progress=progress, desc=f"{kind} {dose:g} {arm} seed {seed}",
-                   codec=codec, on_step=lambda _res: should_stop())
+    def one_run(m, engine, job: Job, initial, should_stop) -> pd.DataFrame:
+        df = train(m, engine, config(p, job), initial, progress=progress,
+                   desc=f"{job.label} {job.arm} seed {job.seed}", codec=codec, on_step=lambda _res: should_stop())
         with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe
             full = completion_logprobs(m, probe, p.temperature, full=True)["full"].float().cpu()
-        # KL as soon as the clean twin exists; only the clean twins and runs waiting for theirs are held
-        # (a real vocabulary makes each [tokens, V] tensor tens of MB)
-        with lock:  # two lanes finish runs in their own threads
-            pair(job, full)
-        for i, (k, v) in enumerate((("kind", kind), ("dose", dose), ("arm", arm), ("seed", seed))):
+        kl.add(job, full)
+        for i, (k, v) in enumerate((("kind", job.kind), ("label", job.label), ("dose", job.dose),
+                                    ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature))):
             df.insert(1 + i, k, v)
-        return df
+        return df.assign(engine=job.engine)
 
-    def pair(job, full) -> None:
-        kind, _, arm, seed = job
-        if kind == "clean":
-            clean_dists[(arm, seed)] = full
-            for key in [k for k in pending if (k[2], k[3]) == (arm, seed)]:
-                kl[key] = kl_divergence(full, pending.pop(key))
-            kl[job] = 0.0
-        elif (arm, seed) in clean_dists:
-            kl[job] = kl_divergence(clean_dists[(arm, seed)], full)
-        else:
-            pending[job] = full
+    def plan(w):
+        raw[w.preset.name] = reports_raw_logprobs(w.info())
+        return one_phase([j for j in todo if j.engine == w.preset.name])
 
-    for w in iter_engines(p.engines, model_path, p.dtype, progress, on_start):
-        n = min(lanes_for(w.preset, p.concurrent_runs), len(todo))
-        extra = [EngineWorker(w.preset, model_path, dtype=p.dtype, wait=False) for _ in range(n - 1)]
-        try:
-            models = [model] + [copy.deepcopy(model) for _ in range(n - 1)]
-            frames = [df.assign(engine=w.preset.name, concurrent_runs=n)
-                      for df in run_in_lanes(todo, list(zip(models, [w, *extra])), one_run)]
-        finally:
-            for e in extra:
-                e.close()
-    curves = pd.concat(frames, ignore_index=True)
-    table = dose_table(curves, p, kl)
+    engines = list(dict.fromkeys(j.engine for j in todo))
+    curves = pd.concat(run_grid(p, model_path, engines, plan, one_run, on_start=on_start, progress=progress),
+                       ignore_index=True)
+    curves["raw_logprobs"] = curves["engine"].map(raw).astype(bool)
+    table = dose_table(curves, p, kl.values)
     return CostResult(p, dose_metrics(table, curves), curves, table)
+
+
+class TwinKL:
+    """KL from each run's clean twin's trained policy to its own, on the probe, computed as soon as both exist.
+    Only clean policies still awaited by a run and runs still awaiting their twin are held (on a real vocabulary
+    each [tokens, V] tensor is tens of MB). Two lanes finish runs in their own threads, hence the lock."""
+
+    def __init__(self, todo: list[Job]):
+        self.values: dict[Job, float] = {}
+        self._users = {}
+        for j in todo:
+            if j.kind != "clean":
+                self._users[j.twin] = self._users.get(j.twin, 0) + 1
+        self._clean: dict = {}
+        self._pending: dict[Job, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def add(self, job: Job, full: torch.Tensor) -> None:
+        with self._lock:
+            if job.kind == "clean":
+                self.values[job] = 0.0
+                self._clean[job.twin] = full
+                for other in [o for o in self._pending if o.twin == job.twin]:
+                    self._use(other, self._pending.pop(other))
+            elif job.twin in self._clean:
+                self._use(job, full)
+            else:
+                self._pending[job] = full
+
+    def _use(self, job: Job, full: torch.Tensor) -> None:
+        self.values[job] = kl_divergence(self._clean[job.twin], full)
+        self._users[job.twin] -= 1
+        if not self._users[job.twin]:
+            del self._clean[job.twin]
 
 
 PROBE_SEED, PROBE_PROBLEMS = 999_983, 32
@@ -158,49 +210,71 @@ def kl_divergence(ref: torch.Tensor, lp: torch.Tensor) -> float:
     return float((ref.exp() * (ref - lp)).sum(-1).mean())
 
 
+KEYS = ["kind", "label", "dose", "temperature", "arm", "seed"]
+
+
 def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
-    """Per (kind, dose, arm, seed): final reward (last FINAL_FRAC of steps), area under the reward curve (mean
-    reward over all steps), final entropy, mean gradient norm, clip fraction and engine-trainer k3."""
+    """Per run: final reward (last FINAL_FRAC of steps), area under the reward curve (mean reward over all steps),
+    final entropy, mean gradient norm, clip fraction and engine-trainer k3."""
     steps = sorted(curves["step"].unique())
     last = set(steps[-max(1, round(FINAL_FRAC * len(steps))):])
-    keys = ["kind", "dose", "arm", "seed"]
-    g = curves.groupby(keys, sort=False)
+    g = curves.groupby(KEYS, sort=False, dropna=False)
     out = pd.DataFrame({"auc": g["reward_mean"].mean(), "grad_norm": g["grad_norm"].mean(),
-                        "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean()})
-    fin = curves[curves["step"].isin(last)].groupby(keys, sort=False)
+                        "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean(),
+                        "raw_logprobs": g["raw_logprobs"].first()})
+    fin = curves[curves["step"].isin(last)].groupby(KEYS, sort=False, dropna=False)
     out["reward_final"] = fin["reward_mean"].mean()
     out["entropy"] = fin["entropy"].mean()
     return out.reset_index()
 
 
+def control_of(kind: str, arm: str, temperature: float, raw: bool) -> str:
+    """Which null control a row is ("" if none): `ratio-blind` (the update never reads the reported logprobs:
+    `none@trainer` under ratio doses), `T=1` (an engine reporting raw logprobs at T = 1, where raw = processed)."""
+    if kind == "ratio" and arm == "none@trainer":
+        return "ratio-blind"
+    if kind == "engine" and raw and temperature == 1.0:
+        return "T=1"
+    return ""
+
+
+def panel_of(kind: str, raw: bool) -> str:
+    """The dose-response panel a row belongs to: its kind; a real engine joins `ratio` when it reports raw logprobs
+    (it samples right, reports wrong) and `weights` (distribution mismatch) otherwise."""
+    return kind if kind != "engine" else "ratio" if raw else "weights"
+
+
 def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
-    """One row per (kind, dose, arm): the dose as intended and as achieved (mean k3 per token over steps and
-    seeds), the outcomes, and each outcome's gap to the same arm's clean run paired by seed (95% t interval),
-    with the smallest reward gap the seeds could detect (`mde`: 80% power at the Holm family's strictest level).
-    verdict: a t test of gap = 0 per dosed row, Holm-corrected over every dosed row: "costs" / "gains" where it
-    rejects, "no cost shown" where it does not (read the MDE beside it)."""
+    """One row per (label, arm): the dose as intended and as achieved (mean k3 per token over steps and seeds), the
+    outcomes, and each outcome's gap to the same arm's clean run at the same temperature paired by seed (95% t
+    interval), with the smallest reward gap the seeds could detect (`mde`: 80% power at the Holm family's
+    strictest level). verdict: a t test of gap = 0 per dosed row, Holm-corrected over every dosed row that is not
+    a control: "costs" / "gains" where it rejects, "no cost shown" where it does not (read the MDE beside it).
+    Controls (`control_of`) are tested alone, unadjusted (the stricter test for a null): "null (passes)" /
+    "**fails**"."""
     s = per_seed(curves)
-    s["kl_to_clean"] = [(kl or {}).get(k, float("nan")) for k in zip(s["kind"], s["dose"], s["arm"], s["seed"])]
-    clean = s[s["kind"] == "clean"].set_index(["arm", "seed"])
+    kl = kl or {}
+    s["kl_to_clean"] = [next((v for j, v in kl.items() if (j.label, j.arm, j.seed) == (lab, a, sd)), float("nan"))
+                        for lab, a, sd in zip(s["label"], s["arm"], s["seed"])]
+    clean = s[s["kind"] == "clean"].set_index(["temperature", "arm", "seed"])
     rows = []
-    for (kind, dose, arm), d in s.groupby(["kind", "dose", "arm"], sort=False):
+    for (label, arm), d in s.groupby(["label", "arm"], sort=False):
+        kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
+            d["raw_logprobs"].iloc[0])
         d = d.set_index("seed")
-        base = clean.loc[arm]
-        row = {"kind": kind, "dose": dose, "arm": arm,
+        base = clean.loc[(temp, arm)]
+        row = {"kind": kind, "label": label, "dose": dose, "temperature": temp, "arm": arm,
+               "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
+               "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw),
                "k3_intended": dose if kind == "ratio" else float("nan"),
                "k3_achieved": float(d["k3"].mean()), "reward_final": float(d["reward_final"].mean()),
                "auc": float(d["auc"].mean()), "entropy": float(d["entropy"].mean()),
                "grad_norm": float(d["grad_norm"].mean()), "clip_frac": float(d["clip_frac"].mean()),
-               "kl_to_clean": float(d["kl_to_clean"].mean()),
-               "seeds": len(d)}
+               "kl_to_clean": float(d["kl_to_clean"].mean()), "seeds": len(d)}
         gap = (d["reward_final"] - base["reward_final"]).dropna().to_numpy()
         row["gap"] = float(gap.mean())
         row["gap_ci_low"], row["gap_ci_high"] = stats.seed_ci(gap)
-        cur = curves[(curves["kind"] == kind) & (curves["dose"] == dose) & (curves["arm"] == arm)]
-        twin = curves[(curves["kind"] == "clean") & (curves["arm"] == arm)]
-        same = [c.sort_values(["seed", "step"])["reward_mean"].to_numpy() for c in (cur, twin)]
-        row["identical"] = bool(gap.size == len(p.seeds) and len(same[0]) == len(same[1])
-                                and (same[0] == same[1]).all())  # every seed's whole reward curve
+        row["identical"] = identical_curves(curves, label, arm, temp, d.index)
         row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
         row["mde"] = float("nan")  # set below, at the Holm family's level
         for col in ("auc", "entropy", "grad_norm", "clip_frac"):
@@ -208,44 +282,77 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
         row["p"] = stats.paired_gap_test(gap, margin=1.0).p_diff
         rows.append(row)
     t = pd.DataFrame(rows)
-    dosed = (t["kind"] != "clean") & t["p"].notna()
-    m = int(dosed.sum())
-    t["p_holm"], t["verdict"] = np.nan, np.where(t["kind"] == "clean", "clean", "n/a")
-    if m:  # every dosed row is a test: Holm over all of them, the MDE at the family's strictest level
-        t.loc[dosed, "p_holm"] = stats.holm(t.loc[dosed, "p"])
-        t.loc[dosed, "mde"] = [stats.minimal_detectable_gap(sd, n, stats.ALPHA / m) for sd, n in
-                               zip(t.loc[dosed, "gap_sd"], t.loc[dosed, "seeds"])]
-        t.loc[dosed, "verdict"] = ["costs" if ph < stats.ALPHA and g < 0 else "gains" if ph < stats.ALPHA
-                                   else "no cost shown" for ph, g in zip(t.loc[dosed, "p_holm"], t.loc[dosed, "gap"])]
+    # rewards are multiples of 1/(completions x steps averaged): a difference's last bits are rounding, not signal
+    # (an identical pair of seeds reads -2.8e-17 otherwise)
+    gaps = ["gap", "gap_ci_low", "gap_ci_high", "auc_gap", "entropy_gap", "grad_norm_gap", "clip_frac_gap"]
+    t[gaps] = t[gaps].round(12)
+    t["p_holm"], t["verdict"] = np.nan, np.where(t["kind"].isin(["clean", "rerun"]), t["kind"], "n/a")
+    tested = ~t["kind"].isin(["clean", "rerun"]) & t["p"].notna()
+    family, ctl = tested & (t["control"] == ""), tested & (t["control"] != "")
+    m = int(family.sum())
+    if m:  # every dosed row that is not a control is a test: Holm over all of them, the MDE at the strictest level
+        t.loc[family, "p_holm"] = stats.holm(t.loc[family, "p"])
+        t.loc[family, "mde"] = [stats.minimal_detectable_gap(sd, n, stats.ALPHA / m) for sd, n in
+                                zip(t.loc[family, "gap_sd"], t.loc[family, "seeds"])]
+        t.loc[family, "verdict"] = ["costs" if ph < stats.ALPHA and g < 0 else "gains" if ph < stats.ALPHA
+                                    else "no cost shown" for ph, g in zip(t.loc[family, "p_holm"],
+                                                                          t.loc[family, "gap"])]
+    if ctl.any():
+        t.loc[ctl, "mde"] = [stats.minimal_detectable_gap(sd, n) for sd, n in
+                             zip(t.loc[ctl, "gap_sd"], t.loc[ctl, "seeds"])]
+        t.loc[ctl, "verdict"] = ["null (passes)" if control_passes(r) else "fails" for r in t[ctl].itertuples()]
     return t.drop(columns=["p"])
 
 
+def control_passes(r) -> bool:
+    """A `ratio-blind` control must train bitwise as its clean twin (the reported logprobs cannot reach it); a
+    `T=1` control must show no cost at the unadjusted level (its gap's 95% interval holds 0)."""
+    if r.control == "ratio-blind":
+        return bool(r.identical) and r.kl_to_clean == 0
+    return bool(r.gap_ci_low <= 0 <= r.gap_ci_high) if np.isfinite(r.gap_ci_low) else r.gap == 0
+
+
+def identical_curves(curves: pd.DataFrame, label: str, arm: str, temperature: float, seeds) -> bool:
+    """Does every seed of (label, arm) have bitwise its clean twin's whole reward curve?"""
+    cur = curves[(curves["label"] == label) & (curves["arm"] == arm)]
+    twin = curves[(curves["kind"] == "clean") & (curves["arm"] == arm) & (curves["temperature"] == temperature)
+                  & curves["seed"].isin(list(seeds))]
+    a, b = (c.sort_values(["seed", "step"])["reward_mean"].to_numpy() for c in (cur, twin))
+    return bool(len(a) == len(b) and len(a) and (a == b).all())
+
+
 def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
-    """`<kind>/<arm>@<dose>/<outcome>` for every row, the clean arms' learning (`clean/<arm>/reward_gain` with
-    its interval: last minus first 10% of steps, paired by seed), and per kind and arm the gap at its largest
-    dose (`max_dose_gap`) and the smallest dose that measurably costs reward (`threshold_k3`, NaN: none did)."""
+    """`<label>/<arm>/<outcome>` for every row (`clean/<arm>/...` for the clean runs), the clean arms' learning
+    (`clean/<arm>/reward_gain` with its interval: last minus first 10% of steps, paired by seed), per dosed kind
+    and arm the gap at its largest dose (`max_dose_gap`) and the smallest dose from which every larger dose
+    measurably costs reward (`threshold_k3`, NaN: none did), and the controls (`control/...`: 1 passes, 0 fails)."""
     out = {}
     for r in table.itertuples():
-        L = f"clean/{r.arm}" if r.kind == "clean" else f"{r.kind}@{r.dose:g}/{r.arm}"
         for col in ("k3_achieved", "reward_final", "auc", "gap", "gap_ci_low", "gap_ci_high", "mde", "entropy_gap",
                     "clip_frac", "grad_norm_gap", "kl_to_clean"):
-            out[f"{L}/{col}"] = float(getattr(r, col))
-        out[f"{L}/identical_to_clean"] = float(r.identical)
+            out[f"{r.label}/{r.arm}/{col}"] = float(getattr(r, col))
+        out[f"{r.label}/{r.arm}/identical_to_clean"] = float(r.identical)
+        if r.control:
+            out[f"control/{r.label}/{r.arm}"] = float(r.verdict == "null (passes)")
     steps = sorted(curves["step"].unique())
     k = max(1, round(0.1 * len(steps)))
-    for arm, d in curves[curves["kind"] == "clean"].groupby("arm", sort=False):
+    for (label, arm), d in curves[curves["kind"] == "clean"].groupby(["label", "arm"], sort=False):
         first = d[d["step"].isin(steps[:k])].groupby("seed")["reward_mean"].mean()
         last = d[d["step"].isin(steps[-k:])].groupby("seed")["reward_mean"].mean()
         gain = (last - first).to_numpy()
-        out[f"clean/{arm}/reward_gain"] = float(gain.mean())
-        out[f"clean/{arm}/reward_gain_ci_low"], out[f"clean/{arm}/reward_gain_ci_high"] = stats.seed_ci(gain)
-    for (kind, arm), d in table[table["kind"] != "clean"].groupby(["kind", "arm"], sort=False):
+        out[f"{label}/{arm}/reward_gain"] = float(gain.mean())
+        out[f"{label}/{arm}/reward_gain_ci_low"], out[f"{label}/{arm}/reward_gain_ci_high"] = stats.seed_ci(gain)
+    for (kind, arm), d in table[table["kind"].isin(DOSED)].groupby(["kind", "arm"], sort=False):
         d = d.sort_values("dose")
         out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
         # the smallest dose from which every larger dose measurably costs too (one noisy row is not a threshold)
         costs = (d["verdict"] == "costs").to_numpy()
         from_here = [i for i in range(len(d)) if costs[i:].all()]
         out[f"{kind}/{arm}/threshold_k3"] = float(d["k3_achieved"].iloc[from_here[0]]) if from_here else float("nan")
+    rerun = table[table["kind"] == "rerun"]
+    if len(rerun):
+        out["control/rerun/identical"] = float(rerun["identical"].iloc[0])
+    out.update(floor_breaches(curves[curves["kind"].isin(["clean", "rerun"])]))  # the doses leave it on purpose
     return out
 
 
@@ -254,14 +361,12 @@ def _fmt_gap(r) -> str:
 
 
 def answer_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
-    """One bullet per (kind, arm): the smallest measured k3 that costs reward, or the null with its MDE."""
-    out, arms = [], list(p.arm_labels)
-    for kind in ("ratio", "weights"):
+    """One bullet per (dosed kind, arm): the smallest measured k3 that costs reward, or the null with its MDE."""
+    out = []
+    for kind in DOSED:
         d = table[table["kind"] == kind]
-        if d.empty:
-            continue
-        for arm in arms:
-            a = d[d["arm"] == arm].sort_values("dose")
+        for arm in p.arm_labels:
+            a = d[(d["arm"] == arm) & (d["control"] == "")].sort_values("dose")
             if a.empty:
                 continue
             thr = metrics.get(f"{kind}/{arm}/threshold_k3", float("nan"))
@@ -276,46 +381,90 @@ def answer_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
     return out
 
 
-def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
-    arms = list(p.arm_labels)
-    lines = [f"**Setup.** One engine (`{p.engines[0]}`, {p.dtype}), {p.steps} steps × {p.prompts_per_step} prompts × "
-             f"{p.group_size} completions, T={p.temperature:g}, lr={p.lr:g}, {p.num_seeds} seeds paired across "
-             f"every arm and dose (same initial weights, prompts, sampling seeds and noise). Cost = final reward "
-             f"(last {FINAL_FRAC:.0%} of steps) minus the same arm's clean run, seed by seed, with a 95% t interval; "
-             f"a cost is a t test of that gap Holm-corrected over every dosed row; MDE = the smallest cost these "
-             f"seeds detect with 80% power at the corrected level. {timing_note(p)}"]
-    answer = answer_lines(metrics, table, p)
-    lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n" + "\n".join(answer))
-    # controls
+def point_lines(table: pd.DataFrame) -> list[str]:
+    """One bullet per real engine point (not the controls): its measured k3 and its cost per arm."""
+    out = []
+    pts = table[(table["kind"] == "engine") & (table["control"] == "")]
+    for label, d in pts.groupby("label", sort=False):
+        arms = "; ".join(f"`{r.arm}` {_fmt_gap(r)} ({r.verdict})" for r in d.itertuples())
+        out.append(f"- `{label}` (k3 {metric('k3', d['k3_achieved'].mean(), '.1e')}, "
+                   f"{'raw' if d['raw_logprobs'].iloc[0] else 'processed'} logprobs): {arms}.")
+    return out
+
+
+def control_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
     ctl = []
-    clean = [a for a in arms if f"clean/{a}/reward_gain" in metrics]
-    for a in clean:
+    for a in p.arm_labels:
+        if f"clean/{a}/reward_gain" not in metrics:
+            continue
         g, lo = metrics[f"clean/{a}/reward_gain"], metrics[f"clean/{a}/reward_gain_ci_low"]
         ok = np.isfinite(lo) and lo > 0
         ctl.append(f"clean `{a}` learns: reward {g:+.3f} [{lo:+.3f}, {metrics[f'clean/{a}/reward_gain_ci_high']:+.3f}] "
                    + ("(passes)" if ok else "(**fails**: with no gain to lose, a cost cannot be measured here)"))
-    if "none@trainer" in arms and p.ratio_k3:
-        same = table[(table["kind"] == "ratio") & (table["arm"] == "none@trainer")]
-        ok = bool(same["identical"].all())
-        ok = ok and bool((same["kl_to_clean"] == 0).all())
+    blind = table[table["control"] == "ratio-blind"]
+    if len(blind):
+        ok = bool((blind["verdict"] == "null (passes)").all())
         ctl.append("`none@trainer` under ratio mismatch trains bitwise as its clean run at every dose (every seed's "
                    "reward curve equal, KL to its clean twin 0) "
                    + ("(passes: the reported logprobs never reach its update)" if ok else
                       "(**fails**: the reported logprobs reached an update that should not read them; the design "
                       "or the loop is wrong)"))
+    t1 = table[table["control"] == "T=1"]
+    for r in t1.itertuples():
+        ok = r.verdict == "null (passes)"
+        ctl.append(f"`{r.label}` `{r.arm}` at T = 1, where raw logprobs are the processed ones (k3 "
+                   f"{metric('k3', r.k3_achieved, '.1e')}): gap {_fmt_gap(r)}, MDE {r.mde:.3f} "
+                   + ("(passes: no cost shown)" if ok else "(**fails**: a cost with no ratio mismatch means the "
+                                                           "design is wrong)"))
+    if "control/rerun/identical" in metrics:
+        ok = metrics["control/rerun/identical"] == 1.0
+        ctl.append("the first clean run, trained twice, gives bitwise the same reward curve "
+                   + ("(passes: pairing by seed compares like with like)" if ok else
+                      "(**fails**: the engine or the loop does not reproduce a run, so seed pairing leaves noise "
+                      "in every gap; the intervals still hold, the power is lower)"))
+    return ctl
+
+
+def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
+    temps = sorted(set(table["temperature"]))
+    lines = [f"**Setup.** Base engine `{p.engines[0]}` ({p.dtype}), {p.steps} steps × {p.prompts_per_step} prompts × "
+             f"{p.group_size} completions, T={p.temperature:g}"
+             + (f" (points also at T = {', '.join(f'{t:g}' for t in temps if t != p.temperature)})"
+                if len(temps) > 1 else "")
+             + f", lr={p.lr:g}, {p.num_seeds} seeds paired across every arm and dose (same initial weights, prompts, "
+             f"sampling seeds and noise). Cost = final reward (last {FINAL_FRAC:.0%} of steps) minus the same arm's "
+             f"clean run at the same temperature, seed by seed, with a 95% t interval; a cost is a t test of that gap "
+             f"Holm-corrected over every dosed row that is not a control; MDE = the smallest cost these seeds detect "
+             f"with 80% power at the corrected level. {timing_note(p, sorted(set(table['engine'])))}"]
+    lines += floor_lines(metrics)
+    lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
+                 + "\n".join(answer_lines(metrics, table, p)))
+    pts = point_lines(table)
+    if pts:
+        lines.append("**Real engines on the same axes** (paired to the clean run at their temperature):\n"
+                     + "\n".join(pts))
+    ctl = control_lines(metrics, table, p)
     if ctl:
         lines.append("**Controls.** " + "; ".join(ctl) + ".")
-    ach = table[table["kind"] == "ratio"].drop_duplicates("dose")
-    if len(ach):
-        lines.append("**Doses achieved** (ratio mismatch: noise of std sqrt(2 ln(1 + k3)) on the reported logprobs; "
-                     "intended → measured mean k3 per token, first arm): " + ", ".join(
-                         f"{metric('k3', r.k3_intended, '.0e')} → {metric('k3', r.k3_achieved, '.2e')} "
-                         f"(σ {logprob_noise_sigma(r.k3_intended):.3f})" for r in ach.itertuples())
-                     + ". Distribution mismatch: " + (", ".join(
-                         f"weight noise {r.dose:g} → k3 {metric('k3', r.k3_achieved, '.2e')}" for r in
-                         table[table["kind"] == "weights"].drop_duplicates("dose").itertuples()) or "none run") + ".")
+    lines.append("**Doses achieved** (mean k3 per token over steps and seeds, first arm). " + doses_text(table, p))
     lines.append("`kl_to_clean`: mean KL per token from the clean twin's trained policy (same arm and seed, dose 0) to "
                  "this run's, on a fixed probe of held-out prompts with their correct answers: what a dose did to the "
-                 "policy whether or not reward shows it. Not in this run: the T = 1 control and real engines placed "
-                 "on the curve (notebooks 01/06 measure their k3: read it against the x axis).")
+                 "policy whether or not reward shows it.")
     return "\n\n".join(lines)
+
+
+def doses_text(table: pd.DataFrame, p) -> str:
+    first = table[table["arm"] == p.arm_labels[0]]
+    parts = []
+    ratio = first[first["kind"] == "ratio"]
+    if len(ratio):
+        parts.append("Ratio mismatch (Gaussian noise of std sqrt(2 ln(1 + k3)) on the reported logprobs; intended → "
+                     "measured): " + ", ".join(
+                         f"{metric('k3', r.k3_intended, '.0e')} → {metric('k3', r.k3_achieved, '.2e')} "
+                         f"(σ {logprob_noise_sigma(r.k3_intended):.3f})" for r in ratio.itertuples()) + ".")
+    for kind, what in (("weights", "weight noise {:g} × rms"), ("stale", "{:g} update(s) behind")):
+        d = first[first["kind"] == kind]
+        if len(d):
+            parts.append(f"{KINDS[kind][0].upper()}{KINDS[kind][1:]}: " + ", ".join(
+                f"{what.format(r.dose)} → k3 {metric('k3', r.k3_achieved, '.2e')}" for r in d.itertuples()) + ".")
+    return " ".join(parts) or "No doses in this run."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -262,6 +263,23 @@ def check_arm(arm: str) -> str | None:
     return None
 
 
+POINT_T = re.compile(r"@T(\d+(?:\.\d*)?)$")  # `vllm-v1@T0.5`: an engine point at its own temperature
+
+
+def split_point(entry: str, default_t: float) -> tuple[str, float]:
+    """`<engine>[@T<temperature>]` -> (engine, temperature); without a temperature, the notebook's."""
+    m = POINT_T.search(entry)
+    return (entry[: m.start()], float(m.group(1))) if m else (entry, default_t)
+
+
+def check_point(entry: str) -> str | None:
+    """An engine point: a preset (with knobs) whose environment exists, optionally at a temperature in (0, 10]."""
+    engine, t = split_point(entry, 1.0)
+    if not 0 < t <= 10:
+        return f"engine point {entry!r}: its temperature (after '@T') must be in (0, 10]"
+    return check_engine(engine)
+
+
 @dataclass
 class MismatchCostParams(GRPOSettings, EngineParams):
     """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
@@ -278,9 +296,17 @@ class MismatchCostParams(GRPOSettings, EngineParams):
     ratio_k3: list[float] = param([1e-3, 1e-2, 1e-1], "ratio-mismatch doses: intended mean k3 per token of "
                                                      "Gaussian noise on the engine's reported logprobs", gt=0,
                                   allow_empty=True)
-    weight_noise: list[float] = param([0.01, 0.03], "distribution-mismatch doses: the engine samples with weights "
+    weight_noise: list[float] = param([0.03], "distribution-mismatch doses: the engine samples with weights "
                                                     "plus this times their rms times N(0, 1)", gt=0, allow_empty=True)
-    steps: int = param(40, "GRPO steps per run", ge=1)
+    stale_steps: list[int] = param([2], "distribution-mismatch doses: the engine samples with the weights of this many "
+                                        "updates ago (an asynchronous trainer's lag)", ge=1, allow_empty=True)
+    engine_points: list[str] = param(["vllm-v1", "vllm-v1@T1.0"], "real engines placed on the dose-response: "
+                                     "<preset>[@knob...][@T<temperature>], each trained with point_arms and paired "
+                                     "with the base engine at its temperature (vllm-v1 at T 1 is the null control)",
+                                     check=check_point, allow_empty=True)
+    point_arms: list[str] = param(["none@engine"], "the arms each engine point trains (a subset of arms)",
+                                  check=check_arm)
+    steps: int = param(30, "GRPO steps per run", ge=1)
     num_seeds: int = param(4, "seeds per arm and dose, paired across them: seed, seed+1, ...", ge=2)
     concurrent_runs: int = concurrent_runs_param()
 
@@ -299,11 +325,29 @@ class MismatchCostParams(GRPOSettings, EngineParams):
         for label in self.arm_labels:
             corr, _, mode = label.partition("@")
             check_modes([corr], mode, param=f"arms ({label})")
+        if self.engine_points and not set(self.point_arm_labels) <= set(self.arm_labels):
+            raise ParamError(f"parameter 'point_arms' must be a subset of 'arms' (each point is paired with the clean "
+                             f"run of the same arm), got {self.point_arms} with arms {self.arms}")
+        if len(set(self.points)) != len(self.points):
+            raise ParamError(f"parameter 'engine_points' lists an engine at one temperature twice: "
+                             f"{self.engine_points}")
 
     @property
     def arm_labels(self) -> list[str]:
         """Every arm as `<correction>@<mode>` (a bare name takes `old_logprobs`)."""
-        return [a if "@" in a else f"{a}@{self.old_logprobs}" for a in self.arms]
+        return [self._label(a) for a in self.arms]
+
+    @property
+    def point_arm_labels(self) -> list[str]:
+        return [self._label(a) for a in self.point_arms]
+
+    def _label(self, arm: str) -> str:
+        return arm if "@" in arm else f"{arm}@{self.old_logprobs}"
+
+    @property
+    def points(self) -> list[tuple[str, float]]:
+        """(engine preset, temperature) of every engine point."""
+        return [split_point(e, self.temperature) for e in self.engine_points]
 
 
 KNOBS_DOC = "knobs (params/engine_knobs.yaml) applied one at a time to the baseline"

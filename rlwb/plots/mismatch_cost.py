@@ -11,7 +11,8 @@ import numpy as np
 from rlwb.plots.style import OKABE_ITO, figsize, seed_band
 
 KIND_TITLE = {"ratio": "ratio mismatch\n(reported logprobs off, sampling right)",
-              "weights": "distribution mismatch\n(engine samples perturbed weights)"}
+              "weights": "distribution mismatch\n(engine samples perturbed weights)",
+              "stale": "distribution mismatch\n(engine weights updates behind)"}
 MARKERS = "osD^v<>"
 
 
@@ -21,31 +22,43 @@ def _arm_style(arms):
 
 def dose_response(doses, style: str = "notebook"):
     """Per kind of mismatch: the paired reward gap to the same arm's clean run (95% CI over seeds) against the
-    measured engine-trainer k3 per token (log x), one line per arm; the shaded band is the clean runs' k3
-    (the float floor of the engine) drawn at the left edge as 'dose 0'."""
-    kinds = [k for k in ("ratio", "weights") if (doses["kind"] == k).any()]
+    measured engine-trainer k3 per token (log x), one line per arm, dose 0 drawn at the left edge (its gap is 0 by
+    definition). Real engines (notebooks 01/06) are points on the panel of their kind (raw logprobs: ratio;
+    otherwise distribution), labelled; a null control is drawn hollow."""
+    kinds = [k for k in KIND_TITLE if (doses["kind"] == k).any()]
     arms = list(dict.fromkeys(doses["arm"]))
     sty = _arm_style(arms)
-    fig, axes = plt.subplots(1, max(1, len(kinds)), figsize=figsize(style, 0.55 * max(1, len(kinds)) + 0.45, 1.1),
-                             sharey=True, squeeze=False)
-    dosed = doses[doses["kind"] != "clean"]
-    lo_x = dosed["k3_achieved"].min() / 4 if len(dosed) else 1e-6
+    ncol = max(1, len(kinds))
+    fig, axes = plt.subplots(1, ncol, figsize=figsize(style, 0.42 * ncol + 0.4, 1.15), sharey=True, squeeze=False)
+    # dose 0 sits a decade left of the smallest dosed k3; anything below (the float floor) is drawn there too
+    measured = doses[~doses["kind"].isin(["clean", "rerun"]) & (doses["control"] == "")]["k3_achieved"]
+    lo_x = measured[measured > 0].min() / 10 if (measured > 0).any() else 1e-6
     for ax, kind in zip(axes[0], kinds):
         for j, a in enumerate(arms):
-            d = doses[(doses["kind"] == kind) & (doses["arm"] == a)].sort_values("dose")
+            d = doses[(doses["kind"] == kind) & (doses["arm"] == a) & (doses["control"] == "")].sort_values("dose")
             if d.empty:
                 continue
-            x = np.r_[lo_x, d["k3_achieved"].to_numpy()]  # dose 0 at the left edge: its gap is 0 by definition
+            x = np.r_[lo_x, d["k3_achieved"].clip(lower=lo_x).to_numpy()]
             y = np.r_[0.0, d["gap"].to_numpy()]
             lo = np.r_[0.0, (d["gap"] - d["gap_ci_low"]).clip(lower=0).fillna(0).to_numpy()]
             hi = np.r_[0.0, (d["gap_ci_high"] - d["gap"]).clip(lower=0).fillna(0).to_numpy()]
-            x = x * (1.0 + 0.06 * (j - (len(arms) - 1) / 2))  # nudge arms apart so the intervals do not overlap
+            x = x * (1.0 + 0.08 * (j - (len(arms) - 1) / 2))  # nudge arms apart so the intervals do not overlap
             color, marker = sty[a]
             ax.errorbar(x, y, yerr=[lo, hi], color=color, marker=marker, ms=4, capsize=3, lw=1.2, label=a)
+        pts = doses[(doses["kind"] == "engine") & (doses["panel"] == kind)]
+        for r in pts.itertuples():
+            color, marker = sty[r.arm]
+            hollow = bool(r.control)
+            x = max(r.k3_achieved, lo_x)
+            ax.errorbar([x], [r.gap], yerr=[[max(r.gap - r.gap_ci_low, 0)], [max(r.gap_ci_high - r.gap, 0)]],
+                        color=color, marker="*", ms=10, mfc="white" if hollow else color, capsize=3, lw=0, elinewidth=1)
+            ax.annotate(r.label + (" (control)" if hollow else ""), (x, r.gap), textcoords="offset points",
+                        xytext=(6, 6), fontsize="x-small", color="0.25")
         ax.axhline(0, color="0.4", ls="--", lw=1)
+        ax.axvline(lo_x, color="0.8", lw=0.8, zorder=0)
         ax.set_xscale("log")
         ax.set_title(KIND_TITLE[kind], fontsize="medium")
-        ax.set_xlabel("measured k3(engine ‖ trainer) per token\n(leftmost point: dose 0)")
+        ax.set_xlabel("measured k3(engine ‖ trainer) per token\n(grey line: dose 0, the float floor; ★ real engines)")
     axes[0][0].set_ylabel("final reward − clean run (paired)")
     axes[0][-1].legend(fontsize="small", title="arm", title_fontsize="small")
     fig.suptitle("What mismatch costs a GRPO run (95% CI over seeds, paired by seed)")
@@ -57,20 +70,23 @@ def reward_curves(curves, style: str = "notebook"):
     """Reward per step per arm: the clean run and the largest dose of each kind (mean over seeds, 95% band)."""
     arms = list(dict.fromkeys(curves["arm"]))
     sty = _arm_style(arms)
-    shown = [("clean", 0.0)] + [(k, curves.loc[curves["kind"] == k, "dose"].max()) for k in ("ratio", "weights")
-                                if (curves["kind"] == k).any()]
-    fig, axes = plt.subplots(1, len(shown), figsize=figsize(style, 0.45 * len(shown) + 0.3), sharey=True,
+    base_t = curves.loc[curves["label"] == "clean", "temperature"]
+    shown = ["clean"] + [curves.loc[curves["dose"] == curves.loc[curves["kind"] == k, "dose"].max(), "label"]
+                         .loc[lambda s, k=k: s.str.startswith(k + "@")].iloc[0]
+                         for k in KIND_TITLE if (curves["kind"] == k).any()]
+    fig, axes = plt.subplots(1, len(shown), figsize=figsize(style, 0.4 * len(shown) + 0.3), sharey=True,
                              squeeze=False)
-    for ax, (kind, dose) in zip(axes[0], shown):
+    for ax, label in zip(axes[0], shown):
         for a in arms:
-            d = curves[(curves["kind"] == kind) & (curves["dose"] == dose) & (curves["arm"] == a)]
+            d = curves[(curves["label"] == label) & (curves["arm"] == a)]
             if d.empty:
                 continue
             mean, lo, hi = seed_band(d, "reward_mean", 5)
             color, _ = sty[a]
             ax.plot(mean.index, mean.values, color=color, label=a)
             ax.fill_between(mean.index, lo.clip(0, 1).values, hi.clip(0, 1).values, color=color, alpha=0.15, lw=0)
-        ax.set_title("clean (dose 0)" if kind == "clean" else f"{kind}: largest dose {dose:g}", fontsize="medium")
+        t = f", T = {base_t.iloc[0]:g}" if len(base_t) else ""
+        ax.set_title(f"clean (dose 0){t}" if label == "clean" else f"largest dose: {label}", fontsize="medium")
         ax.set_xlabel("GRPO step")
     axes[0][0].set_ylabel("mean reward")
     axes[0][0].legend(fontsize="small")
