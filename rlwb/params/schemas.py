@@ -293,7 +293,7 @@ class MismatchCostParams(GRPOSettings, EngineParams):
     arms: list[str] = param(["none@engine", "none@trainer", "tis@trainer"],
                             "<correction>@<old_logprobs mode> trained at every dose (a bare name takes "
                             "old_logprobs); none@trainer is the control ratio mismatch cannot reach", check=check_arm)
-    ratio_k3: list[float] = param([1e-3, 1e-2, 1e-1], "ratio-mismatch doses: intended mean k3 per token of "
+    ratio_k3: list[float] = param([1e-2, 1e-1, 1.0], "ratio-mismatch doses: intended mean k3 per token of "
                                                      "Gaussian noise on the engine's reported logprobs", gt=0,
                                   allow_empty=True)
     weight_noise: list[float] = param([0.03], "distribution-mismatch doses: the engine samples with weights "
