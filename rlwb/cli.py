@@ -83,11 +83,12 @@ def _cmd_times(a) -> int:
 def _cmd_build_model(a) -> int:
     from rlwb.core.models import build_embedded_model, published_verdict
 
-    m = build_embedded_model(a.model, force=a.force)
+    m = build_embedded_model(a.model, force=a.force, from_recipe=a.from_recipe)
     print(json.dumps(m.card, indent=2))
-    print(f"weights checksum {m.card['weights_sha256_16']} ({published_verdict(m.card)})")
+    verdict = published_verdict(m.card)
+    print(f"weights checksum {m.card['weights_sha256_16']} ({verdict})")
     print(m.path)
-    return 0
+    return 1 if a.from_recipe and verdict.startswith("DIFFERS") else 0
 
 
 def _cmd_engines_setup(a) -> int:
@@ -347,10 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", help="also write the report as JSON to this path")
     r.set_defaults(fn=_cmd_validate)
 
-    r = sub.add_parser("build-model", help="build (or show the cached) embedded model and print its card")
+    r = sub.add_parser("build-model", help="install the shipped build of an embedded model (or build it from its "
+                                           "recipe where none is shipped) into the cache and print its card")
     r.add_argument("--model", default="default", choices=EMBEDDED_NAMES,
                    help="which embedded model (default: the char-level default policy)")
-    r.add_argument("--force", action="store_true")
+    r.add_argument("--force", action="store_true", help="copy (or build) it again even if the cache has it")
+    r.add_argument("--from-recipe", action="store_true",
+                   help="train it from its recipe on this machine (beside the shipped build, which stays the model "
+                        "every run uses) and compare its weights with the published build of this CPU vendor; exit 1 "
+                        "when they differ")
     r.set_defaults(fn=_cmd_build_model)
 
     r = sub.add_parser("sweep", help="a grid of parameter overrides for one notebook, each cell an archived run, "

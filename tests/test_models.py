@@ -106,19 +106,61 @@ def test_build_outside_the_pinned_process_is_refused(monkeypatch):
         models._build_here(models.ModelRecipe(), force=False, progress=False)
 
 
-def test_default_model_reproduces_the_published_build(default_model):
-    """The default policy built on this machine has the published weights of its CPU vendor's build (the pins
-    make the build ISA-independent, not vendor-independent: `PUBLISHED_WEIGHTS`), so every machine of a vendor,
-    AVX2 or AVX-512, runs the same model; a vendor with no published build fails here until one is recorded."""
-    card = default_model.card
+def test_the_recipe_built_here_reproduces_its_vendors_published_build(tmp_path, monkeypatch):
+    """The default recipe trained on this machine (`--from-recipe`, the check of the shipped weights) gives the
+    published weights of its CPU vendor's build (the pins make the build ISA-independent, not vendor-independent:
+    `PUBLISHED_WEIGHTS`), so a vendor's machines agree with each other; on the reference vendor that is the shipped
+    build itself. A vendor with no published build fails here until one is recorded."""
+    monkeypatch.setenv("RLWB_CACHE", str(tmp_path))
+    built = models.build_default_model(progress=False, from_recipe=True)
+    card = built.card
+    assert built.path.name.endswith("-recipe") and "source" not in card
     vendor = models.build_vendor(card)
     assert vendor == models.host_cpu()["vendor"]
     builds = models.PUBLISHED_WEIGHTS[card["recipe_hash"]]
     assert vendor in builds, f"no published default build for {vendor} CPUs: record {card['weights_sha256_16']}"
-    assert card["weights_published_sha256_16"] == builds[vendor]
-    assert card["weights_sha256_16"] == card["weights_published_sha256_16"], card["host_cpu"]
+    assert card["weights_sha256_16"] == builds[vendor], card["host_cpu"]
     assert card["weights_match_published"] is True
     assert card["weights_reference_build"] is (vendor == models.REFERENCE_VENDOR)
+    shipped = json.loads((models.shipped_build(models.ModelRecipe()) / "model.json").read_text())
+    assert (card["weights_sha256_16"] == shipped["weights_sha256_16"]) is (vendor == models.REFERENCE_VENDOR)
+
+
+def test_every_machine_runs_the_shipped_build_and_never_trains_it(tmp_path, monkeypatch):
+    """From an empty cache the default policy is the shipped build of record (AMD's), whatever the CPU: nothing
+    is trained, the files are checked against SHA256SUMS, and the loaded weights have the published checksum. A
+    cache holding another build (a vendor's own, from before) is replaced by the shipped one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("RLWB_CACHE", str(tmp_path))
+
+    def no_training(*a, **k):
+        raise AssertionError("the default policy was trained, not installed from the shipped build")
+
+    monkeypatch.setattr(models, "run_pinned_build", no_training)
+    ref = models.PUBLISHED_WEIGHTS[models.ModelRecipe().hash()][models.REFERENCE_VENDOR]
+    m = models.build_default_model(progress=False)
+    assert m.card["weights_sha256_16"] == ref and m.card["source"].startswith("shipped with rlwb")
+    loaded = AutoModelForCausalLM.from_pretrained(m.path, dtype=torch.float32)
+    assert models.weights_hash(loaded) == ref
+    card = json.loads((m.path / "model.json").read_text())
+    (m.path / "model.json").write_text(json.dumps({**card, "weights_sha256_16": "another-vendors-build"}))
+    again = models.build_default_model(progress=False)
+    assert again.card["weights_sha256_16"] == ref
+
+
+def test_a_corrupted_shipped_build_is_refused(tmp_path, monkeypatch):
+    import shutil
+
+    pub = tmp_path / "published"
+    src = models.shipped_build(models.ModelRecipe())
+    shutil.copytree(src, pub / src.name)
+    (pub / src.name / "tokenizer.json").write_text("{}")
+    monkeypatch.setattr(models, "PUBLISHED_DIR", pub)
+    monkeypatch.setenv("RLWB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="does not match its SHA256SUMS .*tokenizer.json"):
+        models.build_default_model(progress=False)
 
 
 def test_published_verdict_reads_the_vendor_a_card_was_built_on():
@@ -153,10 +195,9 @@ def test_concurrent_builds_of_one_recipe_build_it_once(tmp_path, monkeypatch):
     recipe = replace(models.ModelRecipe(), train_steps=1)
     calls = []
 
-    def fake_build(r, *, force=False, progress=True, env=None):
+    def fake_build(r, *, force=False, progress=True, env=None, out=None):
         calls.append(r.hash())
         time.sleep(1.0)
-        out = models.default_model_dir(r)
         out.mkdir(parents=True)
         (out / "model.json").write_text(json.dumps({"recipe_hash": r.hash()}))
 

@@ -254,16 +254,32 @@ def default_model_dir(recipe=ModelRecipe()) -> Path:
     return cache_dir() / "models" / f"{prefix}-{recipe.hash()}"
 
 
-def build_default_model(recipe=ModelRecipe(), force: bool = False, progress: bool = True) -> EmbeddedModel:
-    """Build (or reuse from the cache) an embedded model (the default policy unless `recipe` says otherwise);
-    returns its path and model card.
+PUBLISHED_DIR = Path(__file__).with_name("published")  # the builds of record, shipped with rlwb (see below)
 
-    The build itself runs in a child process under `BUILD_ENV` (see the module docstring): that is the
-    only way to pin the CPU kernels torch picks when it loads. The child writes to a temporary directory
-    and renames it, so an interrupted build never leaves a half model that a later run would reuse.
+
+def build_default_model(recipe=ModelRecipe(), force: bool = False, progress: bool = True,
+                        from_recipe: bool = False) -> EmbeddedModel:
+    """The embedded model of `recipe` (the default policy unless it says otherwise) in the cache; returns its path
+    and model card.
+
+    Where rlwb ships the build of record (`PUBLISHED_DIR/<name>-<recipe hash>/`), that is the model, on every
+    machine: its files are copied into the cache and checked against their recorded sha256. Why: the pinned build
+    (below) gives the same weights on every ISA of one CPU vendor, not across vendors (an Intel Xeon trained other
+    weights from the same recipe than the AMD EPYC of record), so a nightly audit that moved between machines
+    compared different policies. A cached model with other weights than the shipped ones (a build from before)
+    is replaced. `from_recipe` trains the recipe here instead, into `<cache dir>-recipe` (the shipped copy is left
+    alone): how the shipped weights are verified (`rlwb build-model --from-recipe`).
+
+    A recipe with no shipped build is trained here. The build runs in a child process under `BUILD_ENV` (see the
+    module docstring): that is the only way to pin the CPU kernels torch picks when it loads. The child writes to a
+    temporary directory and renames it, so an interrupted build never leaves a half model that a later run would
+    reuse.
     """
     out = default_model_dir(recipe)
-    if (out / "model.json").exists() and not force:
+    shipped = None if from_recipe else shipped_build(recipe)
+    if from_recipe:
+        out = out.with_name(out.name + "-recipe")
+    if (out / "model.json").exists() and not force and not _differs_from(out, shipped):
         return EmbeddedModel(out, model_card(out))
     try:  # fail before a minute of training, not after it, when the cache cannot take the model
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,9 +287,67 @@ def build_default_model(recipe=ModelRecipe(), force: bool = False, progress: boo
         raise NotADirectoryError(f"model cache {out.parent} is not a usable directory (set RLWB_CACHE to one): "
                                  f"{type(e).__name__}: {e}") from None
     with build_lock(out):  # another process building the same recipe: wait for it, then take its model
-        if force or not (out / "model.json").exists():
-            run_pinned_build(recipe, force=force, progress=progress)
+        if force or not (out / "model.json").exists() or _differs_from(out, shipped):
+            if shipped is not None:
+                install_shipped(shipped, out)
+            else:
+                run_pinned_build(recipe, force=True, progress=progress, out=out)
     return EmbeddedModel(out, model_card(out))
+
+
+def shipped_build(recipe) -> Path | None:
+    """The build of record rlwb ships for `recipe` (`PUBLISHED_DIR/<cache dir name>`), or None."""
+    d = PUBLISHED_DIR / default_model_dir(recipe).name
+    return d if (d / "model.json").exists() else None
+
+
+def _differs_from(out: Path, shipped: Path | None) -> bool:
+    if shipped is None or not (out / "model.json").exists():
+        return False
+    return (json.loads((out / "model.json").read_text()).get("weights_sha256_16")
+            != json.loads((shipped / "model.json").read_text())["weights_sha256_16"])
+
+
+SUMS = "SHA256SUMS"  # `sha256sum` format: every file of a shipped build but this one
+
+
+def file_sums(d: Path) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())
+            if f.is_file() and f.name != SUMS}
+
+
+def install_shipped(shipped: Path, out: Path) -> None:
+    """Copy a shipped build into the cache at `out` (through a temporary directory and a rename), refusing files
+    that do not match the build's SHA256SUMS (a corrupted or hand-edited checkout)."""
+    want = dict(reversed(line.split()) for line in (shipped / SUMS).read_text().splitlines() if line.strip())
+    got = file_sums(shipped)
+    if got != want:
+        bad = sorted(set(got.items()) ^ set(want.items()))
+        raise RuntimeError(f"the shipped model {shipped} does not match its {SUMS} ({', '.join(k for k, _ in bad)}): "
+                           f"restore it from git (`git checkout -- {shipped}`)")
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(shipped, tmp)
+    (tmp / SUMS).unlink()
+    card = json.loads((tmp / "model.json").read_text())
+    card["source"] = f"shipped with rlwb ({shipped.relative_to(PUBLISHED_DIR.parent.parent.parent)})"
+    (tmp / "model.json").write_text(json.dumps(card, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def publish_build(path: Path) -> Path:
+    """Copy a cached build into `PUBLISHED_DIR` with its SHA256SUMS (how a build of record was added: run on the
+    reference vendor's machine, then commit the directory)."""
+    dest = PUBLISHED_DIR / path.name
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(path, dest)
+    card = json.loads((dest / "model.json").read_text())
+    card.pop("source", None)
+    (dest / "model.json").write_text(json.dumps(card, indent=2))
+    (dest / SUMS).write_text("".join(f"{h}  {n}\n" for n, h in file_sums(dest).items()))
+    return dest
 
 
 @contextlib.contextmanager
@@ -291,9 +365,10 @@ def build_lock(out: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def build_embedded_model(name: str, force: bool = False, progress: bool = True) -> EmbeddedModel:
+def build_embedded_model(name: str, force: bool = False, progress: bool = True,
+                         from_recipe: bool = False) -> EmbeddedModel:
     """`build_default_model` for the embedded model called `name` (see `EMBEDDED_RECIPES`)."""
-    return build_default_model(recipe_for(name), force=force, progress=progress)
+    return build_default_model(recipe_for(name), force=force, progress=progress, from_recipe=from_recipe)
 
 
 def build_vendor(card: dict) -> str:
@@ -328,7 +403,8 @@ def published_verdict(card: dict) -> str:
     return f"matches the published {vendor} build{ref}"
 
 
-def run_pinned_build(recipe, *, force: bool = False, progress: bool = True, env: dict | None = None) -> None:
+def run_pinned_build(recipe, *, force: bool = False, progress: bool = True, env: dict | None = None,
+                     out: Path | None = None) -> None:
     """`python -m rlwb.core.models` in a child process whose environment is `env` (default: ours) plus BUILD_ENV.
     The child's progress goes to our stderr (a terminal directly; otherwise forwarded line by line, so it
     shows in JupyterLab or a log), or inside an archived run to its progress log (`rlwb.progress`), which
@@ -338,7 +414,7 @@ def run_pinned_build(recipe, *, force: bool = False, progress: bool = True, env:
 
     kind = {ModelRecipe: "default", ChatModelRecipe: "chat", MoeRecipe: "moe"}[type(recipe)]
     cmd = [sys.executable, "-m", "rlwb.core.models", json.dumps(asdict(recipe)), "--kind", kind]
-    cmd += ["--force"] * force + ["--quiet"] * (not progress)
+    cmd += ["--force"] * force + ["--quiet"] * (not progress) + (["--out", str(out)] if out else [])
     from rlwb.progress import progress_stream
 
     child_env = {**(os.environ if env is None else env), **BUILD_ENV}
@@ -377,7 +453,7 @@ def _build_default_policy(recipe: ModelRecipe, out: Path, progress: bool) -> tup
     }
 
 
-def _build_here(recipe, force: bool, progress: bool) -> EmbeddedModel:
+def _build_here(recipe, force: bool, progress: bool, out: Path | None = None) -> EmbeddedModel:
     """The build proper; only inside the pinned child process (`run_pinned_build`)."""
     unpinned = {k: os.environ.get(k) for k, v in BUILD_ENV.items() if os.environ.get(k) != v}
     if unpinned:
@@ -387,7 +463,7 @@ def _build_here(recipe, force: bool, progress: bool) -> EmbeddedModel:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" is noise in a build log
-    out = default_model_dir(recipe)
+    out = out or default_model_dir(recipe)
     if (out / "model.json").exists() and not force:
         return EmbeddedModel(out, json.loads((out / "model.json").read_text()))
     torch.set_num_threads(BUILD_THREADS)
@@ -474,9 +550,10 @@ def _main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kind", choices=["default", "chat", "moe"], default="default")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="build into this directory (default: the cache's)")
     a = ap.parse_args(argv)
     recipe = {"default": ModelRecipe, "chat": ChatModelRecipe, "moe": MoeRecipe}[a.kind](**json.loads(a.recipe))
-    _build_here(recipe, force=a.force, progress=not a.quiet)
+    _build_here(recipe, force=a.force, progress=not a.quiet, out=a.out)
 
 
 if __name__ == "__main__":
