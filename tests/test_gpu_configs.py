@@ -33,7 +33,8 @@ SHRINK = {
     "07_which_correction": {"engines": ["vllm-v1-fixed"], "race_on_baseline": True,
                             "corrections": ["none", "verl.geo_rs", "trl.opsm"], "num_seeds": 1, "steps": 2,
                             "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
-    "08_mismatch_cost": {"arms": ["none@engine"], "ratio_k3": [0.01], "weight_noise": [], "num_seeds": 2, "steps": 2,
+    "08_mismatch_cost": {"arms": ["none@engine"], "ratio_k3": [0.01], "weight_noise": [], "stale_steps": [],
+                         "engine_points": [], "point_arms": ["none@engine"], "num_seeds": 2, "steps": 2,
                          "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
 }
 

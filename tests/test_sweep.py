@@ -151,3 +151,12 @@ def test_sweep_on_a_local_ray_cluster(outputs, default_model, tmp_path):
         # `ray stop` kills every process whose command line contains one of Ray's names, "monitor.py" among them:
         # a `pytest tests/test_monitor.py ...` beside this test was killed (why that file is test_drift_monitoring.py)
         subprocess.run([ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("grid", sorted((REPO / "params" / "sweeps").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_sweep_validates_every_cell(grid):
+    """A sweep the README tells users to run validates as a whole before it starts (every cell's params)."""
+    from rlwb.sweep import load_grid
+
+    g = load_grid(grid)
+    assert g.cells() and g.notebook in {p.stem for p in (REPO / "notebooks").glob("*.ipynb")}
