@@ -286,7 +286,7 @@ class MismatchCostParams(GRPOSettings, EngineParams):
 
     NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
     HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final", "ratio/none@engine/max_dose_gap",
-                                             "weights/none@engine/max_dose_gap"]
+                                             "weights/none@engine/max_dose_gap", "stale/none@trainer/max_dose_gap"]
 
     engines: list[str] = engine_list(["vllm-v1-fixed"], "the one engine preset every arm samples from (fp32 "
                                                         "vllm-v1-fixed: no mismatch at dose 0)")
