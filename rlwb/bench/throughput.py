@@ -39,7 +39,7 @@ from pathlib import Path
 
 from rlwb import archive
 from rlwb.core import tasks
-from rlwb.core.models import resolve_model
+from rlwb.core.models import model_card, resolve_model
 from rlwb.core.tokenizer import encode_prompt
 from rlwb.engines.presets import resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
@@ -358,7 +358,10 @@ def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
     model_path = resolve_model("default", progress=False)
     batch_sizes = [1, 16] if quick else [1, 16, 64]
     repeats, max_tokens = (2, 32) if quick else (3, 64)
+    card = model_card(model_path) or {}
     res: dict = {"machine": archive.host_info(), "packages": archive.package_versions(),
+                 "model": {"path": str(model_path), "recipe_hash": card.get("recipe_hash"),
+                           "weights_sha256_16": card.get("weights_sha256_16")},
                  "started_at": archive.utc_now(),
                  "settings": {"batch_sizes": batch_sizes, "repeats": repeats, "max_tokens": max_tokens,
                               "dtype": "float32", "quick": quick}}
