@@ -11,7 +11,8 @@ is, right after it:
 params hash may follow); `bench/<run id>` is an `rlwb bench` run (`outputs/bench/<run id>/bench.json`). `build`
 (optional) is the weights checksum of the model the run must have used. A run declaration holds for the annotated
 numbers after it until the next one; `<!-- rlwb:run none -->` ends it. The metric is a key of the run's
-`metrics.json` (or `bench.json`); a number ending in `%` quotes the metric times 100.
+`metrics.json` (or `bench.json`); a number ending in `%` quotes the metric times 100. Code (inline `...` and
+fenced blocks) is not read, so the README can show the format.
 
 A quoted number matches when the metric rounds to it at the precision it is quoted with (3.7e-05 stands for
 anything in [3.65e-05, 3.75e-05]). Per number: `match`; `mismatch` (the run is here and says otherwise, or lacks
@@ -30,7 +31,7 @@ from rlwb import archive
 
 RUN = re.compile(r"<!--\s*rlwb:run\s+(?P<run>\S+)(?:\s+build\s+(?P<build>[0-9a-f]+))?\s*-->")
 # a number (sign, thousands separators, decimals, exponent), an optional unit, optional bold, then <!--=metric-->
-QUOTE = re.compile(r"(?P<num>[−-]?\d[\d,]*(?:\.\d+)?(?:e[+−-]?\d+)?)(?P<unit>%|×|\s?s)?\**<!--=(?P<key>[^\s>]+)-->")
+QUOTE = re.compile(r"(?P<num>[−+-]?\d[\d,]*(?:\.\d+)?(?:e[+−-]?\d+)?)(?P<unit>%|×|\s?s)?\**<!--=(?P<key>[^\s>]+)-->")
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,17 @@ class Verdict:
     detail: str
 
 
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+
+
+def _without_code(text: str) -> str:
+    """`text` with its code spans and blocks blanked out, lines and offsets kept."""
+    return CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
 def parse(text: str) -> list[Quote]:
-    """Every annotated number of `text` with the run declared before it."""
+    """Every annotated number of `text` (outside code) with the run declared before it."""
+    text = _without_code(text)
     events = sorted([(m.start(), "run", m) for m in RUN.finditer(text)]
                     + [(m.start(), "quote", m) for m in QUOTE.finditer(text)], key=lambda e: e[0])
     quotes, run, build = [], None, None

@@ -44,7 +44,12 @@ The first run again, said to come from another build: {params:,}<!--=policy/para
 <!-- rlwb:run 00_default_policy/20000101-000000 -->
 A run this machine does not have: 1.0<!--=policy/params-->.
 <!-- rlwb:run none -->
-A number quoted without a metric is not checked: 12.
+A number quoted without a metric is not checked: 12. Nor is code, so the README can show the format:
+`1.0<!--=policy/params-->`, and in a block:
+```
+<!-- rlwb:run 00_default_policy/20000101-000000 -->
+1.0<!--=policy/params-->
+```
 """)
     verdicts = readme_check.check(readme, outputs)
     assert [(v.quote.line, v.status) for v in verdicts] == [
