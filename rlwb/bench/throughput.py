@@ -450,8 +450,8 @@ def _scaling_figure(res: dict, stem: Path) -> bool:
 
     from rlwb import plots
 
-    loops = {"rlwb": ("rlwb (vllm-v1-fixed worker), trl.sequence_mask", "#009E73", "-"),
-             "trl_vllm": ("TRL GRPOTrainer + vLLM colocate, its default IS correction", "#D55E00", "--")}
+    loops = {"rlwb": ("rlwb, vllm-v1-fixed worker", "#009E73", "-"),
+             "trl_vllm": ("TRL GRPOTrainer, vLLM colocate", "#D55E00", "--")}
     series = {lp: sorted((int(k.split("/")[2][1:]), v) for k, v in res.items()
                          if k.startswith(f"scaling/{lp}/") and k.endswith("/step_s") and v) for lp in loops}
     if not any(series.values()):
@@ -472,8 +472,9 @@ def _scaling_figure(res: dict, stem: Path) -> bool:
         ax.minorticks_off()
         ax.set_xlabel("completions per step (group 8)")
         ax.set_ylabel(ylabel)
-    axes[0].legend(fontsize="small")
-    fig.suptitle(f"GRPO step scaling on {res['machine']['cores']} CPU cores, same vLLM engine settings (fp32)")
+    axes[0].legend(fontsize="small", loc="upper left")
+    fig.suptitle(f"GRPO step scaling on {res['machine']['cores']} CPU cores: same vLLM engine settings (fp32), "
+                 f"both with TRL's IS correction (rlwb: trl.sequence_mask)", fontsize="medium")
     fig.tight_layout()
     plots.save_figure(fig, stem)
     plt.close(fig)
