@@ -58,7 +58,7 @@ class CatalogEntry:
     def checked_against(self) -> str:
         """For a reader of the race table: whose code this entry was held to, or that it is rlwb's reading."""
         if self.reading:
-            return f"rlwb's own reading, not checked against a peer's code: {self.reading}"
+            return f"rlwb's own reading, not one peer's setting: {self.reading}"
         return "the peer's own code (tests/test_corrections.py)" if self.parts else "-"
 
     @property
@@ -134,17 +134,16 @@ CATALOG: dict[str, CatalogEntry] = {
                    "TRL off_policy_mask_threshold=0.5 (DeepSeek-V3.2 OPSM)",
                    "negative-advantage sequences with mean engine-trainer KL > 0.5 dropped", DSV32),
     # the stack the Miles/LMSYS 30B-MoE study found stable: two-sided token TIS, a geometric sequence mask
-    # (SkyRL's recommended bounds), weights renormalised to mean 1. No installed peer ships it as one setting
+    # (SkyRL's recommended bounds), weights renormalised to mean 1. No installed peer ships it as one setting: the
+    # renormalisation (verl) and the mask (SkyRL) are each held to their peer's code alone; the floor of the clamp
+    # is Miles's, read in its source but run by no installed peer; rejected sequences leave the count, as in verl
     "miles.tis_geo_norm": _e([("token_tis", {"cap": 1.5, "floor": 0.5, "normalize": True}),
                               ("sequence_reject_geometric", {"lo": 0.99, "hi": 1.01})],
                              "Miles --use-tis --tis-clip-low 0.5 --tis-clip 1.5 + geometric mask + normalisation",
                              "token TIS clamped to [0.5, 1.5], mean 1 per batch, + geometric mask [0.99, 1.01]", YAO,
-                             reading="the Miles/LMSYS 30B-MoE recipe as rlwb composes it: the clamp is Miles's "
-                                     "vanilla_tis_function "
-                                     "(clamp(r, tis_clip_low, tis_clip), read in radixark/miles, which is not "
-                                     "installed here: its floor is run by no peer), the renormalisation verl's "
-                                     "rollout_is_batch_normalize and the mask SkyRL's geometric bounds (each of "
-                                     "those two checked alone); rejected sequences leave the token count, as in verl"),
+                             reading="the Miles/LMSYS 30B-MoE recipe composed from Miles's two-sided TIS clamp "
+                                     "(radixark/miles vanilla_tis_function; Miles is not installed here, so no peer "
+                                     "runs its floor), verl's batch renormalisation and SkyRL's geometric bounds"),
 }
 
 CORRECTIONS: tuple[str, ...] = tuple(CATALOG)
