@@ -1,5 +1,5 @@
 """`rlwb` command line: run | runs | figures | compare | index | rerun | sweep | bench | validate | build-model |
-engines check | sync-params.
+engines check | sync-params | readme-check.
 
 Exit codes: 0 success, 1 a run failed / a check did not pass, 2 bad input (params, paths, presets).
 `rlwb run` prints the run directory as the last line of stdout, so scripts can `dir=$(rlwb run ... | tail -1)`.
@@ -276,6 +276,16 @@ def _cmd_validate(a) -> int:
     return 0 if ok else 1
 
 
+def _cmd_readme_check(a) -> int:
+    from rlwb import readme_check
+    from rlwb.paths import REPO_ROOT, outputs_dir
+
+    readme = Path(a.readme) if a.readme else REPO_ROOT / "README.md"
+    verdicts = readme_check.check(readme, outputs_dir(a.outputs))
+    print(readme_check.report(verdicts, readme.name))
+    return 1 if any(v.status == "mismatch" for v in verdicts) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlwb", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -373,6 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
                                            "from the schemas (rlwb/params/schemas.py)")
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is out of date")
     r.set_defaults(fn=_cmd_sync_params)
+
+    r = sub.add_parser("readme-check", help="recompute the README's quoted numbers from the archived runs it cites: "
+                                            "match / mismatch / stale / missing (exit 1 on a mismatch)")
+    r.add_argument("--readme", help="the Markdown file (default: the repository's README.md)")
+    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
+    r.set_defaults(fn=_cmd_readme_check)
 
     e = sub.add_parser("engines", help="engine workers").add_subparsers(dest="engines_cmd", required=True)
     c = e.add_parser("check", help="start each preset, sample at T=1 and T=0.7, compare with the fp32 trainer")

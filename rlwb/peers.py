@@ -1,9 +1,9 @@
 """Peers' own implementations of the off-policy corrections, loaded as oracles for rlwb's.
 
 Why: re-deriving verl's or TRL's formula from its docs checks rlwb against rlwb's reading of the docs. These
-loaders run the peer's code itself on rlwb's tensors: verl 0.9.1's `rollout_corr_helper`, SkyRL 0.3.0's
-`off_policy_correction_utils`, OpenRLHF 0.11.2's `PolicyLoss` (from `$RLWB_ENVS/peers`, installed by
-`scripts/setup.sh peers`), and TRL's (the kernel env's, pinned in pyproject.toml).
+loaders run the peer's code itself on rlwb's tensors: verl 0.9.1's `rollout_corr_helper` and its policy loss
+(`core_algos`), SkyRL 0.3.0's `off_policy_correction_utils` and PPO loss, OpenRLHF 0.11.2's `PolicyLoss` (from
+`$RLWB_ENVS/peers`, installed by `scripts/setup.sh peers`), and TRL's (the kernel env's, pinned in pyproject.toml).
 
 How, where a peer's package cannot be imported whole on this machine: SkyRL's package `__init__` needs
 Python 3.12 and OpenRLHF's needs its training stack (peft, flash-attn, deepspeed), so their correction modules
@@ -11,7 +11,8 @@ are loaded from their files, each under its own module name. SkyRL's `off_policy
 sibling `torch_utils` as it is. OpenRLHF's `loss.py` needs one function of `models/utils.py`, `masked_mean`,
 and that file imports deepspeed at the top; deepspeed on the path would change what transformers, accelerate
 and TRL import for the rest of the process (TRL's GRPOTrainer then fails to import), so `masked_mean` is taken
-from OpenRLHF's file by its source (the function's own lines, nothing else). TRL computes its vLLM
+from OpenRLHF's file by its source (the function's own lines, nothing else); SkyRL's PPO loss likewise (its
+`ppo_utils` imports SkyRL's training config, which needs skyrl_gym). TRL computes its vLLM
 importance-sampling ratio inline in `GRPOTrainer._generate_and_score_completions`; `trl_vllm_is_ratio`
 executes exactly those source lines (located by the comments around them, and refused if they moved).
 """
@@ -85,21 +86,55 @@ def skyrl_off_policy() -> types.ModuleType:
                       utils / "off_policy_correction_utils.py")
 
 
-def _function_from_source(path: Path, name: str, module: str) -> types.ModuleType:
-    """A module holding only the top-level function `name` of the file at `path`, from its own source lines."""
+def _function_from_source(path: Path, name: str, module: str, names: tuple[str, ...] = (),
+                          namespace: dict | None = None) -> types.ModuleType:
+    """A module holding only the top-level function `name` (and `names`) of the file at `path`, from their own
+    source lines (decorators left out), run with `namespace` as their globals besides torch and typing."""
     import ast
+    import typing
 
     import torch
 
     src = path.read_text()
-    node = next((n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-    if node is None:
-        raise PeerMissing(f"{path} has no function {name!r} any more; update rlwb/peers.py")
     mod = types.ModuleType(module)
-    mod.__dict__.update({"torch": torch, "Optional": __import__("typing").Optional})
-    exec(compile(ast.get_source_segment(src, node), str(path), "exec"), mod.__dict__)
+    mod.__dict__.update({"torch": torch, **{k: getattr(typing, k) for k in ("Optional", "List", "Tuple", "Union")},
+                         **(namespace or {})})
+    for fn in (name, *names):
+        node = next((n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == fn), None)
+        if node is None:
+            raise PeerMissing(f"{path} has no function {fn!r} any more; update rlwb/peers.py")
+        exec(compile(ast.get_source_segment(src, node), str(path), "exec"), mod.__dict__)
     sys.modules[module] = mod
     return mod
+
+
+@functools.cache
+def skyrl_policy_loss() -> types.ModuleType:
+    """SkyRL's PPO policy loss and its loss reduction, from `ppo_utils.py`: `ppo_policy_loss` (the clipped
+    surrogate, its off-policy correction, the masked sum), `reduce_loss`, and
+    `apply_loss_reduction_to_advantages_minibatch` (how the trainer pre-scales advantages so that the sum is a
+    token or sequence mean). The module itself imports SkyRL's training stack (its config needs skyrl_gym, ray,
+    loguru), so these functions are taken from its source, with SkyRL's own `off_policy_correction_utils` and
+    `torch_utils` as their globals; the config type in their annotations is not needed to run them."""
+    import typing
+
+    off_policy = skyrl_off_policy()
+    torch_utils = sys.modules["skyrl.backends.skyrl_train.utils.torch_utils"]
+    path = _on_path() / "skyrl" / "backends" / "skyrl_train" / "utils" / "ppo_utils.py"
+    return _function_from_source(path, "ppo_policy_loss", "skyrl.backends.skyrl_train.utils.ppo_utils",
+                                 ("reduce_loss", "apply_loss_reduction_to_advantages_minibatch"),
+                                 {"AlgorithmConfig": typing.Any, "safe_exp_delta": torch_utils.safe_exp_delta,
+                                  "masked_mean": torch_utils.masked_mean,
+                                  "apply_off_policy_correction": off_policy.apply_off_policy_correction})
+
+
+@functools.cache
+def verl_policy_loss() -> types.ModuleType:
+    """verl's `verl.trainer.ppo.core_algos` (`compute_policy_loss_vanilla`, `agg_loss`; imports normally)."""
+    _on_path()
+    import verl.trainer.ppo.core_algos as m
+
+    return m
 
 
 @functools.cache

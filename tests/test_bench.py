@@ -1,10 +1,13 @@
 """`rlwb bench`'s measurements, run end to end at small sizes with the real engines and peers.
 
-No speed is asserted (speed claims are the bench's own output, measured side by side in one run). What is
-checked is that each comparison runs and compares like with like: the baselines run under other interpreters
-(the engine's venv, TRL's venv) where an import or API drift shows only when they run — the bench once shipped
-a broken import that nothing caught.
+No speed is asserted (speed claims are the bench's own output, measured side by side in one run), and no ratio
+is recomputed here. What is checked is that each comparison compares like with like, by what the loops did: the
+same rollouts from the same seeds, the thread counts measured inside each phase, the correction each side ran,
+phase splits that add up. The baselines run under other interpreters (the engine's venv, TRL's venv), where an
+import or API drift shows only when they run — the bench once shipped a broken import that nothing caught.
 """
+
+import statistics
 
 import pytest
 import torch
@@ -13,49 +16,80 @@ from rlwb.bench import throughput as bench
 from rlwb.bench import trl_vllm_peer
 from rlwb.engines.presets import resolve_preset
 
-pytestmark = pytest.mark.engines
+
+def test_median_step_adds_up_where_phase_medians_do_not():
+    """Five steps whose slow phase moves from step to step: the medians taken phase by phase (3 + 2 + 0.5) are no
+    step's split and fall 1 s short of the median step (6.5); the median step's own split adds up to it."""
+    phases = {"rollout": [1.0, 2.0, 3.0, 4.0, 5.0], "update": [5.0, 1.0, 1.0, 2.0, 3.0], "sync": [0.5] * 5}
+    totals = [sum(v[i] for v in phases.values()) for i in range(5)]  # 6.5, 3.5, 4.5, 6.5, 8.5
+    split = bench.median_step(phases)
+    assert split["step"] == statistics.median(totals) == 6.5
+    assert (split["rollout"], split["update"], split["sync"]) == (1.0, 5.0, 0.5)  # step 0's own phases
+    assert sum(statistics.median(v) for v in phases.values()) == 5.5  # what per-phase medians gave
+    even = bench.median_step({k: v[:4] for k, v in phases.items()})  # the two middle steps (4.5, 6.5), averaged
+    assert even["step"] == statistics.median(totals[:4]) == 5.5
+    assert sum(even[k] for k in phases) == pytest.approx(even["step"])
+    with pytest.raises(ValueError, match="one time per step"):
+        bench.median_step({"rollout": [1.0], "update": []})
 
 
+@pytest.mark.engines
 def test_grpo_cost_profiles_rlwb_against_the_minimal_loop(default_model):
-    res = bench.grpo_cost(default_model.path, steps=2)
+    """Five timed steps (plus the warm-up), so a median is not a mean. Like for like: both loops sample the same
+    rollouts and make the same updates (same engine spec, problems, seeds, starting weights and arithmetic: the
+    same batch rewards at every step), the minimal loop measured one thread while sampling and the kernel's
+    while updating (what rlwb's layout gives its engine and its trainer), and each loop's phases add up to its
+    step."""
+    res = bench.grpo_cost(default_model.path, steps=5)
     assert "grpo/minimal_error" not in res, res.get("grpo/minimal_error")
-    assert res["grpo/rlwb_vs_minimal"] == pytest.approx(res["grpo/step_s"] / res["grpo/minimal_step_s"])
-    # like for like: the minimal loop samples with the worker's threads and trains with the kernel's
-    assert res["grpo/minimal_threads"] == {"engine_threads": 1, "trainer_threads": torch.get_num_threads()}
-    for loop in ("grpo/", "grpo/minimal_"):  # the phases account for the whole step in both loops
+    ours, theirs = res["grpo/reward_mean"], res["grpo/minimal_reward_mean"]
+    assert len(ours) == 6 and ours == theirs
+    assert res["grpo/minimal_threads"]["measured_threads"] == {"rollout": [1], "update": [torch.get_num_threads()]}
+    for loop in ("grpo/", "grpo/minimal_"):
         phases = [res[f"{loop}{ph}_s"] for ph in bench.GRPO_PHASES]
         assert all(p > 0 for p in phases)
-        assert sum(phases) == pytest.approx(res[f"{loop}step_s"], rel=1e-6)
-    for ph in bench.GRPO_PHASES:
-        assert res[f"grpo/{ph}_vs_minimal"] == pytest.approx(res[f"grpo/{ph}_s"] / res[f"grpo/minimal_{ph}_s"])
+        assert sum(phases) == pytest.approx(res[f"{loop}step_s"], rel=1e-9)
 
 
+@pytest.mark.engines
 def test_worker_overhead_baseline_runs_the_workers_engine_in_process(default_model):
+    """The in-process baseline and the worker sampled the same tokens from the same seeded requests: the same
+    engine on the same work, so their time ratio is the protocol's cost."""
     res = bench.worker_overhead(default_model.path, "vllm-v1-fixed", bs=4, max_tokens=8, repeats=2)
     assert "worker_overhead_error" not in res, res.get("worker_overhead_error")
+    assert res["worker_overhead/same_tokens"] is True
     assert res["direct_generate_s"] > 0 and res["worker_generate_s"] > 0
-    assert res["worker_overhead_ratio"] == pytest.approx(res["worker_generate_s"] / res["direct_generate_s"])
 
 
-def test_trl_vllm_peer_records_the_stock_failure_and_runs_patched(default_model, tmp_path):
+@pytest.mark.engines
+def test_trl_vllm_peer_runs_the_same_algorithm_as_rlwb(default_model, tmp_path):
     """TRL's GRPOTrainer with vLLM colocate on the same vLLM build (`.venvs/trl-vllm`, part of `make setup`): the
-    stock run's outcome is recorded with its reason, the patched run trains at notebook 03's step shape with the
-    same engine settings in fp32 (its updates with the engine's threads: vLLM resets them at each generate), and the
-    speedup pairs the two loops' steps."""
-    res = bench.trl_vllm(default_model.path, steps=1, rlwb_step_s=None, sizes=[bench.GRPO_SHAPE["prompts_per_step"]])
+    stock run's outcome is recorded with its reason; the patched runs train at notebook 03's step shape with the
+    same engine settings in fp32. With TRL's default correction its `sequence_mask` ratio was computed (logged)
+    and rlwb weighed its tokens by `trl.sequence_mask` (weights off 1 at the float floor); without it neither did.
+    TRL's updates ran with the trainer's threads (patch 3), and once with the one vLLM's CPU worker leaves."""
+    n = bench.GRPO_SHAPE["prompts_per_step"] * bench.GRPO_SHAPE["group_size"]
+    res = bench.trl_vllm(default_model.path, steps=1, sizes=[bench.GRPO_SHAPE["prompts_per_step"]])
     assert res.get("trl_vllm/reason") is None, res.get("trl_vllm/reason")
     if res["trl_vllm/stock"] != "runs":  # vLLM's CPU build: TRL's weight sync meets packed, loader-less params
         assert "weight_loader" in res["trl_vllm/stock"], res["trl_vllm/stock"]
         assert res["trl_vllm/stock_reason"] == trl_vllm_peer.STOCK_FAILURE
-    assert res["trl_vllm/patches"] == trl_vllm_peer.PATCHES
+    assert res["trl_vllm/patches"] == [*trl_vllm_peer.PATCHES, trl_vllm_peer.THREADS_PATCH]
     assert res["trl_vllm/engine_dtype"] == "float32" and res["trl_vllm/engine_kwargs"]["dtype"] == "float32"
-    # colocated, TRL's updates run with the thread count vLLM's CPU worker sets at each generate (the preset's)
-    assert res["trl_vllm/torch_threads"] == int(resolve_preset("vllm-v1-fixed").env["OMP_NUM_THREADS"])
-    assert res["trl_vllm/torch_threads"] < torch.get_num_threads()
-    n = bench.GRPO_SHAPE["prompts_per_step"] * bench.GRPO_SHAPE["group_size"]
-    trl_s, rlwb_s = res[f"scaling/trl_vllm/n{n}/step_s"], res[f"scaling/rlwb/n{n}/step_s"]
-    assert trl_s > 0 and rlwb_s > 0 and res["scaling/rlwb/n64/tok_s"] > 0
-    assert res["speedup_vs_trl_vllm"] == pytest.approx(trl_s / rlwb_s)
-    machine = {"cores": 2}
-    assert bench._scaling_figure({**res, "machine": machine}, tmp_path / "scaling")
+    # the correction arm: TRL's default mode, the one the rlwb arm's catalogue entry reproduces
+    assert res[f"scaling/trl_vllm/n{n}/correction_mode"] == "sequence_mask"
+    assert bench.TRL_ARMS["correction"]["correction"] == "trl.sequence_mask"
+    assert res[f"scaling/trl_vllm/n{n}/is_ratio_logged"] is True
+    assert 0 < abs(res[f"scaling/rlwb/n{n}/is_weight_mean"] - 1) < 1e-3
+    # the arm without: no ratio on either side
+    assert res["trl_vllm/no_correction/trl/correction_mode"] is None
+    assert res["trl_vllm/no_correction/trl/is_ratio_logged"] is False
+    assert res["trl_vllm/no_correction/rlwb/is_weight_mean"] == 1.0
+    # threads measured inside TRL's loss: the trainer's with patch 3, the engine preset's without it
+    assert res["trl_vllm/torch_threads"] == [torch.get_num_threads()]
+    assert res["trl_vllm/vllm_threads/torch_threads"] == [int(resolve_preset("vllm-v1-fixed").env["OMP_NUM_THREADS"])]
+    for key in (f"scaling/trl_vllm/n{n}", f"scaling/rlwb/n{n}", "trl_vllm/no_correction/trl",
+                "trl_vllm/no_correction/rlwb"):
+        assert res[f"{key}/step_s"] > 0 and res[f"{key}/tok_s"] > 0, key
+    assert bench._scaling_figure({**res, "machine": {"cores": 2}}, tmp_path / "scaling")
     assert (tmp_path / "scaling.png").stat().st_size > 10_000

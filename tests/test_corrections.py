@@ -4,6 +4,12 @@ The peers run from their installed code (rlwb/peers.py): verl 0.9.1 `rollout_cor
 `RolloutCorrectionConfig` presets, so the catalogue's thresholds are held to verl's defaults too), TRL's
 GRPOTrainer source lines and `get_off_policy_mask`, SkyRL 0.3.0's `off_policy_correction_utils`, OpenRLHF
 0.11.2's `PolicyLoss`. Equality is asserted on the real tokens (padding carries no loss anywhere).
+
+Weights and masks are half the claim: the rest is how the loss aggregates them (does a rejected token leave the
+token count? a token or a sequence mean?). The `*_loss_*` tests feed one decoupled step to each peer's own loss
+code (verl's `compute_policy_loss_vanilla` + `agg_loss`, SkyRL's `ppo_policy_loss` after its advantage
+pre-scaling, OpenRLHF's `PolicyLoss`; TRL's `_compute_loss` in tests/test_trl_peer.py) and assert rlwb's
+`grpo_loss` equals it in value and gradient, and differs under the aggregation the peer does not use.
 """
 
 import dataclasses
@@ -15,6 +21,8 @@ import torch
 from rlwb import peers
 from rlwb.core import correction_catalog as cat
 from rlwb.core import corrections as C
+from rlwb.core import losses
+from rlwb.core import metrics as M
 
 
 def batch(seed: int = 0, B: int = 24, L: int = 12, spread: float = 1.0):
@@ -103,28 +111,43 @@ VERL_PRESETS = {  # catalogue name -> verl RolloutCorrectionConfig factory (its 
     "verl.geo_rs": "decoupled_geo_rs", "verl.k3_rs": "decoupled_k3_rs",
     "verl.geo_rs_token_tis": "decoupled_geo_rs_token_tis", "icepop": "decoupled_token_icepop",
 }
+RLWB_ON_VERL = {  # rlwb's own names: verl's rejection rules with rlwb's band (verl's bounds are on 1/r: symmetric)
+    "mis": dict(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0"),
+    "seq_mask": dict(rollout_rs="seq_mean_k1", rollout_rs_threshold="0.5_2.0"),
+    "tis": dict(rollout_is="token", rollout_is_threshold=2.0),  # at notebook 03's default tis_cap
+}
+VERL_NAMES = [*VERL_PRESETS, "verl.token_tis_norm", *RLWB_ON_VERL]
 
 
-@pytest.mark.parametrize("name", list(VERL_PRESETS) + ["verl.token_tis_norm"])
-def test_verl_presets_equal_verl(name):
-    rc = peers.verl_rollout_corr()
+def verl_args(name: str) -> dict:
+    """The arguments of verl's `compute_rollout_correction_and_rejection_mask` that the catalogue entry `name`
+    equals: a verl preset's (so the catalogue's thresholds are held to verl's defaults), or verl's rule at rlwb's
+    band."""
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
 
+    if name in RLWB_ON_VERL:
+        return {"rollout_is": None, "rollout_rs": None, **RLWB_ON_VERL[name]}
     if name == "verl.token_tis_norm":
         cfg = dataclasses.replace(RolloutCorrectionConfig.decoupled_token_is(), rollout_is_batch_normalize=True)
     else:
         cfg = getattr(RolloutCorrectionConfig, VERL_PRESETS[name])()
+    return dict(rollout_is=cfg.rollout_is, rollout_is_threshold=cfg.rollout_is_threshold,
+                rollout_is_batch_normalize=cfg.rollout_is_batch_normalize, rollout_rs=cfg.rollout_rs,
+                rollout_rs_threshold=cfg.rollout_rs_threshold)
+
+
+@pytest.mark.parametrize("name", VERL_NAMES)
+def test_verl_settings_equal_verl(name):
+    rc = peers.verl_rollout_corr()
+    args = verl_args(name)
     for seed in range(3):
         lr, mask, le, adv, lt = batch(seed)
-        proto, new_mask, _ = rc.compute_rollout_correction_and_rejection_mask(
-            lt, le, mask.float(), rollout_is=cfg.rollout_is, rollout_is_threshold=cfg.rollout_is_threshold,
-            rollout_is_batch_normalize=cfg.rollout_is_batch_normalize, rollout_rs=cfg.rollout_rs,
-            rollout_rs_threshold=cfg.rollout_rs_threshold)
+        proto, new_mask, _ = rc.compute_rollout_correction_and_rejection_mask(lt, le, mask.float(), **args)
         ours = C.apply(name, lr, mask, adv)
         w = torch.ones_like(lr) if proto is None else proto.batch["rollout_is_weights"]
         assert_on_mask(ours.weights, w, mask, f"{name} weights")
         assert torch.equal((ours.keep & mask), new_mask.bool()), f"{name} rejection mask"
-        if cfg.rollout_rs is not None:
+        if args.get("rollout_rs") is not None:
             assert 0 < (~ours.keep & mask).sum() < mask.sum(), "the check must see kept and rejected sequences"
 
 
@@ -152,6 +175,20 @@ def test_health_equals_verl_is_metrics():
     assert h["is_weight_max"] == pytest.approx(metrics["rollout_is_max"], rel=1e-6)
     assert h["is_weight_std"] == pytest.approx(metrics["rollout_is_std"], rel=1e-5)
     assert h["truncated_frac"] == pytest.approx(metrics["rollout_is_ratio_fraction_high"], rel=1e-6)
+
+
+def test_notebook_06s_ess_is_verls_ess_of_truncated_weights():
+    """Notebook 06 holds each knob to verl's ESS >= 0.3: `metrics.ess_tis` must be the number verl logs,
+    `rollout_is_eff_sample_size` at verl's default token TIS (cap 2), not the raw ratios' ESS, which one large
+    ratio drives towards 0 while verl's weights are capped."""
+    rc = peers.verl_rollout_corr()
+    for seed in range(3):
+        lr, mask, *_ = batch(seed)
+        _, metrics = rc.compute_rollout_correction_weights(lr, mask.float(), rollout_is="token",
+                                                           rollout_is_threshold=M.TIS_CAP)
+        flat = lr[mask].double().numpy()
+        assert M.ess_tis(flat) == pytest.approx(metrics["rollout_is_eff_sample_size"], rel=1e-5)
+        assert M.ess_frac(flat) < 0.01 < M.ess_tis(flat)  # the batch holds ratios up to e^25: raw ESS collapses
 
 
 # ---- TRL ---------------------------------------------------------------------------------------------------
@@ -203,29 +240,37 @@ def _skyrl_cfg(**kw):
     return OmegaConf.create({**base, **kw})
 
 
-@pytest.mark.parametrize("name,cfg", [
+SKYRL_CASES = [
     ("skyrl.geo_mask", dict(sequence_mask_metric="geometric")),
     ("skyrl.outlier_mask", dict(outlier_token_is_threshold_low=1e-4, outlier_token_is_threshold_high=100.0)),
     ("skyrl.token_mask", dict(token_mask_is_threshold_low=0.5, token_mask_is_threshold_high=2.0)),
     ("tis", dict(tis_ratio_type="token")),
-])
+]
+
+
+@pytest.mark.parametrize("name,cfg", SKYRL_CASES)
 def test_skyrl_equals_skyrl(name, cfg):
+    """What reaches SkyRL's loss, token by token: its TIS ratio (or 1) where its loss mask keeps the token, 0 where
+    it does not. SkyRL's masked tokens still count in its token mean (see the loss test below), so rlwb gives
+    them weight 0 and keeps them in the count."""
     sk = peers.skyrl_off_policy()
     for seed in range(3):
         lr, mask, le, adv, lt = batch(seed)
         tis, _, loss_mask = sk.compute_off_policy_correction(lt, le, mask.float(), _skyrl_cfg(**cfg))
         ours = C.apply(name, lr, mask, adv)
-        assert torch.equal(ours.keep & mask, loss_mask.bool()), name
-        assert_on_mask(ours.weights, torch.ones_like(lr) if tis is None else tis, mask, name)
+        assert (ours.keep | ~mask).all(), name  # nothing leaves SkyRL's token count
+        theirs = (torch.ones_like(lr) if tis is None else tis) * loss_mask
+        assert_on_mask(ours.weights, theirs, mask, name)
         if tis is None:
-            assert 0 < (~ours.keep & mask).sum() < mask.sum()
+            assert 0 < (ours.weights[mask] == 0).sum() < mask.sum()
 
 
 def test_skyrl_product_mask_and_sequence_tis():
     sk = peers.skyrl_off_policy()
     lr, mask, le, _, lt = batch(2)
     m, _ = sk.compute_sequence_mask(lt, le, mask.float(), "product", _skyrl_cfg())
-    assert torch.equal(C.sequence_reject_product(lr, mask, 0.5, 2.0).keep & mask, m.bool().expand_as(mask) & mask)
+    ours = C.sequence_reject_product(lr, mask, 0.5, 2.0, keep_in_count=True)
+    assert torch.equal(ours.weights.bool() & mask, m.bool().expand_as(mask) & mask)
     w, _ = sk.compute_tis_ratio(lt, le, mask.float(), "sequence", _skyrl_cfg())
     assert_on_mask(C.sequence_tis(lr, mask, cap=5.0).weights, w, mask, "SkyRL sequence TIS")
 
@@ -250,3 +295,110 @@ def test_icepop_equals_openrlhf():
         theirs[b, t] = -loss * n
     assert_on_mask(ours.weights, theirs, mask, "OpenRLHF IcePop")
     assert 0 < (ours.weights[mask] == 0).sum() < mask.sum()
+
+
+# ---- how each peer's loss aggregates weights and masks -----------------------------------------------------
+
+EPS = 0.2
+
+
+def decoupled_step(seed: int):
+    """One decoupled step on `batch(seed)`: the trainer's current logprobs (with grad) a small update away from its
+    old ones (PPO ratios within ~[0.7, 1.4]: no peer's dual clip acts), the correction from old vs engine."""
+    lr, mask, le, adv, lt = batch(seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    cur = (lt + 0.1 * torch.randn(lt.shape, generator=g)).requires_grad_()
+    return lr, mask, le, adv, lt, cur
+
+
+def rlwb_loss(name: str, lr, mask, adv, lt, cur, drop_from_count: bool = False):
+    """rlwb's `grpo_loss` with the catalogue entry's weights and keep (as `grpo_step` hands them over).
+    `drop_from_count`: the other reading of a rejection, where a token of weight 0 also leaves the count."""
+    c = C.apply(name, lr, mask, adv)
+    loss, _ = losses.grpo_loss(cur, lt, adv, mask, EPS, c.weights, c.keep & (c.weights != 0) if drop_from_count
+                               else c.keep)
+    return loss
+
+
+def assert_same_loss(ours: torch.Tensor, theirs: torch.Tensor, cur: torch.Tensor, what: str):
+    g_ours, = torch.autograd.grad(ours, cur, retain_graph=True)
+    g_theirs, = torch.autograd.grad(theirs, cur, retain_graph=True)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5, abs=1e-8), what
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-9, msg=lambda m: f"{what} gradient: {m}")
+
+
+class VerlActorConfig(dict):
+    """The fields of verl's ActorConfig that `compute_policy_loss_vanilla` reads (rlwb's clip, no dual-clip
+    change at these ratios; one data-parallel rank)."""
+
+    def __getattr__(self, k):
+        return self[k]
+
+
+@pytest.mark.parametrize("name", VERL_NAMES)
+def test_rlwb_loss_aggregates_as_verls(name):
+    """verl's own pipeline: its correction edits the response mask (rejection) and gives IS weights, its vanilla PPO
+    loss multiplies the weights in and `agg_loss` takes the token mean over the edited mask, so a rejected token
+    leaves the count. rlwb's `grpo_loss` with the catalogue entry must give the same value and gradient; the
+    sequence mean (`seq-mean-token-mean`) and, where verl rejected tokens, the count before rejection must not."""
+    rc, core = peers.verl_rollout_corr(), peers.verl_policy_loss()
+    config = VerlActorConfig(clip_ratio=EPS, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
+                             global_batch_info={})
+    for seed in range(2):
+        lr, mask, le, adv, lt, cur = decoupled_step(seed)
+        proto, new_mask, _ = rc.compute_rollout_correction_and_rejection_mask(lt, le, mask.float(), **verl_args(name))
+        w = None if proto is None else proto.batch["rollout_is_weights"]
+        a = adv.view(-1, 1).expand_as(lt)
+
+        def verl(agg, response_mask=new_mask):
+            return core.compute_policy_loss_vanilla(lt, cur, a, response_mask, agg, config, rollout_is_weights=w)[0]
+
+        ours = rlwb_loss(name, lr, mask, adv, lt, cur)
+        assert_same_loss(ours, verl("token-mean"), cur, f"{name} (seed {seed})")
+        assert ours.item() != pytest.approx(verl("seq-mean-token-mean").item(), rel=1e-4)
+        if (new_mask.bool() != mask).any():
+            assert ours.item() != pytest.approx(verl("token-mean", mask.float()).item(), rel=1e-4)
+
+
+@pytest.mark.parametrize("name,cfg", SKYRL_CASES)
+def test_rlwb_loss_aggregates_as_skyrls(name, cfg):
+    """SkyRL's trainer pre-scales the advantages by the minibatch's token count (`token_mean`) before its
+    off-policy masks exist, and `ppo_policy_loss` sums over the masked tokens: a masked token stays in the count.
+    rlwb's entry must give SkyRL's value and gradient; dropping the masked tokens from the count (verl's way) must
+    not."""
+    from omegaconf import OmegaConf
+
+    sk = peers.skyrl_policy_loss()
+    config = OmegaConf.create(dict(policy_loss_type="regular", eps_clip_low=EPS, eps_clip_high=EPS, clip_ratio_c=3.0,
+                                   off_policy_correction=_skyrl_cfg(**cfg)))
+    for seed in range(2):
+        lr, mask, le, adv, lt, cur = decoupled_step(seed)
+        B, L = mask.shape
+        scaled = sk.apply_loss_reduction_to_advantages_minibatch(adv.view(-1, 1).expand(B, L) * mask, mask.float(),
+                                                                 "token_mean", micro_batch_size=B, max_seq_len=L)
+        theirs, _ = sk.ppo_policy_loss(cur, lt, scaled, config, loss_mask=mask.float(), rollout_logprobs=le)
+        ours = rlwb_loss(name, lr, mask, adv, lt, cur)
+        assert_same_loss(ours, theirs, cur, f"{name} (seed {seed})")
+        if name != "tis":
+            other = rlwb_loss(name, lr, mask, adv, lt, cur, drop_from_count=True)
+            assert other.item() != pytest.approx(theirs.item(), rel=1e-4)
+
+
+def test_rlwb_loss_aggregates_icepop_as_openrlhfs():
+    """OpenRLHF applies IcePop inside `PolicyLoss`: a token outside the band gets coefficient 0 and the token-level
+    loss is the masked mean over every completion token. rlwb's `icepop` must give its value and gradient (PPO
+    ratio away from 1 here, unlike the coefficient check above); OpenRLHF's per-sequence mean must differ."""
+    ol = peers.openrlhf_loss()
+    for seed in range(2):
+        lr, mask, le, adv, lt, cur = decoupled_step(seed)
+        a = adv.view(-1, 1).expand_as(lt)
+
+        def openrlhf(token_level: bool):
+            fn = ol.PolicyLoss(clip_eps_low=EPS, clip_eps_high=EPS, token_level_loss=token_level,
+                               is_correction_level="token", is_correction_mode="mask", is_correction_gating="ratio")
+            return fn(cur, lt, a, action_mask=mask.float(), rollout_log_probs=le)[0]
+
+        ours = rlwb_loss("icepop", lr, mask, adv, lt, cur)
+        assert (C.apply("icepop", lr, mask).weights[mask] == 0).sum() > 0  # the band zeroes some tokens
+        assert_same_loss(ours, openrlhf(True), cur, f"icepop (seed {seed})")
+        assert ours.item() != pytest.approx(openrlhf(False).item(), rel=1e-4)

@@ -67,14 +67,14 @@ def test_every_notebook_accepts_a_knob_in_its_engines_param():
 
 
 def _metrics(**kw):
-    base = {"k1_mean": 0.0, "ess_frac": 1.0, "chi2_token": 0.0, "mult_prob_error": 1.0, "abs_dlogp_max": 0.0}
+    base = {"k1_mean": 0.0, "ess_tis": 1.0, "chi2_token": 0.0, "mult_prob_error": 1.0, "abs_dlogp_max": 0.0}
     return {f"x/{k}": v for k, v in {**base, **kw}.items()}
 
 
 @pytest.mark.parametrize("kw, verdict, failing", [
     ({}, "at the float floor", []),
     ({"abs_dlogp_max": 0.3, "k1_mean": 0.01, "mult_prob_error": 1.01}, "healthy", []),
-    ({"abs_dlogp_max": 2.0, "ess_frac": 0.2}, "fails a health rule", ["ess_frac"]),
+    ({"abs_dlogp_max": 2.0, "ess_tis": 0.2}, "fails a health rule", ["ess_tis"]),
     ({"abs_dlogp_max": 2.0, "k1_mean": -0.2, "chi2_token": 1.5}, "fails a health rule", ["chi2_token", "abs_k1"]),
     ({"abs_dlogp_max": 0.5, "mult_prob_error": 1.06}, "fails a health rule", ["mult_prob_error"]),
 ])
@@ -122,6 +122,31 @@ def test_a_knob_the_engine_did_not_apply_is_named():
     assert K.not_applied({}, {**bf16, "fp32_lm_head": False, "fp32_lm_head_impl": None}, True) == [
         "asked fp32_lm_head=True, the running engine reports no fp32 head"]
     assert K.not_applied({}, bf16, "rlwb") == [] == K.not_applied({}, {**bf16, "dtype": "float32"}, True)
+
+
+def test_settings_given_by_environment_or_kwargs_are_read_back_or_marked_not_verified():
+    """What each knob of params/engine_knobs.yaml changes is either confirmed by a read-back setting or named as not
+    verified: batch-invariant mode by vLLM's own flag (`batch_invariant`, None where this vLLM has none), chunked
+    prefill's token budget and the executor backend by the engine's config, an environment variable vLLM reports
+    nothing about never."""
+    kwargs, env = K.knob_changes("vllm-v1-fixed", "vllm-v1-fixed@batch-invariant")
+    assert (kwargs, env) == ({}, {"VLLM_BATCH_INVARIANT": "1"})
+    assert K.not_verified(kwargs, env, {"batch_invariant": True}) == []
+    assert K.not_verified(kwargs, env, {"batch_invariant": None}) == ["env VLLM_BATCH_INVARIANT=1"]
+    assert K.not_applied({}, {"batch_invariant": False}, env=env) == [
+        "asked VLLM_BATCH_INVARIANT=1, the running engine reports batch_invariant=False"]
+    assert K.not_applied({}, {"batch_invariant": True}, env=env) == []
+    kwargs, env = K.knob_changes("vllm-v1-fixed", "vllm-v1-fixed@chunked-prefill")
+    assert kwargs == {"enable_chunked_prefill": True, "max_num_batched_tokens": 64}
+    ran = {"enable_chunked_prefill": True, "max_num_batched_tokens": 2048}
+    assert K.not_applied(kwargs, ran) == ["asked max_num_batched_tokens=64, the running engine reports 2048"]
+    assert K.not_verified(kwargs, env, ran) == []
+    kwargs, env = K.knob_changes("vllm-v1-fixed", "vllm-v1-fixed@tp2")
+    ran = {"tensor_parallel_size": 2, "distributed_executor_backend": "uni"}
+    assert K.not_applied(kwargs, ran) == ["asked distributed_executor_backend=mp, the running engine reports uni"]
+    assert K.not_verified(kwargs, env, ran) == (["env VLLM_CPU_OMP_THREADS_BIND=0|1"]
+                                                if "VLLM_CPU_OMP_THREADS_BIND" in env else [])
+    assert K.not_verified({"block_size": 32}, {}, {}) == ["block_size=32"]  # no read-back of it: said so
 
 
 def test_router_agreement_counts_sets_first_choices_and_close_calls():

@@ -30,13 +30,37 @@ SHRINK = {
                                   "longctx_max_tokens": 8, "validate_max_context": 1024},
     "06_engine_knobs": {"knobs": ["bf16"], "versions": [], "prompts": 4, "max_tokens": 16, "moe_prompts": 2,
                         "moe_model": "qwen2-moe-chat-smoke", "throughput_repeats": 1},
-    "07_which_correction": {"engines": ["vllm-v1-fixed"], "race_on_baseline": True,
+    "07_which_correction": {"engines": ["vllm-v1-fixed", "vllm-v1-bf16"], "race_on_baseline": False,
                             "corrections": ["none", "verl.geo_rs", "trl.opsm"], "num_seeds": 1, "steps": 2,
                             "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
     "08_mismatch_cost": {"arms": ["none@engine"], "ratio_k3": [0.01], "weight_noise": [], "stale_steps": [],
                          "engine_points": [], "point_arms": ["none@engine"], "num_seeds": 2, "steps": 2,
                          "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
 }
+
+
+def check_toy_grpo(run_dir: Path, m: dict, info: dict) -> None:
+    """gpu.yaml's micro_batch 4 on 8 sequences a step: every update really ran in 2 forward/backward passes, after
+    the separate pass that scores the old logprobs (a micro-batched update cannot share it); its bf16 engine
+    against the fp32 trainer shows a mismatch every step (a bf16 engine at the float floor would be a wrong
+    dtype somewhere)."""
+    import pandas as pd
+
+    curves = pd.read_parquet(run_dir / "data" / "curves.parquet")
+    assert len(curves) == 2 and (curves["update_passes"] == 2).all()
+    assert info["time_s"]["scoring"] > 0
+    assert (curves["mismatch_k3"] > 1e-7).all() and m["vllm-v1-fixed+none/mismatch_k3_mean"] > 1e-7
+
+
+def check_which_correction(run_dir: Path, m: dict, info: dict) -> None:
+    """The race's two levels on the chat model: the fp32 baseline at the float floor, the bf16 level measurably off
+    it, and Geo-RS's 0.1% band rejecting bf16's sequences there (so the level's corrections did something)."""
+    assert m["vllm-v1-fixed+none/mismatch_k3_mean"] < 1e-8 < 1e-7 < m["vllm-v1-bf16+none/mismatch_k3_mean"]
+    assert m["vllm-v1-bf16+verl.geo_rs/masked_frac_mean"] > 0
+    assert m["vllm-v1-fixed+none/masked_frac_mean"] == 0
+
+
+CHECKS = {"03_toy_grpo": check_toy_grpo, "07_which_correction": check_which_correction}
 
 
 @pytest.mark.slow
@@ -58,7 +82,8 @@ def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, tmp_path):
     assert {k: ran[k] for k in kept} == kept  # the GPU file's own settings ran as written
     assert ran["chat_template"] == "auto"
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics
+    if stem in CHECKS:
+        CHECKS[stem](run_dir, metrics, info)
     if stem == "01_logprob_mismatch":  # chat prompts reached the engines; the free-form reward scored them
         import pandas as pd
 

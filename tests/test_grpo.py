@@ -81,6 +81,7 @@ def test_micro_batched_gradient_equals_the_unsplit_one(default_model, correction
         torch.testing.assert_close(grads[4][n], grads[0][n], rtol=1e-4, atol=1e-7, msg=n)
     assert stats[4].loss == pytest.approx(stats[0].loss, rel=1e-5)
     assert stats[4].clip_frac == pytest.approx(stats[0].clip_frac) and stats[0].clip_frac > 0
+    assert (stats[0].passes, stats[4].passes) == (1, 4)  # 13 sequences really went through in 4 passes
 
 
 def test_shared_forward_gives_the_separate_passes_bitwise(default_model):

@@ -44,6 +44,29 @@ def test_sequence_bootstrap_resamples_whole_sequences():
     assert all(np.isnan(stats.sequence_bootstrap_ci([], _token_mean)))
 
 
+def test_paired_difference_ci_cancels_what_a_pair_shares():
+    """Pairs that share a large per-prompt effect (sd 1) and differ by 0.05: the paired interval covers 0.05 at its
+    nominal rate and excludes 0, the unpaired one (`difference_ci`) cannot see the shift through the prompts'
+    spread. Sides of unequal size are refused: they cannot be pairs."""
+    rng = np.random.default_rng(1)
+    hits = excludes_zero = unpaired_excludes_zero = 0
+    n = 100
+    for i in range(n):
+        levels = rng.normal(0, 1.0, 40)
+        b = [lv + rng.normal(0, 0.05, 10) for lv in levels]
+        a = [lv + 0.05 + rng.normal(0, 0.05, 10) for lv in levels]
+        lo, hi = stats.paired_difference_ci(a, b, _token_mean, n_boot=400, seed=i)
+        hits += lo <= 0.05 <= hi
+        excludes_zero += lo > 0
+        lo, hi = stats.difference_ci(a, b, _token_mean, n_boot=400, seed=i)
+        unpaired_excludes_zero += lo > 0
+    assert 0.88 <= hits / n <= 1.0, hits / n
+    assert excludes_zero / n > 0.95 and unpaired_excludes_zero / n < 0.1
+    with pytest.raises(ValueError, match="one sequence of each side per pair"):
+        stats.paired_difference_ci([np.zeros(2)], [np.zeros(2), np.ones(2)], _token_mean)
+    assert all(np.isnan(stats.paired_difference_ci([], [], _token_mean)))
+
+
 def test_mean_ci_coverage_on_bernoulli_rewards():
     rng = np.random.default_rng(1)
     hits = sum(lo <= 0.3 <= hi for lo, hi in (stats.mean_ci(rng.random(200) < 0.3, n_boot=500, seed=i)

@@ -87,3 +87,63 @@ def test_rlwb_grpo_loss_equals_trl_compute_loss(default_model, tmp_path):
     # and a wrong loss is caught: a different clip epsilon changes the value
     other, _ = losses.grpo_loss(cur.detach(), old, adv, mask, 0.1)
     assert other.item() != pytest.approx(theirs.item(), rel=1e-5)
+
+
+def test_trl_corrections_aggregate_as_rlwbs(default_model, tmp_path):
+    """TRL's own `_compute_loss` with its vLLM importance-sampling correction (the ratio from TRL's own lines,
+    `peers.trl_vllm_is_ratio`; its default `sequence_mask` and `token_mask`) and with its OPSM mask: TRL multiplies
+    the per-token loss by the ratio (0 outside the band) and its `bnpo` mean keeps every completion token in the
+    count. rlwb's `trl.*` entry must give the same loss and gradient; TRL's per-sequence mean (`loss_type="grpo"`)
+    must not."""
+    from transformers import AutoModelForCausalLM
+
+    from rlwb import peers
+    from rlwb.core import corrections
+
+    model = AutoModelForCausalLM.from_pretrained(str(default_model.path), dtype=torch.float32)
+    trainer = trl_peer.make_trainer(model, default_model.path, tmp_path, temperature=T, clip_eps=EPS)
+    trainer.current_gradient_accumulation_steps = 1
+    prompts, comps = _batch()
+    g = torch.Generator().manual_seed(1)
+    adv = torch.randn(len(prompts), generator=g)
+    lengths = [len(c) for c in comps]
+    width = max(lengths)
+    mask = _pad([[1] * n for n in lengths], width).bool()
+    with torch.no_grad():  # one update per batch: the old logprobs are the current ones; the engine's are off
+        old = _per_seq(completion_logprobs(model, make_batch(prompts, comps), T)["logp"], lengths, width)
+    sign = (1 - 2 * (torch.arange(len(prompts)) % 2)).view(-1, 1)  # some sequences far above TRL's band, some below
+    engine = (old - 0.6 * torch.randn(old.shape, generator=g).abs() * sign) * mask
+    pw = max(len(p) for p in prompts)
+    inputs = {"prompt_ids": torch.tensor([[tokenizer.PAD_ID] * (pw - len(p)) + p for p in prompts]),
+              "prompt_mask": torch.tensor([[0] * (pw - len(p)) + [1] * len(p) for p in prompts]),
+              "completion_ids": torch.tensor([c + [tokenizer.PAD_ID] * (width - len(c)) for c in comps]),
+              "completion_mask": mask.long(), "advantages": adv, "old_per_token_logps": old,
+              "sampling_per_token_logps": engine}
+    for mode in ("sequence_mask", "token_mask", "opsm"):
+        trainer.loss_type, trainer.off_policy_mask_threshold = "bnpo", None
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = mode != "opsm"
+        if mode == "opsm":  # TRL's code at 0.1 (the catalogue holds TRL's suggested 0.5, which this batch never hits)
+            trainer.off_policy_mask_threshold = 0.1
+            c = corrections.off_policy_sequence_mask(old - engine, mask, adv, 0.1)
+        else:
+            inputs["importance_sampling_ratio"] = peers.trl_vllm_is_ratio(mode, old, engine, mask.float())
+            c = corrections.apply(f"trl.{mode}", old - engine, mask, adv)
+        assert c.keep.all() and 0 < (c.weights[mask] == 0).sum() < mask.sum(), mode  # weight 0, still counted
+
+        model.zero_grad()
+        cur = _per_seq(completion_logprobs(model, make_batch(prompts, comps), T)["logp"], lengths, width)
+        ours, _ = losses.grpo_loss(cur, old, adv, mask, EPS, c.weights, c.keep)
+        ours.backward()
+        g_ours = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        model.train()
+        theirs = trainer._compute_loss(model, inputs)
+        theirs.backward()
+        assert ours.item() == pytest.approx(theirs.item(), rel=1e-5, abs=1e-7), mode
+        for n, p in model.named_parameters():
+            if p.grad is not None:
+                torch.testing.assert_close(g_ours[n], p.grad, rtol=1e-4, atol=1e-6, msg=f"{mode}: gradient of {n}")
+        trainer.loss_type = "grpo"
+        with torch.no_grad():
+            assert trainer._compute_loss(model, inputs).item() != pytest.approx(ours.item(), rel=1e-4), mode
+        inputs.pop("importance_sampling_ratio", None)

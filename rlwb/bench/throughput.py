@@ -8,14 +8,21 @@ measured here, with the machine's CPU, cores and versions recorded beside it. Ke
     grpo/step_s, grpo/minimal_step_s          rlwb's GRPO step; the same step by a loop without rlwb around it
     grpo/rlwb_vs_minimal                      their ratio (> 1: what rlwb's process split and bookkeeping cost)
     grpo/<phase>_s, grpo/minimal_<phase>_s, grpo/<phase>_vs_minimal   the same split by phase (rollout, update,
-                                              sync: GRPO_PHASES), so the ratio's excess has an address
+                                              sync: GRPO_PHASES), so the ratio's excess has an address; the
+                                              phases of each loop add up to its step (`median_step`)
+    grpo/reward_mean, grpo/minimal_reward_mean   per-step batch rewards of both loops (same rollouts: equal)
     memory/score_peak_mb, memory/naive_peak_mb   chunked scorer vs full log-softmax, large synthetic vocab
     trl/...                                   the same toy GRPO step with TRL generating with transformers
     trl_vllm/step_s, speedup_vs_trl_vllm      TRL's GRPOTrainer generating with vLLM (colocate) on the same vLLM
-                                              release and engine settings; its step time / rlwb's (> 1: rlwb faster)
+                                              release and engine settings, both loops with TRL's default IS
+                                              correction (rlwb: `trl.sequence_mask`, decoupled); its step time /
+                                              rlwb's (> 1: rlwb faster)
+    trl_vllm/no_correction/..., speedup_vs_trl_vllm/no_correction   the same without the correction
     trl_vllm/stock, trl_vllm/patches          whether stock TRL runs here (and why not), what was changed to run it
-    trl_vllm/torch_threads                    the threads TRL's updates ran with (vLLM's CPU worker resets them at
-                                              each generate; rlwb's trainer keeps the kernel's)
+    trl_vllm/torch_threads                    the threads TRL's updates ran with (measured in its loss)
+    trl_vllm/vllm_threads/step_s, trl_vllm/thread_reset_cost   TRL with the thread count vLLM's CPU worker
+                                              leaves it (1), and that step time over the restored one's
+    trl_vllm/differences                      what stays different between the two loops, said in words
     scaling/<rlwb|trl_vllm>/n<C>/step_s|tok_s  step time and completion tokens/s at C completions per step
 """
 
@@ -27,11 +34,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlwb import archive
 from rlwb.core import tasks
-from rlwb.core.models import resolve_model
+from rlwb.core.models import model_card, resolve_model
 from rlwb.core.tokenizer import encode_prompt
 from rlwb.engines.presets import resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
@@ -66,9 +74,10 @@ _DIRECT = textwrap.dedent("""
     ts = []
     for _ in range(cfg["repeats"]):
         t = time.perf_counter()
-        engine.llm.generate(prompts, params, use_tqdm=False)
+        outs = engine.llm.generate(prompts, params, use_tqdm=False)
         ts.append(time.perf_counter() - t)
-    print("RLWB_RESULT " + json.dumps(sorted(ts)[len(ts) // 2]))
+    print("RLWB_RESULT " + json.dumps({"s": sorted(ts)[len(ts) // 2],
+                                       "token_ids": [list(o.outputs[0].token_ids) for o in outs]}))
 """)
 
 
@@ -97,7 +106,9 @@ def _engine_script(preset, code: list[str], cfg: dict, timeout: float = 1800, py
 def worker_overhead(model_path, preset: str, bs: int, max_tokens: int, repeats: int) -> dict:
     """Median `generate` time through rlwb's worker (pipes, shared memory, outputs converted to arrays) vs
     `llm.generate` on the same requests in one process, on an engine built from the same spec (same vLLM
-    kwargs, dtype, idle spin, max_logprobs): the ratio is what the worker protocol adds, nothing else."""
+    kwargs, dtype, idle spin, max_logprobs): the ratio is what the worker protocol adds, nothing else.
+    `worker_overhead/same_tokens`: both paths sampled the same tokens from the same seeded requests (the
+    evidence that they ran the same engine on the same work)."""
     from rlwb.engines.worker import generate_requests, worker_spec
 
     p = resolve_preset(preset)
@@ -112,10 +123,11 @@ def worker_overhead(model_path, preset: str, bs: int, max_tokens: int, repeats: 
         ts = []
         for _ in range(repeats):
             t = time.perf_counter()
-            w.generate(prompts, s)
+            out = w.generate(prompts, s)
             ts.append(time.perf_counter() - t)
     via = statistics.median(ts)
-    return {"worker_overhead_ratio": via / direct, "worker_generate_s": via, "direct_generate_s": direct}
+    return {"worker_overhead_ratio": via / direct["s"], "worker_generate_s": via, "direct_generate_s": direct["s"],
+            "worker_overhead/same_tokens": [list(c.token_ids) for c in out] == direct["token_ids"]}
 
 
 # a GRPO step's phases as rlwb's curves time them -> the minimal loop's timer of the same work: sampling with
@@ -126,10 +138,26 @@ GRPO_SHAPE = {"prompts_per_step": 8, "group_size": 8, "max_tokens": 32, "tempera
               "clip_eps": 0.2, "max_digits": 3}  # notebook 03's step
 
 
+def median_step(phases: dict[str, Sequence[float]]) -> dict[str, float]:
+    """A typical step and its split by phase, in numbers that add up: each step's total is the sum of its phases,
+    the step time is the median of those totals, and the split is the median step's own (the mean of the two
+    middle steps, phase by phase, for an even count). Medians taken phase by phase do not add up to the median
+    step: the median of a sum is not the sum of the medians."""
+    n = len(next(iter(phases.values())))
+    if n == 0 or any(len(v) != n for v in phases.values()):
+        raise ValueError(f"every phase needs one time per step: {({k: len(v) for k, v in phases.items()})}")
+    totals = [sum(v[i] for v in phases.values()) for i in range(n)]
+    order = sorted(range(n), key=totals.__getitem__)
+    middle = order[(n - 1) // 2: n // 2 + 1]
+    return {"step": statistics.fmean(totals[i] for i in middle),
+            **{k: statistics.fmean(v[i] for i in middle) for k, v in phases.items()}}
+
+
 def grpo_cost(model_path, steps: int, preset: str = "vllm-v1-fixed") -> dict:
     """rlwb's GRPO step (`grpo.train`: worker process, pipes, per-step metrics) against the same step done by
     a minimal loop with engine and trainer in one process and no bookkeeping (`rlwb.bench.minimal_loop`),
-    same engine spec and step shape. Medians after the first (warm-up) step."""
+    same engine spec, step shape, problems and sampling seeds, so both sample the same rollouts from the same
+    weights. The first step is a warm-up; the rest are summarised by `median_step`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -140,32 +168,54 @@ def grpo_cost(model_path, steps: int, preset: str = "vllm-v1-fixed") -> dict:
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
     with EngineWorker(p, model_path) as w:
         cfg = grpo.GRPOConfig(steps=steps + 1, **GRPO_SHAPE)
-        df = grpo.train(model, w, cfg, progress=False).iloc[1:]
-    out = {"grpo/step_s": float(df["t_step"].median())}
-    for phase, cols in GRPO_PHASES.items():  # the profile: where a step's time goes, in both loops
-        out[f"grpo/{phase}_s"] = float(df[cols].sum(axis=1).median())
+        df = grpo.train(model, w, cfg, progress=False)
+    timed = df.iloc[1:]
+    ours = median_step({phase: list(timed[cols].sum(axis=1)) for phase, cols in GRPO_PHASES.items()})
+    out = {"grpo/step_s": ours["step"], **{f"grpo/{ph}_s": ours[ph] for ph in GRPO_PHASES},
+           "grpo/reward_mean": [float(r) for r in df["reward_mean"]]}
     minimal = _engine_script(p, ["-m", "rlwb.bench.minimal_loop"],
                              {"spec": worker_spec(p, model_path), "steps": steps + 1,
                               "trainer_threads": torch.get_num_threads(), **GRPO_SHAPE})
     if isinstance(minimal, str):
         return {**out, "grpo/minimal_error": minimal}
-    m = statistics.median(minimal["step_s"][1:])
-    out.update({"grpo/minimal_step_s": m, "grpo/rlwb_vs_minimal": out["grpo/step_s"] / m,
-                "grpo/minimal_threads": {k: minimal[k] for k in ("engine_threads", "trainer_threads")}})
-    for phase in GRPO_PHASES:
-        mp = statistics.median(minimal[f"{phase}_s"][1:])
-        out[f"grpo/minimal_{phase}_s"], out[f"grpo/{phase}_vs_minimal"] = mp, out[f"grpo/{phase}_s"] / mp
+    theirs = median_step({ph: minimal[f"{ph}_s"][1:] for ph in GRPO_PHASES})
+    out.update({"grpo/minimal_step_s": theirs["step"], "grpo/rlwb_vs_minimal": ours["step"] / theirs["step"],
+                "grpo/minimal_reward_mean": minimal["reward_mean"],
+                "grpo/minimal_threads": {k: minimal[k] for k in ("engine_threads", "trainer_threads",
+                                                                 "measured_threads")}})
+    for ph in GRPO_PHASES:
+        out[f"grpo/minimal_{ph}_s"], out[f"grpo/{ph}_vs_minimal"] = theirs[ph], ours[ph] / theirs[ph]
     return out
 
 
 SCALING_PROMPTS = [2, 4, 8, 16]  # x group 8 = 16 ... 128 completions per step
 
+# The algorithm both loops run, with TRL's vLLM importance-sampling correction (its default) and without it.
+# With it, TRL recomputes the old logprobs and weighs every token by its `sequence_mask` ratio (clip 3): rlwb runs
+# the same as `trl.sequence_mask` in decoupled mode (behaviour logprobs from the trainer; the catalogue's entry is
+# held to TRL's own lines by tests/test_corrections.py). Without it TRL's ratio is the current policy over itself
+# (one update per batch), which is rlwb's decoupled `none`.
+TRL_ARMS = {"correction": {"correction": "trl.sequence_mask", "old_logprobs": "trainer"},
+            "no_correction": {"correction": "none", "old_logprobs": "trainer"}}
+# What stays different between the two loops when they run the same algorithm on the same engine settings
+TRL_DIFFERENCES = [
+    "with the correction, TRL computes the old logprobs in a no-grad forward before the update; rlwb reads them off "
+    "the update's own forward (one update per batch: the same weights, bitwise the same values), one forward fewer",
+    "TRL samples with its own seeds: the same prompts per step, other completions (compare tokens/s as well)",
+    "TRL runs engine and trainer in one process (colocate); rlwb's engine is a worker process behind pipes",
+    "TRL's Trainer machinery (accelerate, data loader, its per-step metrics) against rlwb's per-step metrics "
+    "(mismatch, entropy, correction health, batch record)",
+]
 
-def trl_vllm(model_path, steps: int, rlwb_step_s: float | None, sizes=SCALING_PROMPTS) -> dict:
-    """TRL's GRPOTrainer with vLLM generation (colocate) on the same vLLM release and engine settings as rlwb's
-    `vllm-v1-fixed`, same model and step shape (`rlwb.bench.trl_vllm_peer`). First stock TRL, to record whether
-    and why it fails here; then the patched run at each scaling size, and rlwb's `grpo.train` at the same sizes
-    for the scaling figure. Medians after the first step."""
+
+def trl_vllm(model_path, steps: int, sizes=SCALING_PROMPTS) -> dict:
+    """TRL's GRPOTrainer with vLLM generation (colocate) against rlwb's `grpo.train`, on the same vLLM release and
+    engine settings (`vllm-v1-fixed`), model, step shape and problems, running the same algorithm
+    (`rlwb.bench.trl_vllm_peer`, `TRL_ARMS`). First stock TRL, to record whether and why it fails here. Then, at
+    each scaling size, both loops with TRL's default correction; at notebook 03's shape also both without it, and
+    TRL once more with the thread count vLLM leaves it (`trl_vllm/vllm_threads/*`: what that reset costs a stock
+    TRL user). TRL's updates otherwise run with the trainer's threads, as rlwb's do (patch 3). Medians after the
+    first step; speedups are TRL's step time over rlwb's (> 1: rlwb faster)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -180,42 +230,67 @@ def trl_vllm(model_path, steps: int, rlwb_step_s: float | None, sizes=SCALING_PR
                 "trl_vllm/reason": f"{python.parent.parent} is not set up: run `make trl-vllm`"}
     preset = resolve_preset("vllm-v1-fixed")
     kwargs = {**worker_spec(preset, model_path)["vllm_kwargs"], "dtype": "float32"}
-    base = {"model": str(model_path), "engine_kwargs": kwargs, "trainer_threads": torch.get_num_threads(), **GRPO_SHAPE}
+    threads = torch.get_num_threads()
+    base = {"model": str(model_path), "engine_kwargs": kwargs, "trainer_threads": threads, **GRPO_SHAPE}
     code = ["-m", "rlwb.bench.trl_vllm_peer"]
-    res: dict = {"trl_vllm/engine_kwargs": kwargs}
+    at = GRPO_SHAPE["prompts_per_step"]
+    res: dict = {"trl_vllm/engine_kwargs": kwargs, "trl_vllm/arms": TRL_ARMS, "trl_vllm/differences": TRL_DIFFERENCES}
     stock = _engine_script(preset, code, {**base, "steps": 1, "patch": False}, python=python)
     res["trl_vllm/stock"] = "runs" if isinstance(stock, dict) else (
         [ln for ln in stock.splitlines() if "Error" in ln][-1:] or [stock[-300:]])[0].strip()
     res["trl_vllm/stock_reason"] = None if isinstance(stock, dict) else trl_vllm_peer.STOCK_FAILURE
+    runs = [("correction", n) for n in sizes] + ([("no_correction", at)] if at in sizes else [])
+
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     with EngineWorker(preset, model_path) as w:
-        for n in sizes:
-            cfg = grpo.GRPOConfig(steps=steps + 1, **{**GRPO_SHAPE, "prompts_per_step": n})
+        for arm, n in runs:
+            cfg = grpo.GRPOConfig(steps=steps + 1, **{**GRPO_SHAPE, "prompts_per_step": n, **TRL_ARMS[arm]})
             df = grpo.train(model, w, cfg, initial_state=initial, progress=False).iloc[1:]
-            step = float(df["t_step"].median())
-            res[f"scaling/rlwb/n{n * GRPO_SHAPE['group_size']}/step_s"] = step
-            res[f"scaling/rlwb/n{n * GRPO_SHAPE['group_size']}/tok_s"] = float(
-                (df["completion_tokens"] * n * GRPO_SHAPE["group_size"] / df["t_step"]).median())
-    for n in sizes:
-        r = _engine_script(preset, code, {**base, "steps": steps + 1, "prompts_per_step": n}, python=python)
+            c = n * GRPO_SHAPE["group_size"]
+            key = f"scaling/rlwb/n{c}" if arm == "correction" else "trl_vllm/no_correction/rlwb"
+            res[f"{key}/step_s"] = float(df["t_step"].median())
+            res[f"{key}/tok_s"] = float((df["completion_tokens"] * c / df["t_step"]).median())
+            res[f"{key}/is_weight_mean"] = float(df["is_weight_mean"].mean())
+
+    def trl(arm: str, n: int, restore: bool = True) -> dict | None:
+        r = _engine_script(preset, code, {**base, "steps": steps + 1, "prompts_per_step": n,
+                                          "correction": arm == "correction", "restore_threads": restore},
+                           python=python)
         if isinstance(r, str):
-            res["trl_vllm/reason"] = f"patched TRL failed: {r[-400:]}"
+            res["trl_vllm/reason"] = f"patched TRL failed ({arm}, {n} prompts): {r[-400:]}"
+            return None
+        c = n * GRPO_SHAPE["group_size"]
+        return {"step_s": statistics.median(r["step_s"][1:]), "torch_threads": r["torch_threads"],
+                "tok_s": statistics.median([t * c / s for t, s in zip(r["completion_tokens"][1:], r["step_s"][1:])]),
+                "correction_mode": r["correction_mode"], "patches": r["patches"], "engine_dtype": r["engine_dtype"],
+                "is_ratio_logged": any(x is not None for x in r["is_ratio_mean"])}
+
+    for arm, n in runs:
+        r = trl(arm, n)
+        if r is None:
             break
         c = n * GRPO_SHAPE["group_size"]
-        res[f"scaling/trl_vllm/n{c}/step_s"] = statistics.median(r["step_s"][1:])
-        res[f"scaling/trl_vllm/n{c}/tok_s"] = statistics.median(
-            [t * c / s for t, s in zip(r["completion_tokens"][1:], r["step_s"][1:])])
+        key = f"scaling/trl_vllm/n{c}" if arm == "correction" else "trl_vllm/no_correction/trl"
+        res.update({f"{key}/{k}": r[k] for k in ("step_s", "tok_s", "torch_threads", "correction_mode",
+                                                 "is_ratio_logged")})
         res["trl_vllm/patches"], res["trl_vllm/engine_dtype"] = r["patches"], r["engine_dtype"]
-        res["trl_vllm/torch_threads"] = r["torch_threads"]
-    # the ratio pairs the two loops' measurements at notebook 03's shape from this section, taken back to back
+    c = at * GRPO_SHAPE["group_size"]
+    if f"scaling/trl_vllm/n{c}/step_s" in res and "trl_vllm/reason" not in res:
+        r = trl("correction", at, restore=False)  # threads as vLLM leaves them: what a stock TRL user gets
+        if r is not None:
+            res.update({"trl_vllm/vllm_threads/step_s": r["step_s"], "trl_vllm/vllm_threads/torch_threads":
+                        r["torch_threads"], "trl_vllm/vllm_threads/patches": r["patches"]})
+            res["trl_vllm/thread_reset_cost"] = r["step_s"] / res[f"scaling/trl_vllm/n{c}/step_s"]
+    # the ratios pair the two loops' measurements at notebook 03's shape from this section, taken back to back
     # with the same number of steps (grpo/step_s, measured minutes earlier, differed from its scaling twin by
     # up to 25% on 2 shared cores)
-    at = GRPO_SHAPE["prompts_per_step"] * GRPO_SHAPE["group_size"]
-    trl_s = res.get(f"scaling/trl_vllm/n{at}/step_s")
-    rlwb_s = res.get(f"scaling/rlwb/n{at}/step_s") or rlwb_step_s
+    trl_s, rlwb_s = res.get(f"scaling/trl_vllm/n{c}/step_s"), res.get(f"scaling/rlwb/n{c}/step_s")
     res["trl_vllm/step_s"], res["trl_vllm/rlwb_step_s"] = trl_s, rlwb_s
+    res["trl_vllm/torch_threads"] = res.get(f"scaling/trl_vllm/n{c}/torch_threads")
     res["speedup_vs_trl_vllm"] = trl_s / rlwb_s if trl_s and rlwb_s else None
+    nt, nr = res.get("trl_vllm/no_correction/trl/step_s"), res.get("trl_vllm/no_correction/rlwb/step_s")
+    res["speedup_vs_trl_vllm/no_correction"] = nt / nr if nt and nr else None
     return res
 
 
@@ -283,7 +358,10 @@ def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
     model_path = resolve_model("default", progress=False)
     batch_sizes = [1, 16] if quick else [1, 16, 64]
     repeats, max_tokens = (2, 32) if quick else (3, 64)
+    card = model_card(model_path) or {}
     res: dict = {"machine": archive.host_info(), "packages": archive.package_versions(),
+                 "model": {"path": str(model_path), "recipe_hash": card.get("recipe_hash"),
+                           "weights_sha256_16": card.get("weights_sha256_16")},
                  "started_at": archive.utc_now(),
                  "settings": {"batch_sizes": batch_sizes, "repeats": repeats, "max_tokens": max_tokens,
                               "dtype": "float32", "quick": quick}}
@@ -301,8 +379,7 @@ def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
     res.update(grpo_cost(model_path, 3 if quick else 8))
     res.update(score_memory())
     res.update(trl_step(model_path, 2 if quick else 5, res.get("grpo/step_s")))
-    res.update(trl_vllm(model_path, 2 if quick else 4, res.get("grpo/step_s"),
-                        sizes=SCALING_PROMPTS[1:3] if quick else SCALING_PROMPTS))
+    res.update(trl_vllm(model_path, 2 if quick else 4, sizes=SCALING_PROMPTS[1:3] if quick else SCALING_PROMPTS))
     res["finished_at"] = archive.utc_now()
     out = outputs / "bench" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
@@ -326,7 +403,8 @@ def markdown(res: dict) -> str:
         lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {ratio:.2f} |")
     for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/minimal_step_s", "grpo/rlwb_vs_minimal",
               *(f"grpo/{ph}_vs_minimal" for ph in GRPO_PHASES), "trl/step_s",
-              "speedup_vs_trl", "trl_vllm/step_s", "speedup_vs_trl_vllm",
+              "speedup_vs_trl", "trl_vllm/step_s", "speedup_vs_trl_vllm", "trl_vllm/no_correction/trl/step_s",
+              "speedup_vs_trl_vllm/no_correction", "trl_vllm/vllm_threads/step_s", "trl_vllm/thread_reset_cost",
               "memory/score_peak_mb", "memory/naive_peak_mb"):
         if res.get(k) is not None:
             lines.append(f"| {k} | {res[k]:.3g} |")
@@ -337,6 +415,8 @@ def markdown(res: dict) -> str:
             lines.append(f"| {k} | {res[k]} |")
     if res.get("trl_vllm/patches"):
         lines.append(f"| trl_vllm/patches | {'; '.join(res['trl_vllm/patches'])} |")
+    for d in res.get("trl_vllm/differences") or []:
+        lines.append(f"| TRL + vLLM vs rlwb, not made equal | {d} |")
     return "\n".join(lines) + "\n"
 
 
@@ -370,8 +450,8 @@ def _scaling_figure(res: dict, stem: Path) -> bool:
 
     from rlwb import plots
 
-    loops = {"rlwb": ("rlwb (vllm-v1-fixed worker)", "#009E73", "-"),
-             "trl_vllm": ("TRL GRPOTrainer + vLLM colocate", "#D55E00", "--")}
+    loops = {"rlwb": ("rlwb, vllm-v1-fixed worker", "#009E73", "-"),
+             "trl_vllm": ("TRL GRPOTrainer, vLLM colocate", "#D55E00", "--")}
     series = {lp: sorted((int(k.split("/")[2][1:]), v) for k, v in res.items()
                          if k.startswith(f"scaling/{lp}/") and k.endswith("/step_s") and v) for lp in loops}
     if not any(series.values()):
@@ -392,8 +472,9 @@ def _scaling_figure(res: dict, stem: Path) -> bool:
         ax.minorticks_off()
         ax.set_xlabel("completions per step (group 8)")
         ax.set_ylabel(ylabel)
-    axes[0].legend(fontsize="small")
-    fig.suptitle(f"GRPO step scaling on {res['machine']['cores']} CPU cores, same vLLM engine settings (fp32)")
+    axes[0].legend(fontsize="small", loc="upper left")
+    fig.suptitle(f"GRPO step scaling on {res['machine']['cores']} CPU cores: same vLLM engine settings (fp32), "
+                 f"both with TRL's IS correction (rlwb: trl.sequence_mask)", fontsize="medium")
     fig.tight_layout()
     plots.save_figure(fig, stem)
     plt.close(fig)

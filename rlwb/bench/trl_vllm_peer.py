@@ -19,6 +19,18 @@ What is changed, and only that (`PATCHES`, recorded with the result):
    eager mode, no prefix caching, no async scheduling, whole-prompt prefill, processed logprobs, the same RAM
    share), so both loops drive one engine configuration. Stock TRL passes no dtype (vLLM then casts an fp32
    checkpoint to bf16) and leaves the rest at vLLM's defaults.
+3. (`restore_threads`, `THREADS_PATCH`) each generate runs with the engine's threads and the update after it
+   with the trainer's, as in rlwb's layout.
+   vLLM's CPU worker, built in TRL's process, replaces `torch.set_num_threads` with a no-op that logs a warning
+   (`vllm/v1/worker/cpu_worker.py`, `CPUWorker.init_device`) and leaves torch at its own thread count (1 here),
+   so stock TRL's updates run on one thread where rlwb's trainer, whose engine lives in another process, has
+   the kernel's. The patch calls torch's own function, kept from before the engine was built. `rlwb bench` runs
+   TRL both ways and reports what the reset costs.
+
+`correction` switches TRL's `vllm_importance_sampling_correction` (its default: on, mode `sequence_mask`, which
+rlwb's catalogue holds as `trl.sequence_mask`). With it, TRL recomputes the old logprobs in a no-grad forward
+before the update; without it (one update per batch), its PPO ratio is the current policy over itself, detached.
+`torch_threads` is measured inside TRL's loss computation, i.e. what the update ran with.
 """
 
 from __future__ import annotations
@@ -34,6 +46,42 @@ STOCK_FAILURE = ("AttributeError: 'Parameter' object has no attribute 'weight_lo
                  "no CUDA involved")
 PATCHES = ["colocate weight sync via vLLM's model_runner.reload_weights (layerwise reload), not load_weights",
            "TRL's LLM(...) given the vllm-v1-fixed preset's engine kwargs and dtype"]
+THREADS_PATCH = "vLLM generates with the engine's threads, TRL's update runs with the trainer's"
+
+
+def restore_threads_after_generate(threads: int) -> None:
+    """Patch 3: each of TRL's vLLM generates runs with the thread count the process started with (the engine
+    preset's OMP_NUM_THREADS, what rlwb's worker generates with) and the update after it with `threads`, set by
+    torch's own `set_num_threads` (kept now, before vLLM replaces the module attribute)."""
+    import torch
+    from trl.generation import vllm_generation as vg
+
+    set_threads, stock_generate = torch.set_num_threads, vg.VLLMGeneration.generate
+    engine_threads = torch.get_num_threads()
+
+    def generate(self, *args, **kwargs):
+        set_threads(engine_threads)
+        out = stock_generate(self, *args, **kwargs)
+        set_threads(threads)
+        return out
+
+    vg.VLLMGeneration.generate = generate
+
+
+def measure_update_threads(trainer_cls) -> list[int]:
+    """Record torch's thread count each time `trainer_cls` computes its loss (the update's forward and backward
+    follow with the same count); returns the list it fills."""
+    import torch
+
+    seen: list[int] = []
+    stock = trainer_cls.compute_loss
+
+    def compute_loss(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return stock(self, *args, **kwargs)
+
+    trainer_cls.compute_loss = compute_loss
+    return seen
 
 
 def patch(engine_kwargs: dict) -> None:
@@ -58,31 +106,37 @@ def patch(engine_kwargs: dict) -> None:
 def main(config_path: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
 
     from rlwb.bench.trl_peer import make_trainer
 
     with open(config_path) as f:
         cfg = json.load(f)
+    patches = []
     if cfg.get("patch", True):
         patch(cfg["engine_kwargs"])
+        patches += PATCHES
+    if cfg.get("restore_threads", False):
+        restore_threads_after_generate(int(cfg["trainer_threads"]))
+        patches.append(THREADS_PATCH)
+    update_threads = measure_update_threads(GRPOTrainer)
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
     shape = {k: cfg[k] for k in ("steps", "prompts_per_step", "group_size", "max_tokens", "lr", "temperature",
                                  "clip_eps", "max_digits")}
     trainer = make_trainer(model, cfg["model"], tempfile.mkdtemp(), **shape, use_vllm=True, vllm_mode="colocate",
-                           vllm_gpu_memory_utilization=cfg["engine_kwargs"].get("gpu_memory_utilization", 0.3))
-    # One process does both here. It starts training with the threads rlwb's trainer has (the kernel's count), but
-    # vLLM's CPU worker sets torch's thread count to its own at every generate (measured: 2 before, 1 after), so
-    # TRL's updates run with the engine's threads from the first rollout on; `torch_threads` records what they ran
-    # with. rlwb's trainer keeps its own: the engine runs in another process.
-    torch.set_num_threads(int(cfg["trainer_threads"]))
+                           vllm_gpu_memory_utilization=cfg["engine_kwargs"].get("gpu_memory_utilization", 0.3),
+                           vllm_importance_sampling_correction=bool(cfg.get("correction", True)))
     trainer.train()
     logs = [h for h in trainer.state.log_history if "step_time" in h]
     mc = trainer.vllm_generation.llm.llm_engine.vllm_config.model_config
     print("RLWB_RESULT " + json.dumps({
         "step_s": [float(h["step_time"]) for h in logs], "reward": [float(h["reward"]) for h in logs],
         "completion_tokens": [float(h["completions/mean_length"]) for h in logs],
-        "engine_dtype": str(mc.dtype).replace("torch.", ""), "patches": PATCHES if cfg.get("patch", True) else [],
-        "torch_threads": torch.get_num_threads()}),
+        "is_ratio_mean": [h.get("sampling/importance_sampling_ratio/mean") for h in logs],
+        "engine_dtype": str(mc.dtype).replace("torch.", ""), "patches": patches,
+        "correction": trainer.vllm_importance_sampling_correction,
+        "correction_mode": trainer.vllm_importance_sampling_mode if trainer.vllm_importance_sampling_correction
+        else None, "torch_threads": sorted(set(update_threads))}),
         flush=True)
 
 

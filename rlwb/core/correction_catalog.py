@@ -4,7 +4,9 @@ A catalogue entry is data (no torch here, so reading params stays light): the pa
 function of `rlwb.core.corrections` with the peer's default thresholds, and where the peer defines it. The
 thresholds are the peers' own defaults as of the pinned versions (`engines/peers.txt`), so a user who runs
 verl's `decoupled_geo_rs()` or TRL's default `vllm_importance_sampling_mode` gets the same weights and masks
-here; `tests/test_corrections.py` checks each part against the peer's own code.
+here; `tests/test_corrections.py` checks each entry against the peer's own code: its weights and masks, and
+how the peer's loss aggregates them (a rejected token leaving the token count or not). An entry no installed
+peer's code can check says so (`reading`: rlwb's own reading, with the source it follows).
 
 Ratios are r = pi_trainer / pi_engine throughout (every peer's convention). Bounds are on r (verl states
 its k1 rejection bounds on 1/r: they are converted here, once, and the test holds them to verl's mask).
@@ -50,6 +52,14 @@ class CatalogEntry:
     peer: str  # who ships it, and the setting that reproduces it there
     what: str  # one line a reader of the race table understands
     url: str
+    reading: str = ""  # set where no installed peer code checks it: rlwb's own reading, and the source it follows
+
+    @property
+    def checked_against(self) -> str:
+        """For a reader of the race table: whose code this entry was held to, or that it is rlwb's reading."""
+        if self.reading:
+            return f"rlwb's own reading, not one peer's setting: {self.reading}"
+        return "the peer's own code (tests/test_corrections.py)" if self.parts else "-"
 
     @property
     def weighs_tokens(self) -> bool:
@@ -57,17 +67,22 @@ class CatalogEntry:
         return any(p.fn in WEIGHT_PARTS for p in self.parts)
 
 
-def _e(parts, peer, what, url):
-    return CatalogEntry(tuple(Part(f, k) for f, k in parts), peer, what, url)
+def _e(parts, peer, what, url, reading=""):
+    return CatalogEntry(tuple(Part(f, k) for f, k in parts), peer, what, url, reading)
 
 
 CATALOG: dict[str, CatalogEntry] = {
     "none": _e([], "-", "no correction: the engine's samples trained on as if on-policy", ""),
-    # rlwb's own (notebook 03 since the seeds); "tis" takes its cap from the `tis_cap` param
-    "tis": _e([("token_tis", {})], "rlwb (Yao et al. 2025)", "token TIS, weights min(r, tis_cap)", YAO),
-    "mis": _e([("token_reject", {"lo": 0.5, "hi": 2.0})], "rlwb (IcePop-style)",
-              "tokens with r outside [0.5, 2] leave the loss", ICEPOP),
-    "seq_mask": _e([("sequence_reject_geometric", {"lo": 0.5, "hi": 2.0})], "rlwb",
+    # rlwb's own names (notebook 03 since the seeds), each a peer's rule: "tis" takes its cap from the `tis_cap`
+    # param (at its default 2 it is verl's decoupled_token_is() and SkyRL's token TIS); "mis" and "seq_mask" are
+    # verl's token and geometric rejection with rlwb's band [0.5, 2] (verl's presets use other bands)
+    "tis": _e([("token_tis", {})], "rlwb (Yao et al. 2025); at tis_cap 2 verl rollout_is=token, SkyRL "
+              "tis_ratio_type=token", "token TIS, weights min(r, tis_cap)", YAO),
+    "mis": _e([("token_reject", {"lo": 0.5, "hi": 2.0})],
+              "rlwb's band on verl rollout_rs=token_k1 (rollout_rs_threshold 0.5_2.0)",
+              "tokens with r outside [0.5, 2] leave the loss and its token count", VERL),
+    "seq_mask": _e([("sequence_reject_geometric", {"lo": 0.5, "hi": 2.0})],
+                   "rlwb's band on verl rollout_rs=seq_mean_k1 (rollout_rs_threshold 0.5_2.0)",
                    "sequences whose geometric-mean r is outside [0.5, 2] leave the loss", VERL),
     # verl 0.9.1 RolloutCorrectionConfig presets (decoupled mode)
     "verl.token_tis": _e([("token_tis", {"cap": 2.0})], "verl decoupled_token_is()",
@@ -93,16 +108,17 @@ CATALOG: dict[str, CatalogEntry] = {
     "icepop": _e([("token_band", {"lo": 0.5, "hi": 5.0})],
                  "OpenRLHF is_correction_level=token (mask, ratio, [0.5, 5]); verl decoupled_token_icepop()",
                  "token weight r inside [0.5, 5], 0 outside", ICEPOP),
-    # SkyRL 0.3.0 off_policy_correction (recommended values from its config docs)
-    "skyrl.geo_mask": _e([("sequence_reject_geometric", {"lo": 0.99, "hi": 1.01})],
+    # SkyRL 0.3.0 off_policy_correction (recommended values from its config docs). Its token_mean loss divides by
+    # the token count taken before these masks apply: a masked token weighs 0 and still counts (keep_in_count)
+    "skyrl.geo_mask": _e([("sequence_reject_geometric", {"lo": 0.99, "hi": 1.01, "keep_in_count": True})],
                          "SkyRL sequence_mask_metric=geometric (0.99, 1.01)",
-                         "sequences whose geometric-mean r is outside [0.99, 1.01] leave the loss", SKYRL),
-    "skyrl.outlier_mask": _e([("outlier_token_reject", {"lo": 1e-4, "hi": 100.0})],
+                         "sequences whose geometric-mean r is outside [0.99, 1.01] weigh 0", SKYRL),
+    "skyrl.outlier_mask": _e([("outlier_token_reject", {"lo": 1e-4, "hi": 100.0, "keep_in_count": True})],
                              "SkyRL outlier_token_is_threshold_low/high (1e-4, 100)",
-                             "sequences holding any token with r outside [1e-4, 100] leave the loss", SKYRL),
-    "skyrl.token_mask": _e([("token_reject", {"lo": 0.5, "hi": 2.0})],
+                             "sequences holding any token with r outside [1e-4, 100] weigh 0", SKYRL),
+    "skyrl.token_mask": _e([("token_reject", {"lo": 0.5, "hi": 2.0, "keep_in_count": True})],
                            "SkyRL token_mask_is_threshold_low/high (0.5, 2)",
-                           "tokens with r outside [0.5, 2] leave the loss", SKYRL),
+                           "tokens with r outside [0.5, 2] weigh 0", SKYRL),
     # TRL 1.16 vllm_importance_sampling_mode (clip_max 3.0, clip_min None); sequence_mask is TRL's default
     "trl.token_truncate": _e([("token_tis", {"cap": 3.0})], "TRL vllm_importance_sampling_mode=token_truncate",
                              "token TIS, weights min(r, 3)", TRL),
@@ -118,11 +134,16 @@ CATALOG: dict[str, CatalogEntry] = {
                    "TRL off_policy_mask_threshold=0.5 (DeepSeek-V3.2 OPSM)",
                    "negative-advantage sequences with mean engine-trainer KL > 0.5 dropped", DSV32),
     # the stack the Miles/LMSYS 30B-MoE study found stable: two-sided token TIS, a geometric sequence mask
-    # (SkyRL's recommended bounds), weights renormalised to mean 1
+    # (SkyRL's recommended bounds), weights renormalised to mean 1. No installed peer ships it as one setting: the
+    # renormalisation (verl) and the mask (SkyRL) are each held to their peer's code alone; the floor of the clamp
+    # is Miles's, read in its source but run by no installed peer; rejected sequences leave the count, as in verl
     "miles.tis_geo_norm": _e([("token_tis", {"cap": 1.5, "floor": 0.5, "normalize": True}),
                               ("sequence_reject_geometric", {"lo": 0.99, "hi": 1.01})],
                              "Miles --use-tis --tis-clip-low 0.5 --tis-clip 1.5 + geometric mask + normalisation",
-                             "token TIS clamped to [0.5, 1.5], mean 1 per batch, + geometric mask [0.99, 1.01]", YAO),
+                             "token TIS clamped to [0.5, 1.5], mean 1 per batch, + geometric mask [0.99, 1.01]", YAO,
+                             reading="the Miles/LMSYS 30B-MoE recipe composed from Miles's two-sided TIS clamp "
+                                     "(radixark/miles vanilla_tis_function; Miles is not installed here, so no peer "
+                                     "runs its floor), verl's batch renormalisation and SkyRL's geometric bounds"),
 }
 
 CORRECTIONS: tuple[str, ...] = tuple(CATALOG)

@@ -9,9 +9,11 @@ Inputs: `log_ratio` = logp_trainer - logp_engine, [B, L] (log r, r = pi_trainer 
 convention); `mask` [B, L] of real completion tokens; `advantages` [B] where a correction needs them.
 Every function returns a `Correction`:
     weights  [B, L] float, detached: each token's loss term is multiplied by it (0 on padding)
-    keep     [B, L] bool: tokens that still count in the loss's token mean. Rejection (verl's rollout_rs,
-             SkyRL's loss-mask edits) shrinks that count; a *weight* of 0 (IcePop, TRL's *_mask modes)
-             does not — the same tokens gone, a different gradient scale, so both are kept apart.
+    keep     [B, L] bool: tokens that still count in the loss's token mean. verl's rejection (rollout_rs edits
+             the response mask its loss averages over) shrinks that count; a *weight* of 0 (IcePop, TRL's
+             *_mask modes and OPSM) does not, and neither do SkyRL's masks: its token mean divides by the token
+             count taken before they apply (`keep_in_count`). The same tokens gone, a different gradient
+             scale, so both are kept apart; tests/test_corrections.py holds each to its peer's loss.
     truncated [B, L] bool: tokens whose weight was clamped (the TIS health number)
 
 Sources (each function's docstring names the peer setting it equals; tests/test_corrections.py feeds the
@@ -31,8 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from rlwb.core.correction_catalog import CATALOG, CORRECTIONS
-
-SAFETY_BOUND = 20.0  # |log r| clamp before exp, as verl and SkyRL do (exp(20) ~ 5e8)
+from rlwb.core.metrics import SAFETY_BOUND  # |log r| clamp before exp, as verl and SkyRL do (exp(20) ~ 5e8)
 
 
 @dataclass
@@ -144,36 +145,48 @@ def sequence_band(log_ratio: torch.Tensor, mask: torch.Tensor, lo: float | None 
     return Correction(w.detach(), torch.ones_like(m), torch.zeros_like(m))
 
 
-def token_reject(log_ratio: torch.Tensor, mask: torch.Tensor, lo: float = 0.5, hi: float = 2.0) -> Correction:
-    """Tokens whose r leaves [lo, hi] leave the loss (and its token count); survivors weigh 1. SkyRL
-    `token_mask_is_threshold_low/high`; rlwb's `mis`."""
-    _check_band(lo, hi, "token rejection")
+def _rejection(keep: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype, keep_in_count: bool) -> Correction:
+    """Rejected tokens (not `keep`) leave the loss. By default they also leave its token count, as verl's do (its
+    rejection edits the response mask `agg_loss` averages over). `keep_in_count`: they weigh 0 and still count,
+    as in SkyRL 0.3.0, whose `token_mean` divides by the minibatch's token count before its off-policy masks
+    apply (`apply_loss_reduction_to_advantages_minibatch`, then `ppo_policy_loss` sums over the masked tokens)."""
     m = mask.bool()
-    keep = _in_band(_ratio(log_ratio), lo, hi)
-    return Correction(m.to(log_ratio.dtype), keep, torch.zeros_like(m))
+    keep = keep.expand_as(m)
+    if keep_in_count:
+        return Correction((m & keep).to(dtype), torch.ones_like(m), torch.zeros_like(m))
+    return Correction(m.to(dtype), keep, torch.zeros_like(m))
+
+
+def token_reject(log_ratio: torch.Tensor, mask: torch.Tensor, lo: float = 0.5, hi: float = 2.0,
+                 keep_in_count: bool = False) -> Correction:
+    """Tokens whose r leaves [lo, hi] leave the loss; survivors weigh 1. verl `rollout_rs="token_k1"` (bounds on
+    1/r: symmetric ones like 0.5_2.0 coincide), rlwb's `mis`; SkyRL `token_mask_is_threshold_low/high` with
+    `keep_in_count` (`_rejection`)."""
+    _check_band(lo, hi, "token rejection")
+    return _rejection(_in_band(_ratio(log_ratio), lo, hi), mask, log_ratio.dtype, keep_in_count)
 
 
 def sequence_reject_product(log_ratio: torch.Tensor, mask: torch.Tensor, lo: float = 0.5,
-                            hi: float = 2.0) -> Correction:
+                            hi: float = 2.0, keep_in_count: bool = False) -> Correction:
     """Whole sequences whose prod_t r_t leaves [lo, hi] leave the loss. verl `rollout_rs="seq_sum_k1"`
-    (its bounds are on 1/r; symmetric ones like 0.5_2.0 coincide); SkyRL `sequence_mask_metric="product"`."""
+    (its bounds are on 1/r; symmetric ones like 0.5_2.0 coincide); SkyRL `sequence_mask_metric="product"` with
+    `keep_in_count`."""
     _check_band(lo, hi, "sequence rejection")
     m = mask.bool()
     s = _seq_sum(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND), m)
-    keep = ((s >= math.log(lo)) & (s <= math.log(hi))).expand_as(m)
-    return Correction(m.to(log_ratio.dtype), keep, torch.zeros_like(m))
+    return _rejection((s >= math.log(lo)) & (s <= math.log(hi)), m, log_ratio.dtype, keep_in_count)
 
 
 def sequence_reject_geometric(log_ratio: torch.Tensor, mask: torch.Tensor, lo: float = 0.99,
-                              hi: float = 1.01) -> Correction:
+                              hi: float = 1.01, keep_in_count: bool = False) -> Correction:
     """Whole sequences whose geometric-mean ratio exp(mean_t log r_t) leaves [lo, hi] leave the loss: a
-    length-independent check (GSPO-style). verl Geo-RS `rollout_rs="seq_mean_k1"` (0.999_1.001 on 1/r);
-    SkyRL `sequence_mask_metric="geometric"` (0.99, 1.01); rlwb's `seq_mask` ([0.5, 2])."""
+    length-independent check (GSPO-style). verl Geo-RS `rollout_rs="seq_mean_k1"` (0.999_1.001 on 1/r; rlwb's
+    `seq_mask` is the same rule at 0.5_2.0); SkyRL `sequence_mask_metric="geometric"` (0.99, 1.01) with
+    `keep_in_count`."""
     _check_band(lo, hi, "geometric sequence rejection")
     m = mask.bool()
     g = _seq_mean(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND), m)
-    keep = ((g >= math.log(lo)) & (g <= math.log(hi))).expand_as(m)
-    return Correction(m.to(log_ratio.dtype), keep, torch.zeros_like(m))
+    return _rejection((g >= math.log(lo)) & (g <= math.log(hi)), m, log_ratio.dtype, keep_in_count)
 
 
 def sequence_reject_k3(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float = 0.01) -> Correction:
@@ -183,19 +196,18 @@ def sequence_reject_k3(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: f
         raise ValueError(f"k3 rejection threshold must be > 0, got {threshold}")
     m = mask.bool()
     lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    keep = (_seq_mean(torch.exp(lr) - 1 - lr, m) <= threshold).expand_as(m)
-    return Correction(m.to(log_ratio.dtype), keep, torch.zeros_like(m))
+    return _rejection(_seq_mean(torch.exp(lr) - 1 - lr, m) <= threshold, m, log_ratio.dtype, False)
 
 
 def outlier_token_reject(log_ratio: torch.Tensor, mask: torch.Tensor, lo: float | None = 1e-4,
-                         hi: float | None = 100.0) -> Correction:
+                         hi: float | None = 100.0, keep_in_count: bool = False) -> Correction:
     """Whole sequences holding any token whose r leaves [lo, hi] leave the loss: one catastrophic token (a
-    mis-sampled tail token) poisons its sequence. SkyRL `outlier_token_is_threshold_low/high` (1e-4, 100)."""
+    mis-sampled tail token) poisons its sequence. SkyRL `outlier_token_is_threshold_low/high` (1e-4, 100) with
+    `keep_in_count`."""
     _check_band(lo, hi, "outlier rejection")
     m = mask.bool()
     out = ~_in_band(_ratio(log_ratio), lo, hi) & m
-    keep = (~out.any(-1, keepdim=True)).expand_as(m)
-    return Correction(m.to(log_ratio.dtype), keep, torch.zeros_like(m))
+    return _rejection(~out.any(-1, keepdim=True), m, log_ratio.dtype, keep_in_count)
 
 
 def off_policy_sequence_mask(log_ratio: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor,

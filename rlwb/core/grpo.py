@@ -13,7 +13,7 @@ tokens or sequences are defined (a weight pi_trainer/pi_engine would apply the r
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -102,7 +102,7 @@ def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int
     with torch.no_grad():  # statistics over the whole batch, as if it had been one forward pass
         _, st = losses.grpo_loss(torch.cat(cur_parts), behaviour, adv, mask, cfg.clip_eps, weights, keep, ref,
                                  cfg.beta)
-    return st
+    return replace(st, passes=len(cur_parts))  # counted as they ran: what a GPU config's micro_batch really did
 
 
 def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
@@ -170,7 +170,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
            "mismatch_k3": mm["k3_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
            "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
            **corrections.health(corr, mask),
-           "kept_frac": st.kept_frac, "completion_tokens": float(np.mean(lengths)),
+           "kept_frac": st.kept_frac, "update_passes": st.passes, "completion_tokens": float(np.mean(lengths)),
            "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3,
            "t_correction": t_correction, "t_step": t4 - t0}
     batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],

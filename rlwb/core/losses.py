@@ -35,6 +35,7 @@ class LossStats:
     ratio_mean: float
     kept_frac: float  # fraction of tokens not masked out by the correction
     kl_ref: float
+    passes: int = 1  # forward/backward passes the update ran in (micro-batches; `grpo.accumulate_policy_gradient`)
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,

@@ -15,7 +15,9 @@ How these map onto the RL frameworks' logs (so a report can be read next to a tr
     abs_dlogp_mean     TRL `sampling/sampling_logp_difference/mean`
     abs_dlogp_max      TRL `sampling/sampling_logp_difference/max`
     clip_frac          PipelineRL `clamp_log_ratio_new_old_indicator`; PPO clip fraction at the first step
-    ess_frac           verl `rollout_corr/...ess`-style normalised effective sample size
+    ess_frac           normalised effective sample size of the raw ratios (Kong 1992)
+    ess_tis            verl `rollout_corr/rollout_is_eff_sample_size` at verl's default token TIS (cap 2): the
+                       ESS of the truncated weights, the number verl's health check holds to >= 0.3
     mult_prob_error    NeMo-RL `token_mult_prob_error` = mean exp(|log r|) (loss_functions.py; its tests want < 1.05)
     prob_pearson       MiniMax-M1 (arXiv:2506.13585) / verl `training/rollout_probs_pearson_corr`
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 METRICS = ("abs_dlogp_mean", "abs_dlogp_max", "k1_mean", "k2_mean", "k3_mean", "prob_pearson", "clip_frac",
-           "ess_frac", "chi2_token", "mult_prob_error", "seq_abs_log_ratio_mean", "full_kl_mean", "n_tokens")
+           "ess_frac", "ess_tis", "chi2_token", "mult_prob_error", "seq_abs_log_ratio_mean", "full_kl_mean", "n_tokens")
 
 
 def _as_logprobs(x, name: str) -> np.ndarray:
@@ -92,6 +94,22 @@ def ess_frac(lr: np.ndarray) -> float:
     return float(r.sum() ** 2 / (lr.size * np.sum(r**2)))
 
 
+TIS_CAP = 2.0  # verl's default rollout_is_threshold (RolloutCorrectionConfig, token-level TIS)
+SAFETY_BOUND = 20.0  # |log r| clamp before exp, as verl and SkyRL do (exp(20) ~ 5e8)
+
+
+def ess_tis(lr: np.ndarray, cap: float = TIS_CAP) -> float:
+    """verl's effective sample size of the IS weights it would train with: token TIS weights w = min(r, cap), r
+    with |log r| clamped at 20; ESS = 1 / mean((w / mean w)^2) = (sum w)^2 / (N sum w^2), in (0, 1]
+    (verl 0.9.1 `rollout_corr_helper.compute_is_metrics`, `rollout_is_eff_sample_size`, at `rollout_is="token"`
+    and its default threshold 2). Unlike `ess_frac`, one huge raw ratio cannot drive it to 0: the cap bounds what
+    a token can weigh, as in verl's loss. verl's docs warn below 0.3 (docs/algo/rollout_corr.md)."""
+    if not lr.size:
+        return float("nan")
+    w = np.minimum(np.exp(np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)), cap)
+    return float(w.sum() ** 2 / (lr.size * np.sum(w**2)))
+
+
 def chi2_token(lr: np.ndarray) -> float:
     """mean(r^2) - 1: estimates the chi-square divergence chi2(trainer||engine), the IS variance driver."""
     return float(np.mean(np.exp(2 * lr)) - 1) if lr.size else float("nan")
@@ -148,7 +166,8 @@ def mismatch_metrics(logp_engine, logp_trainer, seq_ids=None, mask=None, clip_ep
         "abs_dlogp_max": float(np.max(np.abs(lr))) if lr.size else float("nan"),
         "k1_mean": k1(lr), "k2_mean": k2(lr), "k3_mean": k3(lr),
         "prob_pearson": prob_pearson(e[m], t[m]),
-        "clip_frac": clip_frac(lr, clip_eps), "ess_frac": ess_frac(lr), "chi2_token": chi2_token(lr),
+        "clip_frac": clip_frac(lr, clip_eps), "ess_frac": ess_frac(lr), "ess_tis": ess_tis(lr),
+        "chi2_token": chi2_token(lr),
         "mult_prob_error": mult_prob_error(lr),
         "seq_abs_log_ratio_mean": seq_abs_log_ratio_mean(lr, seq[m]) if seq_ids is not None else float("nan"),
         "full_kl_mean": float("nan"),

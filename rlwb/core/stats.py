@@ -28,13 +28,18 @@ CI_METRICS = ("abs_dlogp_mean", "k3_mean", "clip_frac")  # the headline mismatch
 def _bootstrap_draws(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float], n_boot: int,
                      rng: np.random.Generator) -> np.ndarray:
     """`n_boot` values of `stat(concatenated tokens)`, each over whole sequences drawn with replacement."""
+    return _draws_at(groups, stat, [rng.integers(0, len(groups), len(groups)) for _ in range(n_boot)])
+
+
+def _draws_at(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float],
+              picks: Sequence[np.ndarray]) -> np.ndarray:
+    """`stat(concatenated tokens)` of the sequences each row of `picks` names (indices into `groups`)."""
     groups = [np.asarray(g, dtype=np.float64) for g in groups]
     flat = np.concatenate(groups)
     lengths = np.array([len(g) for g in groups])
     starts = np.cumsum(lengths) - lengths
-    vals = np.empty(n_boot)
-    for b in range(n_boot):
-        pick = rng.integers(0, len(groups), len(groups))
+    vals = np.empty(len(picks))
+    for b, pick in enumerate(picks):
         lens = lengths[pick]
         # token indices of the picked sequences, back to back, without a Python loop over sequences
         idx = np.repeat(starts[pick] - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())
@@ -65,13 +70,30 @@ def sequence_bootstrap_ci(groups: Sequence[np.ndarray], stat: Callable[[np.ndarr
 
 def difference_ci(a: Sequence[np.ndarray], b: Sequence[np.ndarray], stat: Callable[[np.ndarray], float],
                   n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
-    """Percentile interval of stat(a) - stat(b) for two *independent* samples of sequences (e.g. one engine
-    setting's rollouts and another's), each resampled by whole sequences as in `sequence_bootstrap_ci`."""
+    """Percentile interval of stat(a) - stat(b) for two *independent* samples of sequences (e.g. two engines'
+    rollouts of different prompts), each resampled by whole sequences as in `sequence_bootstrap_ci`. Samples
+    that pair up (same prompts, same seeds) take `paired_difference_ci`."""
     if not a or not b:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
     return _percentile_interval(_bootstrap_draws(a, stat, n_boot, rng) - _bootstrap_draws(b, stat, n_boot, rng),
                                 alpha)
+
+
+def paired_difference_ci(a: Sequence[np.ndarray], b: Sequence[np.ndarray], stat: Callable[[np.ndarray], float],
+                         n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of stat(a) - stat(b) when sequence i of `a` and sequence i of `b` are a *pair*: the
+    same prompt sampled with the same seed under two engine settings (notebook 06's knob and its baseline). Each
+    draw resamples pair indices and takes both members of every pair drawn (the paired cluster bootstrap), so
+    what the prompt contributes to both sides cancels instead of widening the interval, as it does when the two
+    are resampled independently (`difference_ci`)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples need one sequence of each side per pair, got {len(a)} and {len(b)}")
+    if not a:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    picks = [rng.integers(0, len(a), len(a)) for _ in range(n_boot)]
+    return _percentile_interval(_draws_at(a, stat, picks) - _draws_at(b, stat, picks), alpha)
 
 
 def mean_ci(x: np.ndarray, n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
@@ -173,7 +195,7 @@ def token_statistics(clip_eps: float = 0.2) -> dict[str, Callable[[np.ndarray], 
     from rlwb.core import metrics as M
 
     return {"abs_dlogp_mean": M.abs_mean, "k3_mean": M.k3, "clip_frac": lambda lr: M.clip_frac(lr, clip_eps),
-            "k1_mean": M.k1, "ess_frac": M.ess_frac, "chi2_token": M.chi2_token,
+            "k1_mean": M.k1, "ess_frac": M.ess_frac, "ess_tis": M.ess_tis, "chi2_token": M.chi2_token,
             "mult_prob_error": M.mult_prob_error}
 
 

@@ -109,6 +109,11 @@ class VllmBackend:
                              f"the top level of config.json.")
 
     @staticmethod
+    def _backend_name(backend) -> str | None:
+        """vLLM's executor backend as a name: it holds a string, or the executor class when one was passed."""
+        return backend if backend is None or isinstance(backend, str) else getattr(backend, "__name__", str(backend))
+
+    @staticmethod
     def _version() -> str:
         import vllm
 
@@ -139,7 +144,12 @@ class VllmBackend:
                 head_dtype=str(getattr(mc, "head_dtype", "")).replace("torch.", "") or None,
                 speculative=(None if getattr(cfg, "speculative_config", None) is None
                              else str(getattr(cfg.speculative_config, "method", "on"))),
+                max_num_batched_tokens=getattr(sc, "max_num_batched_tokens", None),
+                distributed_executor_backend=self._backend_name(getattr(pc, "distributed_executor_backend", None)),
             )
+            modes = self.llm.collective_rpc("rlwb_batch_invariant")  # every rank's own flag
+            modes = modes if isinstance(modes, list) else [modes]
+            settings["batch_invariant"] = None if any(m is None for m in modes) else all(modes)
         settings["in_process"] = self.in_process
         settings["idle_spin_s"] = self.spec.get("idle_spin_s")
         settings["idle_spin_patched"] = self.idle_spin_patched

@@ -96,6 +96,21 @@ class RlwbWorkerExtension:
         return int(w.shape[0]) if head is not None and isinstance(head.quant_method, _Fp32HeadMethod) and \
             w is not None else 0
 
+    def rlwb_batch_invariant(self):
+        """Read back from this rank: is vLLM's batch-invariant mode on (what `VLLM_BATCH_INVARIANT=1` asks for)?
+        vLLM sets the module flag when `init_batch_invariance` enabled the mode in this process; None where this
+        vLLM has no such mode (0.8.5)."""
+        import importlib
+
+        for module in ("vllm.model_executor.determinism.batch_invariant", "vllm.model_executor.layers.batch_invariant"):
+            try:
+                m = importlib.import_module(module)
+            except ImportError:
+                continue
+            if hasattr(m, "_batch_invariant_MODE"):
+                return bool(m._batch_invariant_MODE)
+        return None
+
     def rlwb_record_routing(self, on: bool) -> int:
         """Record each MoE layer's router logits as the engine computes them (a forward hook on every
         `<layer>.mlp.gate`). Why a hook: vLLM's own `enable_return_routed_experts` needs Model Runner V2,

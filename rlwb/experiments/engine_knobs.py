@@ -3,7 +3,8 @@
 A *knob* is a named change to a baseline preset (`params/engine_knobs.yaml`; `vllm-v1-fixed@kv-fp8` is the
 baseline with the knob applied). The baseline and every knob sample the same prompts with the same seeds and
 are scored by the same fp32 trainer; each gets the mismatch metrics with 95% sequence-bootstrap intervals, its
-change against the baseline (difference of the two, with an interval), its throughput relative to the
+change against the baseline (difference of the two, with a paired interval: completion i of a knob and of
+the baseline come from the same prompt and seed), its throughput relative to the
 baseline's measured in the same run, and a verdict against the health rules RL frameworks publish
 (`HEALTH_RULES`). A knob the engine refuses is a row too: "unsupported here" and the engine's own error line.
 
@@ -33,13 +34,15 @@ from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.errors import EngineCrashed, EngineError, PresetError
 from rlwb.experiments.base import OnStart, Result, launch_engine, prefetch_engines, split_metrics
 
-# (metric, comparison, bound, source). verl: docs/algo/rollout_corr.md warns when |rollout_corr/kl| > 0.1,
-# eff_sample_size < 0.3 or chi2_token > 1.0 (https://github.com/volcengine/verl/blob/main/docs/algo/rollout_corr.md).
-# NeMo-RL: its GRPO tests require train/token_mult_prob_error < 1.05 (NVIDIA-NeMo/RL tests/test_suites/llm/*.sh;
-# the metric is defined in nemo_rl/algorithms/loss_functions.py).
-HEALTH_RULES = (("ess_frac", ">=", 0.3, "verl"), ("chi2_token", "<=", 1.0, "verl"),
+# (metric, comparison, bound, source). verl: docs/algo/rollout_corr.md's health check warns when
+# |rollout_corr/kl| > 0.1, rollout_is_eff_sample_size < 0.3 or chi2_token > 1.0
+# (https://github.com/volcengine/verl/blob/main/docs/algo/rollout_corr.md); its ESS is over the truncated token
+# TIS weights at verl's default cap (`metrics.ess_tis`, held to verl's own code by tests/test_corrections.py),
+# not the raw ratios. NeMo-RL: its GRPO tests require train/token_mult_prob_error < 1.05
+# (NVIDIA-NeMo/RL tests/test_suites/llm/*.sh; the metric is defined in nemo_rl/algorithms/loss_functions.py).
+HEALTH_RULES = (("ess_tis", ">=", 0.3, "verl"), ("chi2_token", "<=", 1.0, "verl"),
                 ("abs_k1", "<=", 0.1, "verl"), ("mult_prob_error", "<=", 1.05, "NeMo-RL"))
-CI_NAMES = ("abs_dlogp_mean", "k3_mean", "clip_frac", "ess_frac", "chi2_token", "mult_prob_error")
+CI_NAMES = ("abs_dlogp_mean", "k3_mean", "clip_frac", "ess_tis", "chi2_token", "mult_prob_error")
 DELTA_NAMES = ("k3_mean", "abs_dlogp_mean")  # change vs the baseline, with an interval
 FLOAT_FLOOR = 1e-4  # max |Δlogp| at or under this: the knob keeps engine and trainer at float precision
 BASELINE = "baseline"
@@ -85,10 +88,13 @@ def health(metrics: dict, group: str) -> tuple[bool, list[str]]:
 
 
 EFFECTIVE = ("dtype", "kv_cache_dtype", "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling",
-             "tensor_parallel_size")
+             "tensor_parallel_size", "max_num_batched_tokens", "distributed_executor_backend")
+# a setting given by environment -> (the read-back setting that shows the engine applied it, how vLLM parses it)
+ENV_READBACK = {"VLLM_BATCH_INVARIANT": ("batch_invariant", lambda v: bool(int(v)))}
 
 
-def not_applied(vllm_kwargs: dict, settings: dict, fp32_lm_head: bool | str = False) -> list[str]:
+def not_applied(vllm_kwargs: dict, settings: dict, fp32_lm_head: bool | str = False,
+                env: dict | None = None) -> list[str]:
     """Settings the preset asks for that the running engine does not report (read from its config): a knob
     that did not take effect is not measured as if it had (NeMo-RL's rollout tuning guide: prove the setting
     took effect from the engine, not from the YAML)."""
@@ -96,6 +102,9 @@ def not_applied(vllm_kwargs: dict, settings: dict, fp32_lm_head: bool | str = Fa
     for k in EFFECTIVE:
         if k in vllm_kwargs and k in settings and str(vllm_kwargs[k]).replace("torch.", "") != str(settings[k]):
             out.append(f"asked {k}={vllm_kwargs[k]}, the running engine reports {settings[k]}")
+    for name, (key, parse) in ENV_READBACK.items():
+        if name in (env or {}) and settings.get(key) is not None and parse(env[name]) != settings[key]:
+            out.append(f"asked {name}={env[name]}, the running engine reports {key}={settings[key]}")
     head = (vllm_kwargs.get("hf_overrides") or {}).get("head_dtype")
     if head is not None and settings.get("head_dtype") not in (None, head):
         out.append(f"asked head_dtype={head}, the running engine reports {settings.get('head_dtype')}")
@@ -108,6 +117,35 @@ def not_applied(vllm_kwargs: dict, settings: dict, fp32_lm_head: bool | str = Fa
     if spec is not None and "speculative" in settings and settings["speculative"] is None:
         out.append(f"asked speculative decoding ({spec}), the running engine has none")
     return out
+
+
+def not_verified(vllm_kwargs: dict, env: dict, settings: dict) -> list[str]:
+    """What a knob sets (`vllm_kwargs`, `env`: its changes to the baseline) that nothing read back from the running
+    engine confirms: it is measured as configured and marked "not verified" in the report, never passed off as
+    checked. A vLLM kwarg is confirmed by its own name in the engine's settings (`EFFECTIVE`), `head_dtype` and a
+    speculative method by theirs; an environment variable only through `ENV_READBACK`."""
+    out = []
+    for k, v in vllm_kwargs.items():
+        if k == "hf_overrides":
+            out += [f"hf_overrides {n}={x}" for n, x in v.items()
+                    if n != "head_dtype" or settings.get("head_dtype") is None]
+        elif k == "speculative_config":
+            if "speculative" not in settings:
+                out.append(f"{k}={v}")
+        elif k not in EFFECTIVE or settings.get(k) is None:
+            out.append(f"{k}={v}")
+    for name, v in env.items():
+        key = ENV_READBACK.get(name, (None,))[0]
+        if key is None or settings.get(key) is None:
+            out.append(f"env {name}={v}")
+    return out
+
+
+def knob_changes(baseline: str, preset: str) -> tuple[dict, dict]:
+    """(vLLM kwargs, environment) that `preset` sets differently from `baseline`: what a knob changes."""
+    base, p = resolve_preset(baseline), resolve_preset(preset)
+    return ({n: v for n, v in p.vllm_kwargs.items() if base.vllm_kwargs.get(n) != v},
+            {n: v for n, v in p.env.items() if base.env.get(n) != v})
 
 
 def same_tokens_frac(a: Rollouts, b: Rollouts) -> float:
@@ -138,8 +176,9 @@ def knob_metrics(ro: Rollouts, base: Rollouts | None, clip_eps: float, seed: int
         base_lrs = base.log_ratios()
         for k in DELTA_NAMES:
             out[f"delta_{k}"] = out[k] - fns[k](np.concatenate(base_lrs))
-            out[f"delta_{k}_ci_low"], out[f"delta_{k}_ci_high"] = stats.difference_ci(lrs, base_lrs, fns[k],
-                                                                                      seed=seed)
+            # same prompts, same seeds: completion i of the knob and of the baseline are a pair
+            out[f"delta_{k}_ci_low"], out[f"delta_{k}_ci_high"] = stats.paired_difference_ci(lrs, base_lrs, fns[k],
+                                                                                             seed=seed)
         out["same_tokens_frac"] = same_tokens_frac(ro, base)
     return out
 
@@ -171,12 +210,13 @@ class KnobResult(Result):
                 rows.append(row)
                 continue
             row["verdict"] = s.verdict
-            for name in ("abs_dlogp_max", "k3_mean", "chi2_token", "ess_frac", "mult_prob_error"):
+            for name in ("abs_dlogp_max", "k3_mean", "chi2_token", "ess_tis", "mult_prob_error"):
                 row[name] = m[f"{k}/{name}"]
             if f"{k}/delta_k3_mean" in m:
                 row["Δk3 vs baseline"] = m[f"{k}/delta_k3_mean"]
                 row["same tokens"] = m[f"{k}/same_tokens_frac"]
-            row["throughput ×"] = m.get(f"{k}/throughput_ratio", float("nan"))
+            row["throughput ×"] = m.get(f"{k}/throughput_ratio", float("nan"))  # none for the baseline itself
+            row["tok/s"] = m[f"{k}/tok_s"]
             rows.append(row)
         return pd.DataFrame(rows).set_index("knob") if rows else pd.DataFrame()
 
@@ -200,7 +240,7 @@ def verdict(metrics: dict, group: str) -> str:
 def _status_row(section: str, name: str, preset: str, description: str) -> dict:
     """A row of the status table (`data/status.parquet`), before anything ran."""
     return {"section": section, "knob": name, "preset": preset, "description": description, "status": "ok",
-            "error": "", "verdict": "", "vllm_version": "", "engine_start_s": float("nan")}
+            "error": "", "verdict": "", "not_verified": "", "vllm_version": "", "engine_start_s": float("nan")}
 
 
 def _measure(name: str, preset: str, engine: EngineWorker | Exception, p, prompts, sampling, scorer, base_ro,
@@ -222,7 +262,10 @@ def _measure(name: str, preset: str, engine: EngineWorker | Exception, p, prompt
             row["vllm_version"] = info.get("vllm_version") or ""
             if on_start:
                 on_start(info)
-            missing = not_applied(w.preset.vllm_kwargs, info.get("settings") or {}, w.preset.fp32_lm_head)
+            settings = info.get("settings") or {}
+            missing = not_applied(w.preset.vllm_kwargs, settings, w.preset.fp32_lm_head, w.preset.env)
+            if section == "knob" and name != BASELINE:
+                row["not_verified"] = "; ".join(not_verified(*knob_changes(p.baseline, preset), settings))
             if missing:
                 row.update(status="did not take effect", error="; ".join(missing))
                 rows.append(row)
@@ -307,8 +350,8 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
             if isinstance(e, EngineWorker):
                 e.close()
     base_tok_s = mets[f"{BASELINE}/tok_s"]
-    for r in rows:
-        if r["status"] == "ok":
+    for r in rows:  # the baseline has none: its ratio to itself would be 1 by construction
+        if r["status"] == "ok" and r["knob"] != BASELINE:
             mets[f"{r['knob']}/throughput_ratio"] = mets[f"{r['knob']}/tok_s"] / base_tok_s
     routing = pd.DataFrame()
     if p.moe:
@@ -321,8 +364,8 @@ def knobs_table(baseline: str, knobs: list[str]) -> pd.DataFrame:
     base, catalog, rows = resolve_preset(baseline), load_knobs(), []
     for k in knobs:
         p = resolve_preset(knob_preset(baseline, k))
-        diff = {**{f"{n}": v for n, v in p.vllm_kwargs.items() if base.vllm_kwargs.get(n) != v},
-                **{f"env {n}": v for n, v in p.env.items() if base.env.get(n) != v}}
+        kwargs, env = knob_changes(baseline, p.name)
+        diff = {**kwargs, **{f"env {n}": v for n, v in env.items()}}
         if p.fp32_lm_head != base.fp32_lm_head:
             diff["fp32_lm_head"] = p.fp32_lm_head
         rows.append({"knob": k, "what it changes": catalog[k].get("description", ""),
@@ -448,6 +491,10 @@ def conclusion(metrics: dict, status: pd.DataFrame, p) -> str:
     for status_name, rows_ in bad.groupby("status", sort=False):
         lines.append(f"\n**{status_name[0].upper() + status_name[1:]}** (the engine's own words): "
                      + "; ".join(f"`{r.knob}`: {r.error}" for r in rows_.itertuples()) + ".")
+    unverified = ok[ok.not_verified != ""] if "not_verified" in ok else ok.iloc[:0]
+    if len(unverified):
+        lines.append("\n**Not verified** (measured as configured: nothing the running engine reports confirms these "
+                     "settings): " + "; ".join(f"`{r.knob}`: {r.not_verified}" for r in unverified.itertuples()) + ".")
     versions = status[status.section == "version"]
     if len(versions):
         parts = []
@@ -464,6 +511,8 @@ def conclusion(metrics: dict, status: pd.DataFrame, p) -> str:
                      + ", ".join(f"`{k.split('/', 1)[1]}` {m[f'{k}/topk_set_agree']:.2%} "
                                  f"({m[f'{k}/any_layer_differs_frac']:.1%} of tokens routed differently in some layer;"
                                  f" k3 {m[f'{k}/k3_mean']:.1e})" for k in moe) + ".")
-    lines.append("\nHealth rules: verl rollout correction (ESS ≥ 0.3, χ² ≤ 1, |KL| ≤ 0.1) and NeMo-RL "
-                 "(token_mult_prob_error ≤ 1.05). Intervals: 95%, bootstrap over sequences.")
+    lines.append("\nHealth rules: verl rollout correction (ESS of its token TIS weights, cap 2, ≥ 0.3; χ² ≤ 1; "
+                 "|KL| ≤ 0.1) and NeMo-RL (token_mult_prob_error ≤ 1.05). Intervals: 95%, bootstrap over sequences; "
+                 "changes against the baseline paired by prompt and seed. Every setting a knob changes was read back "
+                 "from the running engine before it was measured, except those marked not verified.")
     return "\n".join(lines)

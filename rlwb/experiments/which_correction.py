@@ -45,8 +45,10 @@ class RaceResult(Result):
 
 
 def corrections_table(names) -> pd.DataFrame:
-    """What each raced correction does and which peer setting it reproduces."""
-    return pd.DataFrame([{"correction": n, "what": CATALOG[n].what, "peer setting": CATALOG[n].peer}
+    """What each raced correction does, which peer setting it reproduces, and whose code it was held to (or that
+    it is rlwb's own reading, with the source it follows)."""
+    return pd.DataFrame([{"correction": n, "what": CATALOG[n].what, "peer setting": CATALOG[n].peer,
+                          "checked against": CATALOG[n].checked_against}
                          for n in names]).set_index("correction")
 
 

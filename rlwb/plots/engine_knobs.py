@@ -11,7 +11,7 @@ import numpy as np
 from rlwb.plots.style import FLOOR_VALUE, OKABE_ITO, figsize
 
 KNOB_HEAT = [("abs_dlogp_mean", "mean |Δlogp|"), ("abs_dlogp_max", "max |Δlogp|"), ("k3_mean", "k3 KL"),
-             ("chi2_token", "χ² token"), ("ess_frac", "1 − ESS"), ("mult_prob_error", "mult. prob. error − 1")]
+             ("chi2_token", "χ² token"), ("ess_tis", "1 − ESS (verl)"), ("mult_prob_error", "mult. prob. error − 1")]
 
 
 def _knob_values(metrics_df):
@@ -34,7 +34,7 @@ def knob_heatmap(metrics_df, style: str = "notebook"):
     for j, (m, _) in enumerate(cols):
         for i, k in enumerate(t.index):
             x, lo, hi = (t.loc[k, c] if c in t.columns else np.nan for c in (m, f"{m}_ci_low", f"{m}_ci_high"))
-            if m == "ess_frac":
+            if m == "ess_tis":
                 x, lo, hi = 1 - x, 1 - hi, 1 - lo
             elif m == "mult_prob_error":
                 x, lo, hi = x - 1, lo - 1, hi - 1
@@ -60,7 +60,8 @@ def knob_price(metrics_df, style: str = "notebook"):
     t = _knob_values(metrics_df)
     fig, ax = plt.subplots(figsize=figsize(style, 1.1, 1.15))
     for i, k in enumerate(t.index):
-        x, y = t.loc[k, "throughput_ratio"], max(t.loc[k, "k3_mean"], FLOOR_VALUE)
+        x = 1.0 if k == "baseline" else t.loc[k, "throughput_ratio"]  # the reference: no ratio to itself stored
+        y = max(t.loc[k, "k3_mean"], FLOOR_VALUE)
         lo = max(t.loc[k].get("k3_mean_ci_low", np.nan), FLOOR_VALUE)
         hi = max(t.loc[k].get("k3_mean_ci_high", np.nan), FLOOR_VALUE)
         yerr = [[y - lo], [hi - y]] if np.isfinite(lo) and np.isfinite(hi) else None

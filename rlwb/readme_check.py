@@ -1,0 +1,159 @@
+"""`rlwb readme-check`: the numbers the README quotes, recomputed from the archived runs it cites.
+
+Why: a README number outlives the run it came from. Each table or paragraph that quotes measured numbers names
+its run in an HTML comment (invisible when the Markdown is rendered), and each quoted number names the metric it
+is, right after it:
+
+    <!-- rlwb:run 06_engine_knobs/20261123-092336 build a62e40a6ea9f6d69 -->
+    | `bf16` | 3.7e-05<!--=bf16/k3_mean--> [...] | 77%<!--=bf16/same_tokens_frac--> | ...
+
+`<stem>/<run id>` is an archived run, `outputs/<stem>/<run id>*` (the id is the directory's time stamp, its
+params hash may follow); `bench/<run id>` is an `rlwb bench` run (`outputs/bench/<run id>/bench.json`). `build`
+(optional) is the weights checksum of the model the run must have used. A run declaration holds for the annotated
+numbers after it until the next one; `<!-- rlwb:run none -->` ends it. The metric is a key of the run's
+`metrics.json` (or `bench.json`); a number ending in `%` quotes the metric times 100. Code (inline `...` and
+fenced blocks) is not read, so the README can show the format.
+
+A quoted number matches when the metric rounds to it at the precision it is quoted with (3.7e-05 stands for
+anything in [3.65e-05, 3.75e-05]). Per number: `match`; `mismatch` (the run is here and says otherwise, or lacks
+the metric, failed, or used another model build); `missing` (the run is not archived on this machine: nothing to
+check against); `stale` (it matches its run, but the newest run of that notebook here says otherwise). The exit
+code is 1 only for a mismatch; a README annotation that names no run is bad input (ValueError: exit 2).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlwb import archive
+
+RUN = re.compile(r"<!--\s*rlwb:run\s+(?P<run>\S+)(?:\s+build\s+(?P<build>[0-9a-f]+))?\s*-->")
+# a number (sign, thousands separators, decimals, exponent), an optional unit, optional bold, then <!--=metric-->
+QUOTE = re.compile(r"(?P<num>[−+-]?\d[\d,]*(?:\.\d+)?(?:e[+−-]?\d+)?)(?P<unit>%|×|\s?s)?\**<!--=(?P<key>[^\s>]+)-->")
+
+
+@dataclass(frozen=True)
+class Quote:
+    line: int  # 1-based line of the README
+    run: str  # "<stem>/<run id>" or "bench/<run id>"
+    build: str | None
+    key: str
+    text: str  # the number as quoted, unit included
+    value: float  # what it says the metric is (a percentage already divided by 100)
+    half_unit: float  # half a unit in its last quoted digit (the same scale as `value`)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    quote: Quote
+    status: str  # match | mismatch | missing | stale
+    detail: str
+
+
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+
+
+def _without_code(text: str) -> str:
+    """`text` with its code spans and blocks blanked out, lines and offsets kept."""
+    return CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def parse(text: str) -> list[Quote]:
+    """Every annotated number of `text` (outside code) with the run declared before it."""
+    text = _without_code(text)
+    events = sorted([(m.start(), "run", m) for m in RUN.finditer(text)]
+                    + [(m.start(), "quote", m) for m in QUOTE.finditer(text)], key=lambda e: e[0])
+    quotes, run, build = [], None, None
+    for pos, kind, m in events:
+        if kind == "run":
+            run, build = (None, None) if m["run"] == "none" else (m["run"], m["build"])
+            continue
+        line = text.count("\n", 0, pos) + 1
+        if run is None:
+            raise ValueError(f"README line {line}: {m.group(0)!r} quotes a metric but no `<!-- rlwb:run ... -->` "
+                             f"declares the run it came from")
+        num = m["num"].replace(",", "").replace("−", "-")
+        mantissa, _, exp = num.lower().partition("e")
+        decimals = len(mantissa.partition(".")[2])
+        scale = 100.0 if m["unit"] == "%" else 1.0
+        half = 0.5 * 10.0 ** (int(exp or 0) - decimals) / scale
+        quotes.append(Quote(line, run, build, m["key"], m.group(0).split("<!--")[0].strip("*"),
+                            float(num) / scale, half))
+    return quotes
+
+
+def _run_dir(outputs: Path, run: str) -> Path | None:
+    stem, _, run_id = run.partition("/")
+    if not run_id:
+        raise ValueError(f"README cites run {run!r}: write it as <notebook stem>/<run id> or bench/<run id>")
+    found = sorted(d for d in (outputs / stem).glob(f"{run_id}*") if d.is_dir()
+                   and (d.name == run_id or d.name.startswith(f"{run_id}-")))
+    return found[-1] if found else None
+
+
+def _values(run_dir: Path) -> dict:
+    bench = run_dir / "bench.json"
+    return archive.read_json(bench if bench.exists() else run_dir / "metrics.json", {})
+
+
+def _newest(outputs: Path, run: str, cited: Path) -> Path | None:
+    """The newest run of the same notebook (its `latest` link; for the bench, its newest directory)."""
+    stem = run.partition("/")[0]
+    if stem == "bench":
+        runs = sorted(d for d in (outputs / "bench").iterdir() if (d / "bench.json").exists())
+        newest = runs[-1] if runs else None
+    else:
+        link = outputs / "latest" / stem
+        newest = link.resolve() if link.exists() else None
+    return None if newest is None or newest.resolve() == cited.resolve() else newest
+
+
+def _agrees(q: Quote, v) -> bool:
+    return isinstance(v, (int, float)) and abs(float(v) - q.value) <= q.half_unit * (1 + 1e-9) + 1e-300
+
+
+def check(readme: Path, outputs: Path) -> list[Verdict]:
+    """A verdict for every annotated number of `readme`, against the runs under `outputs`."""
+    out = []
+    for q in parse(readme.read_text()):
+        d = _run_dir(outputs, q.run)
+        if d is None:
+            out.append(Verdict(q, "missing", f"{q.run} is not archived under {outputs}"))
+            continue
+        info = archive.read_json(d / "run.json", {})
+        got = _values(d).get(q.key)
+        problem = None
+        if info and info.get("status") not in (None, "ok"):
+            problem = f"the run's status is {info.get('status')!r}"
+        elif q.build and (built := ((info.get("model") or {}).get("weights_sha256_16")
+                                    or (_values(d).get("model") or {}).get("weights_sha256_16"))) != q.build:
+            problem = f"the run used model build {built}, the README says {q.build}"
+        elif got is None:
+            problem = f"{q.key} is not in the run"
+        elif not _agrees(q, got):
+            problem = f"the run says {got:.6g}"
+        if problem:
+            out.append(Verdict(q, "mismatch", problem))
+            continue
+        newer = _newest(outputs, q.run, d)
+        now = _values(newer).get(q.key) if newer is not None else None
+        if now is not None and not _agrees(q, now):
+            out.append(Verdict(q, "stale", f"matches its run ({got:.6g}); the newest run here, {newer.name}, says "
+                                            f"{now:.6g}"))
+        else:
+            out.append(Verdict(q, "match", f"{got:.6g}"))
+    return out
+
+
+def report(verdicts: list[Verdict], readme_name: str = "README.md") -> str:
+    """One line per quoted number, then the counts and the runs this machine does not have."""
+    lines = [f"{readme_name}:{v.quote.line}  {v.status:<8}  {v.quote.run}  {v.quote.key} = {v.quote.text}  ({v.detail})"
+             for v in verdicts]
+    counts = {s: sum(v.status == s for v in verdicts) for s in ("match", "mismatch", "stale", "missing")}
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(verdicts)} quoted numbers")
+    absent = sorted({v.quote.run for v in verdicts if v.status == "missing"})
+    if absent:
+        lines.append("not archived here (regenerate to check): " + ", ".join(absent))
+    return "\n".join(lines)
