@@ -6,8 +6,8 @@ per-token engine/trainer mismatch accumulates over a sequence as it does for rea
 
     prompt      "58+67="
     completion  "8+7=15,5+6+1=12#125"     (columns right to left, carry written out, then "#" + sum)
-    reward      1.0 iff the final answer (`parse_answer`: toy "#125", "#### 125", \\boxed{125} or the last
-                integer of free text) is the sum, else 0.0
+    reward      1.0 iff the final answer (`parse_answer`: \\boxed{125}, "#### 125", the toy's trailing "#125", "the
+                answer is 125" or the last integer of free text) is the sum, else 0.0
 """
 
 from __future__ import annotations
@@ -73,6 +73,15 @@ def make_problems(n: int, seed: int, max_digits: int = 3) -> list[Problem]:
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _INTEGER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?!\d)|-?\d+")
+# GSM8K's final line: `#### 125` (spaces optional), the last one wins
+_GSM8K = re.compile(r"####[ \t]*(\S*)")
+# the toy's answer: a lone `#` (no `#` beside it) whose tail runs to the end of the text without whitespace:
+# `...=12#125`, `#521`, a malformed `#12a`, an empty `...=7#`. A markdown heading (`### Solution`, `# Answer\n`)
+# or a reference inside prose (`Issue #3: 58+67 = 125`) is no answer marker: the `#` is doubled or its tail has
+# whitespace in it.
+_TOY = re.compile(r"(?<!#)#(?!#)([^\s#]*)\s*$")
+# an answer announced in prose: "the answer is 125", "Final answer: **125**", "answer = $125$"
+_ANNOUNCED = re.compile(r"answer\s*(?:is|:|=)\s*[*$\\(\[{\s]*(-?\d{1,3}(?:,\d{3})+(?!\d)|-?\d+)", re.I)
 
 
 def _integer(text: str) -> int | None:
@@ -85,17 +94,31 @@ def parse_answer(completion: str) -> int | None:
     """The final answer of a completion, in the formats real models write, first match wins:
 
     1. `\\boxed{125}` (the last box; math-tuned models),
-    2. after the last `#`: the toy format `...#125` and GSM8K's `#### 125` (a malformed tail such as `#12a`
-       is no answer: the model committed to a format and broke it),
-    3. otherwise the last integer in the text ("58 + 67 = 125.").
+    2. GSM8K's `#### 125` (the last one),
+    3. the toy format's trailing `#125` (`8+7=15,5+6+1=12#125`): a lone `#` at the end of the text; a malformed
+       tail such as `#12a` is no answer (the model committed to the format and broke it),
+    4. an answer announced in prose: `The answer is 125.`, `Final answer: **125**`,
+    5. otherwise the last integer in the text (`58 + 67 = 125.`, `**125**`, `$125$`).
+
+    A `#` counts only where it marks an answer: markdown headings (`### Solution`) and references in prose
+    (`Issue #3: ...`) fall through to the rules after it, so an instruct model is not scored 0 for formatting.
+    On the embedded models' own format this reads exactly what the earlier rule (the text after the last `#`)
+    read, except where that tail held whitespace (measured: `tests/test_tasks.py`).
 
     None when there is no answer.
     """
     boxed = _BOXED.findall(completion)
     if boxed:
         return _integer(boxed[-1])
-    if "#" in completion:
-        return _integer(completion.rsplit("#", 1)[1])
+    gsm8k = _GSM8K.findall(completion)
+    if gsm8k:
+        return _integer(gsm8k[-1])
+    toy = _TOY.search(completion)
+    if toy:
+        return _integer(toy.group(1))
+    announced = _ANNOUNCED.findall(completion)
+    if announced:
+        return _integer(announced[-1])
     found = _INTEGER.findall(completion)
     return _integer(found[-1]) if found else None
 
