@@ -39,6 +39,7 @@ from pathlib import Path
 
 from rlwb.core import tasks, tokenizer
 from rlwb.core.chat_model import ChatModelRecipe
+from rlwb.core.checkpoint_variant import VariantRecipe
 from rlwb.core.moe_model import MoeRecipe
 from rlwb.paths import cache_dir
 
@@ -230,7 +231,10 @@ EMBEDDED_RECIPES = {"default": ModelRecipe(),
                     "qwen2-chat-smoke": ChatModelRecipe(name="qwen2-chat-smoke", pretrain_steps=12, sft_steps=12,
                                                         warmup_steps=4),
                     "qwen2-moe-chat": MoeRecipe(),
-                    "qwen2-moe-chat-smoke": MoeRecipe(name="qwen2-moe-chat-smoke", base="qwen2-chat-smoke")}
+                    "qwen2-moe-chat-smoke": MoeRecipe(name="qwen2-moe-chat-smoke", base="qwen2-chat-smoke"),
+                    # the default policy with a hub checkpoint's sampling defaults in generation_config.json: every
+                    # engine and the trainer must ignore them (rlwb/core/checkpoint_variant.py)
+                    "default-sampling-defaults": VariantRecipe()}
 EMBEDDED_NAMES = tuple(EMBEDDED_RECIPES)
 
 
@@ -244,7 +248,7 @@ def recipe_for(name: str):
 
 @functools.cache
 def _with_corpus(recipe):
-    if isinstance(recipe, MoeRecipe):
+    if isinstance(recipe, (MoeRecipe, VariantRecipe)):
         return recipe.with_corpus(recipe_for(recipe.base).hash())
     return recipe.with_corpus()  # hashing 12 MB of stdlib takes a second: once per process
 
@@ -412,7 +416,7 @@ def run_pinned_build(recipe, *, force: bool = False, progress: bool = True, env:
     import subprocess
     import sys
 
-    kind = {ModelRecipe: "default", ChatModelRecipe: "chat", MoeRecipe: "moe"}[type(recipe)]
+    kind = {ModelRecipe: "default", ChatModelRecipe: "chat", MoeRecipe: "moe", VariantRecipe: "variant"}[type(recipe)]
     cmd = [sys.executable, "-m", "rlwb.core.models", json.dumps(asdict(recipe)), "--kind", kind]
     cmd += ["--force"] * force + ["--quiet"] * (not progress) + (["--out", str(out)] if out else [])
     from rlwb.progress import progress_stream
@@ -478,6 +482,11 @@ def _build_here(recipe, force: bool, progress: bool, out: Path | None = None) ->
 
         base = build_embedded_model(recipe.base, progress=progress)  # built first if missing
         model, fields = moe_model.build(recipe, base, tmp, progress)
+    elif isinstance(recipe, VariantRecipe):
+        from rlwb.core import checkpoint_variant
+
+        base = build_embedded_model(recipe.base, progress=progress)  # built first if missing
+        model, fields = checkpoint_variant.build(recipe, base, tmp)
     else:
         from rlwb.core import chat_model
 
@@ -547,12 +556,13 @@ def _main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="build an embedded model (run via build_default_model)")
     ap.add_argument("recipe", help="recipe fields as JSON")
-    ap.add_argument("--kind", choices=["default", "chat", "moe"], default="default")
+    ap.add_argument("--kind", choices=["default", "chat", "moe", "variant"], default="default")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="build into this directory (default: the cache's)")
     a = ap.parse_args(argv)
-    recipe = {"default": ModelRecipe, "chat": ChatModelRecipe, "moe": MoeRecipe}[a.kind](**json.loads(a.recipe))
+    recipe = {"default": ModelRecipe, "chat": ChatModelRecipe, "moe": MoeRecipe,
+              "variant": VariantRecipe}[a.kind](**json.loads(a.recipe))
     _build_here(recipe, force=a.force, progress=not a.quiet, out=a.out)
 
 

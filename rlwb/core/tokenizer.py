@@ -87,6 +87,12 @@ def chat_prompt_ids(hf_tokenizer, messages: list[dict] | str) -> list[int]:
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
+def uses_char_tokenizer(card: dict) -> bool:
+    """Does the embedded model of this model card take the 64-symbol char tokenizer (the default policy, or a
+    checkpoint variant of it)?"""
+    return card.get("name") == "rlwb-default-policy" or card.get("tokenizer") == "rlwb-char"
+
+
 class PromptCodec:
     """Text <-> token ids for the model under test: the char tokenizer for the embedded default policy,
     the model's own tokenizer (its special tokens, e.g. BOS, and its chat template) for anything else.
@@ -103,8 +109,7 @@ class PromptCodec:
             raise ValueError(f"chat_template must be one of {CHAT_TEMPLATE_MODES}, got {chat_template!r}")
         self.hf = None
         card = Path(str(model_path)) / "model.json" if model_path is not None else None
-        char_model = model_path is None or (card.exists() and
-                                            json.loads(card.read_text()).get("name") == "rlwb-default-policy")
+        char_model = model_path is None or (card.exists() and uses_char_tokenizer(json.loads(card.read_text())))
         if not char_model:
             from transformers import AutoTokenizer
 

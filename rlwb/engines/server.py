@@ -146,6 +146,8 @@ class VllmBackend:
                              else str(getattr(cfg.speculative_config, "method", "on"))),
                 max_num_batched_tokens=getattr(sc, "max_num_batched_tokens", None),
                 distributed_executor_backend=self._backend_name(getattr(pc, "distributed_executor_backend", None)),
+                generation_config=str(getattr(mc, "generation_config", "auto")),
+                default_sampling_params=mc.get_diff_sampling_param(),  # {} when generation_config is "vllm"
             )
             modes = self.llm.collective_rpc("rlwb_batch_invariant")  # every rank's own flag
             modes = modes if isinstance(modes, list) else [modes]
@@ -178,6 +180,9 @@ class VllmBackend:
                 top_k=top_k if top_k > 0 else -1, max_tokens=int(s["max_tokens"]), seed=s.get("seed"),
                 ignore_eos=bool(s.get("ignore_eos", False)),
                 logprobs=(self.vocab if full else 0),
+                # explicit and neutral: nothing of a checkpoint's generation_config.json reaches the sampler (the
+                # presets also set generation_config: vllm, so vLLM never reads it as defaults)
+                repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0, min_tokens=0,
             ))
             prompts.append({"prompt_token_ids": list(r["prompt_token_ids"])})
         return prompts, params
@@ -254,6 +259,13 @@ class VllmBackend:
         return {"preemptions": preemptions}
 
 
+# the generation_config.json fields that change what is sampled (reported in info() when a checkpoint sets them)
+CHECKPOINT_SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
+                              "no_repeat_ngram_size", "presence_penalty", "frequency_penalty", "epsilon_cutoff",
+                              "eta_cutoff", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens",
+                              "sequence_bias", "min_new_tokens", "min_length", "max_new_tokens", "max_length")
+
+
 class HfBackend:
     """transformers `generate`: the reference engine. Scores are the processed (warped) logits."""
 
@@ -270,7 +282,15 @@ class HfBackend:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(spec.get("tokenizer") or spec["model"])
+        from transformers import GenerationConfig
+
+        # The checkpoint's generation_config.json may set sampling defaults (a hub instruct model's
+        # repetition_penalty, top_k, temperature, do_sample); `generate` fills every field a call leaves unset from
+        # it. The reference samples only what rlwb's request says, so only the special tokens are kept from it.
         gc = self.model.generation_config
+        self.checkpoint_sampling = {k: v for k, v in gc.to_diff_dict().items() if k in CHECKPOINT_SAMPLING_FIELDS}
+        self.model.generation_config = GenerationConfig(bos_token_id=gc.bos_token_id, eos_token_id=gc.eos_token_id,
+                                                        pad_token_id=gc.pad_token_id)
         self.eos, self.pad = gc.eos_token_id, (gc.pad_token_id if gc.pad_token_id is not None else 0)
 
     def info(self) -> dict:
@@ -279,7 +299,8 @@ class HfBackend:
         return {"backend": "hf", "engine": "hf", "vllm_version": None, "torch_version": self.torch.__version__,
                 "transformers_version": transformers.__version__,
                 "settings": {"dtype": self.dtype, "device": self.device, "logprobs_mode": "processed",
-                             "enable_prefix_caching": False}}
+                             "enable_prefix_caching": False, "generation_config": "ignored (neutral)",
+                             "checkpoint_sampling_defaults": self.checkpoint_sampling}}
 
     def generate(self, requests: list[dict], full: bool) -> list[dict]:
         # One `generate` call per request: transformers has no per-request seed inside a batch, and
@@ -294,15 +315,19 @@ class HfBackend:
             T, n = float(s["temperature"]), int(s.get("n", 1))
             if s.get("seed") is not None:
                 torch.manual_seed(int(s["seed"]))
+            from transformers import GenerationConfig
+
+            # every sampling field explicit and neutral (top_k 0 is "off" in every transformers version; None is
+            # filled from the model's defaults by some): nothing of the checkpoint's defaults can reach the sample
             kw = dict(do_sample=T > 0, max_new_tokens=int(s["max_tokens"]), num_return_sequences=n,
                       output_scores=True, return_dict_in_generate=True, pad_token_id=self.pad,
-                      eos_token_id=self.eos, attention_mask=torch.ones_like(ids))
-            if T > 0:
-                kw.update(temperature=T, top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)) or None)
-            if s.get("ignore_eos"):  # as vLLM: keep going past EOS, but EOS stays in the distribution
-                kw["eos_token_id"] = None  # (min_new_tokens would mask EOS and change the logprobs)
+                      eos_token_id=None if s.get("ignore_eos") else self.eos,  # ignore_eos: as vLLM, keep going
+                      repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0)  # past EOS, EOS still
+            if T > 0:  # in the distribution (min_new_tokens would mask EOS and change the logprobs)
+                kw.update(temperature=T, top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)))
             with torch.no_grad():
-                out = self.model.generate(ids, **kw)
+                out = self.model.generate(ids, generation_config=GenerationConfig(**kw),
+                                          attention_mask=torch.ones_like(ids))
             scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [n, steps, V]
             samples = []
             for j in range(n):
