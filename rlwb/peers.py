@@ -1,9 +1,10 @@
 """Peers' own implementations of the off-policy corrections, loaded as oracles for rlwb's.
 
 Why: re-deriving verl's or TRL's formula from its docs checks rlwb against rlwb's reading of the docs. These
-loaders run the peer's code itself on rlwb's tensors: verl 0.9.1's `rollout_corr_helper` and its policy loss
-(`core_algos`), SkyRL 0.3.0's `off_policy_correction_utils` and PPO loss, OpenRLHF 0.11.2's `PolicyLoss` (from
-`$RLWB_ENVS/peers`, installed by `scripts/setup.sh peers`), and TRL's (the kernel env's, pinned in pyproject.toml).
+loaders run the peer's code itself on rlwb's tensors: verl 0.9.1's `rollout_corr_helper`, its policy loss
+(`core_algos`) and debug metrics, SkyRL 0.3.0's `off_policy_correction_utils` and PPO loss, OpenRLHF 0.11.2's
+`PolicyLoss` (from `$RLWB_ENVS/peers`, installed by `scripts/setup.sh peers`), and TRL's (the kernel env's, pinned
+in pyproject.toml).
 
 How, where a peer's package cannot be imported whole on this machine: SkyRL's package `__init__` needs
 Python 3.12 and OpenRLHF's needs its training stack (peft, flash-attn, deepspeed), so their correction modules
@@ -69,6 +70,18 @@ def verl_rollout_corr() -> types.ModuleType:
     _on_path()
     import verl.trainer.ppo.rollout_corr_helper as m
 
+    return m
+
+
+@functools.cache
+def verl_debug_metrics() -> types.ModuleType:
+    """verl's `verl.utils.debug.metrics` (`calculate_debug_metrics`: the `training/rollout_probs_diff_*` metrics
+    it logs with `rollout.calculate_log_probs=True`), and `verl.DataProto` it takes, as `.DataProto`."""
+    _on_path()
+    import verl.utils.debug.metrics as m
+    from verl import DataProto
+
+    m.DataProto = DataProto
     return m
 
 
