@@ -20,6 +20,15 @@ class PresetError(ParamError):
     """An engine preset's name or definition is wrong; the message says which and what is allowed."""
 
 
+class PromptFileError(ParamError):
+    """A prompts file cannot be used: the message names the file, the row (1-based) and the field."""
+
+
+class ScorerError(RlwbError, RuntimeError):
+    """An external trainer scorer failed or broke its contract (rlwb/core/external_scorer.py); the message says
+    which command, and what was wrong with what it wrote."""
+
+
 class MemoryPlanError(RlwbError, ValueError):
     """The run cannot fit the GPU; the message says how much is needed, how much there is, and what to change."""
 
