@@ -117,8 +117,12 @@ def split_by_lengths(flat: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
 class TrainerScorer:
     """A transformers causal LM in a chosen dtype that scores engine rollouts (no grad)."""
 
-    def __init__(self, model: str | Path | torch.nn.Module, dtype: str = "float32", device: str = "auto"):
-        """`device="auto"`: CUDA when available (a GPU box), else CPU."""
+    def __init__(self, model: str | Path | torch.nn.Module, dtype: str = "float32", device: str = "auto",
+                 attn_implementation: str | None = None):
+        """`device="auto"`: CUDA when available (a GPU box), else CPU. `attn_implementation`: transformers' attention
+        kernel (`sdpa`, `eager`, ...; None = transformers' choice, sdpa here), so a trainer's own setting can be
+        matched. The checkpoint's generation_config.json plays no part: scoring computes the logits and applies
+        only the temperature, top-k and top-p it is given."""
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype not in DTYPES:
@@ -128,9 +132,16 @@ class TrainerScorer:
         else:
             from transformers import AutoModelForCausalLM
 
-            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+            kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype), **kw)
         self.model.to(device=device, dtype=getattr(torch, dtype)).eval()
         self.dtype, self.device = dtype, device
+        self.attn_implementation = getattr(self.model.config, "_attn_implementation", attn_implementation)
+
+    def describe(self) -> dict:
+        """What this scorer is, for the archive."""
+        return {"kind": "hf", "dtype": self.dtype, "attn_implementation": self.attn_implementation,
+                "device": self.device}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
