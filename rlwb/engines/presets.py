@@ -10,6 +10,7 @@ import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import yaml
 
@@ -21,8 +22,11 @@ KNOB_KEYS = {"description", "env", "vllm_kwargs", "fp32_lm_head", "reset_prefix_
              "on_cpu", "on_cuda", "python"}
 PRESET_KEYS = {"description", "backend", "python", "env", "vllm_kwargs", "fp32_lm_head",
                "reset_prefix_cache_on_update", "extends", "on_cpu", "on_cuda", "full_vocab_limit",
-               "idle_spin_s", "setup"}
-BACKENDS = ("vllm", "hf")
+               "idle_spin_s", "setup", "url", "served_model"}
+# vllm / hf: a worker process rlwb starts (rlwb/engines/worker.py); openai: a server someone else runs, reached at
+# `url` through its OpenAI-compatible API (rlwb/engines/served.py), `served_model` naming its model when it serves
+# several
+BACKENDS = ("vllm", "hf", "openai")
 # fp32 lm_head when the engine's dtype is not fp32: true = vLLM's own `head_dtype` where the running vLLM has it
 # (ModelConfig.head_dtype: 0.28 and later here), else rlwb's hook; "native" / "rlwb" force one of the two.
 FP32_HEAD_MODES = (False, True, "native", "rlwb")
@@ -33,7 +37,7 @@ FP32_HEAD_MODES = (False, True, "native", "rlwb")
 class Preset:
     name: str
     backend: str
-    python: Path
+    python: Path | None  # None for a served engine (backend openai): rlwb starts no process for it
     env: dict = field(default_factory=dict)
     vllm_kwargs: dict = field(default_factory=dict)
     fp32_lm_head: bool | str = False  # one of FP32_HEAD_MODES
@@ -42,8 +46,12 @@ class Preset:
     idle_spin_s: float | None = None  # vLLM V1 worker queue busy-wait after each message (None: vLLM's 1 s)
     description: str = ""
     setup: dict = field(default_factory=dict)  # how its environment is made (rlwb/engines/setup.py)
+    url: str = ""  # backend openai: the server's address, e.g. http://127.0.0.1:8000/v1
+    served_model: str = ""  # backend openai: the model name the server serves ("" = the only one it serves)
 
     def check_interpreter(self) -> None:
+        if self.backend == "openai":  # no interpreter: the server is reached (and checked) when the engine opens
+            return
         if not self.python.exists():
             hint = (f"run `rlwb engines setup {self.name.split(KNOB_SEP)[0]}`" if self.setup else
                     "run `make engines`" if str(self.python).startswith(str(REPO_ROOT)) else "create that environment")
@@ -182,7 +190,11 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
     backend = d.get("backend")
     if backend not in BACKENDS:
         raise PresetError(f"engine preset {name!r}: backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if not d.get("python"):
+    if backend == "openai":
+        problem = check_url(str(d.get("url", "")))
+        if problem:
+            raise PresetError(f"engine preset {name!r} (backend openai): `url` {problem}")
+    elif not d.get("python"):
         raise PresetError(f"engine preset {name!r}: no `python` interpreter given")
     for key in ("env", "vllm_kwargs"):
         if not isinstance(d.get(key, {}), dict):
@@ -192,8 +204,8 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
                           f"{d.get('fp32_lm_head')!r}")
     if not isinstance(d.get("reset_prefix_cache_on_update", False), bool):
         raise PresetError(f"engine preset {name!r}: `reset_prefix_cache_on_update` must be true or false")
-    python = Path(os.path.expanduser(str(d["python"])))
-    if not python.is_absolute():
+    python = Path(os.path.expanduser(str(d["python"]))) if d.get("python") else None
+    if python is not None and not python.is_absolute():
         python = REPO_ROOT / python
     return Preset(
         name=name, backend=backend, python=python,
@@ -205,4 +217,27 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
         idle_spin_s=None if d.get("idle_spin_s") is None else float(d["idle_spin_s"]),
         description=str(d.get("description", "")),
         setup=dict(d.get("setup") or {}),
+        url=str(d.get("url", "")),
+        served_model=str(d.get("served_model", "")),
     )
+
+
+def is_url(name: str) -> bool:
+    """An `engines` entry that names a server (`http://host:port/v1`) rather than a preset."""
+    return str(name).startswith(("http://", "https://"))
+
+
+def check_url(url: str) -> str | None:
+    """None, or why `url` cannot name a server (parameter validation: no request is made)."""
+    u = urlparse(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return f"{url!r} is not an http(s) URL with a host"
+    return None
+
+
+def served_preset(url: str, served_model: str = "") -> Preset:
+    """The preset of a server given by its URL alone (`rlwb audit --engine http://...`): a served engine named
+    `served:<host>:<port>` (a name without slashes: it groups metric keys)."""
+    u = urlparse(url)
+    return Preset(name=f"served:{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}", backend="openai",
+                  python=None, url=url, served_model=served_model, description=f"an OpenAI-compatible server at {url}")

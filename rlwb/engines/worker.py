@@ -26,7 +26,7 @@ import numpy as np
 from rlwb import timing
 from rlwb.engines import forking, protocol
 from rlwb.engines.presets import Preset, resolve_preset
-from rlwb.errors import EngineCrashed, EngineError
+from rlwb.errors import EngineCrashed, EngineError, PresetError
 
 SERVER = Path(__file__).with_name("server.py")
 _LIVE: weakref.WeakSet[EngineWorker] = weakref.WeakSet()
@@ -175,6 +175,9 @@ class EngineWorker:
 
     def _launch(self, preset, model, dtype, extra_vllm_kwargs, log_dir) -> None:
         self.preset = resolve_preset(preset) if isinstance(preset, str) else preset
+        if self.preset.backend == "openai":
+            raise PresetError(f"engine preset {self.preset.name!r} is a served engine (backend openai): rlwb starts "
+                              f"no process for it; audit it with `rlwb audit --engine {self.preset.name}`")
         self.preset.check_interpreter()
         self.model, self.dtype = str(model), dtype
         self._tmp = tempfile.TemporaryDirectory(prefix=f"rlwb-{self.preset.name}-",
