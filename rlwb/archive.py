@@ -149,6 +149,11 @@ class Run:
         engines[info.get("preset", info.get("engine", "?"))] = info
         self._update_run_json(engines=engines)
 
+    def record_provenance(self, **fields) -> None:
+        """Provenance an experiment reports beyond engines and model (the audit: its prompts file or the archived
+        run it re-scores, `source`, and the trainer that scored, `trainer`), into run.json."""
+        self._update_run_json(**fields)
+
     def record_memory_plan(self, plan: dict) -> None:
         """How the run split the GPU (rlwb.core.memory_plan), or `{"device": "cpu"}`."""
         self._update_run_json(memory_plan=plan)

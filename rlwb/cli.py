@@ -1,5 +1,5 @@
-"""`rlwb` command line: run | runs | figures | compare | index | rerun | sweep | bench | validate | build-model |
-engines check | sync-params | readme-check.
+"""`rlwb` command line: run | audit | rescore | runs | figures | compare | index | rerun | sweep | bench | validate |
+build-model | engines check | sync-params | readme-check.
 
 Exit codes: 0 success, 1 a run failed / a check did not pass, 2 bad input (params, paths, presets).
 `rlwb run` prints the run directory as the last line of stdout, so scripts can `dir=$(rlwb run ... | tail -1)`.
@@ -32,6 +32,48 @@ def _cmd_run(a) -> int:
         return 1
     print(run_dir)
     return 0
+
+
+def _run_audit(a, overrides: dict) -> int:
+    """`rlwb run notebooks/10_audit.ipynb` with the audit's overrides on top of `-f`/`-p`: archived and reported
+    like every notebook; the run directory is the last line of stdout."""
+    from rlwb import runner
+
+    for key, value in a.param or []:
+        overrides.setdefault(key, parse_override(key, value))
+    try:
+        run_dir = runner.run("10_audit", a.file or [], overrides, a.outputs, log_output=a.log_output)
+    except RunFailed as e:
+        print(f"rlwb {a.cmd}: {e.error}", file=sys.stderr)
+        print(e.run_dir)
+        return 1
+    print(run_dir)
+    return 0
+
+
+def _cmd_audit(a) -> int:
+    """Paths a user types are relative to where they type them; the notebook's kernel runs elsewhere."""
+    overrides = {"trainer": a.trainer}
+    if a.model:
+        overrides["model"] = a.model if not Path(a.model).exists() else str(Path(a.model).resolve())
+    if a.prompts:
+        overrides["prompts_file"] = str(Path(a.prompts).expanduser().resolve())
+    if a.engine:
+        overrides["engines"] = a.engine
+    if a.served_model:
+        overrides["served_model"] = a.served_model
+    return _run_audit(a, overrides)
+
+
+def _cmd_rescore(a) -> int:
+    import yaml
+
+    src = Path(a.run_dir).expanduser().resolve()
+    if not (src / "params.yaml").is_file():
+        raise ParamError(f"{a.run_dir}: not an archived run (no params.yaml)")
+    model = a.model or (yaml.safe_load((src / "params.yaml").read_text()) or {}).get("model", "default")
+    return _run_audit(a, {"rollouts_from": str(src), "prompts_file": "", "engines": [], "trainer": a.trainer,
+                          "model": model})
 
 
 def _cmd_runs(a) -> int:
@@ -298,6 +340,35 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
     r.add_argument("--log-output", action="store_true", help="stream the notebook's output to stderr")
     r.set_defaults(fn=_cmd_run)
+
+    r = sub.add_parser("audit", help="audit your own stack: your prompts, your engine (a preset or a server URL), "
+                                     "your trainer (notebooks/10_audit.ipynb, archived)")
+    r.add_argument("--model", help="embedded model, model directory or HF id (default: the notebook's, 'default')")
+    r.add_argument("--prompts", help="JSONL or Parquet: prompt, messages or prompt_token_ids per row")
+    r.add_argument("--engine", action="append", metavar="PRESET|URL",
+                   help="an engine preset or an OpenAI-compatible server, http://host:port/v1 (repeatable)")
+    r.add_argument("--served-model", help="the model name at the server (default: the one it serves)")
+    r.add_argument("--trainer", default="hf", metavar="hf|CMD",
+                   help="hf (rlwb's scorer) or a command behind the external-scorer contract (README), run from the "
+                        "repository root")
+    r.add_argument("-f", "--file", action="append", help="params YAML (repeatable, later wins)")
+    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                   help="any other parameter of notebooks/10_audit.ipynb (temperature, max_tokens, trainer_dtype, ...)")
+    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
+    r.add_argument("--log-output", action="store_true", help="stream the notebook's output to stderr")
+    r.set_defaults(fn=_cmd_audit)
+
+    r = sub.add_parser("rescore", help="re-score an archived run's rollouts with another trainer; a new archived "
+                                       "run naming its source")
+    r.add_argument("run_dir", help="an archived run with data/rollouts.parquet (notebooks 01, 06, 10)")
+    r.add_argument("--trainer", default="hf", metavar="hf|CMD", help="hf (rlwb's scorer) or a scoring command")
+    r.add_argument("--model", help="the model to score with (default: the source run's)")
+    r.add_argument("-f", "--file", action="append", help="params YAML (repeatable, later wins)")
+    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                   help="other parameters of notebooks/10_audit.ipynb (trainer_dtype, trainer_attn, worst_tokens)")
+    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
+    r.add_argument("--log-output", action="store_true", help="stream the notebook's output to stderr")
+    r.set_defaults(fn=_cmd_rescore)
 
     r = sub.add_parser("runs", help="list archived runs")
     r.add_argument("--outputs")

@@ -32,3 +32,11 @@ def outputs_dir(override: str | os.PathLike | None = None) -> Path:
         return Path(override).expanduser().resolve()
     env = os.environ.get("RLWB_OUTPUTS")
     return Path(env).expanduser().resolve() if env else REPO_ROOT / "outputs"
+
+
+def repo_path(value: str | os.PathLike) -> Path:
+    """A path given in params (a prompts file, an archived run): absolute as it is, relative from the repo root
+    (the notebook's kernel runs in `notebooks/`, so the invoking directory is gone by then; `rlwb audit` and
+    `rlwb rescore` make the paths a user types absolute first)."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else REPO_ROOT / p

@@ -375,6 +375,8 @@ REPORT_CSS = """
 def _engine_line(preset: str, info: dict) -> str:
     if info.get("backend") == "hf":
         what = f"transformers {info.get('transformers_version', '?')} (reference)"
+    elif info.get("backend") == "openai":
+        what = f"served vLLM {info.get('server_version', '?')} at {info.get('url', '?')} ({info.get('served_model')})"
     else:
         what = f"vLLM {info.get('vllm_version', '?')} ({str(info.get('engine', '?')).upper()})"
     return f"<code>{html.escape(preset)}</code> {html.escape(what)}"
@@ -395,6 +397,15 @@ def _model_line(model: dict | None) -> str:
     return f"<code>{html.escape(Path(str(model.get('path', '?'))).name)}</code>"
 
 
+def _source_line(source: dict) -> str:
+    """Where an audit's rollouts came from: its prompts file, or the archived run it re-scored."""
+    if source.get("kind") == "archived run":
+        return (f"re-scored from run <code>{html.escape(str(source.get('run_id')))}</code> of "
+                f"{html.escape(str(source.get('notebook')))}")
+    return (f"prompts file <code>{html.escape(Path(str(source.get('path', '?'))).name)}</code>, "
+            f"{source.get('rows')} rows, sha256 <code>{html.escape(str(source.get('sha256', ''))[:12])}</code>")
+
+
 def provenance_html(run_dir: Path) -> str:
     """The compact block under a report's title: what ran, on what, from which commit; params folded."""
     import yaml
@@ -413,6 +424,7 @@ def provenance_html(run_dir: Path) -> str:
         f"</div>",
         f"<div><b>Model</b> {_model_line(info.get('model'))}</div>",
         f"<div><b>Engines</b> {engines}</div>",
+        *([f"<div><b>Source</b> {_source_line(info['source'])}</div>"] if info.get("source") else []),
         f"<details><summary>Parameters (hash <code>{html.escape(str(info.get('params_hash', '?')))}</code>)"
         f"</summary><table>{rows}</table></details>",
     ]

@@ -330,11 +330,32 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     assert "Real engines on the same axes" not in html  # the only point is the T = 1 control
 
 
+def check_audit(d: Path, m: dict) -> None:
+    """The prompts file's three row shapes through one preset, rlwb's fp32 scorer: at the float floor, every
+    framework's number beside its threshold, the worst tokens, and a self-contained rollouts table."""
+    assert m["vllm-v1-processed/abs_dlogp_max"] <= 1e-4 and m["vllm-v1-processed/frameworks_flagged"] == 0
+    assert m["vllm-v1-processed/k3_mean_ci_low"] <= m["vllm-v1-processed/k3_mean"] + 1e-15
+    info = json.loads((d / "run.json").read_text())
+    assert info["source"]["rows"] == 8 and info["source"]["fields"] == {"prompt": 6, "prompt_token_ids": 2}
+    assert info["trainer"] == {"kind": "hf", "dtype": "float32", "attn_implementation": "sdpa", "device": "cpu"}
+    panel = pd.read_parquet(d / "data" / "panel.parquet")
+    assert {"verl", "NeMo-RL", "slime", "SkyRL", "prime-rl"} == set(panel["framework"])
+    assert (panel["threshold"].isna() == (panel["verdict"] == "no threshold")).all()
+    worst = pd.read_parquet(d / "data" / "worst_tokens.parquet")
+    assert len(worst) == 10 and worst["abs_dlogp"].is_monotonic_decreasing and set(worst["prompt"]) <= {
+        f"task-{i}" for i in range(8)}
+    rollouts = pd.read_parquet(d / "data" / "rollouts.parquet")
+    assert {"prompt_token_ids", "temperature", "seed"} <= set(rollouts.columns)
+    html = (d / "report.html").read_text()
+    assert "On each framework" in html and "rollout_corr/kl" in html and "prompts_smoke.jsonl" in html
+
+
 CHECKS = {"00_default_policy": check_default_policy, "01_logprob_mismatch": check_logprob_mismatch,
           "02_kl_vs_temperature": check_kl_vs_temperature, "03_toy_grpo": check_toy_grpo,
           "04_determinism_and_staleness": check_determinism_and_staleness,
           "05_equivalence_and_stress": check_equivalence_and_stress, "06_engine_knobs": check_engine_knobs,
-          "07_which_correction": check_which_correction, "08_mismatch_cost": check_mismatch_cost}
+          "07_which_correction": check_which_correction, "08_mismatch_cost": check_mismatch_cost,
+          "10_audit": check_audit}
 
 REPORT_NOISE = ('data-mime-type="application/vnd.jupyter.stderr"', "PosixPath", "/tmp/", ".tmp-", "it/s]", "s/it]",
                 "Loading weights", "IProgress", "TqdmWarning", "Traceback", "rlwb.notebook.start")

@@ -10,6 +10,7 @@ import pytest
 from rlwb.core import prompt_files, tokenizer
 from rlwb.core.tokenizer import PromptCodec
 from rlwb.errors import PromptFileError
+from tests.conftest import rlwb
 
 
 def _jsonl(path, rows):
@@ -90,3 +91,13 @@ def test_files_that_are_not_prompt_files(tmp_path, name, content, where):
     with pytest.raises(PromptFileError, match=where):
         prompt_files.check_rows(path)
 
+
+def test_rlwb_audit_refuses_a_bad_file_before_a_kernel_starts(tmp_path):
+    """Exit 2, one line naming file, row and field, and nothing archived."""
+    path = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "1+1="}, {"prompt": "2+2=", "messages": []}])
+    r = rlwb("audit", "--prompts", str(path), "--engine", "vllm-v1-processed", "--outputs", str(tmp_path / "out"),
+             timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"prompts file {path}: row 2: needs exactly one of" in lines[0], r.stderr
+    assert not (tmp_path / "out" / "10_audit").exists()

@@ -129,6 +129,7 @@ class FrameworkMetric:
     alert: str = ""  # "above" or "abs above": the framework flags values (their magnitude) above the threshold
     threshold_source: str = ""  # where the threshold is written, and what the framework says of it
     neutral: float = 0.0  # its value without any mismatch (1 for NeMo-RL's multiplicative error)
+    rlwb_name: str = ""  # the rlwb metric it equals or resembles (`rlwb.core.metrics`): how a report formats it
 
     def distance(self, value: float) -> float:
         """How far `value` has gone from no mismatch towards the threshold: 0 = none, 1 = where the framework
@@ -147,41 +148,43 @@ VERL_ALERTS = (f"{VERL} docs/algo/rollout_corr.md, check_rollout_correction_heal
                "abs(rollout_corr/kl) > 0.1 and when rollout_corr/chi2_token > 1.0")
 PANEL: tuple[FrameworkMetric, ...] = (
     FrameworkMetric("verl", "rollout_corr/kl", verl_kl, f"{VERL} verl/trainer/ppo/rollout_corr_helper.py "
-                    "compute_offpolicy_metrics", 0.1, "abs above", VERL_ALERTS),
+                    "compute_offpolicy_metrics", 0.1, "abs above", VERL_ALERTS, rlwb_name="k1_mean"),
     FrameworkMetric("verl", "rollout_corr/k3_kl", k3, f"{VERL} verl/trainer/ppo/rollout_corr_helper.py "
-                    "compute_offpolicy_metrics"),
+                    "compute_offpolicy_metrics", rlwb_name="k3_mean"),
     FrameworkMetric("verl", "rollout_corr/chi2_token", verl_chi2_token, f"{VERL} verl/trainer/ppo/"
-                    "rollout_corr_helper.py compute_offpolicy_metrics", 1.0, "above", VERL_ALERTS),
+                    "rollout_corr_helper.py compute_offpolicy_metrics", 1.0, "above", VERL_ALERTS,
+                    rlwb_name="chi2_token"),
     FrameworkMetric("verl", "rollout_corr/chi2_seq", verl_chi2_seq, f"{VERL} verl/trainer/ppo/rollout_corr_helper.py "
-                    "compute_offpolicy_metrics"),
+                    "compute_offpolicy_metrics", rlwb_name="chi2_seq"),
     FrameworkMetric("verl", "rollout_corr/log_ppl_abs_diff", verl_log_ppl_abs_diff, f"{VERL} verl/trainer/ppo/"
-                    "rollout_corr_helper.py compute_offpolicy_metrics"),
+                    "rollout_corr_helper.py compute_offpolicy_metrics", rlwb_name="abs_dlogp_seq_mean"),
     FrameworkMetric("verl", "training/rollout_probs_diff_mean", verl_probs_diff_mean, f"{VERL} verl/utils/debug/"
                     "metrics.py calculate_debug_metrics", 0.01, "above",
                     f"{VERL} docs/faq/faq.rst: \"should be below 0.005\"; \"higher than 0.01 ... indicates a precision "
-                    "issue from the inference engine\""),
+                    "issue from the inference engine\"", rlwb_name="abs_dp_mean"),
     FrameworkMetric("verl", "training/rollout_probs_diff_max", verl_probs_diff_max, f"{VERL} verl/utils/debug/"
-                    "metrics.py calculate_debug_metrics"),
+                    "metrics.py calculate_debug_metrics", rlwb_name="abs_dp_max"),
     FrameworkMetric("verl", "training/rollout_actor_probs_pearson_corr", verl_probs_pearson, f"{VERL} "
-                    "verl/utils/debug/metrics.py calculate_debug_metrics"),
+                    "verl/utils/debug/metrics.py calculate_debug_metrics", rlwb_name="prob_pearson"),
     FrameworkMetric("NeMo-RL", "train/token_mult_prob_error", nemo_mult_prob_error, f"{NEMO} nemo_rl/algorithms/"
                     "loss/loss_functions.py ClippedPGLossFn", 1.05, "above",
                     f"{NEMO} nemo_rl/algorithms/grpo.py: \"track example with high token mult prob error above "
-                    "1.05\" (logs the batch's plot)", neutral=1.0),
+                    "1.05\" (logs the batch's plot)", neutral=1.0, rlwb_name="mult_prob_error"),
     FrameworkMetric("NeMo-RL", "train/gen_kl_error", k3, f"{NEMO} nemo_rl/algorithms/loss/loss_functions.py "
                     "ClippedPGLossFn (calculate_kl, kl_type k3)", 1e-3, "above",
-                    f"{NEMO} docs/guides/grpo.md: \"values below 1e-3 considered acceptable\""),
+                    f"{NEMO} docs/guides/grpo.md: \"values below 1e-3 considered acceptable\"", rlwb_name="k3_mean"),
     FrameworkMetric("slime", "train/train_rollout_logprob_abs_diff", slime_abs_diff, f"{SLIME} slime/backends/"
                     "megatron_utils/loss.py", 0.1, "above",
                     f"{SLIME} slime/utils/arguments.py --ci-train-rollout-logprob-abs-diff-threshold (default 0.1, "
                     "asserted in slime/backends/megatron_utils/model.py under --ci-test; its deterministic gate "
-                    "tests/test_glm52_6layer_deterministic_e2e.py uses 1e-6)"),
+                    "tests/test_glm52_6layer_deterministic_e2e.py uses 1e-6)", rlwb_name="abs_dlogp_seq_mean"),
     FrameworkMetric("SkyRL", "policy/rollout_train_logprobs_abs_diff_mean", token_abs_diff_mean, f"{SKYRL} "
-                    "skyrl/train/trainer.py"),
+                    "skyrl/train/trainer.py", rlwb_name="abs_dlogp_mean"),
     FrameworkMetric("SkyRL", "policy/rollout_train_logprobs_abs_diff_max", token_abs_diff_max, f"{SKYRL} "
-                    "skyrl/train/trainer.py"),
+                    "skyrl/train/trainer.py", rlwb_name="abs_dlogp_max"),
     FrameworkMetric("prime-rl", "mismatch_kl/all/mean", k3, f"{PRIME} src/prime_rl/trainer/rl/loss.py "
-                    "compute_importance_ratio_and_mismatch_kl; logged by src/prime_rl/trainer/rl/train.py"),
+                    "compute_importance_ratio_and_mismatch_kl; logged by src/prime_rl/trainer/rl/train.py",
+                    rlwb_name="k3_mean"),
 )
 
 
@@ -213,5 +216,6 @@ def panel(logp_engine: list[np.ndarray], logp_trainer: list[np.ndarray], n_boot:
         rows.append({"framework": fm.framework, "metric": fm.name, "value": value, "ci_low": lo, "ci_high": hi,
                      "threshold": fm.threshold, "alert": fm.alert or None, "verdict": fm.verdict(value),
                      "distance": far[0], "distance_ci_low": min(far[1:]), "distance_ci_high": max(far[1:]),
+                     "rlwb_metric": fm.rlwb_name,
                      "source": fm.source, "threshold_source": fm.threshold_source or None})
     return rows

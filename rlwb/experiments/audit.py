@@ -1,0 +1,261 @@
+"""Notebook 10's experiment: is MY rollout engine, as I serve it, on-policy with MY trainer, on MY prompts?
+
+The other notebooks audit rlwb's own presets against rlwb's scorer on prompts rlwb makes. Here every part can be
+the team's own: the prompts come from a file (`rlwb.core.prompt_files`), the engine is a preset or a running
+OpenAI-compatible server (`rlwb.engines.served`), the trainer is rlwb's scorer in a chosen dtype and attention
+kernel or the team's own command (`rlwb.core.external_scorer`). Or the rollouts come from an archived run and only
+the trainer is new (`rollouts_from`: `rlwb rescore`). The report gives the mismatch metrics with intervals, the
+tokens where engine and trainer disagree most, and the same numbers under the names and thresholds each RL
+framework logs (`rlwb.core.framework_metrics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rlwb.core import metrics as M
+from rlwb.core import prompt_files
+from rlwb.core.external_scorer import ExternalScorer
+from rlwb.core.framework_metrics import panel
+from rlwb.core.rollouts import Rollouts, rollouts_from_frame, sample_and_score
+from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.trainer import TrainerScorer
+from rlwb.engines.presets import is_url, resolve_preset, served_preset
+from rlwb.engines.served import ServedEngine
+from rlwb.engines.worker import EngineWorker, Sampling
+from rlwb.experiments.base import OnStart, Result, ci_text, split_metrics
+from rlwb.experiments.logprob_mismatch import engine_metrics
+from rlwb.formatting import metric
+from rlwb.paths import repo_path
+
+# a text every tokenizer here can encode (the 64-symbol char vocabulary included): a served engine must tokenize it
+# exactly as the trainer does, or it is another model
+PROBE_TEXT = "what is 58+67? 8+7=15,5+6+1=12#125. the quick brown fox (jumps) over: 3 dogs!\n"
+SUMMARY_COLUMNS = ["abs_dlogp_mean", "abs_dlogp_max", "k3_mean", "clip_frac", "ess_frac", "mult_prob_error",
+                   "abs_dlogp_raw_mean", "full_kl_mean", "token_entropy_mean", "n_tokens"]
+FLOOR = 1e-4  # max |Δlogp| at or under this: engine and trainer agree to float precision (fp32)
+
+
+@dataclass
+class AuditResult(Result):
+    rollouts: dict[str, Rollouts]  # per engine (label)
+    panels: pd.DataFrame  # the cross-framework panel, one row per engine and framework metric
+    worst: pd.DataFrame  # the tokens with the largest |Δlogp|
+    source: dict = field(default_factory=dict)  # the prompts file (path, sha256, rows) or the archived run
+    trainer: dict = field(default_factory=dict)  # what scored (kind, dtype, attention, or the command)
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        return {"rollouts": pd.concat([r.to_frame() for r in self.rollouts.values()], ignore_index=True),
+                "metrics": split_metrics({k: v for k, v in self.metrics.items() if not k.startswith("audit/")}),
+                "panel": self.panels, "worst_tokens": self.worst}
+
+    def summary(self) -> pd.DataFrame:
+        t = split_metrics(self.metrics).pivot(index="engine", columns="metric", values="value")
+        return t.loc[[e for e in self.rollouts if e in t.index], [c for c in SUMMARY_COLUMNS if c in t.columns]]
+
+    def panel_table(self) -> pd.DataFrame:
+        """The panel as a reader wants it: per framework metric, each engine's value [95% CI] and the verdict."""
+        rows = []
+        for _, r in self.panels.iterrows():
+            name = r["rlwb_metric"]  # formatted as rlwb formats that metric: "≤ 1e-08" at the float floor
+            rows.append({"engine": r["engine"], "framework": r["framework"], "metric": r["metric"],
+                         "value [95% CI]": f"{metric(name, r['value'], '.3g')} [{metric(name, r['ci_low'], '.3g')}, "
+                                           f"{metric(name, r['ci_high'], '.3g')}]",
+                         "alerts when": alert_text(r["alert"], r["threshold"]), "verdict": r["verdict"]})
+        return pd.DataFrame(rows)
+
+    def worst_table(self) -> pd.DataFrame:
+        """The worst tokens for a reader: logprobs in nats to 7 decimals (a float32 logprob's resolution near 0:
+        -0.0000007 is a token with p = 0.9999993, not float noise), the gap as measured."""
+        t = self.worst.copy()
+        for c in ("logp_engine", "logp_trainer"):
+            t[c] = [f"{v:.7f}" for v in t[c]]
+        return t
+
+    def conclusion(self) -> str:
+        return conclusion(self.metrics, self.params, list(self.rollouts), self.panels, self.source, self.trainer)
+
+
+def alert_text(alert, threshold) -> str:
+    """When a framework alerts: "> 0.1", "|x| > 0.1"; "–" without a threshold."""
+    if threshold is None or pd.isna(threshold):
+        return "–"
+    return f"{'|x| > ' if alert == 'abs above' else '> '}{threshold:g}"
+
+
+def make_scorer(p, model_path):
+    """rlwb's scorer in the chosen dtype and attention kernel, or the team's command (`trainer` not `hf`)."""
+    if p.trainer == "hf":
+        return TrainerScorer(model_path, p.trainer_dtype, attn_implementation=p.trainer_attn)
+    from rlwb.paths import REPO_ROOT
+
+    return ExternalScorer(p.trainer, model_path, cwd=REPO_ROOT)
+
+
+def open_engines(p, model_path, codec: PromptCodec, on_start: OnStart) -> Iterator[EngineWorker | ServedEngine]:
+    """Each of `p.engines` in turn, started (a preset) or checked (a served engine: reachable, serving the model,
+    tokenizing as the trainer does, returning the logprobs the audit asks for), yielded, closed."""
+    vocab, _ = prompt_files.model_limits(model_path)
+    for name in p.engines:
+        preset = served_preset(name, p.served_model) if is_url(name) else resolve_preset(name)
+        if preset.backend == "openai":
+            engine = ServedEngine(preset, probe=(PROBE_TEXT, codec.encode(PROBE_TEXT)),
+                                  full_logprobs=vocab if p.full_vocab else 0)
+        else:
+            engine = EngineWorker(preset, model_path, dtype=p.dtype)
+        with engine:
+            if on_start:
+                on_start(engine.info())
+            yield engine
+            if on_start:  # what a served engine echoed while sampling (its system_fingerprint)
+                on_start(engine.info())
+
+
+def audit_metrics(ro: Rollouts, p) -> dict[str, float]:
+    """`engine_metrics` (notebook 01's, with intervals) plus, where the trainer scored raw (T = 1) logprobs too,
+    the mean gap to those: an engine that reports raw logprobs sits at the float floor there."""
+    m = engine_metrics(ro, p.clip_eps, p.seed)
+    if ro.logp_trainer_raw is not None and ro.completions:
+        e = np.concatenate(ro.logp_engine).astype(np.float64)
+        m["abs_dlogp_raw_mean"] = M.abs_mean(np.concatenate(ro.logp_trainer_raw).astype(np.float64) - e)
+    return m
+
+
+def worst_tokens(rollouts: dict[str, Rollouts], codec: PromptCodec, ids: list[str] | None, n: int) -> pd.DataFrame:
+    """The `n` tokens with the largest |logp_trainer - logp_engine| over every engine: where, what, both logprobs."""
+    rows = []
+    for label, ro in rollouts.items():
+        for c, t in zip(ro.completions, ro.logp_trainer):
+            d = np.abs(t.astype(np.float64) - c.logprobs.astype(np.float64))
+            for pos in np.argsort(-d)[:n]:
+                rows.append({"engine": label, "prompt": ids[c.request_id] if ids else str(c.request_id),
+                             "sample": c.sample_index, "position": int(pos), "token_id": int(c.token_ids[pos]),
+                             "token": repr(codec.decode([c.token_ids[pos]])), "logp_engine": float(c.logprobs[pos]),
+                             "logp_trainer": float(t[pos]), "abs_dlogp": float(d[pos])})
+    cols = ["engine", "prompt", "sample", "position", "token_id", "token", "logp_engine", "logp_trainer", "abs_dlogp"]
+    df = pd.DataFrame(rows, columns=cols)
+    return df.sort_values("abs_dlogp", ascending=False, kind="stable").head(n).reset_index(drop=True)
+
+
+def archived_rollouts(run_dir) -> tuple[dict[str, Rollouts], dict]:
+    """An archived run's rollouts (`rollouts_from`) and what the audit records of its source."""
+    import json
+
+    d = repo_path(run_dir)
+    table = pd.read_parquet(d / "data" / "rollouts.parquet")
+    info = json.loads((d / "run.json").read_text())
+    return rollouts_from_frame(table), {"kind": "archived run", "run": str(d), "notebook": info.get("notebook"),
+                                        "run_id": info.get("run_id", d.name), "git_commit": info.get("git_commit")}
+
+
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> AuditResult:
+    """Sample the prompts file with each engine (or take an archived run's rollouts), score with the trainer, and
+    measure: mismatch metrics with intervals, worst tokens, the cross-framework panel."""
+    from rlwb.progress import progress_bar
+
+    p = params
+    codec = PromptCodec(model_path, "auto")
+    scorer = make_scorer(p, model_path)
+    raw = isinstance(scorer, TrainerScorer)
+    out: dict[str, Rollouts] = {}
+    mets: dict[str, float] = {}
+    ids = None
+    if p.rollouts_from:
+        archived, source = archived_rollouts(p.rollouts_from)
+        for label, ro in progress_bar(list(archived.items()), desc="re-scoring", disable=not progress):
+            comps = ro.completions
+            s = scorer.score([c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
+                             temperature=ro.sampling.temperature, top_k=ro.sampling.top_k, top_p=ro.sampling.top_p,
+                             raw=raw, entropy=raw)
+            out[label] = Rollouts(label, ro.sampling, comps, s["logp"], s.get("logp_raw"), None, s.get("entropy"))
+            before = np.concatenate(ro.logp_trainer) if comps else np.zeros(0)
+            after = np.concatenate(s["logp"]).astype(np.float64) if comps else np.zeros(0)
+            mets[f"{label}/vs_archived_trainer_abs_dlogp_max"] = float(np.max(np.abs(after - before))) \
+                if after.size else float("nan")
+    else:
+        vocab, context = prompt_files.model_limits(model_path)
+        prompts = prompt_files.load_prompts(repo_path(p.prompts_file), codec, vocab_size=vocab, context=context,
+                                            max_tokens=p.max_tokens)  # every row checked before an engine starts
+        ids = prompts.ids
+        source = {"kind": "prompts file", "path": prompts.path, "sha256": prompts.sha256, "rows": len(prompts),
+                  "fields": {f: prompts.fields.count(f) for f in prompt_files.FIELDS if f in prompts.fields}}
+        sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens,
+                            seed=p.seed, n=p.samples_per_prompt)
+        for w in progress_bar(open_engines(p, model_path, codec, on_start), desc="engines", total=len(p.engines),
+                              disable=not progress):
+            out[w.preset.name] = sample_and_score(w, scorer, prompts.token_ids, sampling, full=p.full_vocab, raw=raw)
+    for label, ro in out.items():
+        mets.update(M.prefixed(label, audit_metrics(ro, p)))
+    panels = pd.DataFrame([{"engine": label, **row} for label, ro in out.items()
+                           for row in panel(ro.logp_engine, ro.logp_trainer, seed=p.seed)])
+    for label in out:
+        flagged = panels[(panels["engine"] == label) & (panels["verdict"] == "flagged")]
+        mets[f"{label}/frameworks_flagged"] = len(flagged)
+    labels = list(out)
+    mets["audit/k3_mean_worst"] = max((mets[f"{e}/k3_mean"] for e in labels), default=float("nan"))
+    mets["audit/abs_dlogp_max_worst"] = max((mets[f"{e}/abs_dlogp_max"] for e in labels), default=float("nan"))
+    trainer = scorer.describe()
+    return AuditResult(p, mets, out, panels, worst_tokens(out, codec, ids, p.worst_tokens), source, trainer)
+
+
+def conclusion(metrics: dict, p, engines: list[str], panels: pd.DataFrame, source: dict, trainer: dict) -> str:
+    """Markdown; every number from `metrics` or the panel."""
+    def g(e, k):
+        return metrics.get(f"{e}/{k}")
+
+    who = (f"rlwb's scorer ({trainer.get('dtype')}, {trainer.get('attn_implementation')} attention)"
+           if trainer.get("kind") == "hf" else f"the command `{trainer.get('command')}`")
+    if source.get("kind") == "archived run":
+        setup = (f"**Setup.** The rollouts of archived run `{source.get('run_id')}` ({source.get('notebook')}) "
+                 f"re-scored by {who}; the engines' logprobs are the archive's.")
+    else:
+        setup = (f"**Setup.** {source.get('rows')} prompts from `{Path(str(source.get('path'))).name}` "
+                 f"(sha256 {str(source.get('sha256'))[:12]}), {p.samples_per_prompt} completion(s) each, "
+                 f"T={p.temperature:g}, top_p={p.top_p:g}, top_k={p.top_k}, up to {p.max_tokens} tokens; scored by "
+                 f"{who}.")
+    lines = [setup]
+    for e in engines:
+        if g(e, "abs_dlogp_max") is None:
+            continue
+        v = formatter(metrics, e)
+        lines.append(f"- `{e}`: max |Δlogp| = {v('abs_dlogp_max', '.2e')}, mean = {v('abs_dlogp_mean', '.2e')} "
+                     f"{ci_text(metrics, e, 'abs_dlogp_mean', '.2e')}, k3 = {v('k3_mean', '.2e')} "
+                     f"{ci_text(metrics, e, 'k3_mean', '.2e')}, clip fraction {g(e, 'clip_frac'):.1%} over "
+                     f"{g(e, 'n_tokens')} tokens.")
+        raw = g(e, "abs_dlogp_raw_mean")
+        if raw is not None and g(e, "abs_dlogp_max") > FLOOR and raw < 0.01 * g(e, "abs_dlogp_mean"):
+            lines.append(f"  Its logprobs are the trainer's *raw* (T = 1, untruncated) ones (mean gap to those "
+                         f"{metric('abs_dlogp_mean', raw, '.1e')}): it reports pre-temperature logprobs while sampling "
+                         f"at T = {p.temperature:g}; vLLM's `--logprobs-mode processed_logprobs` "
+                         f"(`logprobs_mode: processed_logprobs`) reports the sampling distribution's.")
+        mine = panels[panels["engine"] == e] if len(panels) else panels
+        flagged = mine[mine["verdict"] == "flagged"] if len(mine) else mine
+        if len(flagged):
+            lines.append("  Flagged on the dashboards: " + "; ".join(
+                f"{r.framework} `{r.metric}` = {r.value:.3g} (alerts when {alert_text(r.alert, r.threshold)})"
+                for r in flagged.itertuples()) + ".")
+        elif len(mine):
+            lines.append(f"  No framework's threshold is crossed ({int((mine['threshold'].notna()).sum())} "
+                         f"thresholds checked).")
+        if g(e, "vs_archived_trainer_abs_dlogp_max") is not None:
+            lines.append(f"  This trainer vs the archived run's trainer, same tokens: max |Δlogp| = "
+                         f"{v('vs_archived_trainer_abs_dlogp_max', '.2e')}.")
+    floor = [e for e in engines if (g(e, "abs_dlogp_max") or 1) <= FLOOR]
+    off = [e for e in engines if (g(e, "abs_dlogp_max") or 0) > FLOOR]
+    if floor:
+        lines.append(f"\nOn-policy to float precision (max |Δlogp| ≤ {FLOOR:g}): {', '.join(f'`{e}`' for e in floor)}.")
+    if off:
+        lines.append(f"Off the float floor: {', '.join(f'`{e}`' for e in off)}: its importance ratios are not 1; "
+                     f"the worst tokens and the panel below say where and how much.")
+    lines.append("\nIntervals: 95%, bootstrap over completions.")
+    return "\n".join(lines)
+
+
+def formatter(metrics: dict, engine: str):
+    """`v(name, spec)`: the engine's metric formatted, values at the float floor read as such."""
+    return lambda name, spec: metric(name, metrics.get(f"{engine}/{name}"), spec)
