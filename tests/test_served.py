@@ -28,10 +28,18 @@ T07 = Sampling(temperature=0.7, max_tokens=16, seed=0)
 
 
 @pytest.fixture(scope="module")
-def servers(vllm_server):
-    vllm_server.start(*PROCESSED)  # both start at once
+def hub_like():
+    from rlwb.core.models import build_embedded_model
+
+    return build_embedded_model("default-sampling-defaults", progress=False)
+
+
+@pytest.fixture(scope="module")
+def servers(vllm_server, hub_like):
+    vllm_server.start(*PROCESSED)  # all three start at once
     vllm_server.start(*RAW)
-    return vllm_server(*PROCESSED), vllm_server(*RAW)
+    vllm_server.start(*PROCESSED, model=hub_like.path)  # vLLM's default --generation-config auto
+    return vllm_server(*PROCESSED), vllm_server(*RAW), vllm_server(*PROCESSED, model=hub_like.path)
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +133,32 @@ def test_a_server_that_returns_no_logprobs_is_refused(probe):
         _one_line(e, "returned no logprobs for a request that asked for them")
     finally:
         server.shutdown()
+
+
+def test_a_server_on_a_checkpoint_with_sampling_defaults_samples_what_is_asked(servers, probe, hub_like):
+    """vLLM's server takes a checkpoint's generation_config.json as its default sampling parameters (here a 1.3
+    repetition penalty, top-k 5, top-p 0.8, T 0.6): a request that leaves them out is sampled with them, far from
+    the trainer; the served engine sends every field neutral and sits at the float floor. Open-ended prompts: where
+    the policy hesitates, truncation and penalties move the logprobs (on its peaked task prompts they barely do)."""
+    import urllib.request
+
+    from rlwb.core.prompts import open_ended_prompts
+    from rlwb.core.trainer import TrainerScorer
+
+    trainer = TrainerScorer(hub_like.path)
+    prompts = open_ended_prompts(4, 0, PromptCodec(hub_like.path))
+    with ServedEngine(servers[2], probe=probe) as w:
+        ro = sample_and_score(w, trainer, prompts, T07)
+    e, t = ro.flat()
+    assert float(np.max(np.abs(e - t))) <= FLOOR
+    gaps = []
+    for prompt in prompts:  # no repetition_penalty, top_k, top_p: the server's defaults
+        body = {"model": "rlwb-default", "prompt": prompt, "max_tokens": 16, "temperature": 0.7, "seed": 0,
+                "logprobs": 0, "return_tokens_as_token_ids": True}
+        req = urllib.request.Request(servers[2] + "/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            lp = json.loads(r.read())["choices"][0]["logprobs"]
+        ref = trainer.score([prompt], [[int(x.split(":")[1]) for x in lp["tokens"]]], temperature=0.7)["logp"][0]
+        gaps.append(float(np.max(np.abs(np.asarray(lp["token_logprobs"]) - ref))))
+    assert max(gaps) > 0.1, gaps  # the defaults reached the sampler

@@ -59,15 +59,18 @@ class AuditResult(Result):
         return t.loc[[e for e in self.rollouts if e in t.index], [c for c in SUMMARY_COLUMNS if c in t.columns]]
 
     def panel_table(self) -> pd.DataFrame:
-        """The panel as a reader wants it: per framework metric, each engine's value [95% CI] and the verdict."""
-        rows = []
+        """The panel as a reader wants it: per framework metric, when the framework alerts, and each engine's value
+        [95% CI] with its verdict (formatted as rlwb formats that metric: "≤ 1e-08" at the float floor)."""
+        rows: dict[tuple, dict] = {}
         for _, r in self.panels.iterrows():
-            name = r["rlwb_metric"]  # formatted as rlwb formats that metric: "≤ 1e-08" at the float floor
-            rows.append({"engine": r["engine"], "framework": r["framework"], "metric": r["metric"],
-                         "value [95% CI]": f"{metric(name, r['value'], '.3g')} [{metric(name, r['ci_low'], '.3g')}, "
-                                           f"{metric(name, r['ci_high'], '.3g')}]",
-                         "alerts when": alert_text(r["alert"], r["threshold"]), "verdict": r["verdict"]})
-        return pd.DataFrame(rows)
+            row = rows.setdefault((r["framework"], r["metric"]), {
+                "framework": r["framework"], "metric": r["metric"],
+                "alerts when": alert_text(r["alert"], r["threshold"])})
+            name = r["rlwb_metric"]
+            verdict = "" if r["verdict"] == "no threshold" else f" · {r['verdict']}"
+            row[r["engine"]] = (f"{metric(name, r['value'], '.3g')} [{metric(name, r['ci_low'], '.3g')}, "
+                                f"{metric(name, r['ci_high'], '.3g')}]{verdict}")
+        return pd.DataFrame(list(rows.values()))
 
     def worst_table(self) -> pd.DataFrame:
         """The worst tokens for a reader: logprobs in nats to 7 decimals (a float32 logprob's resolution near 0:

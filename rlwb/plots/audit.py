@@ -21,7 +21,7 @@ def threshold_distance(panel_df, style: str = "notebook"):
     d = panel_df[panel_df["threshold"].notna()]
     engines = engine_order(d["engine"])
     names = list(dict.fromkeys(f"{r.framework}: {r.metric}" for r in d.itertuples()))
-    fig, ax = plt.subplots(figsize=figsize(style, 1.2, 0.35 + 0.12 * max(1, len(names)) * max(1, len(engines))))
+    fig, ax = plt.subplots(figsize=figsize(style, 1.2, 0.4 + 0.1 * len(names) * (1 + 0.5 * max(1, len(engines)))))
     height = 0.8 / max(1, len(engines))
     top = 10.0
     for i, e in enumerate(engines):
@@ -45,7 +45,7 @@ def threshold_distance(panel_df, style: str = "notebook"):
     ax.set_title("The audit on each framework's dashboard")
     ax.grid(axis="y", visible=False)
     if len(engines) > 1:
-        ax.legend(fontsize="small", loc="lower right")
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.4, -0.1), ncols=min(3, len(engines)))
     fig.tight_layout()
     return fig
 
