@@ -64,7 +64,7 @@ def sample(eng: EngineWorker, prompts: list[list[int]], temperature: float = 1.0
 def metrics(ro: Rollouts, clip_eps: float = 0.2) -> pd.Series:
     """Notebook 01's mismatch metrics of one engine's rollouts (95% sequence-bootstrap intervals as `_ci_low`,
     `_ci_high`)."""
-    from rlwb.experiments.logprob_mismatch import engine_metrics
+    from rlwb.experiments.base import engine_metrics
 
     return pd.Series(engine_metrics(ro, clip_eps), name=ro.engine)
 

@@ -167,6 +167,18 @@ def run_in_lanes(jobs: list[J], lanes: list[L], run: Callable[[L, J, Callable[[]
     return results
 
 
+def engine_metrics(ro, clip_eps: float, seed: int = 0) -> dict[str, float]:
+    """Every mismatch metric of one engine's `rlwb.core.rollouts.Rollouts`, plus 95% sequence-bootstrap intervals of
+    the headline ones and the policy's uncertainty where it sampled (notebooks 01 and 10)."""
+    from rlwb.core import metrics as M
+    from rlwb.core import stats
+
+    e, t = ro.flat()
+    return {**M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps,
+                                 full_engine=ro.full_engine, full_trainer=ro.full_trainer),
+            **stats.mismatch_cis(ro.log_ratios(), clip_eps, seed=seed), **ro.uncertainty()}
+
+
 def ci_text(metrics: dict, group: str, name: str, fmt: str = ".1e") -> str:
     """`[low, high]` of `group/name`'s 95% interval (bounds at the float floor read as such), or "" when the
     metrics have none."""

@@ -19,7 +19,7 @@ from rlwb.core.prompts import make_prompts
 from rlwb.core.rollouts import Rollouts, sample_and_score
 from rlwb.core.trainer import TrainerScorer
 from rlwb.engines.worker import EngineWorker, Sampling
-from rlwb.experiments.base import OnStart, Result, ci_text, iter_engines, split_metrics
+from rlwb.experiments.base import OnStart, Result, ci_text, engine_metrics, iter_engines, split_metrics
 from rlwb.formatting import metric
 
 
@@ -67,14 +67,6 @@ class MismatchResult(Result):
 
 SUMMARY_COLUMNS = ["abs_dlogp_mean", "abs_dlogp_max", "k3_mean", "full_kl_mean", "clip_frac", "ess_frac",
                    "prob_pearson", "token_entropy_mean", "uncertain_token_frac", "n_tokens"]
-
-
-def engine_metrics(ro: Rollouts, clip_eps: float, seed: int = 0) -> dict[str, float]:
-    """Every mismatch metric, plus 95% sequence-bootstrap intervals of the headline ones."""
-    e, t = ro.flat()
-    return {**M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps,
-                                 full_engine=ro.full_engine, full_trainer=ro.full_trainer),
-            **stats.mismatch_cis(ro.log_ratios(), clip_eps, seed=seed), **ro.uncertainty()}
 
 
 REWARD_GROUP = 8  # rollouts per prompt in the reward-equivalence sample
