@@ -64,7 +64,6 @@ class ServedEngine:
         if self.preset.backend != "openai" or not self.preset.url:
             raise EngineError(f"engine {self.preset.name!r} is not a served engine (backend openai with a url)")
         self.base, self.timeout, self.workers = _base(self.preset.url), timeout, workers
-        self.start_s = 0.0
         self._echo: dict = {}
         self.tokenizer_probe: dict | None = None
         self.version = self._request("/version").get("version")
@@ -163,9 +162,6 @@ class ServedEngine:
         return [ln for ln in text.splitlines() if "_info{" in ln and not ln.startswith("#")]
 
     # -- the engine interface ------------------------------------------------------------------------
-    def wait_ready(self) -> ServedEngine:
-        return self
-
     def info(self) -> dict:
         """What the server reports about itself: version, the model entry of `/v1/models`, what it echoed in a
         completion (`system_fingerprint`), its config gauges; the settings it does not report are said to be so."""
@@ -218,7 +214,7 @@ class ServedEngine:
             raise self._error(f"returned token {token!r}, not 'token_id:N': it ignores return_tokens_as_token_ids")
         return int(m.group(1))
 
-    def generate(self, prompts: list[list[int]], sampling, full: bool = False, timeout: float | None = None):
+    def generate(self, prompts: list[list[int]], sampling, full: bool = False):
         """Sample completions for token-id prompts, one HTTP request per prompt (in `workers` threads, so the
         server batches them); request i gets seed + i. Returns `Completion`s ordered by (request, sample)."""
         reqs = generate_requests(prompts, sampling)
