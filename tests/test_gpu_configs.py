@@ -35,6 +35,9 @@ SHRINK = {
                             "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
     "08_mismatch_cost": {"arms": ["none@engine"], "ratio_k3": [0.01], "weight_noise": [], "num_seeds": 2, "steps": 2,
                          "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
+    # compile and flex attention compile for ~20 s a shape on CPU (tests/test_trainer_settings.py measures them)
+    "09_trainer_settings": {"prompts": 2, "max_tokens": 8, "settings": ["bf16+mb4+grad", "flash3"],
+                            "grid_engines": ["vllm-v1-fixed@bf16-head-native"]},
 }
 
 
@@ -58,6 +61,12 @@ def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, tmp_path):
     assert ran["chat_template"] == "auto"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics
+    if stem == "09_trainer_settings":  # the sampler's and the grid engine's chat prompts were scored by each setting
+        import pandas as pd
+
+        status = pd.read_parquet(run_dir / "data" / "status.parquet").set_index("setting")
+        assert status.loc["bf16+mb4+grad", "status"] == "ok" and status.loc["flash3", "status"] == "unsupported here"
+        assert metrics["fp64/abs_dlogp_max"] == 0 and "grid/vllm-v1-fixed@bf16-head-native/fp32/k3_mean" in metrics
     if stem == "01_logprob_mismatch":  # chat prompts reached the engines; the free-form reward scored them
         import pandas as pd
 
