@@ -16,6 +16,7 @@ scorer (`score_sequences`), so notebook 09 measures rlwb's own scoring code, not
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from rlwb.core.fields import DTYPES
 from rlwb.core.trainer_settings import PADDING_SIDES, TrainerSetting
 
 SCORE_BATCH = 64  # sequences per forward of the scorer (TrainerScorer.score's default)
+Head = Callable[[torch.Tensor], torch.Tensor]  # hidden states -> logits: a model's lm_head, or an fp32 head over it
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -117,7 +119,7 @@ def pack_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> 
 
 def completion_logprobs(model, batch: Batch, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                         raw: bool = False, full: bool = False, entropy: bool = False,
-                        chunk_tokens: int = 2048, head: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+                        chunk_tokens: int = 2048, head: Head | None = None) -> dict[str, torch.Tensor]:
     """Per completion token: logprob under the sampling distribution (`logp`, differentiable when grad is
     on), and optionally the T=1 logprob (`logp_raw`), the entropy of the sampling distribution
     (`entropy`) and the full processed log-distribution (`full`, [n_tokens, V]).
@@ -204,7 +206,7 @@ class TrainerScorer:
 def score_sequences(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float = 1.0,
                     top_k: int = 0, top_p: float = 1.0, *, raw: bool = False, full: bool = False,
                     entropy: bool = False, batch_size: int = SCORE_BATCH, padding: str = "right", packed: bool = False,
-                    head: torch.nn.Module | None = None, backward: bool = False) -> dict[str, list[np.ndarray]]:
+                    head: Head | None = None, backward: bool = False) -> dict[str, list[np.ndarray]]:
     """Per sequence arrays of `completion_logprobs`, in batches cut by `score_batches`: the scorer's loop, with the
     batch layouts a trainer may choose (`padding`, `packed`: each batch as one packed row) and a `head` override.
     `backward`: after each batch's forward, backpropagate its summed logprobs (the update's micro-step: grad must

@@ -126,7 +126,8 @@ class SettingsResult(Result):
         if "fp32/batch1_identical_frac" in m:
             parts.append(f"rlwb's fp32 scorer bitwise equal to its batch-1 result on "
                          f"{m['fp32/batch1_identical_frac']:.0%} of sequences")
-        return "; ".join(parts).capitalize() + "." if parts else super().answer()
+        text = "; ".join(parts)
+        return text[0].upper() + text[1:] + "." if parts else super().answer()
 
     def ranking_table(self) -> pd.DataFrame:
         """The ranking for a reader: one row per setting, largest k3 first."""
@@ -237,9 +238,11 @@ def _status(section: str, name: str, changes: str) -> dict:
 
 
 def library_error(e: BaseException) -> str:
-    """The library's own one-line reason, with its type."""
+    """The library's own one-line reason, with its exception type (unless the line already starts with one)."""
+    import re
+
     line = error_line(e)
-    return line if line.startswith(type(e).__name__) or ": " in line[:60] else f"{type(e).__name__}: {line}"
+    return line if re.match(r"^(\w+\.)*\w*(Error|Exception)\b:", line) else f"{type(e).__name__}: {line}"
 
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> SettingsResult:

@@ -433,8 +433,9 @@ class TrainerSettingsParams(Params):
                                     "(one whose environment is missing is a row with the error)",
                                     check=check_preset_name, allow_empty=True)
     grid_settings: list[str] = param(["fp32", "bf16", "bf16+fp32-head"], "trainer settings of the fp32-head grid "
-                                                                         "(each scores every grid engine's samples)",
-                                     check=check_setting)
+                                                                         "(each scores every grid engine's samples; "
+                                                                         "with fp32 among them each engine joins the "
+                                                                         "ranking)", check=check_setting)
     compare_run: str = param("latest", "notebook 06 run whose engine knobs are ranked beside the trainer settings: "
                                        "latest (of this run's archive), a run directory, or none")
 
