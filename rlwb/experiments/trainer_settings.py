@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rlwb import timing
 from rlwb.core import metrics as M
 from rlwb.core import stats, tokenizer
 from rlwb.core.prompts import make_prompts
@@ -204,8 +205,6 @@ def measure_setting(master, s: TrainerSetting, seq: Sequences, ref: list[np.ndar
     """A setting's metrics and per-sequence logprobs. Its main pass runs twice and the second is timed (the
     first pays compilation and warm-up: `first_pass_s`); then its batch-1 twin and, with grad, its old-logprob
     pass, on the same applied model."""
-    from rlwb import timing
-
     with timing.phase("scoring"):
         applied = apply_setting(master, s)
 
@@ -227,8 +226,6 @@ def measure_setting(master, s: TrainerSetting, seq: Sequences, ref: list[np.ndar
 
 def reference(master, seq: Sequences, p) -> list[np.ndarray]:
     """The float64 forward of the master weights, one sequence per forward (batch-invariant by construction)."""
-    from rlwb import timing
-
     with timing.phase("scoring"):
         return apply_setting(master, REFERENCE).score(seq.prompt_ids, seq.completion_ids, p.temperature, batch_size=1)
 
@@ -243,6 +240,18 @@ def library_error(e: BaseException) -> str:
 
     line = error_line(e)
     return line if re.match(r"^(\w+\.)*\w*(Error|Exception)\b:", line) else f"{type(e).__name__}: {line}"
+
+
+def failure_status(e: BaseException) -> str:
+    """How a setting that raised is listed: its numbers were unusable, or the library refused it here."""
+    return "non-finite logprobs" if "non-finite" in str(e) else "unsupported here"
+
+
+def free_accelerator_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> SettingsResult:
@@ -264,9 +273,11 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
                 warnings.simplefilter("ignore")
                 m, logp = measure_setting(master, parse_setting(name), seq, ref, p)
         except Exception as e:  # noqa: BLE001 (a setting this machine cannot run is a finding: its row says why)
-            row.update(status="unsupported here", error=library_error(e))
+            row.update(status=failure_status(e), error=library_error(e))
             rows.append(row)
             continue
+        finally:
+            free_accelerator_memory()  # the setting's model copy is gone: give its memory back before the next
         mets.update(M.prefixed(name, m))
         logps[name] = logp
         rows.append(row)
@@ -326,13 +337,11 @@ def head_grid(master, p, model_path, prompts: list[list[int]], mets: dict, on_st
             cell = {"engine": preset, "trainer": name, "status": "ok", "error": "",
                     "engine_k3_vs_reference": side["k3_mean"]}
             try:
-                from rlwb import timing
-
                 with timing.phase("scoring"):
                     logp = apply_setting(master, parse_setting(name)).score(seq.prompt_ids, seq.completion_ids,
                                                                     p.temperature, batch_size=p.batch_size)
             except Exception as e:  # noqa: BLE001 (as for the settings: the library's error is the row)
-                cell.update(status="unsupported here", error=library_error(e))
+                cell.update(status=failure_status(e), error=library_error(e))
                 cells.append(cell)
                 continue
             m = {**mismatch(eng, logp, None, p.seed), "trainer_k3_vs_reference": M.k3(
