@@ -3,6 +3,7 @@ reference, the reference's own control (bitwise across batch sizes), bad setting
 the random-init model with Qwen2.5-0.5B's published shapes."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -81,7 +82,6 @@ def test_float64_reference_agrees_with_itself_across_batch_sizes(setup):
 
 
 FLOOR = 1e-4  # fp32 against float64: float rounding only
-MEASURED: dict = {}
 
 
 @pytest.mark.parametrize("name", ["fp32", "batch1", "left-pad", "packed", "eager", "mb4+grad",
@@ -91,9 +91,8 @@ def test_every_setting_is_measured_against_float64(setup, name):
     from rlwb.experiments.trainer_settings import measure_setting
 
     master, seq, ref, p = setup
-    m, logp = measure_setting(master, TS.parse_setting(name), seq, ref, p)
-    MEASURED[name] = logp
     s = TS.parse_setting(name)
+    m, logp = measure_setting(master, s, seq, ref, p)
     sixteen = s.dtype != "float32" or s.autocast
     if sixteen:  # 16-bit numerics leave the float floor, and stay sane
         assert FLOOR < m["abs_dlogp_max"] < 5 and m["k3_mean"] > 1e-10
@@ -105,8 +104,10 @@ def test_every_setting_is_measured_against_float64(setup, name):
     assert ("ppo_ratio_abs_log_max" in m) == s.grad
     if s.grad:
         assert 0 <= m["ppo_ratio_identical_frac"] <= 1 and m["ppo_ratio_abs_log_max"] <= FLOOR
-    if name == "mb4+grad+checkpointing":  # checkpointing recomputes in backward; the forward it returns is the same
-        assert all(np.array_equal(a, b) for a, b in zip(logp, MEASURED["mb4+grad"]))
+    if s.checkpointing:  # checkpointing recomputes in backward; the forward it returns is the same as without
+        plain = apply_setting(master, replace(s, checkpointing=False)).score(
+            seq.prompt_ids, seq.completion_ids, p.temperature, batch_size=p.batch_size)
+        assert all(np.array_equal(a, b) for a, b in zip(logp, plain))
 
 
 def test_a_setting_that_cannot_run_here_raises_the_library_error(setup):
@@ -120,8 +121,6 @@ def test_a_setting_that_cannot_run_here_raises_the_library_error(setup):
 
 
 def test_random_init_model_has_the_published_shapes_and_its_seed_decides_its_weights(tmp_path):
-    from dataclasses import replace
-
     from rlwb.core import memory_plan as mp
     from rlwb.core import random_model as RM
     from rlwb.core.models import EMBEDDED_RECIPES, weights_hash
