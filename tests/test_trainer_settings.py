@@ -99,7 +99,7 @@ def test_every_setting_is_measured_against_float64(setup, name):
     else:  # fp32 computations sit at the float floor, but are not the float64 reference itself
         assert 0 < m["abs_dlogp_max"] <= FLOOR and m["k3_mean"] < 1e-9
     assert m["k3_mean_ci_low"] <= m["k3_mean"] <= m["k3_mean_ci_high"]
-    assert {"task/k3_mean", "open_ended/k3_mean"} <= set(m) and m["ms_per_1k_tokens"] > 0
+    assert {"task/k3_mean", "open_ended/k3_mean"} <= set(m) and m["per_1k_tokens_ms"] > 0
     assert ("batch1_identical_frac" in m) == (s.batch != 1)  # batch 1 is its own twin: nothing to compare
     assert ("ppo_ratio_abs_log_max" in m) == s.grad
     if s.grad:

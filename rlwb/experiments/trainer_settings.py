@@ -90,7 +90,7 @@ class SettingsResult(Result):
             row.update({"max |Δlogp|": m[f"{g}/abs_dlogp_max"], "mean |Δlogp|": m[f"{g}/abs_dlogp_mean"],
                         "k3": m[f"{g}/k3_mean"], "k3 95% CI": ci(m, g, "k3_mean"),
                         "same as batch 1": m.get(f"{g}/batch1_identical_frac", np.nan),
-                        "ms / 1k tokens": m[f"{g}/ms_per_1k_tokens"], "time ×": m.get(f"{g}/time_ratio", np.nan),
+                        "ms / 1k tokens": m[f"{g}/per_1k_tokens_ms"], "time ×": m.get(f"{g}/time_ratio", np.nan),
                         "status": "ok"})
             rows.append(row)
         return pd.DataFrame(rows).set_index("setting") if rows else pd.DataFrame()
@@ -214,7 +214,7 @@ def measure_setting(master, s: TrainerSetting, seq: Sequences, ref: list[np.ndar
 
         _, first = timed(score)
         logp, secs = timed(score)
-        out = {**mismatch(ref, logp, seq, p.seed), "ms_per_1k_tokens": secs / seq.tokens * 1e6, "first_pass_s": first}
+        out = {**mismatch(ref, logp, seq, p.seed), "per_1k_tokens_ms": secs / seq.tokens * 1e6, "first_pass_s": first}
         if s.batch != 1:
             out["batch1_identical_frac"], out["batch1_abs_dlogp_max"] = identical(logp, score(s.batch1()))
         if s.grad:
@@ -281,11 +281,11 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
         mets.update(M.prefixed(name, m))
         logps[name] = logp
         rows.append(row)
-    if "fp32/ms_per_1k_tokens" in mets:
+    if "fp32/per_1k_tokens_ms" in mets:
         for r in rows:
             if r["status"] == "ok":
-                mets[f"{r['setting']}/time_ratio"] = mets[f"{r['setting']}/ms_per_1k_tokens"] / mets[
-                    "fp32/ms_per_1k_tokens"]
+                mets[f"{r['setting']}/time_ratio"] = mets[f"{r['setting']}/per_1k_tokens_ms"] / mets[
+                    "fp32/per_1k_tokens_ms"]
     grid, grid_rows = head_grid(master, p, model_path, prompts, mets, on_start, progress)
     rows += grid_rows
     knobs_run, knob_rows = engine_knobs_run(p)
