@@ -230,8 +230,9 @@ def reference(master, seq: Sequences, p) -> list[np.ndarray]:
         return apply_setting(master, REFERENCE).score(seq.prompt_ids, seq.completion_ids, p.temperature, batch_size=1)
 
 
-def _status(section: str, name: str, changes: str) -> dict:
-    return {"section": section, "setting": name, "changes": changes, "status": "ok", "error": ""}
+def _status(section: str, name: str, changes: str, record: str = "") -> dict:
+    """A row of the status table: what the setting (or grid engine) is, and whether it ran."""
+    return {"section": section, "setting": name, "changes": changes, "record": record, "status": "ok", "error": ""}
 
 
 def library_error(e: BaseException) -> str:
@@ -267,7 +268,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
     logps: dict[str, list[np.ndarray]] = {"float64 reference": ref}
     names = list(dict.fromkeys([*CONTROL, *p.settings]))
     for name in progress_bar(names, desc="trainer settings", disable=not progress):
-        row = _status("setting", name, describe(name))
+        row = _status("setting", name, describe(name), parse_setting(name).changes())
         try:
             with warnings.catch_warnings():  # compile and flex attention warn about their own internals
                 warnings.simplefilter("ignore")
