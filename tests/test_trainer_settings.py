@@ -139,3 +139,34 @@ def test_random_init_model_has_the_published_shapes_and_its_seed_decides_its_wei
     assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["tie_word_embeddings"], cfg["rope_theta"]) == \
         (64, 2, True, 1e6)
     assert (tmp_path / "0" / "tokenizer.json").exists() and "random weights" in card["architecture"]
+
+
+def test_engine_knobs_of_a_notebook_06_run_join_the_ranking(tmp_path):
+    """The ranking reads a notebook 06 run from its archive files (what `rlwb run` writes: run.json, params.yaml,
+    metrics.json, data/status.parquet); knobs that did not run stay out, and another model is said."""
+    import pandas as pd
+    import yaml
+
+    from rlwb import params
+    from rlwb.experiments import trainer_settings as E
+
+    d = tmp_path / "06_engine_knobs" / "20261125-000000-abcdef12"
+    (d / "data").mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"run_id": d.name}))
+    (d / "params.yaml").write_text(yaml.safe_dump({"model": "qwen2-chat", "baseline": "vllm-v1-fixed",
+                                                   "prompt_source": "open_ended"}))
+    (d / "metrics.json").write_text(json.dumps({"baseline/k3_mean": 2e-13, "kv-fp8/k3_mean": 1.2e-3,
+                                                "kv-fp8/k3_mean_ci_low": 8e-4, "kv-fp8/k3_mean_ci_high": 2e-3}))
+    pd.DataFrame({"section": ["knob"] * 3, "knob": ["baseline", "kv-fp8", "tp2-ray"],
+                  "status": ["ok", "ok", "unsupported here"]}).to_parquet(d / "data" / "status.parquet")
+    p = params.load("09_trainer_settings", overrides={"compare_run": str(d)})
+    run, rows = E.engine_knobs_run(p)
+    assert run["run_id"] == d.name and [r["name"] for r in rows] == ["vllm-v1-fixed", "vllm-v1-fixed@kv-fp8"]
+    status = pd.DataFrame([{"section": "setting", "setting": "bf16", "status": "ok"}])
+    mets = {"bf16/k3_mean": 1e-4, "bf16/k3_mean_ci_low": 5e-5, "bf16/k3_mean_ci_high": 2e-4}
+    r = E.ranking(mets, status, pd.DataFrame(), rows)
+    assert list(r["name"]) == ["vllm-v1-fixed@kv-fp8", "bf16", "vllm-v1-fixed"]
+    text = " ".join(E.ranking_lines(r, run, p))
+    assert "another model than this run's `default`" in text and "the engine's side contributes more" in text
+    none, _ = E.engine_knobs_run(params.load("09_trainer_settings", overrides={"compare_run": str(tmp_path / "x")}))
+    assert "run 06_engine_knobs first" in none["note"]
