@@ -79,6 +79,9 @@ NOTEBOOKS: dict[str, Notebook] = {n.stem: n for n in (
     # notebook 03's loop, one engine; the doses change what it reports or the weights it samples with
     Notebook(S.MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
              "seed, per kind of mismatch and correction", Needs(1, "train")),
+    # the fp32 master, its float64 reference and one setting's copy at a time; one engine at a time
+    Notebook(S.TrainerSettingsParams, "how far the trainer's own settings (dtype, attention, batching, micro-batch, "
+             "checkpointing, compile, fp32 head) move its logprobs, beside the engine's", Needs(1, "settings")),
     # one engine at a time (a served engine holds nothing here); rlwb's fp32 scorer, or none (an external one)
     Notebook(S.AuditParams, "is your engine, as you serve it, on-policy with your trainer on your prompts? (a prompts "
              "file, a preset or a server URL, rlwb's scorer or your own)", Needs(1, "score")),

@@ -20,7 +20,7 @@ from rlwb import archive, plots
 from rlwb.formatting import metric, number
 
 TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "_s_median", "_ms", "_ms_mean", "_ms_median", "tok_s", "throughput",
-                   "throughput_ratio")
+                   "throughput_ratio", "time_ratio")
 
 
 def notebook_of(run_dir: Path) -> str:

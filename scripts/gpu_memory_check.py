@@ -3,7 +3,10 @@
 Runs the trainer side of notebooks 01 and 03 on randomly initialised Qwen2.5-0.5B / 1.5B shapes (no
 download: the published configs, built in place on the GPU) and prints, per role, the peak memory torch
 allocated next to `rlwb.core.memory_plan.trainer_bytes` (which must not be below it: the plan is meant to be on
-the safe side), plus the micro-batched vs whole-batch gradient on CUDA.
+the safe side), plus the micro-batched vs whole-batch gradient on CUDA. For notebook 03 both passes of a
+micro-batched step are measured: the no-grad old-logprob pass over the whole step's batch (03's gpu.yaml: 32 x 8
+sequences, in the scorer's slices: `trainer.batch_logprobs`) and the update's accumulation; and, for contrast,
+that pass as one forward (what `grpo_step` ran before it was cut; an out-of-memory error is recorded as such).
 
     python scripts/gpu_memory_check.py            # needs a CUDA GPU; ~2 min on an H100
 """
@@ -20,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rlwb.core import grpo  # noqa: E402
 from rlwb.core import memory_plan as mp
-from rlwb.core.trainer import TrainerScorer  # noqa: E402
+from rlwb.core.trainer import TrainerScorer, batch_logprobs, completion_logprobs, make_batch  # noqa: E402
 from rlwb.registry import NOTEBOOKS
 
 QWEN = {  # config.json of each published checkpoint (the fields the plan and the model need)
@@ -32,6 +35,7 @@ QWEN = {  # config.json of each published checkpoint (the fields the plan and th
                          tie_word_embeddings=True),
 }
 PROMPT, COMPLETION, MICRO = 256, 512, 4  # notebook 03's gpu.yaml: 512-token completions, micro_batch 4
+STEP = 32 * 8  # notebook 03's gpu.yaml: prompts_per_step x group_size sequences in a step's old-logprob pass
 LONG = 16384 + 64  # notebook 05's gpu.yaml: its longest context
 
 
@@ -94,6 +98,17 @@ def main() -> None:
         res["train_peak_gib"] = peak(step) / mp.GiB
         res["train_plan_gib"] = (mp.trainer_bytes(shape, "train", MICRO, PROMPT + COMPLETION)
                                  - mp.PROCESS_OVERHEAD) / mp.GiB
+        # the step's no-grad old-logprob pass over all its sequences, AdamW's state alive (grpo_step with
+        # micro_batch > 0): in the scorer's slices, as grpo_step runs it, then as the one forward it used to be
+        step_batch = make_batch(*batch(STEP, g, cfg.vocab_size)[:2])
+        with torch.no_grad():
+            res["old_pass_peak_gib"] = peak(lambda: batch_logprobs(model, step_batch, 0.7, entropy=True)) / mp.GiB
+            try:
+                res["old_pass_whole_peak_gib"] = peak(
+                    lambda: completion_logprobs(model, step_batch, 0.7, entropy=True)) / mp.GiB
+            except torch.cuda.OutOfMemoryError as e:
+                res["old_pass_whole_peak_gib"] = f"out of memory: {str(e).splitlines()[0][:160]}"
+        torch.cuda.empty_cache()
         # the micro-batched gradient equals the whole batch's on CUDA too (8 sequences, slices of 3)
         p8, c8, m8, b8, a8 = prompts[:8], comps[:8], mask[:8], behaviour[:8], adv[:8]
         grads = {}
@@ -118,7 +133,8 @@ def main() -> None:
         res["plans_on_this_gpu"] = plans
         out["models"][name] = {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}
         print(json.dumps({name: out["models"][name]}), flush=True)
-    ok = all(m["train_peak_gib"] <= m["train_plan_gib"] and m["score_peak_gib"] <= m["score_plan_gib"]
+    ok = all(m["train_peak_gib"] <= m["train_plan_gib"] and m["old_pass_peak_gib"] <= m["train_plan_gib"]
+             and m["score_peak_gib"] <= m["score_plan_gib"]
              and m["long_score_peak_gib"] <= m["long_score_plan_gib"] and m["micro_grad_rel_err"] < 1e-4
              for m in out["models"].values())
     print(json.dumps(out, indent=2))

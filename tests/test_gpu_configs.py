@@ -36,6 +36,9 @@ SHRINK = {
     "08_mismatch_cost": {"arms": ["none@engine"], "ratio_k3": [0.01], "weight_noise": [], "stale_steps": [],
                          "engine_points": [], "point_arms": ["none@engine"], "num_seeds": 2, "steps": 2,
                          "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
+    # compile and flex attention compile for ~20 s a shape on CPU (tests/test_trainer_settings.py measures them)
+    "09_trainer_settings": {"prompts": 2, "max_tokens": 8, "settings": ["bf16+mb4+grad", "flash3"],
+                            "grid_engines": ["vllm-v1-fixed@bf16-head-native"]},
     "10_audit": {"max_tokens": 16},
 }
 
@@ -61,7 +64,18 @@ def check_which_correction(run_dir: Path, m: dict, info: dict) -> None:
     assert m["vllm-v1-fixed+none/masked_frac_mean"] == 0
 
 
-CHECKS = {"03_toy_grpo": check_toy_grpo, "07_which_correction": check_which_correction}
+def check_trainer_settings(run_dir: Path, m: dict, info: dict) -> None:
+    """The sampler's and the grid engine's chat prompts were scored by each setting; a kernel the machine lacks is a
+    row with the library's error; the float64 reference is its own control."""
+    import pandas as pd
+
+    status = pd.read_parquet(run_dir / "data" / "status.parquet").set_index("setting")
+    assert status.loc["bf16+mb4+grad", "status"] == "ok" and status.loc["flash3", "status"] == "unsupported here"
+    assert m["fp64/abs_dlogp_max"] == 0 and "grid/vllm-v1-fixed@bf16-head-native/fp32/k3_mean" in m
+
+
+CHECKS = {"03_toy_grpo": check_toy_grpo, "07_which_correction": check_which_correction,
+          "09_trainer_settings": check_trainer_settings}
 
 
 @pytest.mark.slow

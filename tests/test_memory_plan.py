@@ -38,7 +38,7 @@ def test_kv_cache_bytes_per_token():
 # context 35.4 vs 38.1, 35.6 vs 39.0). Notebook 05's fp32 scorer takes one 16k-token context at a time: its
 # attention scores alone are ~28 GiB, so only an 80 GiB GPU holds it beside two engines.
 NOTEBOOKS = ["01_logprob_mismatch", "02_kl_vs_temperature", "03_toy_grpo", "04_determinism_and_staleness",
-             "05_equivalence_and_stress", "07_which_correction"]
+             "05_equivalence_and_stress", "07_which_correction", "09_trainer_settings"]
 FITS = {
     ("0.5B", 24): {"01_logprob_mismatch", "02_kl_vs_temperature"},
     ("0.5B", 40): set(NOTEBOOKS) - {"05_equivalence_and_stress"},
@@ -105,6 +105,35 @@ def test_grpo_plan_counts_adamw_state_and_activations():
     assert two.trainer_gib == pytest.approx(2 * small.trainer_gib - mp.PROCESS_OVERHEAD / GiB, abs=0.02)
     with pytest.raises(mp.MemoryPlanError, match="concurrent_runs=1"):  # fits alone on 40 GiB, not twice
         mp.plan("03_toy_grpo", GRPO_NEEDS, shape, 40 * GiB, "bfloat16", seqs=4, seq_len=768, runs=2)
+
+
+def test_grpo_plan_covers_the_old_logprob_pass_of_a_micro_batched_step():
+    """Before a micro-batched update GRPO scores the whole step's batch with no grad (`trainer.batch_logprobs`, in
+    the scorer's slices of up to SCORE_BATCH sequences). The plan holds the larger of that pass and the update's."""
+    from rlwb.core.trainer import SCORE_BATCH
+
+    shape = mp.ModelShape.from_config(QWEN["0.5B"])
+    n, seq_len = shape.params(), 768
+    state = 20 * n  # AdamW's weights, grads, moments and the initial copy, fp32
+    old_pass = mp.scoring_transient(shape, SCORE_BATCH, seq_len)
+    one = mp.trainer_bytes(shape, "train", 1, seq_len)  # micro_batch 1: the old-logprob pass is the larger
+    assert one == int(mp.MARGIN * (state + old_pass)) + mp.PROCESS_OVERHEAD
+    four = mp.trainer_bytes(shape, "train", 4, seq_len)  # 03's gpu.yaml: the update's activations are the larger
+    assert four > one and four - mp.PROCESS_OVERHEAD > mp.MARGIN * (state + old_pass)
+    # what the cut saves: 03's whole step (32 x 8 sequences) in one no-grad forward, its attention uncut
+    a = shape.num_attention_heads * seq_len**2 * 8
+    whole = 256 * seq_len * (3 * shape.intermediate_size + 4 * shape.hidden_size) * 4 + 256 * a
+    assert whole > 2.5 * old_pass and old_pass < 12 * GiB
+
+
+def test_trainer_settings_plan_holds_four_model_copies():
+    """Notebook 09 keeps the fp32 master, its float64 copy (two fp32 copies' worth) and one setting's copy; its
+    float64 control runs the scorer's batches at twice the bytes."""
+    shape = mp.ModelShape.from_config(QWEN["0.5B"])
+    n = shape.params()
+    settings = mp.trainer_bytes(shape, "settings", 64, 384)
+    score = mp.trainer_bytes(shape, "score", 64, 384)
+    assert settings - score == pytest.approx(mp.MARGIN * (12 * n + mp.scoring_transient(shape, 64, 384)), rel=1e-6)
 
 
 def test_engine_kwargs_apply_the_plan_on_cuda_only(monkeypatch):

@@ -74,9 +74,11 @@ def test_gpu_params_validate(nb):
     p = params.load(nb.stem, [gpu])
     # notebook 05's validator checks semantics at the float floor, notebook 06's and 07's baselines must have
     # no mismatch: fp32 engines there, bf16 elsewhere
-    assert p.model == "Qwen/Qwen2.5-0.5B-Instruct"
+    # notebook 09 measures the trainer at a real checkpoint's shapes with weights built here (its published config,
+    # seeded random weights): it needs no download, and its fp32 sampler is the reference its settings start from
+    assert p.model == ("qwen2.5-0.5b-random" if nb.stem == "09_trainer_settings" else "Qwen/Qwen2.5-0.5B-Instruct")
     assert p.dtype == ("float32" if nb.stem in ("05_equivalence_and_stress", "06_engine_knobs", "07_which_correction",
-                                                "08_mismatch_cost") else "bfloat16")
+                                                "08_mismatch_cost", "09_trainer_settings") else "bfloat16")
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
@@ -350,11 +352,38 @@ def check_audit(d: Path, m: dict) -> None:
     assert "On each framework" in html and "rollout_corr/kl" in html and "prompts_smoke.jsonl" in html
 
 
+def check_trainer_settings(d: Path, m: dict) -> None:
+    status = pd.read_parquet(d / "data" / "status.parquet").set_index("setting")
+    # the control: float64 in the scorer's batches is bitwise the per-sequence float64 reference
+    assert m["fp64/abs_dlogp_max"] == 0 and m["fp64/batch1_identical_frac"] == 1
+    # fp32 computations at the float floor (but not float64 itself); bf16 leaves it
+    for s in ("fp32", "batch1", "packed", "mb4+grad"):
+        assert 0 < m[f"{s}/abs_dlogp_max"] <= 1e-4, s
+    assert m["bf16/abs_dlogp_max"] > 1e-3 and m["bf16/k3_mean_ci_low"] > 1e-9
+    assert np.isnan(m.get("batch1/batch1_identical_frac", np.nan)) and 0 <= m["fp32/batch1_identical_frac"] <= 1
+    assert 0 <= m["mb4+grad/ppo_ratio_identical_frac"] <= 1 and m["fp32/time_ratio"] == 1
+    # a setting this CPU cannot run is a row with the library's own error, never dropped
+    assert status.loc["flash2", "status"] == "unsupported here" and "FlashAttention2" in status.loc["flash2", "error"]
+    # the grid: both bf16 engines (vLLM's own fp32 head on the second), each scored by both trainers
+    grid = pd.read_parquet(d / "data" / "grid.parquet")
+    assert len(grid) == 4 and (grid["status"] == "ok").all()
+    for e in ("vllm-v1-fixed@bf16", "vllm-v1-fixed@bf16-head-native"):
+        assert m[f"grid/{e}/engine_vs_reference/k3_mean"] > 1e-9  # a bf16 engine is off float64
+        assert m[f"grid/{e}/fp32/trainer_k3_vs_reference"] < 1e-9  # the fp32 trainer is not
+    ranking = pd.read_parquet(d / "data" / "ranking.parquet")
+    assert ranking["k3_mean"].is_monotonic_decreasing and set(ranking["side"]) == {"trainer", "engine (this run)"}
+    for f in ("settings_ranking", "settings_price", "head_grid"):
+        assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
+    html = (d / "report.html").read_text()
+    assert "Control." in html and "Did not run here" in html and "compare_run: none" in html
+
+
 CHECKS = {"00_default_policy": check_default_policy, "01_logprob_mismatch": check_logprob_mismatch,
           "02_kl_vs_temperature": check_kl_vs_temperature, "03_toy_grpo": check_toy_grpo,
           "04_determinism_and_staleness": check_determinism_and_staleness,
           "05_equivalence_and_stress": check_equivalence_and_stress, "06_engine_knobs": check_engine_knobs,
           "07_which_correction": check_which_correction, "08_mismatch_cost": check_mismatch_cost,
+          "09_trainer_settings": check_trainer_settings,
           "10_audit": check_audit}
 
 REPORT_NOISE = ('data-mime-type="application/vnd.jupyter.stderr"', "PosixPath", "/tmp/", ".tmp-", "it/s]", "s/it]",

@@ -71,3 +71,30 @@ def test_chunked_scoring_equals_full_log_softmax(default_model):
 def test_empty_prompt_is_rejected():
     with pytest.raises(ValueError, match="empty prompt"):
         trainer.make_batch([[]], [[1, 2]])
+
+
+def test_batch_logprobs_cuts_the_whole_batch_and_stays_bitwise(default_model):
+    """GRPO's no-grad old-logprob pass before a micro-batched update (`grpo_step`): cut into slices of the batch's
+    rows as the scorer cuts, at the batch's own width, it gives bitwise the values of one forward over the whole
+    batch on CPU, while no forward holds more than `batch_size` rows."""
+    from rlwb.core import tasks, tokenizer
+
+    sc = trainer.TrainerScorer(default_model.path)
+    probs = tasks.make_problems(10, seed=3)
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in probs]
+    comps = [tokenizer.encode_prompt((p.worked_answer if i % 2 else p.reversed_answer) * (1 + i % 3))[1:]
+             for i, p in enumerate(probs)]  # completions of 3 very different lengths: padded rows
+    b = trainer.make_batch(prompts, comps)
+    rows = []
+    hook = sc.model.get_decoder().register_forward_pre_hook(lambda mod, args, kw: rows.append(kw["input_ids"].shape),
+                                                            with_kwargs=True)
+    try:
+        with torch.no_grad():
+            whole = trainer.completion_logprobs(sc.model, b, 0.7, entropy=True)
+            rows.clear()
+            cut = trainer.batch_logprobs(sc.model, b, 0.7, entropy=True, batch_size=3)
+    finally:
+        hook.remove()
+    assert [r[0] for r in rows] == [2, 3, 3, 2] and {r[1] for r in rows} == {b.input_ids.shape[1]}
+    for k in ("logp", "entropy"):
+        assert torch.equal(cut[k], whole[k]), k

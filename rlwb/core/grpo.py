@@ -24,7 +24,7 @@ from rlwb.core import corrections, doses, losses, tasks, tokenizer
 from rlwb.core import metrics as M
 from rlwb.core.correction_catalog import HEALTH, check_modes
 from rlwb.core.grpo_config import GRPOConfig, step_problem_seed
-from rlwb.core.trainer import completion_logprobs, make_batch
+from rlwb.core.trainer import batch_logprobs, completion_logprobs, make_batch
 from rlwb.engines.worker import EngineWorker, Sampling
 
 CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "reversed_frac", "clip_frac", "mismatch_k3",
@@ -131,11 +131,12 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     logp_engine = doses.noisy_logprobs(logp_engine, mask, cfg.logprob_noise_k3, cfg.seed, step)
     # The trainer's logprobs before the update. An unsplit update's forward pass is at these same weights, so
     # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
-    # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass.
+    # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass,
+    # cut into slices as the scorer cuts (a GPU's 256 x 768-token batch is not one forward; bitwise the same rows).
     shared = not splits_update(cfg, len(comps))
     opt.zero_grad(set_to_none=True)  # nothing backpropagates before the update: one place for both paths
     with torch.set_grad_enabled(shared), timing.phase("training" if shared else "scoring"):
-        old = completion_logprobs(model, batch, cfg.temperature, entropy=True)
+        old = (completion_logprobs if shared else batch_logprobs)(model, batch, cfg.temperature, entropy=True)
     logp = _per_seq(old["logp"], lengths, width)
     cur, logp_trainer_old = (logp, logp.detach()) if shared else (None, logp)
     adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
@@ -151,7 +152,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     ref = None
     if ref_model is not None and cfg.beta:
         with torch.no_grad():
-            ref = _per_seq(completion_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
+            ref = _per_seq(batch_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
     with timing.phase("training"):
         st = accumulate_policy_gradient(model, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
                                         cfg, behaviour, adv, mask, weights, keep, ref, cur=cur)

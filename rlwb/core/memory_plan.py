@@ -30,15 +30,16 @@ PROCESS_OVERHEAD = 1.0 * GiB
 # An engine's working memory beyond weights and KV cache: CUDA graphs, activations of the largest batch,
 # the sampler's logits. vLLM's own profiling measures it at start; this is its planning allowance.
 ENGINE_WORKSPACE = 2.0 * GiB
-TRAINER_ROLES = ("none", "score", "score2", "train")
+TRAINER_ROLES = ("none", "score", "score2", "settings", "train")
 
 
 @dataclass(frozen=True)
 class Needs:
     """What a notebook run holds on the GPU besides its engines' shares (each notebook's record in
     `rlwb.registry` declares its own). `role`: "score" an fp32 scorer, no grad; "score2" two of them side by side;
-    "train" the fp32 policy with AdamW and a copy of its initial weights (every run restarts from them); "none"
-    no trainer on the GPU."""
+    "settings" an fp32 master, its float64 copy (two fp32 copies' worth) and one variant of it at a time
+    (notebook 09), whose forwards may run in float64; "train" the fp32 policy with AdamW and a copy of its initial
+    weights (every run restarts from them); "none" no trainer on the GPU."""
 
     engines_at_once: int  # engine processes alive at once in one run
     role: str
@@ -117,29 +118,42 @@ def trainer_bytes(shape: ModelShape, role: str, seqs: int, seq_len: int) -> int:
     """The trainer process's peak on the GPU for a notebook role (see `Needs`): `seqs` sequences of
     `seq_len` tokens in one forward (the scorer's batch, or the policy update's micro-batch)."""
     n = shape.params()
-    h, L, V, a, i = (shape.hidden_size, shape.num_hidden_layers, shape.vocab_size, shape.num_attention_heads,
-                     shape.intermediate_size)
+    h, L, V, a = shape.hidden_size, shape.num_hidden_layers, shape.vocab_size, shape.num_attention_heads
     tokens = seqs * seq_len
-    one = a * seq_len**2 * 4 * 2  # fp32 scores and softmax of one layer for one sequence (SDPA's math path)
-    attn_scores = seqs * one
+    attn_scores = seqs * a * seq_len**2 * 4 * 2  # fp32 scores and softmax of every sequence (SDPA's math path)
     if role == "none":
         return 0
-    if role in ("score", "score2"):
-        copies = 2 if role == "score2" else 1
-        # no grad: one layer's transients at a time (the MLP's three I-wide tensors dominate) + a logits chunk;
-        # the scorer cuts its batches at ATTENTION_BUDGET_BYTES of scores (a longer sequence goes alone)
-        from rlwb.core.trainer import ATTENTION_BUDGET_BYTES
-
-        attn = one if one > ATTENTION_BUDGET_BYTES else min(attn_scores, ATTENTION_BUDGET_BYTES // one * one)
-        transient = tokens * (3 * i + 4 * h) * 4 + attn + 2048 * V * 4 * 3
+    if role in ("score", "score2", "settings"):
+        copies = {"score": 1, "score2": 2, "settings": 4}[role]
+        # "settings": its float64 forwards hold twice the bytes of an fp32 one
+        transient = scoring_transient(shape, seqs, seq_len) * (2 if role == "settings" else 1)
         return int(MARGIN * (copies * 4 * n + transient)) + PROCESS_OVERHEAD
     if role == "train":
         # saved for backward, every layer: ~68·h bytes per token in fp32 (twice the 16-bit 34·s·b·h of
         # Korthikanti et al.) plus the attention scores; every logits chunk's fp32 logits, log-softmax and grad
         activations = tokens * L * 68 * h + L * attn_scores
         logits = tokens * V * 4 * 3
-        return int(MARGIN * (16 * n + 4 * n + activations + logits)) + PROCESS_OVERHEAD  # + initial weights
+        # before a micro-batched update, GRPO scores the old logprobs of the whole step's batch with no grad, in the
+        # scorer's slices (`trainer.batch_logprobs`: up to SCORE_BATCH sequences each); nothing of the update is
+        # alive then, so the peak is the larger of the two passes
+        from rlwb.core.trainer import SCORE_BATCH
+
+        old_pass = scoring_transient(shape, SCORE_BATCH, seq_len)
+        return int(MARGIN * (16 * n + 4 * n + max(activations + logits, old_pass))) + PROCESS_OVERHEAD
     raise ValueError(f"unknown trainer role {role!r}")
+
+
+def scoring_transient(shape: ModelShape, seqs: int, seq_len: int) -> int:
+    """Bytes one no-grad fp32 scoring forward of `seqs` x `seq_len` tokens holds beyond the weights: one layer's
+    transients at a time (the MLP's three I-wide tensors dominate), the attention scores of the sequences the
+    scorer puts in one forward (it cuts its batches at ATTENTION_BUDGET_BYTES; a longer sequence goes alone) and
+    a logits chunk (`completion_logprobs` projects 2,048 tokens at a time)."""
+    from rlwb.core.trainer import ATTENTION_BUDGET_BYTES
+
+    one = shape.num_attention_heads * seq_len**2 * 4 * 2  # fp32 scores and softmax of one sequence's layer
+    attn = one if one > ATTENTION_BUDGET_BYTES else min(seqs * one, ATTENTION_BUDGET_BYTES // one * one)
+    return (seqs * seq_len * (3 * shape.intermediate_size + 4 * shape.hidden_size) * 4 + attn
+            + 2048 * shape.vocab_size * 4 * 3)
 
 
 def plan(notebook: str, needs: Needs, shape: ModelShape, gpu_bytes: int, engine_dtype: str, *,

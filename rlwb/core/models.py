@@ -41,6 +41,7 @@ from rlwb.core import tasks, tokenizer
 from rlwb.core.chat_model import ChatModelRecipe
 from rlwb.core.checkpoint_variant import VariantRecipe
 from rlwb.core.moe_model import MoeRecipe
+from rlwb.core.random_model import RandomInitRecipe
 from rlwb.paths import cache_dir
 
 RECIPE_VERSION = 2  # bump when the training code changes in a way the fields below do not capture
@@ -72,6 +73,7 @@ PUBLISHED_WEIGHTS: dict[str, dict[str, str]] = {
                      "GenuineIntel": "cf6e9d946fdb11b9"},  # default: Intel Xeon (Sapphire Rapids), 2026-11-23
     "3247b68a9fe7": {"AuthenticAMD": "a62e40a6ea9f6d69",  # qwen2-chat, Python 3.11.7 stdlib: greedy acc 0.41
                      "GenuineIntel": "f536d2093f18cffe"},  # qwen2-chat on the Intel Xeon: greedy accuracy 0.46
+    "d8989e3ee50a": {"AuthenticAMD": "5f05af192dcabf07"},  # qwen2.5-0.5b-random (Python 3.11.7 stdlib), 2026-11-25
 }
 REFERENCE_VENDOR = "AuthenticAMD"
 
@@ -225,7 +227,8 @@ class EmbeddedModel:
 
 
 # `model:` name -> recipe of every model rlwb builds itself. `qwen2-chat-smoke` is the chat model on a tiny budget
-# (a minute): for tests and dry runs of GPU configurations, never for findings.
+# (a minute): for tests and dry runs of GPU configurations, never for findings. `qwen2.5-0.5b-random`: Qwen2.5-0.5B's
+# published config with seeded random weights (shapes and kernels at a real size, for GPU runs; not a policy).
 EMBEDDED_RECIPES = {"default": ModelRecipe(),
                     "qwen2-chat": ChatModelRecipe(),
                     "qwen2-chat-smoke": ChatModelRecipe(name="qwen2-chat-smoke", pretrain_steps=12, sft_steps=12,
@@ -234,7 +237,8 @@ EMBEDDED_RECIPES = {"default": ModelRecipe(),
                     "qwen2-moe-chat-smoke": MoeRecipe(name="qwen2-moe-chat-smoke", base="qwen2-chat-smoke"),
                     # the default policy with a hub checkpoint's sampling defaults in generation_config.json: every
                     # engine and the trainer must ignore them (rlwb/core/checkpoint_variant.py)
-                    "default-sampling-defaults": VariantRecipe()}
+                    "default-sampling-defaults": VariantRecipe(),
+                    "qwen2.5-0.5b-random": RandomInitRecipe()}
 EMBEDDED_NAMES = tuple(EMBEDDED_RECIPES)
 
 
@@ -416,7 +420,8 @@ def run_pinned_build(recipe, *, force: bool = False, progress: bool = True, env:
     import subprocess
     import sys
 
-    kind = {ModelRecipe: "default", ChatModelRecipe: "chat", MoeRecipe: "moe", VariantRecipe: "variant"}[type(recipe)]
+    kind = {ModelRecipe: "default", ChatModelRecipe: "chat", MoeRecipe: "moe", VariantRecipe: "variant",
+            RandomInitRecipe: "random"}[type(recipe)]
     cmd = [sys.executable, "-m", "rlwb.core.models", json.dumps(asdict(recipe)), "--kind", kind]
     cmd += ["--force"] * force + ["--quiet"] * (not progress) + (["--out", str(out)] if out else [])
     from rlwb.progress import progress_stream
@@ -487,6 +492,10 @@ def _build_here(recipe, force: bool, progress: bool, out: Path | None = None) ->
 
         base = build_embedded_model(recipe.base, progress=progress)  # built first if missing
         model, fields = checkpoint_variant.build(recipe, base, tmp)
+    elif isinstance(recipe, RandomInitRecipe):
+        from rlwb.core import random_model
+
+        model, fields = random_model.build(recipe, tmp, progress)
     else:
         from rlwb.core import chat_model
 
@@ -556,13 +565,13 @@ def _main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="build an embedded model (run via build_default_model)")
     ap.add_argument("recipe", help="recipe fields as JSON")
-    ap.add_argument("--kind", choices=["default", "chat", "moe", "variant"], default="default")
+    ap.add_argument("--kind", choices=["default", "chat", "moe", "variant", "random"], default="default")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="build into this directory (default: the cache's)")
     a = ap.parse_args(argv)
     recipe = {"default": ModelRecipe, "chat": ChatModelRecipe, "moe": MoeRecipe,
-              "variant": VariantRecipe}[a.kind](**json.loads(a.recipe))
+              "variant": VariantRecipe, "random": RandomInitRecipe}[a.kind](**json.loads(a.recipe))
     _build_here(recipe, force=a.force, progress=not a.quiet, out=a.out)
 
 
