@@ -126,27 +126,31 @@ def test_the_recipe_built_here_reproduces_its_vendors_published_build(tmp_path, 
     assert (card["weights_sha256_16"] == shipped["weights_sha256_16"]) is (vendor == models.REFERENCE_VENDOR)
 
 
-def test_every_machine_runs_the_shipped_build_and_never_trains_it(tmp_path, monkeypatch):
-    """From an empty cache the default policy is the shipped build of record (AMD's), whatever the CPU: nothing
-    is trained, the files are checked against SHA256SUMS, and the loaded weights have the published checksum. A
-    cache holding another build (a vendor's own, from before) is replaced by the shipped one."""
+@pytest.mark.parametrize("name", ["default", "qwen2-chat"])
+def test_every_machine_runs_the_shipped_build_and_never_trains_it(name, tmp_path, monkeypatch):
+    """From an empty cache an embedded model with a shipped build of record (AMD's) is that build, whatever the CPU:
+    nothing is trained, the files are checked against SHA256SUMS, and the loaded weights have the published
+    checksum. A cache holding another build (a vendor's own, from before) is replaced by the shipped one."""
     import torch
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("RLWB_CACHE", str(tmp_path))
 
     def no_training(*a, **k):
-        raise AssertionError("the default policy was trained, not installed from the shipped build")
+        raise AssertionError(f"{name} was trained, not installed from the shipped build")
 
     monkeypatch.setattr(models, "run_pinned_build", no_training)
-    ref = models.PUBLISHED_WEIGHTS[models.ModelRecipe().hash()][models.REFERENCE_VENDOR]
-    m = models.build_default_model(progress=False)
+    recipe = models.recipe_for(name)
+    assert models.shipped_build(recipe) is not None, (
+        f"no shipped build of {name} recipe {recipe.hash()} (qwen2-chat's recipe hashes this interpreter's stdlib)")
+    ref = models.PUBLISHED_WEIGHTS[recipe.hash()][models.REFERENCE_VENDOR]
+    m = models.build_embedded_model(name, progress=False)
     assert m.card["weights_sha256_16"] == ref and m.card["source"].startswith("shipped with rlwb")
     loaded = AutoModelForCausalLM.from_pretrained(m.path, dtype=torch.float32)
     assert models.weights_hash(loaded) == ref
     card = json.loads((m.path / "model.json").read_text())
     (m.path / "model.json").write_text(json.dumps({**card, "weights_sha256_16": "another-vendors-build"}))
-    again = models.build_default_model(progress=False)
+    again = models.build_embedded_model(name, progress=False)
     assert again.card["weights_sha256_16"] == ref
 
 
