@@ -20,12 +20,20 @@ def _arm_style(arms):
     return {a: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for i, a in enumerate(arms)}
 
 
+def point_name(label: str, base: str) -> str:
+    """A point's label without the base preset it changes (`vllm-v1-fixed@bf16` -> `bf16`), temperature spelt out."""
+    name = label[len(base) + 1:] if base and label.startswith(base + "@") else label
+    engine, at, t = name.partition("@T")
+    return f"{engine}, T {t}" if at else engine
+
+
 def dose_response(doses, style: str = "notebook"):
     """Per kind of mismatch: the paired reward gap to the same arm's clean run (95% CI over seeds) against the
     measured engine-trainer k3 per token (log x), one line per arm, dose 0 drawn at the left edge (its gap is 0 by
     definition). Real engines (notebooks 01/06) are points on the panel of their kind (raw logprobs: ratio;
     otherwise distribution), labelled; a null control is drawn hollow."""
     kinds = [k for k in KIND_TITLE if (doses["kind"] == k).any()]
+    base = doses.loc[doses["kind"] == "clean", "engine"].iloc[0] if (doses["kind"] == "clean").any() else ""
     arms = list(dict.fromkeys(doses["arm"]))
     sty = _arm_style(arms)
     ncol = max(1, len(kinds))
@@ -46,19 +54,21 @@ def dose_response(doses, style: str = "notebook"):
             color, marker = sty[a]
             ax.errorbar(x, y, yerr=[lo, hi], color=color, marker=marker, ms=4, capsize=3, lw=1.2, label=a)
         pts = doses[(doses["kind"] == "engine") & (doses["panel"] == kind)]
-        for r in pts.itertuples():
+        for i, r in enumerate(pts.itertuples()):
             color, marker = sty[r.arm]
             hollow = bool(r.control)
             x = max(r.k3_achieved, lo_x)
             ax.errorbar([x], [r.gap], yerr=[[max(r.gap - r.gap_ci_low, 0)], [max(r.gap_ci_high - r.gap, 0)]],
                         color=color, marker="*", ms=10, mfc="white" if hollow else color, capsize=3, lw=0, elinewidth=1)
-            ax.annotate(r.label + (" (control)" if hollow else ""), (x, r.gap), textcoords="offset points",
-                        xytext=(6, 6), fontsize="x-small", color="0.25")
+            ax.annotate(point_name(r.label, base) + (" (control)" if hollow else ""), (x, r.gap),
+                        textcoords="offset points", xytext=(8, -12) if hollow else (-8, 8 if i % 2 else -12),
+                        ha="left" if hollow else "right", fontsize="x-small", color="0.25")
         ax.axhline(0, color="0.4", ls="--", lw=1)
         ax.axvline(lo_x, color="0.8", lw=0.8, zorder=0)
         ax.set_xscale("log")
         ax.set_title(KIND_TITLE[kind], fontsize="medium")
-        ax.set_xlabel("measured k3(engine ‖ trainer) per token\n(grey line: dose 0, the float floor; ★ real engines)")
+    fig.supxlabel("measured k3(engine ‖ trainer) per token (grey line: dose 0, the float floor; ★ real engines)",
+                  fontsize="medium")
     axes[0][0].set_ylabel("final reward − clean run (paired)")
     axes[0][-1].legend(fontsize="small", title="arm", title_fontsize="small")
     fig.suptitle("What mismatch costs a GRPO run (95% CI over seeds, paired by seed)")
