@@ -316,6 +316,9 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     assert ctl["verdict"] == "null (passes)" and m["control/ratio@0.01/none@trainer"] == 1.0
     assert doses.loc[("ratio@0.01", "none@engine"), "kl_to_clean"] > 0
     assert m["control/rerun/identical"] == 1.0 and doses.loc[("rerun", "none@engine"), "identical"]
+    # every trained policy was evaluated on its own (greedy, no engine): the bitwise twins score alike
+    assert doses["heldout_acc"].between(0, 1).all() and doses["heldout_acc"].nunique() > 1
+    assert ctl["heldout_gap"] == 0 and doses.loc[("rerun", "none@engine"), "heldout_gap"] == 0
     t1 = doses.loc[("vllm-v1@T1", "none@engine")]
     assert t1["control"] == "T=1" and t1["raw_logprobs"] and t1["k3_achieved"] <= 1e-8 and np.isnan(t1["p_holm"])
     assert t1["verdict"] in ("null (passes)", "fails") and "control/vllm-v1@T1/none@engine" in m

@@ -98,3 +98,20 @@ def test_batch_logprobs_cuts_the_whole_batch_and_stays_bitwise(default_model):
     assert [r[0] for r in rows] == [2, 3, 3, 2] and {r[1] for r in rows} == {b.input_ids.shape[1]}
     for k in ("logp", "entropy"):
         assert torch.equal(cut[k], whole[k]), k
+
+
+@pytest.mark.parametrize("name, max_digits", [("default", 3), ("qwen2-chat", 2)])
+def test_greedy_rewards_reproduce_each_models_card(name, max_digits):
+    """The generic greedy evaluation (prompts through the codec, as the engines get them) gives each embedded
+    model's greedy accuracy exactly as its own build measured it (its card), on the card's problems."""
+    from transformers import AutoModelForCausalLM
+
+    from rlwb.core import models, tasks, tokenizer
+    from rlwb.core.trainer import greedy_rewards
+
+    m = models.build_embedded_model(name, progress=False)
+    model = AutoModelForCausalLM.from_pretrained(str(m.path), dtype=torch.float32)
+    r = greedy_rewards(model, tokenizer.PromptCodec(m.path), tasks.make_problems(200, seed=10**6,
+                                                                                 max_digits=max_digits), 48)
+    assert r.shape == (200,) and set(np.unique(r)) <= {0.0, 1.0}
+    assert r.mean() == m.card["greedy_accuracy"]

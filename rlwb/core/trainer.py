@@ -339,3 +339,32 @@ def score_batches(seq_lens: list[int], batch_size: int, heads: int, budget: int 
     if start < len(seq_lens):
         out.append((start, len(seq_lens)))
     return out
+
+
+def greedy_rewards(model, codec, problems: list, max_new_tokens: int) -> np.ndarray:
+    """The task reward of `model`'s greedy answer to each problem (prompts through `codec`, as the engines get them;
+    left padding, one batch): how good a trained policy itself is, with no engine in between. Notebook 08 evaluates
+    every trained policy so, because a run's training reward is measured on what its engine sampled, and an engine
+    sampling with perturbed or stale weights is not the policy the run trained."""
+    from rlwb.core import tasks
+
+    prompts = [codec.encode_task(p) for p in problems]
+    gen = model.generation_config
+    eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    pad = next(x for x in (gen.pad_token_id, model.config.pad_token_id, eos[0]) if x is not None)
+    dev = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=False, num_beams=1,
+                             repetition_penalty=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                             eos_token_id=eos)
+    rewards = []
+    for p, seq in zip(problems, out[:, width:].tolist()):
+        end = next((i for i, t in enumerate(seq) if t in eos), len(seq))
+        rewards.append(tasks.reward(p, codec.decode(seq[:end])))
+    return np.asarray(rewards, dtype=np.float64)

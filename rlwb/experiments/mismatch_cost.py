@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlwb.core import stats, tokenizer
+from rlwb.core import stats, tasks, tokenizer
 from rlwb.core.doses import logprob_noise_sigma
 from rlwb.core.grpo import train
 from rlwb.core.grpo_config import GRPOConfig
-from rlwb.core.trainer import completion_logprobs
+from rlwb.core.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, one_line
 from rlwb.experiments.grpo_grid import floor_breaches, floor_lines, one_phase, run_grid, timing_note
@@ -74,7 +74,7 @@ class CostResult(Result):
 
     def summary(self) -> pd.DataFrame:
         cols = ["kind", "label", "arm", "k3_achieved", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "mde",
-                "verdict", "auc_gap", "entropy_gap", "kl_to_clean", "clip_frac"]
+                "verdict", "heldout_gap", "auc_gap", "entropy_gap", "kl_to_clean", "clip_frac"]
         return self.doses[~self.doses["kind"].isin(["clean", "rerun"])][cols].set_index(["kind", "label", "arm"])
 
     def conclusion(self) -> str:
@@ -128,6 +128,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     p = params
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
+    heldout = tasks.make_problems(HELDOUT_PROBLEMS, seed=HELDOUT_SEED, max_digits=p.max_digits)
     todo = jobs(p)
     kl, raw = TwinKL(todo), {}
 
@@ -137,6 +138,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe
             full = completion_logprobs(m, probe, p.temperature, full=True)["full"].float().cpu()
         kl.add(job, full)
+        df["heldout_greedy_acc"] = float(greedy_rewards(m, codec, heldout, p.max_tokens).mean())
         for i, (k, v) in enumerate((("kind", job.kind), ("label", job.label), ("dose", job.dose),
                                     ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature))):
             df.insert(1 + i, k, v)
@@ -189,6 +191,9 @@ class TwinKL:
 
 
 PROBE_SEED, PROBE_PROBLEMS = 999_983, 32
+# the trained policy's own greedy accuracy, no engine in between (`trainer.greedy_rewards`): on distribution doses
+# the training reward is what the perturbed or stale engine sampled, not what the run trained
+HELDOUT_SEED, HELDOUT_PROBLEMS = 999_979, 128
 
 
 def probe_batch(codec, p):
@@ -215,13 +220,14 @@ KEYS = ["kind", "label", "dose", "temperature", "arm", "seed"]
 
 def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
     """Per run: final reward (last FINAL_FRAC of steps), area under the reward curve (mean reward over all steps),
-    final entropy, mean gradient norm, clip fraction and engine-trainer k3."""
+    final entropy, mean gradient norm, clip fraction, engine-trainer k3 and the trained policy's held-out greedy
+    accuracy."""
     steps = sorted(curves["step"].unique())
     last = set(steps[-max(1, round(FINAL_FRAC * len(steps))):])
     g = curves.groupby(KEYS, sort=False, dropna=False)
     out = pd.DataFrame({"auc": g["reward_mean"].mean(), "grad_norm": g["grad_norm"].mean(),
                         "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean(),
-                        "raw_logprobs": g["raw_logprobs"].first()})
+                        "raw_logprobs": g["raw_logprobs"].first(), "heldout_acc": g["heldout_greedy_acc"].first()})
     fin = curves[curves["step"].isin(last)].groupby(KEYS, sort=False, dropna=False)
     out["reward_final"] = fin["reward_mean"].mean()
     out["entropy"] = fin["entropy"].mean()
@@ -274,6 +280,10 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
         gap = (d["reward_final"] - base["reward_final"]).dropna().to_numpy()
         row["gap"] = float(gap.mean())
         row["gap_ci_low"], row["gap_ci_high"] = stats.seed_ci(gap)
+        held = (d["heldout_acc"] - base["heldout_acc"]).dropna().to_numpy()
+        row["heldout_acc"] = float(d["heldout_acc"].mean())
+        row["heldout_gap"] = float(held.mean())
+        row["heldout_gap_ci_low"], row["heldout_gap_ci_high"] = stats.seed_ci(held)
         row["identical"] = identical_curves(curves, label, arm, temp, d.index)
         row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
         row["mde"] = float("nan")  # set below, at the Holm family's level
@@ -284,7 +294,8 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     t = pd.DataFrame(rows)
     # rewards are multiples of 1/(completions x steps averaged): a difference's last bits are rounding, not signal
     # (an identical pair of seeds reads -2.8e-17 otherwise)
-    gaps = ["gap", "gap_ci_low", "gap_ci_high", "auc_gap", "entropy_gap", "grad_norm_gap", "clip_frac_gap"]
+    gaps = ["gap", "gap_ci_low", "gap_ci_high", "auc_gap", "entropy_gap", "grad_norm_gap", "clip_frac_gap",
+            "heldout_gap", "heldout_gap_ci_low", "heldout_gap_ci_high"]
     t[gaps] = t[gaps].round(12)
     t["p_holm"], t["verdict"] = np.nan, np.where(t["kind"].isin(["clean", "rerun"]), t["kind"], "n/a")
     tested = ~t["kind"].isin(["clean", "rerun"]) & t["p"].notna()
@@ -329,7 +340,8 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     out = {}
     for r in table.itertuples():
         for col in ("k3_achieved", "reward_final", "auc", "gap", "gap_ci_low", "gap_ci_high", "mde", "entropy_gap",
-                    "clip_frac", "grad_norm_gap", "kl_to_clean"):
+                    "clip_frac", "grad_norm_gap", "kl_to_clean", "heldout_acc", "heldout_gap", "heldout_gap_ci_low",
+                    "heldout_gap_ci_high"):
             out[f"{r.label}/{r.arm}/{col}"] = float(getattr(r, col))
         out[f"{r.label}/{r.arm}/identical_to_clean"] = float(r.identical)
         if r.control:
@@ -357,7 +369,8 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
 
 
 def _fmt_gap(r) -> str:
-    return f"{r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}]"
+    return (f"{r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], held-out greedy accuracy "
+            f"{r.heldout_gap:+.3f} [{r.heldout_gap_ci_low:+.3f}, {r.heldout_gap_ci_high:+.3f}]")
 
 
 def answer_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
@@ -447,6 +460,9 @@ def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
     if ctl:
         lines.append("**Controls.** " + "; ".join(ctl) + ".")
     lines.append("**Doses achieved** (mean k3 per token over steps and seeds, first arm). " + doses_text(table, p))
+    lines.append(f"Gaps are in the final training reward (what the run's engine sampled) and, after it, in the trained "
+                 f"policy's own greedy accuracy on {HELDOUT_PROBLEMS} held-out problems (no engine in between: where "
+                 f"the engine samples perturbed or stale weights, the training reward is not the trained policy's).")
     lines.append("`kl_to_clean`: mean KL per token from the clean twin's trained policy (same arm and seed, dose 0) to "
                  "this run's, on a fixed probe of held-out prompts with their correct answers: what a dose did to the "
                  "policy whether or not reward shows it.")
