@@ -328,17 +328,21 @@ def _cmd_readme_check(a) -> int:
     return 1 if any(v.status == "mismatch" for v in verdicts) else 0
 
 
+def run_options(r: argparse.ArgumentParser, param_help: str) -> None:
+    """The options of every command that makes an archived notebook run (`run`, `audit`)."""
+    r.add_argument("-f", "--file", action="append", help="params YAML (repeatable, later wins)")
+    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"), help=param_help)
+    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
+    r.add_argument("--log-output", action="store_true", help="stream the notebook's output to stderr")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlwb", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="execute a notebook with papermill and archive it")
     r.add_argument("notebook", help="path or stem, e.g. notebooks/01_logprob_mismatch.ipynb")
-    r.add_argument("-f", "--file", action="append", help="params YAML (repeatable, later wins)")
-    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
-                   help="override one param; VALUE is YAML ('[0.6, 1.0]', '7', 'true')")
-    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
-    r.add_argument("--log-output", action="store_true", help="stream the notebook's output to stderr")
+    run_options(r, "override one param; VALUE is YAML ('[0.6, 1.0]', '7', 'true')")
     r.set_defaults(fn=_cmd_run)
 
     r = sub.add_parser("audit", help="audit your own stack: your prompts, your engine (a preset or a server URL), "
@@ -351,11 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trainer", default="hf", metavar="hf|CMD",
                    help="hf (rlwb's scorer) or a command behind the external-scorer contract (README), run from the "
                         "repository root")
-    r.add_argument("-f", "--file", action="append", help="params YAML (repeatable, later wins)")
-    r.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
-                   help="any other parameter of notebooks/10_audit.ipynb (temperature, max_tokens, trainer_dtype, ...)")
-    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
-    r.add_argument("--log-output", action="store_true", help="stream the notebook's output to stderr")
+    run_options(r, "any other parameter of notebooks/10_audit.ipynb (temperature, max_tokens, trainer_dtype, ...)")
     r.set_defaults(fn=_cmd_audit)
 
     r = sub.add_parser("rescore", help="re-score an archived run's rollouts with another trainer; a new archived "
