@@ -203,6 +203,20 @@ def test_unknown_preset_and_missing_interpreter(tmp_path, monkeypatch):
         resolve_preset("mine")
 
 
+def test_engine_environments_follow_rlwb_envs(tmp_path, monkeypatch):
+    """A preset's `.venvs/...` interpreter lives where scripts/setup.sh made it: under `RLWB_ENVS` when set (a second
+    checkout sharing one set of engine environments), else the repo's `.venvs`; the kernel's `.venv` stays the repo's."""
+    from rlwb.paths import REPO_ROOT
+
+    assert resolve_preset("vllm-v1").python == REPO_ROOT / ".venvs" / "vllm-v1" / "bin" / "python"
+    monkeypatch.setenv("RLWB_ENVS", str(tmp_path / "envs"))
+    assert resolve_preset("vllm-v1").python == tmp_path / "envs" / "vllm-v1" / "bin" / "python"
+    assert resolve_preset("vllm-v0@bf16").python == tmp_path / "envs" / "vllm-v0" / "bin" / "python"
+    assert resolve_preset("hf").python == REPO_ROOT / ".venv" / "bin" / "python"
+    with pytest.raises(PresetError, match=f"interpreter {tmp_path}/envs/vllm-v1/bin/python does not exist"):
+        resolve_preset("vllm-v1").check_interpreter()
+
+
 @pytest.mark.parametrize("kw, msg", [
     ({"temperature": -0.1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.1}, "top_p"),
     ({"top_k": -1}, "top_k"), ({"max_tokens": 0}, "max_tokens"), ({"n": 0}, "n must"),

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import yaml
 
 from rlwb.errors import PresetError
-from rlwb.paths import PARAMS_DIR, REPO_ROOT
+from rlwb.paths import PARAMS_DIR, REPO_ROOT, envs_dir
 
 KNOB_SEP = "@"  # `vllm-v1-fixed@kv-fp8`: a preset with knobs (params/engine_knobs.yaml) applied, left to right
 KNOB_KEYS = {"description", "env", "vllm_kwargs", "fp32_lm_head", "reset_prefix_cache_on_update", "idle_spin_s",
@@ -60,6 +60,18 @@ class Preset:
         if (env_root / ".rlwb-incomplete").exists():  # written by scripts/setup.sh until the env imports
             raise PresetError(f"engine preset {self.name!r}: the setup of {env_root} did not finish (it failed or "
                               f"was interrupted); run `rlwb engines setup {self.name.split(KNOB_SEP)[0]}` again")
+
+
+def interpreter_path(python: str) -> Path:
+    """A preset's `python`: absolute as given; `.venvs/<env>/...` under the engine environments' directory
+    (`RLWB_ENVS`, where scripts/setup.sh makes them: default `.venvs` in the repo); anything else relative to the
+    repo root."""
+    p = Path(os.path.expanduser(str(python)))
+    if p.is_absolute():
+        return p
+    if p.parts and p.parts[0] == ".venvs":
+        return envs_dir().joinpath(*p.parts[1:])
+    return REPO_ROOT / p
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -204,9 +216,7 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
                           f"{d.get('fp32_lm_head')!r}")
     if not isinstance(d.get("reset_prefix_cache_on_update", False), bool):
         raise PresetError(f"engine preset {name!r}: `reset_prefix_cache_on_update` must be true or false")
-    python = Path(os.path.expanduser(str(d["python"]))) if d.get("python") else None
-    if python is not None and not python.is_absolute():
-        python = REPO_ROOT / python
+    python = interpreter_path(d["python"]) if d.get("python") else None
     return Preset(
         name=name, backend=backend, python=python,
         env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
