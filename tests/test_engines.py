@@ -204,8 +204,9 @@ def test_unknown_preset_and_missing_interpreter(tmp_path, monkeypatch):
 
 
 def test_engine_environments_follow_rlwb_envs(tmp_path, monkeypatch):
-    """A preset's `.venvs/...` interpreter lives where scripts/setup.sh made it: under `RLWB_ENVS` when set (a second
-    checkout sharing one set of engine environments), else the repo's `.venvs`; the kernel's `.venv` stays the repo's."""
+    """A preset's `.venvs/...` interpreter lives where scripts/setup.sh made it: under `RLWB_ENVS` when set (a
+    second checkout sharing one set of engine environments), else the repo's `.venvs`; the kernel's `.venv` stays
+    the repo's."""
     from rlwb.paths import REPO_ROOT
 
     assert resolve_preset("vllm-v1").python == REPO_ROOT / ".venvs" / "vllm-v1" / "bin" / "python"

@@ -315,8 +315,6 @@ class HfBackend:
             T, n = float(s["temperature"]), int(s.get("n", 1))
             if s.get("seed") is not None:
                 torch.manual_seed(int(s["seed"]))
-            from transformers import GenerationConfig
-
             # every sampling field explicit and neutral (top_k 0 is "off" in every transformers version; None is
             # filled from the model's defaults by some): nothing of the checkpoint's defaults can reach the sample
             kw = dict(do_sample=T > 0, max_new_tokens=int(s["max_tokens"]), num_return_sequences=n,
@@ -326,8 +324,9 @@ class HfBackend:
             if T > 0:  # in the distribution (min_new_tokens would mask EOS and change the logprobs)
                 kw.update(temperature=T, top_p=float(s.get("top_p", 1.0)), top_k=int(s.get("top_k", 0)))
             with torch.no_grad():
-                out = self.model.generate(ids, generation_config=GenerationConfig(**kw),
-                                          attention_mask=torch.ones_like(ids))
+                # as keyword arguments over the neutral model config set at load: a standalone GenerationConfig
+                # passed to generate() stops after one token in transformers 5.19 (measured: max_new_tokens=8 -> 1)
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
             scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [n, steps, V]
             samples = []
             for j in range(n):
