@@ -262,7 +262,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     kl = kl or {}
     s["kl_to_clean"] = [next((v for j, v in kl.items() if (j.label, j.arm, j.seed) == (lab, a, sd)), float("nan"))
                         for lab, a, sd in zip(s["label"], s["arm"], s["seed"])]
-    clean = s[s["kind"] == "clean"].set_index(["temperature", "arm", "seed"])
+    clean = s[s["kind"] == "clean"].set_index(["temperature", "arm", "seed"]).sort_index()  # sorted: fast, quiet .loc
     rows = []
     for (label, arm), d in s.groupby(["label", "arm"], sort=False):
         kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
@@ -282,7 +282,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
         row["gap_ci_low"], row["gap_ci_high"] = stats.seed_ci(gap)
         held = (d["heldout_acc"] - base["heldout_acc"]).dropna().to_numpy()
         row["heldout_acc"] = float(d["heldout_acc"].mean())
-        row["heldout_gap"] = float(held.mean())
+        row["heldout_gap"] = float(held.mean()) if held.size else float("nan")
         row["heldout_gap_ci_low"], row["heldout_gap_ci_high"] = stats.seed_ci(held)
         row["identical"] = identical_curves(curves, label, arm, temp, d.index)
         row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
