@@ -302,8 +302,9 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     assert len(curves) == (4 * 2 * 2 + 2 * 2 + 1) * 3  # runs x steps
     for a in arms:
         assert doses.loc[("clean", a), "k3_achieved"] <= 1e-8  # fp32 V1-fixed: the float floor at dose 0
-        # the ratio dose reaches the reported logprobs at (at most) its intended k3: the cap at logp 0 only lowers it
-        assert 0.2 * 0.01 < doses.loc[("ratio@0.01", a), "k3_achieved"] <= 0.01
+        # the ratio dose reaches the reported logprobs at its intended k3, as noise (mean log r near 0, not a bias)
+        assert 0.5 * 0.01 <= doses.loc[("ratio@0.01", a), "k3_achieved"] <= 2 * 0.01
+        assert abs(doses.loc[("ratio@0.01", a), "k1_achieved"]) < 0.02
         for lab in ("weights@0.03", "stale@2"):  # another policy sampled: a mismatch, and a policy that moved
             assert doses.loc[(lab, a), "k3_achieved"] > 1e-6 and doses.loc[(lab, a), "kl_to_clean"] > 0
     # the stale engine samples with the initial weights for its first 2 steps, then 2 updates behind
@@ -321,7 +322,7 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     assert ctl["heldout_gap"] == 0 and doses.loc[("rerun", "none@engine"), "heldout_gap"] == 0
     t1 = doses.loc[("vllm-v1@T1", "none@engine")]
     assert t1["control"] == "T=1" and t1["raw_logprobs"] and t1["k3_achieved"] <= 1e-8 and np.isnan(t1["p_holm"])
-    assert t1["verdict"] in ("null (passes)", "fails") and "control/vllm-v1@T1/none@engine" in m
+    assert t1["verdict"] == "null (passes)" and m["control/vllm-v1@T1/none@engine"] == 1.0
     for key in ("gap", "gap_ci_low", "gap_ci_high", "mde"):  # paired over the 2 seeds: every interval exists
         assert np.isfinite(m[f"ratio@0.01/none@engine/{key}"]), key
     assert m["ratio@0.01/none@engine/gap_ci_low"] <= m["ratio@0.01/none@engine/gap"] <= m[

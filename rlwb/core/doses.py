@@ -4,7 +4,7 @@ Two kinds, both applied on the real engine path of `rlwb.core.grpo` (the engine 
 reports or which weights it samples with is changed):
 
 - *ratio mismatch* (`logprob_noise_k3`): the engine samples from the trainer's policy, but the logprobs it
-  reports are off by Gaussian noise delta ~ N(0, sigma^2) per token, the shape of kernel-level error. For
+  reports are off by zero-mean Gaussian noise delta ~ N(0, sigma^2) per token (symmetric: log r has mean 0). For
   r = exp(-delta), E[k3] = E[r - 1 - log r] = exp(sigma^2 / 2) - 1, so sigma = sqrt(2 ln(1 + k3)) gives an
   intended mean k3 per token (k3: Schulman, http://joschu.net/blog/kl-approx.html). It reaches the update
   through the PPO ratio (behaviour logprobs from the engine) or a correction's weights, never through sampling.
@@ -19,8 +19,8 @@ reports or which weights it samples with is changed):
   Achieved k3 is measured.
 
 Noise is drawn from generators seeded by (seed, step), never from a shared random state: the arms of one seed
-see the same prompts and sampling seeds, and the same noise draws wherever their batches have the same shape
-(at step 0 always; later the completions' lengths may differ), so their reward gaps are paired.
+see the same prompts and sampling seeds, and token (sequence i, position j) of a step gets the same noise draw in
+every arm, so their reward gaps are paired.
 """
 
 from __future__ import annotations
@@ -38,15 +38,25 @@ def logprob_noise_sigma(k3: float) -> float:
     return math.sqrt(2.0 * math.log1p(k3))
 
 
+NOISE_WIDTH = 4096  # positions drawn per sequence whatever the batch's width: a token's draw depends on (row, pos)
+
+
 def noisy_logprobs(logp: torch.Tensor, mask: torch.Tensor, k3: float, seed: int, step: int) -> torch.Tensor:
-    """`logp` [B, L] plus N(0, sigma(k3)^2) on the real tokens (`mask`), seeded by (seed, step), capped at 0 (no
-    engine reports a probability above 1; the cap lowers the achieved k3 a little at large doses, which is why the
-    achieved k3 is measured, not assumed)."""
+    """`logp` [B, L] plus N(0, sigma(k3)^2) on the real tokens (`mask`), seeded by (seed, step).
+
+    Not capped at 0: a cap would make the error one-sided wherever the policy is confident (at p ~ 1 every draw
+    above 0 is cut, so r = pi_trainer / pi_engine >= 1 on such tokens: a systematic bias, not noise, measured at
+    +0.06 to +0.47 mean log r on the default policy before this was fixed). A reported "logprob" above 0 is not
+    a probability, but it is what a symmetric error in the reported value is; the update only ever sees it in
+    a ratio. The draws fill a [B, NOISE_WIDTH] array whatever the batch's width, so token (i, j) gets the same
+    draw in every arm of a seed and step even when their completions' lengths differ."""
     if k3 == 0:
         return logp
+    B, L = logp.shape
     g = torch.Generator().manual_seed(1_000_003 * seed + step + 17)
-    z = torch.randn(logp.shape, generator=g, dtype=torch.float64).to(logp.dtype).to(logp.device)
-    return (logp + logprob_noise_sigma(k3) * z * mask.to(logp.dtype)).clamp(max=0.0)
+    z = torch.randn((B, max(L, NOISE_WIDTH)), generator=g, dtype=torch.float64)[:, :L]
+    z = z.to(logp.dtype).to(logp.device)
+    return logp + logprob_noise_sigma(k3) * z * mask.to(logp.dtype)
 
 
 def weight_noise(state: dict, scale: float, seed: int) -> dict[str, torch.Tensor]:

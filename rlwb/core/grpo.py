@@ -28,7 +28,7 @@ from rlwb.core.trainer import batch_logprobs, completion_logprobs, make_batch
 from rlwb.engines.worker import EngineWorker, Sampling
 
 CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "reversed_frac", "clip_frac", "mismatch_k3",
-                 "abs_dlogp_mean", "entropy", "grad_norm", *HEALTH, "t_rollout", "t_score", "t_update",
+                 "mismatch_k1", "abs_dlogp_mean", "entropy", "grad_norm", *HEALTH, "t_rollout", "t_score", "t_update",
                  "t_sync", "t_correction"]
 
 
@@ -141,7 +141,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     cur, logp_trainer_old = (logp, logp.detach()) if shared else (None, logp)
     adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
     e_flat, t_flat = logp_engine[mask].double().cpu().numpy(), logp_trainer_old[mask].double().cpu().numpy()
-    mm = M.mismatch_metrics(e_flat, t_flat)
+    mm = M.mismatch_metrics(e_flat, t_flat, dosed=cfg.logprob_noise_k3 > 0)
     t2 = time.perf_counter()
 
     behaviour = logp_engine if cfg.old_logprobs == "engine" else logp_trainer_old
@@ -168,7 +168,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     t4 = time.perf_counter()
     row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
            "clip_frac": st.clip_frac,
-           "mismatch_k3": mm["k3_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
+           "mismatch_k3": mm["k3_mean"], "mismatch_k1": mm["k1_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
            "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
            **corrections.health(corr, mask),
            "kept_frac": st.kept_frac, "update_passes": st.passes, "completion_tokens": float(np.mean(lengths)),

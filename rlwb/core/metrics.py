@@ -30,21 +30,23 @@ METRICS = ("abs_dlogp_mean", "abs_dlogp_max", "k1_mean", "k2_mean", "k3_mean", "
            "ess_frac", "ess_tis", "chi2_token", "mult_prob_error", "seq_abs_log_ratio_mean", "full_kl_mean", "n_tokens")
 
 
-def _as_logprobs(x, name: str) -> np.ndarray:
+def _as_logprobs(x, name: str, dosed: bool = False) -> np.ndarray:
+    """`x` as a flat float64 array of logprobs: finite, and <= 0 unless `dosed` (an injected ratio-mismatch dose,
+    `rlwb.core.doses.noisy_logprobs`, is symmetric noise on the reported values and may cross 0)."""
     a = np.asarray(x, dtype=np.float64).ravel()
     bad = ~np.isfinite(a)
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"{name} has {int(bad.sum())} non-finite value(s) (first at token {i}: {a[i]}); "
                          f"a sampled token's logprob must be finite")
-    if (a > 1e-6).any():
+    if not dosed and (a > 1e-6).any():
         raise ValueError(f"{name} has positive values (max {a.max():.3g}): not logprobs")
     return a
 
 
-def log_ratio(logp_engine, logp_trainer, mask=None) -> np.ndarray:
-    """log r = logp_trainer - logp_engine over the masked tokens (validated, float64)."""
-    e = _as_logprobs(logp_engine, "logp_engine")
+def log_ratio(logp_engine, logp_trainer, mask=None, dosed: bool = False) -> np.ndarray:
+    """log r = logp_trainer - logp_engine over the masked tokens (validated, float64; `dosed`: see `_as_logprobs`)."""
+    e = _as_logprobs(logp_engine, "logp_engine", dosed)
     t = _as_logprobs(logp_trainer, "logp_trainer")
     if e.shape != t.shape:
         raise ValueError(f"logp_engine has {e.size} tokens but logp_trainer has {t.size}")
@@ -154,11 +156,12 @@ def exact_kl(full_engine: np.ndarray, full_trainer: np.ndarray) -> np.ndarray:
 
 def mismatch_metrics(logp_engine, logp_trainer, seq_ids=None, mask=None, clip_eps: float = 0.2,
                      full_engine: list[np.ndarray] | None = None,
-                     full_trainer: list[np.ndarray] | None = None) -> dict[str, float]:
-    """All estimators above as a dict keyed by `METRICS` (NaN where undefined, e.g. no tokens)."""
-    e = _as_logprobs(logp_engine, "logp_engine")
+                     full_trainer: list[np.ndarray] | None = None, dosed: bool = False) -> dict[str, float]:
+    """All estimators above as a dict keyed by `METRICS` (NaN where undefined, e.g. no tokens). `dosed`: the
+    engine's logprobs carry an injected ratio-mismatch dose (notebook 08) and may exceed 0."""
+    e = _as_logprobs(logp_engine, "logp_engine", dosed)
     t = _as_logprobs(logp_trainer, "logp_trainer")
-    lr = log_ratio(e, t, mask)
+    lr = log_ratio(e, t, mask, dosed)
     m = np.ones_like(e, dtype=bool) if mask is None else np.asarray(mask, dtype=bool).ravel()
     seq = np.zeros(e.size, dtype=int) if seq_ids is None else np.asarray(seq_ids).ravel()
     out = {

@@ -29,7 +29,7 @@ import torch
 from rlwb.core import stats, tasks, tokenizer
 from rlwb.core.doses import logprob_noise_sigma
 from rlwb.core.grpo import train
-from rlwb.core.grpo_config import GRPOConfig
+from rlwb.core.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, one_line
@@ -128,7 +128,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     p = params
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
-    heldout = tasks.make_problems(HELDOUT_PROBLEMS, seed=HELDOUT_SEED, max_digits=p.max_digits)
+    heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
     todo = jobs(p)
     kl, raw = TwinKL(todo), {}
 
@@ -196,13 +196,34 @@ PROBE_SEED, PROBE_PROBLEMS = 999_983, 32
 HELDOUT_SEED, HELDOUT_PROBLEMS = 999_979, 128
 
 
+def trained_problems(p) -> set[tuple[int, int]]:
+    """Every (a, b) some run of this study trains on: each seed's fresh problems per step (`step_problem_seed`),
+    known before any run starts."""
+    return {(q.a, q.b) for s in p.seeds for step in range(p.steps)
+            for q in tasks.make_problems(p.prompts_per_step, seed=step_problem_seed(s, step), max_digits=p.max_digits)}
+
+
+def held_out(p, n: int, seed: int) -> tuple[list[tasks.Problem], str]:
+    """Up to `n` distinct problems from the task's distribution that no run of the study trains on, and what they
+    are in words. A task too small to hold any out (1-digit sums: 100 problems, nearly all drawn in training)
+    gets its distinct problems instead, named as such: an accuracy on problems the runs trained on."""
+    trained = trained_problems(p)
+    pool = list(dict.fromkeys((q.a, q.b) for q in tasks.make_problems(50 * n, seed=seed, max_digits=p.max_digits)))
+    unseen = [ab for ab in pool if ab not in trained]
+    if len(unseen) >= n // 4:
+        unseen = unseen[:n]
+        return [tasks.Problem(a, b) for a, b in unseen], f"{len(unseen)} held-out problems (none trained on)"
+    return ([tasks.Problem(a, b) for a, b in pool[:n]],
+            f"{min(n, len(pool))} distinct problems of the task, not held out (it has {len(pool)}, and the runs train "
+            f"on {len(trained)} of them)")
+
+
 def probe_batch(codec, p):
-    """A fixed probe: task prompts no run trains on, each followed by its correct answer (teacher-forced), where the
-    trained policies' distributions are compared (`kl_to_clean`)."""
-    from rlwb.core import tasks
+    """A fixed probe: task prompts no run trains on (`held_out`), each followed by its correct answer
+    (teacher-forced), where the trained policies' distributions are compared (`kl_to_clean`)."""
     from rlwb.core.trainer import make_batch
 
-    problems = tasks.make_problems(PROBE_PROBLEMS, seed=PROBE_SEED, max_digits=p.max_digits)
+    problems, _ = held_out(p, PROBE_PROBLEMS, PROBE_SEED)
     return make_batch([codec.encode_task(q) for q in problems],
                       [codec.encode_continuation(str(q.a + q.b)) for q in problems])
 
@@ -220,13 +241,14 @@ KEYS = ["kind", "label", "dose", "temperature", "arm", "seed"]
 
 def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
     """Per run: final reward (last FINAL_FRAC of steps), area under the reward curve (mean reward over all steps),
-    final entropy, mean gradient norm, clip fraction, engine-trainer k3 and the trained policy's held-out greedy
+    final entropy, mean gradient norm, clip fraction, engine-trainer k3 and the trained policy's own greedy
     accuracy."""
     steps = sorted(curves["step"].unique())
     last = set(steps[-max(1, round(FINAL_FRAC * len(steps))):])
     g = curves.groupby(KEYS, sort=False, dropna=False)
     out = pd.DataFrame({"auc": g["reward_mean"].mean(), "grad_norm": g["grad_norm"].mean(),
                         "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean(),
+                        "k1": g["mismatch_k1"].mean() if "mismatch_k1" in curves else np.nan,
                         "raw_logprobs": g["raw_logprobs"].first(), "heldout_acc": g["heldout_greedy_acc"].first()})
     fin = curves[curves["step"].isin(last)].groupby(KEYS, sort=False, dropna=False)
     out["reward_final"] = fin["reward_mean"].mean()
@@ -273,7 +295,8 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
                "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw),
                "k3_intended": dose if kind == "ratio" else float("nan"),
-               "k3_achieved": float(d["k3"].mean()), "reward_final": float(d["reward_final"].mean()),
+               "k3_achieved": float(d["k3"].mean()), "k1_achieved": float(d["k1"].mean()),
+               "reward_final": float(d["reward_final"].mean()),
                "auc": float(d["auc"].mean()), "entropy": float(d["entropy"].mean()),
                "grad_norm": float(d["grad_norm"].mean()), "clip_frac": float(d["clip_frac"].mean()),
                "kl_to_clean": float(d["kl_to_clean"].mean()), "seeds": len(d)}
@@ -369,7 +392,7 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
 
 
 def _fmt_gap(r) -> str:
-    return (f"{r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], held-out greedy accuracy "
+    return (f"{r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], own greedy accuracy "
             f"{r.heldout_gap:+.3f} [{r.heldout_gap_ci_low:+.3f}, {r.heldout_gap_ci_high:+.3f}]")
 
 
@@ -461,12 +484,19 @@ def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
         lines.append("**Controls.** " + "; ".join(ctl) + ".")
     lines.append("**Doses achieved** (mean k3 per token over steps and seeds, first arm). " + doses_text(table, p))
     lines.append(f"Gaps are in the final training reward (what the run's engine sampled) and, after it, in the trained "
-                 f"policy's own greedy accuracy on {HELDOUT_PROBLEMS} held-out problems (no engine in between: where "
-                 f"the engine samples perturbed or stale weights, the training reward is not the trained policy's).")
+                 f"policy's own greedy accuracy on {held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[1]} (no engine in "
+                 f"between: where the engine samples perturbed or stale weights, the training reward is not the "
+                 f"trained policy's).")
     lines.append("`kl_to_clean`: mean KL per token from the clean twin's trained policy (same arm and seed, dose 0) to "
-                 "this run's, on a fixed probe of held-out prompts with their correct answers: what a dose did to the "
-                 "policy whether or not reward shows it.")
+                 f"this run's, on a fixed probe of {held_out(p, PROBE_PROBLEMS, PROBE_SEED)[1]} with their correct "
+                 "answers: what a dose did to the policy whether or not reward shows it.")
     return "\n\n".join(lines)
+
+
+def dose_achieved(r) -> bool:
+    """An intended ratio dose is achieved when the measured k3 is within a factor 2 of it (the noise is drawn per
+    token, so over a run's thousands of tokens the mean sits far closer; a factor 2 is a broken dose path)."""
+    return bool(0.5 <= r.k3_achieved / r.k3_intended <= 2.0)
 
 
 def doses_text(table: pd.DataFrame, p) -> str:
@@ -474,10 +504,16 @@ def doses_text(table: pd.DataFrame, p) -> str:
     parts = []
     ratio = first[first["kind"] == "ratio"]
     if len(ratio):
-        parts.append("Ratio mismatch (Gaussian noise of std sqrt(2 ln(1 + k3)) on the reported logprobs; intended → "
-                     "measured): " + ", ".join(
-                         f"{metric('k3', r.k3_intended, '.0e')} → {metric('k3', r.k3_achieved, '.2e')} "
-                         f"(σ {logprob_noise_sigma(r.k3_intended):.3f})" for r in ratio.itertuples()) + ".")
+        parts.append("Ratio mismatch (zero-mean Gaussian noise of std sqrt(2 ln(1 + k3)) on the reported logprobs; "
+                     "intended → measured k3, and the measured mean log r, which symmetric noise keeps near 0): "
+                     + ", ".join(f"{metric('k3', r.k3_intended, '.0e')} → {metric('k3', r.k3_achieved, '.2e')} "
+                                 f"(σ {logprob_noise_sigma(r.k3_intended):.3f}, mean log r {-r.k1_achieved:+.3f})"
+                                 for r in ratio.itertuples()) + ".")
+        off = [r for r in ratio.itertuples() if not dose_achieved(r)]
+        if off:
+            parts.append("**Warning: dose not achieved** (measured k3 outside [0.5, 2] × intended): "
+                         + ", ".join(f"{r.label} {r.k3_achieved:.2e} for {r.k3_intended:.0e}" for r in off)
+                         + ". The dose path is wrong, not the engine.")
     for kind, what in (("weights", "weight noise {:g} × rms"), ("stale", "{:g} update(s) behind")):
         d = first[first["kind"] == kind]
         if len(d):

@@ -1,0 +1,93 @@
+"""Notebook 08's statistics on hand-made curves (`rlwb.experiments.mismatch_cost`): which rows form the Holm family,
+the verdicts a known cost, a known null and a broken control get, the MDE beside them, and held-out problems that
+no run trains on. Pure functions on synthetic data: the notebook's smoke test runs the real engines."""
+
+from collections import namedtuple
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rlwb.experiments import mismatch_cost as mc
+from rlwb.params import schemas
+
+SEEDS, STEPS = range(6), range(10)
+
+
+def curves(costs: dict[tuple[str, str], float]) -> pd.DataFrame:
+    """Reward curves for (label, arm): the clean arm learns 0.5 -> 0.8 with a per-seed offset; a dosed row is its
+    clean twin minus `cost` (plus a small per-seed wobble where the cost is not 0, so a t test has a spread)."""
+    rows = []
+    for (label, arm), cost in costs.items():
+        kind = label.split("@")[0]
+        for s in SEEDS:
+            wobble = 0.0 if cost == 0 else 0.01 * np.sin(3.0 * s + 1)
+            for t in STEPS:
+                base = 0.5 + 0.03 * t + 0.02 * s
+                rows.append({"step": t, "kind": kind, "label": label, "dose": 0.0 if kind == "clean" else 0.1,
+                             "temperature": 0.7, "arm": arm, "seed": s, "reward_mean": base - cost - wobble,
+                             "grad_norm": 1.0, "clip_frac": 0.0, "mismatch_k3": 0.1 if kind != "clean" else 0.0,
+                             "mismatch_k1": 0.0, "entropy": 0.5, "raw_logprobs": False,
+                             "heldout_greedy_acc": 0.6 - cost, "engine": "vllm-v1-fixed"})
+    return pd.DataFrame(rows)
+
+
+def kl_zero(c: pd.DataFrame) -> dict:
+    """kl_to_clean 0 for every dosed run (as a ratio-blind twin measures)."""
+    runs = c[c["kind"] != "clean"][["label", "arm", "seed"]].drop_duplicates()
+    run = namedtuple("run", "label arm seed")
+    return {run(r.label, r.arm, r.seed): 0.0 for r in runs.itertuples()}
+
+
+def table(costs):
+    c = curves(costs)
+    return mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c)).set_index(["label", "arm"])
+
+
+CLEAN = {("clean", "none@engine"): 0.0, ("clean", "none@trainer"): 0.0}
+
+
+def test_a_known_cost_is_claimed_a_known_null_is_not_and_the_control_passes():
+    t = table({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("ratio@0.1", "none@trainer"): 0.0,
+               ("weights@0.1", "none@engine"): 0.0, ("weights@0.1", "none@trainer"): 0.0})
+    cost = t.loc[("ratio@0.1", "none@engine")]
+    assert cost["verdict"] == "costs" and cost["gap"] == pytest.approx(-0.2 - np.mean(0.01 * np.sin(3.0 * np.arange(6)
+                                                                                                    + 1)))
+    assert cost["gap_ci_low"] < cost["gap"] < cost["gap_ci_high"] < 0 and 0 < cost["mde"] < 0.2
+    assert cost["heldout_gap"] == pytest.approx(-0.2)
+    # the family: dosed rows that are not controls (ratio none@engine, weights x 2), Holm over 3
+    fam = t[t["p_holm"].notna()]
+    assert sorted(fam.index) == sorted([("ratio@0.1", "none@engine"), ("weights@0.1", "none@engine"),
+                                        ("weights@0.1", "none@trainer")])
+    for arm in ("none@engine", "none@trainer"):  # identical to the clean twin: no cost shown, not "costs"
+        assert t.loc[("weights@0.1", arm), "verdict"] == "no cost shown" and t.loc[("weights@0.1", arm), "gap"] == 0
+    ctl = t.loc[("ratio@0.1", "none@trainer")]
+    assert ctl["control"] == "ratio-blind" and ctl["identical"] and ctl["verdict"] == "null (passes)"
+    assert np.isnan(ctl["p_holm"])  # tested alone, never in the family
+
+
+def test_a_control_that_shows_an_effect_fails():
+    t = table({**CLEAN, ("ratio@0.1", "none@engine"): 0.0, ("ratio@0.1", "none@trainer"): 0.05})
+    ctl = t.loc[("ratio@0.1", "none@trainer")]
+    assert not ctl["identical"] and ctl["verdict"] == "fails"
+
+
+def test_a_ratio_dose_far_from_its_intended_k3_is_flagged():
+    row = SimpleNamespace(label="ratio@0.1", k3_intended=0.1, k3_achieved=0.03)
+    assert not mc.dose_achieved(row) and mc.dose_achieved(SimpleNamespace(k3_intended=0.1, k3_achieved=0.11))
+
+
+@pytest.mark.parametrize("kw", [{}, {"num_seeds": 8}, {"max_digits": 2, "model": "qwen2-chat"}])
+def test_held_out_problems_are_never_trained_on(kw):
+    p = schemas.MismatchCostParams(**kw)
+    trained = mc.trained_problems(p)
+    problems, what = mc.held_out(p, mc.HELDOUT_PROBLEMS, mc.HELDOUT_SEED)
+    assert len(problems) >= mc.HELDOUT_PROBLEMS // 4 and "held-out" in what
+    assert not {(q.a, q.b) for q in problems} & trained and len({(q.a, q.b) for q in problems}) == len(problems)
+
+
+def test_a_task_too_small_to_hold_out_is_named_as_such():
+    p = schemas.MismatchCostParams(max_digits=1, num_seeds=6)  # 100 problems, all of them drawn in training
+    problems, what = mc.held_out(p, mc.HELDOUT_PROBLEMS, mc.HELDOUT_SEED)
+    assert len(problems) == 100 and "not held out" in what
