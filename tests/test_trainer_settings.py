@@ -84,6 +84,17 @@ def test_float64_reference_agrees_with_itself_across_batch_sizes(setup):
 FLOOR = 1e-4  # fp32 against float64: float rounding only
 
 
+def test_the_fp32_head_changes_what_a_bf16_trainer_scores(setup):
+    """`bf16+fp32-head` must compute something else than `bf16`: the head in fp32 from the master weights, so its
+    logprobs differ from the all-bf16 ones (a head that did nothing would pass the float64 test above)."""
+    master, seq, _ref, p = setup
+    bf16, head = (apply_setting(master, TS.parse_setting(n)).score(seq.prompt_ids, seq.completion_ids, p.temperature,
+                                                                     batch_size=p.batch_size)
+                  for n in ("bf16", "bf16+fp32-head"))
+    assert not all(np.array_equal(a, b) for a, b in zip(bf16, head))
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(bf16, head)) > 1e-4  # bf16 rounding, not fp32 noise
+
+
 @pytest.mark.parametrize("name", ["fp32", "batch1", "left-pad", "packed", "eager", "mb4+grad",
                                   "mb4+grad+checkpointing", "bf16", "bf16+fp32-head", "bf16-autocast", "fp16",
                                   "fp16-autocast", "flex", "compile"])
