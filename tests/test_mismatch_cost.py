@@ -91,3 +91,13 @@ def test_a_task_too_small_to_hold_out_is_named_as_such():
     p = schemas.MismatchCostParams(max_digits=1, num_seeds=6)  # 100 problems, all of them drawn in training
     problems, what = mc.held_out(p, mc.HELDOUT_PROBLEMS, mc.HELDOUT_SEED)
     assert len(problems) == 100 and "not held out" in what
+
+
+@pytest.mark.parametrize("kw,match", [({"stale_steps": [2, 2]}, "'stale_steps' lists an entry twice"),
+                                      ({"ratio_k3": [0.1, 0.1000000001]}, "print alike"),
+                                      ({"weight_noise": [0.03, 0.03]}, "'weight_noise' lists an entry twice")])
+def test_doses_that_would_share_a_label_are_refused(kw, match):
+    from rlwb.errors import ParamError
+
+    with pytest.raises(ParamError, match=match):
+        schemas.MismatchCostParams(**kw)

@@ -320,9 +320,12 @@ class MismatchCostParams(GRPOSettings, EngineParams):
             raise ParamError(f"parameter 'engines' must name one preset (every arm and dose samples from it, so gaps "
                              f"are paired), got {self.engines}")
         for name, values in (("arms", self.arm_labels), ("ratio_k3", self.ratio_k3),
-                             ("weight_noise", self.weight_noise)):
+                             ("weight_noise", self.weight_noise), ("stale_steps", self.stale_steps)):
             if len(set(values)) != len(values):
                 raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
+            if name != "arms" and len({f"{v:g}" for v in values}) != len(values):  # runs are labelled `<kind>@<v:g>`
+                raise ParamError(f"parameter {name!r} has doses that print alike ({[f'{v:g}' for v in values]}): "
+                                 f"their runs would share one label")
         for label in self.arm_labels:
             corr, _, mode = label.partition("@")
             check_modes([corr], mode, param=f"arms ({label})")
