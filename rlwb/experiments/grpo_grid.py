@@ -28,6 +28,30 @@ from rlwb.engines.worker import EngineWorker, expected_agreement, reports_raw_lo
 from rlwb.experiments.base import OnStart, iter_engines, run_in_lanes
 from rlwb.formatting import KL_FLOOR
 
+# One reading of a reward curve for every GRPO notebook (03, 07, 08): "final reward" is the mean over the last 20%
+# of steps, per seed; "gain" (did the run learn?) the last 10% minus the first 10%, paired within each seed.
+FINAL_FRAC, GAIN_FRAC = 0.2, 0.1
+
+
+def edge_steps(steps: Iterable, frac: float, last: bool = True) -> list:
+    """The last (or first) `frac` of the sorted `steps`, at least one."""
+    steps = sorted(set(steps))
+    k = max(1, round(frac * len(steps)))
+    return steps[-k:] if last else steps[:k]
+
+
+def final_reward(curves: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Per `keys` group (which includes "seed"): mean reward over the last FINAL_FRAC of the steps."""
+    last = edge_steps(curves["step"], FINAL_FRAC)
+    return curves[curves["step"].isin(last)].groupby(keys, sort=False, dropna=False)["reward_mean"].mean()
+
+
+def reward_gain(curves: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per seed of one configuration's curves: mean reward over the first and last GAIN_FRAC of the steps (their
+    difference, paired within the seed, is the gain)."""
+    first, last = (edge_steps(curves["step"], GAIN_FRAC, last=at_end) for at_end in (False, True))
+    return tuple(curves[curves["step"].isin(w)].groupby("seed")["reward_mean"].mean() for w in (first, last))
+
 # one_run(trainer, engine, job, initial weights, should_stop) -> that run's curve
 OneRun = Callable[[torch.nn.Module, EngineWorker, Any, dict, Callable[[], None]], pd.DataFrame]
 # plan(engine) -> (at most how many jobs it will run, the phases: job lists, each drawn after the previous ran)

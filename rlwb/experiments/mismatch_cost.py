@@ -33,10 +33,18 @@ from rlwb.core.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, one_line
-from rlwb.experiments.grpo_grid import floor_breaches, floor_lines, one_phase, run_grid, timing_note
+from rlwb.experiments.grpo_grid import (
+    FINAL_FRAC,
+    edge_steps,
+    floor_breaches,
+    floor_lines,
+    one_phase,
+    reward_gain,
+    run_grid,
+    timing_note,
+)
 from rlwb.formatting import metric
 
-FINAL_FRAC = 0.2  # "final reward" = mean reward over the last 20% of steps, per seed (as notebook 07)
 DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
 KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
          "weights": "distribution mismatch (engine samples with perturbed weights)",
@@ -243,8 +251,7 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
     """Per run: final reward (last FINAL_FRAC of steps), area under the reward curve (mean reward over all steps),
     final entropy, mean gradient norm, clip fraction, engine-trainer k3 and the trained policy's own greedy
     accuracy."""
-    steps = sorted(curves["step"].unique())
-    last = set(steps[-max(1, round(FINAL_FRAC * len(steps))):])
+    last = edge_steps(curves["step"], FINAL_FRAC)
     g = curves.groupby(KEYS, sort=False, dropna=False)
     out = pd.DataFrame({"auc": g["reward_mean"].mean(), "grad_norm": g["grad_norm"].mean(),
                         "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean(),
@@ -369,11 +376,8 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         out[f"{r.label}/{r.arm}/identical_to_clean"] = float(r.identical)
         if r.control:
             out[f"control/{r.label}/{r.arm}"] = float(r.verdict == "null (passes)")
-    steps = sorted(curves["step"].unique())
-    k = max(1, round(0.1 * len(steps)))
     for (label, arm), d in curves[curves["kind"] == "clean"].groupby(["label", "arm"], sort=False):
-        first = d[d["step"].isin(steps[:k])].groupby("seed")["reward_mean"].mean()
-        last = d[d["step"].isin(steps[-k:])].groupby("seed")["reward_mean"].mean()
+        first, last = reward_gain(d)
         gain = (last - first).to_numpy()
         out[f"{label}/{arm}/reward_gain"] = float(gain.mean())
         out[f"{label}/{arm}/reward_gain_ci_low"], out[f"{label}/{arm}/reward_gain_ci_high"] = stats.seed_ci(gain)

@@ -20,8 +20,10 @@ from rlwb.experiments.grpo_grid import (
     DRIFT_PATIENCE,
     DRIFT_WINDOW,
     at_floor,
+    final_reward,
     floor_breaches,
     floor_lines,
+    reward_gain,
     timing_note,
     train_grid,
 )
@@ -75,13 +77,9 @@ def curve_metrics(curves: pd.DataFrame) -> dict[str, float]:
     Student-t intervals across seeds), clip fraction, engine-trainer k3 and seconds per step."""
     out = {}
     for (e, c), d in curves.groupby(["engine", "correction"], sort=False):
-        steps = sorted(d["step"].unique())
-        k = max(1, round(0.1 * len(steps)))
-        first, last = d[d["step"].isin(steps[:k])], d[d["step"].isin(steps[-k:])]
         L = f"{e}+{c}"
-        per_seed = {}
-        for name, window in (("reward_first", first), ("reward_last", last)):
-            per_seed[name] = window.groupby("seed")["reward_mean"].mean()
+        per_seed = dict(zip(("reward_first", "reward_last"), reward_gain(d)))
+        for name in ("reward_first", "reward_last"):
             out[f"{L}/{name}"] = float(per_seed[name].mean())
             out[f"{L}/{name}_ci_low"], out[f"{L}/{name}_ci_high"] = stats.seed_ci(per_seed[name].to_numpy())
         gain = (per_seed["reward_last"] - per_seed["reward_first"]).to_numpy()  # paired within each seed
@@ -111,12 +109,10 @@ def reference(labels) -> str | None:
 
 
 def paired_gaps(curves: pd.DataFrame) -> dict[str, float]:
-    """Per `<engine>+<correction>`: its final reward (last 10% of steps) minus the reference's, paired by seed
+    """Per `<engine>+<correction>`: its final reward (last FINAL_FRAC of steps) minus the reference's, paired by seed
     (same seed: same initial weights, prompts and sampling seeds), with a 95% Student-t interval over seeds.
     Unpaired gains hide what pairing removes: much of a run's reward noise is its seed's prompts."""
-    steps = sorted(curves["step"].unique())
-    last = steps[-max(1, round(0.1 * len(steps))):]
-    fin = curves[curves["step"].isin(last)].groupby(["engine", "correction", "seed"], sort=False)["reward_mean"].mean()
+    fin = final_reward(curves, ["engine", "correction", "seed"])
     labels = {f"{e}+{c}": (e, c) for e, c, _ in fin.index}
     ref = reference(labels)
     if ref is None:

@@ -22,9 +22,7 @@ import pandas as pd
 from rlwb.core import stats
 from rlwb.core.correction_catalog import CATALOG, HEALTH
 from rlwb.experiments.base import OnStart, Result
-from rlwb.experiments.grpo_grid import floor_breaches, floor_lines, timing_note, train_grid
-
-FINAL_FRAC = 0.2  # "final reward" = mean reward over the last 20% of steps, per seed
+from rlwb.experiments.grpo_grid import FINAL_FRAC, final_reward, floor_breaches, floor_lines, timing_note, train_grid
 
 
 @dataclass
@@ -68,10 +66,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
 
 def final_rewards(curves: pd.DataFrame) -> pd.DataFrame:
     """Per (engine, correction, seed): mean reward over the last FINAL_FRAC of the steps."""
-    steps = sorted(curves["step"].unique())
-    last = steps[-max(1, round(FINAL_FRAC * len(steps))):]
-    return (curves[curves["step"].isin(last)].groupby(["engine", "correction", "seed"], sort=False)["reward_mean"]
-            .mean().rename("reward_final").reset_index())
+    return final_reward(curves, ["engine", "correction", "seed"]).rename("reward_final").reset_index()
 
 
 def race_metrics(curves: pd.DataFrame, p) -> dict[str, float]:
