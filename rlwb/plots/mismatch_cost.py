@@ -54,24 +54,30 @@ def dose_response(doses, style: str = "notebook"):
             color, marker = sty[a]
             ax.errorbar(x, y, yerr=[lo, hi], color=color, marker=marker, ms=4, capsize=3, lw=1.2, label=a)
         pts = doses[(doses["kind"] == "engine") & (doses["panel"] == kind)]
-        for i, r in enumerate(pts.itertuples()):
+        for r in pts.itertuples():
             color, marker = sty[r.arm]
             hollow = bool(r.control)
             x = max(r.k3_achieved, lo_x)
             ax.errorbar([x], [r.gap], yerr=[[max(r.gap - r.gap_ci_low, 0)], [max(r.gap_ci_high - r.gap, 0)]],
                         color=color, marker="*", ms=10, mfc="white" if hollow else color, capsize=3, lw=0, elinewidth=1)
-            ax.annotate(point_name(r.label, base) + (" (control)" if hollow else ""), (x, r.gap),
-                        textcoords="offset points", xytext=(8, -12) if hollow else (-8, 8 if i % 2 else -12),
-                        ha="left" if hollow else "right", fontsize="x-small", color="0.25")
+            # a point's name left of its lower whisker's end (points close in k3 have their own whiskers); the
+            # control, at dose 0, below right
+            below = r.gap if hollow or not np.isfinite(r.gap_ci_low) else min(r.gap, r.gap_ci_low)
+            ax.annotate(point_name(r.label, base) + (" (control)" if hollow else ""), (x, below),
+                        textcoords="offset points", xytext=(8, -12) if hollow else (-4, 0),
+                        va="top" if hollow else "center", ha="left" if hollow else "right", fontsize="x-small",
+                        color="0.25",
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.6})
         ax.axhline(0, color="0.4", ls="--", lw=1)
         ax.axvline(lo_x, color="0.8", lw=0.8, zorder=0)
         ax.set_xscale("log")
         ax.set_title(KIND_TITLE[kind], fontsize="medium")
-    fig.supxlabel("measured k3(engine ‖ trainer) per token (grey line: dose 0, the float floor; ★ real engines)",
-                  fontsize="medium")
+    narrow = ncol < 3  # one or two panels: the long titles wrap
+    fig.supxlabel("measured k3(engine ‖ trainer) per token" + ("\n" if narrow else " ")
+                  + "(grey line: dose 0, the float floor; ★ real engines)", fontsize="medium")
     axes[0][0].set_ylabel("final reward − clean run (paired)")
     axes[0][-1].legend(fontsize="small", title="arm", title_fontsize="small")
-    fig.suptitle("What mismatch costs a GRPO run (95% CI over seeds, paired by seed)")
+    fig.suptitle("What mismatch costs a GRPO run" + ("\n" if narrow else " ") + "(95% CI over seeds, paired by seed)")
     fig.tight_layout()
     return fig
 
