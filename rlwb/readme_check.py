@@ -98,15 +98,23 @@ def _values(run_dir: Path) -> dict:
     return archive.read_json(bench if bench.exists() else run_dir / "metrics.json", {})
 
 
+def _build(run_dir: Path) -> str | None:
+    info = archive.read_json(run_dir / "run.json", {})
+    return (info.get("model") or {}).get("weights_sha256_16") or (_values(run_dir).get("model") or {}).get(
+        "weights_sha256_16")
+
+
 def _newest(outputs: Path, run: str, cited: Path) -> Path | None:
-    """The newest run of the same notebook (its `latest` link; for the bench, its newest directory)."""
+    """The newest finished run of the same notebook on the same model build as the cited one (a run of another
+    model answers another question: it cannot make a number stale); for the bench, its newest directory."""
     stem = run.partition("/")[0]
     if stem == "bench":
         runs = sorted(d for d in (outputs / "bench").iterdir() if (d / "bench.json").exists())
-        newest = runs[-1] if runs else None
     else:
-        link = outputs / "latest" / stem
-        newest = link.resolve() if link.exists() else None
+        build = _build(cited)
+        runs = sorted(d for d in (outputs / stem).iterdir() if d.is_dir() and not d.name.startswith(".")
+                      and archive.read_json(d / "run.json", {}).get("status") == "ok" and _build(d) == build)
+    newest = runs[-1] if runs else None
     return None if newest is None or newest.resolve() == cited.resolve() else newest
 
 
@@ -127,8 +135,7 @@ def check(readme: Path, outputs: Path) -> list[Verdict]:
         problem = None
         if info and info.get("status") not in (None, "ok"):
             problem = f"the run's status is {info.get('status')!r}"
-        elif q.build and (built := ((info.get("model") or {}).get("weights_sha256_16")
-                                    or (_values(d).get("model") or {}).get("weights_sha256_16"))) != q.build:
+        elif q.build and (built := _build(d)) != q.build:
             problem = f"the run used model build {built}, the README says {q.build}"
         elif got is None:
             problem = f"{q.key} is not in the run"
