@@ -256,7 +256,9 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"auc": g["reward_mean"].mean(), "grad_norm": g["grad_norm"].mean(),
                         "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean(),
                         "k1": g["mismatch_k1"].mean() if "mismatch_k1" in curves else np.nan,
-                        "raw_logprobs": g["raw_logprobs"].first(), "heldout_acc": g["heldout_greedy_acc"].first()})
+                        "raw_logprobs": g["raw_logprobs"].first(),
+                        # runs archived before the held-out score have no such column: they recompute without it
+                        "heldout_acc": g["heldout_greedy_acc"].first() if "heldout_greedy_acc" in curves else np.nan})
     fin = curves[curves["step"].isin(last)].groupby(KEYS, sort=False, dropna=False)
     out["reward_final"] = fin["reward_mean"].mean()
     out["entropy"] = fin["entropy"].mean()
