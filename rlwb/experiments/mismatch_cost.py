@@ -477,7 +477,8 @@ def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
              f"sampling seeds and noise). Cost = final reward (last {FINAL_FRAC:.0%} of steps) minus the same arm's "
              f"clean run at the same temperature, seed by seed, with a 95% t interval; a cost is a t test of that gap "
              f"Holm-corrected over every dosed row that is not a control; MDE = the smallest cost these seeds detect "
-             f"with 80% power at the corrected level. {timing_note(p, sorted(set(table['engine'])))}"]
+             f"with 80% power at α/m, the strictest level of Holm's family of m rows. "
+             f"{timing_note(p, sorted(set(table['engine'])))}"]
     lines += floor_lines(metrics)
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
                  + "\n".join(answer_lines(metrics, table, p)))
