@@ -18,37 +18,31 @@ from rlwb.formatting import number
 from rlwb.params import parse_override
 
 
-def _cmd_run(a) -> int:
+def _archived_run(notebook: str, a, overrides: dict, cmd: str) -> int:
+    """One archived run (`rlwb run`, `audit`, `rescore`): the run directory is the last line of stdout, a failed
+    run's too (it is archived as failed), with its error on stderr and exit 1."""
     from rlwb import runner
 
-    overrides = {}
-    for key, value in a.param or []:
-        overrides[key] = parse_override(key, value)
     try:
-        run_dir = runner.run(a.notebook, a.file or [], overrides, a.outputs, log_output=a.log_output)
+        run_dir = runner.run(notebook, a.file or [], overrides, a.outputs, log_output=a.log_output)
     except RunFailed as e:
-        print(f"rlwb run: {e.error}", file=sys.stderr)
+        print(f"rlwb {cmd}: {e.error}", file=sys.stderr)
         print(e.run_dir)
         return 1
     print(run_dir)
     return 0
+
+
+def _cmd_run(a) -> int:
+    return _archived_run(a.notebook, a, {key: parse_override(key, value) for key, value in a.param or []}, "run")
 
 
 def _run_audit(a, overrides: dict) -> int:
-    """`rlwb run notebooks/10_audit.ipynb` with the audit's overrides on top of `-f`/`-p`: archived and reported
-    like every notebook; the run directory is the last line of stdout."""
-    from rlwb import runner
-
+    """`rlwb run notebooks/10_audit.ipynb` with the audit's overrides on top of `-f`/`-p` (a flag such as --model
+    wins over `-p model`): archived and reported like every notebook."""
     for key, value in a.param or []:
         overrides.setdefault(key, parse_override(key, value))
-    try:
-        run_dir = runner.run("10_audit", a.file or [], overrides, a.outputs, log_output=a.log_output)
-    except RunFailed as e:
-        print(f"rlwb {a.cmd}: {e.error}", file=sys.stderr)
-        print(e.run_dir)
-        return 1
-    print(run_dir)
-    return 0
+    return _archived_run("10_audit", a, overrides, a.cmd)
 
 
 def _cmd_audit(a) -> int:
