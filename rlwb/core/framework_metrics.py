@@ -20,9 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlwb.core import metrics as M
+from rlwb.core.metrics import SAFETY_BOUND  # verl clamps log ratios to +-20 before exp (rollout_corr_helper)
 from rlwb.core.stats import N_BOOT, sequence_bootstrap_ci
-
-SAFETY_BOUND = 20.0  # verl clamps log ratios to +-20 before exponentiating (rollout_corr_helper.SAFETY_BOUND)
 
 VERL = "volcengine/verl@b178a3cd"
 NEMO = "NVIDIA-NeMo/RL@7ea279ab"
