@@ -26,6 +26,31 @@ def _batch():
     return prompts, comps
 
 
+def _loss_setup(default_model, tmp_path, seed: int):
+    """The default policy, TRL's trainer around it, the batch, seeded advantages and the completion mask."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(default_model.path), dtype=torch.float32)
+    trainer = trl_peer.make_trainer(model, default_model.path, tmp_path, temperature=T, clip_eps=EPS)
+    trainer.current_gradient_accumulation_steps = 1
+    prompts, comps = _batch()
+    g = torch.Generator().manual_seed(seed)
+    adv = torch.randn(len(prompts), generator=g)
+    lengths = [len(c) for c in comps]
+    width = max(lengths)
+    mask = _pad([[1] * n for n in lengths], width).bool()
+    return model, trainer, prompts, comps, g, adv, lengths, width, mask
+
+
+def _trl_inputs(prompts, comps, width, mask, adv, old) -> dict:
+    """The batch as TRL's trainer builds it: left-padded prompts, right-padded completions."""
+    pw = max(len(p) for p in prompts)
+    return {"prompt_ids": torch.tensor([[tokenizer.PAD_ID] * (pw - len(p)) + p for p in prompts]),
+            "prompt_mask": torch.tensor([[0] * (pw - len(p)) + [1] * len(p) for p in prompts]),
+            "completion_ids": torch.tensor([c + [tokenizer.PAD_ID] * (width - len(c)) for c in comps]),
+            "completion_mask": mask.long(), "advantages": adv, "old_per_token_logps": old}
+
+
 def test_trl_tokenizes_the_peer_prompts_exactly_as_rlwb(default_model, tmp_path):
     """Through TRL's own prompt tokenization: one BOS, then the task prompt (a doubled BOS once lowered the
     rewards of TRL's rollouts in `rlwb bench` from ~0.6 to ~0.2)."""
@@ -42,17 +67,7 @@ def test_trl_tokenizes_the_peer_prompts_exactly_as_rlwb(default_model, tmp_path)
 
 
 def test_rlwb_grpo_loss_equals_trl_compute_loss(default_model, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(default_model.path), dtype=torch.float32)
-    trainer = trl_peer.make_trainer(model, default_model.path, tmp_path, temperature=T, clip_eps=EPS)
-    trainer.current_gradient_accumulation_steps = 1
-    prompts, comps = _batch()
-    g = torch.Generator().manual_seed(0)
-    adv = torch.randn(len(prompts), generator=g)
-    lengths = [len(c) for c in comps]
-    width = max(lengths)
-    mask = _pad([[1] * n for n in lengths], width).bool()
+    model, trainer, prompts, comps, g, adv, lengths, width, mask = _loss_setup(default_model, tmp_path, seed=0)
 
     # behaviour logprobs: the model's own, perturbed so that some ratios leave [1 - eps, 1 + eps]
     with torch.no_grad():
@@ -68,12 +83,7 @@ def test_rlwb_grpo_loss_equals_trl_compute_loss(default_model, tmp_path):
     assert 0 < st.clip_frac < 1, "the batch must exercise the clip"
 
     # TRL: left-padded prompts, right-padded completions, as its trainer builds them
-    pw = max(len(p) for p in prompts)
-    prompt_ids = torch.tensor([[tokenizer.PAD_ID] * (pw - len(p)) + p for p in prompts])
-    prompt_mask = torch.tensor([[0] * (pw - len(p)) + [1] * len(p) for p in prompts])
-    completion_ids = torch.tensor([c + [tokenizer.PAD_ID] * (width - len(c)) for c in comps])
-    inputs = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-              "completion_mask": mask.long(), "advantages": adv, "old_per_token_logps": old}
+    inputs = _trl_inputs(prompts, comps, width, mask, adv, old)
     model.zero_grad()
     model.train()
     theirs = trainer._compute_loss(model, inputs)
@@ -95,30 +105,15 @@ def test_trl_corrections_aggregate_as_rlwbs(default_model, tmp_path):
     the per-token loss by the ratio (0 outside the band) and its `bnpo` mean keeps every completion token in the
     count. rlwb's `trl.*` entry must give the same loss and gradient; TRL's per-sequence mean (`loss_type="grpo"`)
     must not."""
-    from transformers import AutoModelForCausalLM
-
     from rlwb import peers
     from rlwb.core import corrections
 
-    model = AutoModelForCausalLM.from_pretrained(str(default_model.path), dtype=torch.float32)
-    trainer = trl_peer.make_trainer(model, default_model.path, tmp_path, temperature=T, clip_eps=EPS)
-    trainer.current_gradient_accumulation_steps = 1
-    prompts, comps = _batch()
-    g = torch.Generator().manual_seed(1)
-    adv = torch.randn(len(prompts), generator=g)
-    lengths = [len(c) for c in comps]
-    width = max(lengths)
-    mask = _pad([[1] * n for n in lengths], width).bool()
+    model, trainer, prompts, comps, g, adv, lengths, width, mask = _loss_setup(default_model, tmp_path, seed=1)
     with torch.no_grad():  # one update per batch: the old logprobs are the current ones; the engine's are off
         old = _per_seq(completion_logprobs(model, make_batch(prompts, comps), T)["logp"], lengths, width)
     sign = (1 - 2 * (torch.arange(len(prompts)) % 2)).view(-1, 1)  # some sequences far above TRL's band, some below
     engine = (old - 0.6 * torch.randn(old.shape, generator=g).abs() * sign) * mask
-    pw = max(len(p) for p in prompts)
-    inputs = {"prompt_ids": torch.tensor([[tokenizer.PAD_ID] * (pw - len(p)) + p for p in prompts]),
-              "prompt_mask": torch.tensor([[0] * (pw - len(p)) + [1] * len(p) for p in prompts]),
-              "completion_ids": torch.tensor([c + [tokenizer.PAD_ID] * (width - len(c)) for c in comps]),
-              "completion_mask": mask.long(), "advantages": adv, "old_per_token_logps": old,
-              "sampling_per_token_logps": engine}
+    inputs = {**_trl_inputs(prompts, comps, width, mask, adv, old), "sampling_per_token_logps": engine}
     for mode in ("sequence_mask", "token_mask", "opsm"):
         trainer.loss_type, trainer.off_policy_mask_threshold = "bnpo", None
         trainer.use_vllm = trainer.vllm_importance_sampling_correction = mode != "opsm"
