@@ -42,8 +42,8 @@ def test_a_served_engine_audited_by_url(vllm_server, tmp_path):
     assert served["server_version"] == "0.32.0" and served["echo"]["system_fingerprint"].startswith("vllm-0.32.0")
     m = json.loads((d / "metrics.json").read_text())
     assert m[f"served:127.0.0.1:{port}/abs_dlogp_max"] <= 1e-4
-    shot = check_report(d, tmp_path / "profile")
-    assert "served vLLM 0.32.0" in (d / "report.html").read_text() and shot.exists()
+    check_report(d)
+    assert "served vLLM 0.32.0" in (d / "report.html").read_text()
 
 
 def test_a_server_that_cannot_be_reached_is_archived_as_failed_with_one_line(tmp_path):

@@ -5,17 +5,19 @@ tokenizer, a chat template, no BOS and a tied head, as Qwen2.5-0.5B-Instruct has
 dtype, trainer dtype, micro-batching, prefix/validator settings and everything else the GPU run would use stay
 as written, so the GPU configuration's code path (chat prompts, free-form reward, tokenizer, tied head) runs
 end to end. The engines are cut to one per notebook (the GPU run uses them all; their loading is covered by
-test_chat_model)."""
+test_chat_model).
+
+In process: the file is loaded and validated by `rlwb.params` (as `rlwb run -f gpu.yaml -f shrink.yaml` loads it), the
+memory plan is made (`rlwb.notebook.start`'s step) and the notebook's experiment runs as its notebook calls it
+(`rlwb.registry` -> `<experiment>.run(params, model_path, on_start=...)`). Papermill, the archive and the report add
+nothing a GPU configuration could break: every notebook's smoke run covers that path (tests/test_notebooks.py)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, rlwb
+from tests.conftest import REPO
 
 SHRINK = {
     "01_logprob_mismatch": {"engines": ["vllm-v1-fixed"], "prompts": 4, "max_tokens": 16, "reward_samples": 8},
@@ -43,20 +45,18 @@ SHRINK = {
 }
 
 
-def check_toy_grpo(run_dir: Path, m: dict, info: dict) -> None:
+def check_toy_grpo(frames: dict, m: dict, phases: dict) -> None:
     """gpu.yaml's micro_batch 4 on 8 sequences a step: every update really ran in 2 forward/backward passes, after
     the separate pass that scores the old logprobs (a micro-batched update cannot share it); its bf16 engine
     against the fp32 trainer shows a mismatch every step (a bf16 engine at the float floor would be a wrong
     dtype somewhere)."""
-    import pandas as pd
-
-    curves = pd.read_parquet(run_dir / "data" / "curves.parquet")
+    curves = frames["curves"]
     assert len(curves) == 2 and (curves["update_passes"] == 2).all()
-    assert info["time_s"]["scoring"] > 0
+    assert phases["scoring"] > 0
     assert (curves["mismatch_k3"] > 1e-7).all() and m["vllm-v1-fixed+none/mismatch_k3_mean"] > 1e-7
 
 
-def check_which_correction(run_dir: Path, m: dict, info: dict) -> None:
+def check_which_correction(frames: dict, m: dict, phases: dict) -> None:
     """The race's two levels on the chat model: the fp32 baseline at the float floor, the bf16 level measurably off
     it, and Geo-RS's 0.1% band rejecting bf16's sequences there (so the level's corrections did something)."""
     assert m["vllm-v1-fixed+none/mismatch_k3_mean"] < 1e-8 < 1e-7 < m["vllm-v1-bf16+none/mismatch_k3_mean"]
@@ -64,12 +64,10 @@ def check_which_correction(run_dir: Path, m: dict, info: dict) -> None:
     assert m["vllm-v1-fixed+none/masked_frac_mean"] == 0
 
 
-def check_trainer_settings(run_dir: Path, m: dict, info: dict) -> None:
+def check_trainer_settings(frames: dict, m: dict, phases: dict) -> None:
     """The sampler's and the grid engine's chat prompts were scored by each setting; a kernel the machine lacks is a
     row with the library's error; the float64 reference is its own control."""
-    import pandas as pd
-
-    status = pd.read_parquet(run_dir / "data" / "status.parquet").set_index("setting")
+    status = frames["status"].set_index("setting")
     assert status.loc["bf16+mb4+grad", "status"] == "ok" and status.loc["flash3", "status"] == "unsupported here"
     assert m["fp64/abs_dlogp_max"] == 0 and "grid/vllm-v1-fixed@bf16-head-native/fp32/k3_mean" in m
 
@@ -82,26 +80,38 @@ CHECKS = {"03_toy_grpo": check_toy_grpo, "07_which_correction": check_which_corr
 @pytest.mark.engines
 @pytest.mark.parametrize("stem", list(SHRINK))
 def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, tmp_path):
+    from rlwb import params, timing
+    from rlwb.core import models
+    from rlwb.core.memory_plan import plan_for_run
+    from rlwb.registry import notebook
+
     gpu = REPO / "params" / stem / "gpu.yaml"
     written = yaml.safe_load(gpu.read_text())
     shrink = tmp_path / "shrink.yaml"
     shrink.write_text(yaml.safe_dump({**SHRINK[stem], "model": "qwen2-chat-smoke"}))
-    r = rlwb("run", f"notebooks/{stem}.ipynb", "-f", str(gpu), "-f", str(shrink), "--outputs",
-             str(tmp_path / "outputs"), timeout=1200)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run_dir = Path(r.stdout.strip().splitlines()[-1])
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "ok" and info["model"]["card"]["name"] == "rlwb-qwen2-chat-smoke"
-    ran = yaml.safe_load((run_dir / "params.yaml").read_text())
+    p = params.load(stem, [gpu, shrink])
+    ran = p.to_dict()
     kept = {k: v for k, v in written.items() if k not in SHRINK[stem] and k != "model"}
-    assert {k: ran[k] for k in kept} == kept  # the GPU file's own settings ran as written
+    assert {k: ran[k] for k in kept} == kept  # the GPU file's own settings run as written
     assert ran.get("chat_template", "auto") == "auto"  # 10_audit has none: its chat rows always take the template
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    record = notebook(stem)
+    assert plan_for_run(stem, record.needs, p)["device"] == "cpu"
+    model = models.build_embedded_model(p.model, progress=False)  # what `run.use_model(params.model)` resolves
+    assert model.path == chat_smoke_model.path and model.card["name"] == "rlwb-qwen2-chat-smoke"
+    engines = []
+    before = timing.totals()
+    kwargs = {"data_dir": tmp_path / "data"} if stem in ("03_toy_grpo", "07_which_correction", "08_mismatch_cost") \
+        else {}
+    if kwargs:
+        kwargs["data_dir"].mkdir()
+    result = record.experiment().run(p, model.path, on_start=engines.append, progress=False, **kwargs)
+    phases = {k: v - before[k] for k, v in timing.totals().items()}
+    assert engines, "no engine reported its start"
+    metrics, frames = result.metrics, result.frames()
+    assert result.answer()
     if stem in CHECKS:
-        CHECKS[stem](run_dir, metrics, info)
+        CHECKS[stem](frames, metrics, phases)
     if stem == "01_logprob_mismatch":  # chat prompts reached the engines; the free-form reward scored them
-        import pandas as pd
-
-        ro = pd.read_parquet(run_dir / "data" / "rollouts.parquet")
+        ro = frames["rollouts"]
         assert ro["prompt_len"].min() >= 15  # "<|im_start|>user\nWhat is a+b?<|im_end|>\n<|im_start|>assistant\n"
         assert "vllm-v1-fixed/reward_mean" in metrics

@@ -5,7 +5,6 @@ helper is `tests.conftest.run_notebook`; what each notebook must show is in `CHE
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import nbformat
@@ -395,9 +394,10 @@ REPORT_NOISE = ('data-mime-type="application/vnd.jupyter.stderr"', "PosixPath", 
 NEGATIVE_NOISE = re.compile(r">\s*-\d(\.\d+)?e-(0[7-9]|[1-9]\d)\s*<")  # a negative value below 1e-6 in a cell
 
 
-def check_report(d: Path, profile: Path) -> Path:
-    """What a reader of report.html sees: the answer first, no code, no stderr, no temporary paths, no
-    negative float noise; then a screenshot in headless Chromium, returned for a look."""
+def check_report(d: Path) -> None:
+    """What a reader of report.html sees: the answer first, no code, no stderr, no temporary paths, no negative
+    float noise, the provenance. HTML assertions on every report; that such a page renders in a browser is
+    `test_a_report_renders_in_chromium` (one Chromium start, not one per report)."""
     html = (d / "report.html").read_text()
     for noise in REPORT_NOISE:
         assert noise not in html, f"report.html shows {noise!r}"
@@ -408,22 +408,40 @@ def check_report(d: Path, profile: Path) -> Path:
     assert provenance < answer and (figure == -1 or answer < figure)
     info = json.loads((d / "run.json").read_text())
     assert info["git_commit"][:10] in html and info["params_hash"] in html
-    shot = profile.parent / f"{d.parent.name}.png"
-    r = chromium(f"--screenshot={shot}", "--window-size=1280,1800", (d / "report.html").as_uri(), profile=profile)
+    if os.environ.get("RLWB_TEST_SCREENSHOTS"):  # a developer's look at every report (CI takes one: below)
+        screenshot(d, Path(os.environ["RLWB_TEST_SCREENSHOTS"]))
+
+
+def screenshot(d: Path, folder: Path) -> Path:
+    """report.html of run `d` in headless Chromium, as `folder/<notebook>.png`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shot = folder / f"{d.parent.name}.png"
+    r = chromium(f"--screenshot={shot}", "--window-size=1280,1800", (d / "report.html").as_uri(),
+                 profile=folder / ".chromium-profile")
     assert shot.exists() and shot.stat().st_size > 20_000, r.stderr[-1000:]
-    if os.environ.get("RLWB_TEST_SCREENSHOTS"):  # keep them for a person to look at
-        Path(os.environ["RLWB_TEST_SCREENSHOTS"]).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, os.environ["RLWB_TEST_SCREENSHOTS"])
     return shot
 
 
-SMOKE = [pytest.param(stem, marks=[pytest.mark.slow, pytest.mark.browser]
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_report_renders_in_chromium(notebook00_runs, tmp_path):
+    """A report as a reader opens it: headless Chromium renders the page with its embedded figure (a screenshot of
+    a blank or broken page is a few KB). Every report's HTML is checked by `check_report`; this is the browser."""
+    d = notebook00_runs[1][0]
+    check_report(d)
+    screenshot(d, tmp_path)
+    dom = chromium("--dump-dom", (d / "report.html").as_uri(), profile=tmp_path / ".chromium-profile")
+    assert 'id="Answer"' in dom.stdout and 'class="rlwb-provenance"' in dom.stdout
+
+
+SMOKE = [pytest.param(stem, marks=[pytest.mark.slow]
                       + ([pytest.mark.engines] if stem != "00_default_policy" else []), id=stem) for stem in CHECKS]
 
 
 @pytest.mark.parametrize("stem", SMOKE)
-def test_notebook_smoke(stem, outputs, default_model, tmp_path):
-    d = run_notebook(stem)
+def test_notebook_smoke(stem, outputs, default_model, request):
+    # notebook 00's smoke run is the session's shared one (tests/conftest.py `notebook00_runs`)
+    d = request.getfixturevalue("notebook00_runs")[1][0] if stem == "00_default_policy" else run_notebook(stem)
     CHECKS[stem](d, json.loads((d / "metrics.json").read_text()))
     # time to report, split by phase (rlwb.timing): the phases and `other` add up to the run's wall time
     info = json.loads((d / "run.json").read_text())
@@ -432,7 +450,7 @@ def test_notebook_smoke(stem, outputs, default_model, tmp_path):
     assert sum(v for k, v in split.items() if k != "total") == pytest.approx(split["total"], abs=0.1)
     if stem != "00_default_policy":
         assert split["engine_start"] > 1 and split["sampling"] > 0
-    check_report(d, tmp_path / "profile")
+    check_report(d)
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
-"""`rlwb readme-check` against real archived runs: two smoke runs of notebook 00 in a temporary archive (the second,
-with fewer eval prompts, is the newer one), and a README fragment quoting their numbers rightly and wrongly, citing
-a wrong model build and a run this machine does not have."""
+"""`rlwb readme-check` against real archived runs: the session's smoke runs of notebook 00 (tests/conftest.py
+`notebook00_runs`: the first with seed 0, the newest with seed 5 and fewer eval prompts), and a README fragment
+quoting their numbers rightly and wrongly, citing a wrong model build and a run this machine does not have."""
 
 import json
 from pathlib import Path
@@ -11,22 +11,13 @@ from rlwb import readme_check
 from tests.conftest import rlwb
 
 
-def _smoke_run(outputs: Path, *overrides: str) -> Path:
-    r = rlwb("run", "notebooks/00_default_policy.ipynb", "-f", "params/00_default_policy/smoke.yaml", *overrides,
-             "--outputs", str(outputs), timeout=1200)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return Path(r.stdout.strip().splitlines()[-1])
-
-
 def _run_id(run_dir: Path) -> str:
     return "-".join(run_dir.name.split("-")[:2])  # <UTC time>-<params hash>: the time stamp is the id
 
 
 @pytest.mark.slow
-def test_readme_check_recomputes_quoted_numbers_from_the_runs_cited(tmp_path, default_model):
-    outputs = tmp_path / "outputs"
-    first = _smoke_run(outputs)
-    second = _smoke_run(outputs, "-p", "eval_prompts", "20")
+def test_readme_check_recomputes_quoted_numbers_from_the_runs_cited(tmp_path, notebook00_runs):
+    outputs, (first, _, second) = notebook00_runs
     m1, m2 = (json.loads((d / "metrics.json").read_text()) for d in (first, second))
     build = json.loads((first / "run.json").read_text())["model"]["weights_sha256_16"]
     tok1, tok2 = m1["policy/mean_completion_tokens"], m2["policy/mean_completion_tokens"]

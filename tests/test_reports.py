@@ -7,27 +7,16 @@ from pathlib import Path
 import pytest
 
 from rlwb import archive, reports
-from tests.conftest import chromium, rlwb
+from tests.conftest import chromium, copy_archive, rlwb
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory, default_model):
-    """Notebook 00 twice with identical params and once with another seed (real runs)."""
-    out = tmp_path_factory.mktemp("outputs")
-    dirs = []
-    for seed in ("0", "0", "5"):
-        r = rlwb("run", "notebooks/00_default_policy.ipynb", "-f", "params/00_default_policy/smoke.yaml",
-                 "-p", "seed", seed, "--outputs", str(out))
-        assert r.returncode == 0, r.stderr[-2000:]
-        dirs.append(Path(r.stdout.strip().splitlines()[-1]))
-    return out, dirs
-
-
 @pytest.mark.slow
-def test_figures_regenerate_byte_identical_png(two_runs):
-    _, (a, _, _) = two_runs
+def test_figures_regenerate_byte_identical_png(notebook00_runs, tmp_path):
+    _, (shared, _, _) = notebook00_runs
+    a = tmp_path / shared.name
+    shutil.copytree(shared, a)  # figures are rewritten in place: on a copy of the shared run
     before = {p.name: p.read_bytes() for p in (a / "figures").glob("*.png")}
     assert before
     r = rlwb("figures", str(a))
@@ -45,8 +34,8 @@ def test_figures_regenerate_byte_identical_png(two_runs):
 
 
 @pytest.mark.slow
-def test_compare_identical_params_agree_and_changed_params_drift(two_runs):
-    _, (a, b, c) = two_runs
+def test_compare_identical_params_agree_and_changed_params_drift(notebook00_runs):
+    _, (a, b, c) = notebook00_runs
     ok, rows = reports.compare(a, b, rtol=0, atol=0)  # identical params: bit-identical metrics
     assert ok, [r for r in rows if r["status"] == "DRIFT"]
     r = rlwb("compare", str(a), str(b))
@@ -77,8 +66,9 @@ def test_compare_ignores_timing_unless_asked(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_index_page_lists_runs_in_chromium(two_runs, tmp_path):
-    out, dirs = two_runs
+def test_index_page_lists_runs_in_chromium(notebook00_runs, tmp_path):
+    out, copies = copy_archive(notebook00_runs[0], tmp_path / "outputs")  # a failed run is added to it
+    dirs = [copies[d.name] for d in notebook00_runs[1]]
     # a failed run, archived as such, must be listed and marked
     failed = out / "00_default_policy" / "20000101-000000-deadbeef"
     shutil.copytree(dirs[0], failed)
@@ -164,13 +154,12 @@ def test_a_metric_missing_from_one_run_is_drift(tmp_path):
 
 
 @pytest.mark.slow
-def test_rerun_compares_with_a_pinned_reference_run(two_runs, tmp_path):
+def test_rerun_compares_with_a_pinned_reference_run(notebook00_runs, tmp_path):
     """`--compare-to RUN_DIR` reruns that run (not the newest) and compares with it; a run of another notebook
     is refused before anything runs."""
-    out, (a, _, c) = two_runs
-    work = tmp_path / "outputs"
-    shutil.copytree(out, work, symlinks=True)
-    a_copy = work / a.parent.name / a.name
+    work, copies = copy_archive(notebook00_runs[0], tmp_path / "outputs")
+    a, c = notebook00_runs[1][0], notebook00_runs[1][2]
+    a_copy = copies[a.name]
     bad = rlwb("rerun", "01_logprob_mismatch", "--compare-to", str(a_copy), "--outputs", str(work))
     assert bad.returncode == 2 and "is a run of '00_default_policy'" in bad.stderr
     r = rlwb("rerun", "00_default_policy", "--compare-to", str(a_copy), "--outputs", str(work))
