@@ -78,7 +78,7 @@ def test_interrupted_sweep_keeps_finished_cells_and_resume_runs_only_the_rest(ou
     """Each cell an ordinary archived run; Ctrl-C after the first one keeps it; --resume runs only the rest and
     writes the summary from the cells' archived metrics."""
     grid = write_grid(tmp_path, notebook="00_default_policy", files=["params/00_default_policy/smoke.yaml"],
-                      grid={"seed": [0, 1, 2]}, summary={"x": "seed", "metrics": ["policy/greedy_accuracy"]})
+                      grid={"seed": [0, 1]}, summary={"x": "seed", "metrics": ["policy/greedy_accuracy"]})
     proc = subprocess.Popen([sys.executable, "-m", "rlwb.cli", "sweep", str(grid)], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
     deadline = time.time() + 600
@@ -96,15 +96,15 @@ def test_interrupted_sweep_keeps_finished_cells_and_resume_runs_only_the_rest(ou
     assert "--resume" in err
     before = json.loads(state_file.read_text())["cells"]
     first = [c for c in before if c["status"] == "ok"]
-    assert 1 <= len(first) < 3
+    assert len(first) == 1  # a cell takes far longer than the 0.5 s poll: the second was still running
     r = rlwb("sweep", str(grid), "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
     after = json.loads(state_file.read_text())["cells"]
     assert all(c["status"] == "ok" for c in after)
     for c in first:  # finished cells were not run again
         assert next(a for a in after if a["id"] == c["id"])["run_dir"] == c["run_dir"]
-    assert len(ok_runs(outputs, "00_default_policy")) == 3  # ordinary runs, in the ordinary archive
-    assert f"{3 - len(first)} to run" in r.stderr
+    assert len(ok_runs(outputs, "00_default_policy")) == 2  # ordinary runs, in the ordinary archive
+    assert "1 to run" in r.stderr
     # the summary holds exactly what the cells archived, whichever invocation ran them
     sweep_dir = Path(r.stdout.strip().splitlines()[-1])
     df = pd.read_parquet(sweep_dir / "summary.parquet")
@@ -113,7 +113,7 @@ def test_interrupted_sweep_keeps_finished_cells_and_resume_runs_only_the_rest(ou
         m = json.loads((Path(c["run_dir"]) / "metrics.json").read_text())
         assert acc[c["overrides"]["seed"]] == m["policy/greedy_accuracy"]
     assert (sweep_dir / "figures" / "summary.png").stat().st_size > 10_000
-    assert "3 of 3 cells" in (sweep_dir / "report.html").read_text()
+    assert "2 of 2 cells" in (sweep_dir / "report.html").read_text()
 
 
 def free_port() -> int:
