@@ -155,7 +155,7 @@ class Run:
         self._update_run_json(**fields)
 
     def record_memory_plan(self, plan: dict) -> None:
-        """How the run split the GPU (rlwb.core.memory_plan), or `{"device": "cpu"}`."""
+        """How the run split the GPU (rlwb.memory_plan), or `{"device": "cpu"}`."""
         self._update_run_json(memory_plan=plan)
 
     def record_model(self, path, card: dict | None = None) -> None:
@@ -180,14 +180,14 @@ class Run:
             return self._use_model(model, rebuild)
 
     def _use_model(self, model: str, rebuild: bool) -> Path | str:
-        from rlwb.core import models
+        from rlwb.core.models import store
 
-        if model in models.EMBEDDED_NAMES:
-            built = models.build_embedded_model(model, force=rebuild)
+        if model in store.EMBEDDED_NAMES:
+            built = store.build_embedded_model(model, force=rebuild)
             self.record_model(built.path, built.card)
             return built.path
-        path = models.resolve_model(model)
-        self.record_model(path, models.model_card(path))
+        path = store.resolve_model(model)
+        self.record_model(path, store.model_card(path))
         return path
 
     def save_result(self, result) -> dict:

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from rlwb.core.models import EMBEDDED_NAMES
+from rlwb.core.models.store import EMBEDDED_NAMES
 from rlwb.errors import ParamError, RunFailed, SetupFailed
 from rlwb.formatting import number
 from rlwb.params import parse_override
@@ -120,7 +120,7 @@ def _cmd_times(a) -> int:
 
 
 def _cmd_build_model(a) -> int:
-    from rlwb.core.models import build_embedded_model, published_verdict
+    from rlwb.core.models.store import build_embedded_model, published_verdict
 
     m = build_embedded_model(a.model, force=a.force, from_recipe=a.from_recipe)
     print(json.dumps(m.card, indent=2))
@@ -294,9 +294,9 @@ def _cmd_bench(a) -> int:
 
 def _cmd_validate(a) -> int:
 
-    from rlwb.core import equivalence
-    from rlwb.core.models import resolve_model
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.models.store import resolve_model
+    from rlwb.core.scoring import equivalence
+    from rlwb.core.scoring.trainer import TrainerScorer
     from rlwb.engines import EngineWorker
 
     if not 0 <= a.min_pass_rate <= 1:

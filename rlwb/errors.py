@@ -25,7 +25,7 @@ class PromptFileError(ParamError):
 
 
 class ScorerError(RlwbError, RuntimeError):
-    """An external trainer scorer failed or broke its contract (rlwb/core/external_scorer.py); the message says
+    """An external trainer scorer failed or broke its contract (rlwb/core/scoring/external.py); the message says
     which command, and what was wrong with what it wrote."""
 
 

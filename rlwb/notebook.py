@@ -20,7 +20,7 @@ from rlwb.plots import set_style  # noqa: E402
 def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Params, Run]:
     """Validate the parameters, plan GPU memory (on CUDA; raises before any compute when the run cannot
     fit), and open the run; the plan goes into run.json."""
-    from rlwb.core.memory_plan import plan_for_run
+    from rlwb.memory_plan import plan_for_run
     from rlwb.registry import notebook as record
 
     params = from_namespace(notebook, namespace)

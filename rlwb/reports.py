@@ -387,7 +387,7 @@ def _model_line(model: dict | None) -> str:
         return "–"
     card = model.get("card") or {}
     if card.get("recipe_hash"):
-        from rlwb.core.models import published_verdict
+        from rlwb.core.models.store import published_verdict
 
         match = card.get("weights_match_published")
         verdict = "" if match is None else f" ({html.escape(published_verdict(card))})"

@@ -68,7 +68,7 @@ def chromium(*args: str, profile: Path, timeout: int = 120) -> subprocess.Comple
 
 @pytest.fixture(scope="session")
 def default_model():
-    from rlwb.core.models import build_default_model
+    from rlwb.core.models.store import build_default_model
 
     return build_default_model(progress=False)
 
@@ -77,14 +77,14 @@ def default_model():
 def chat_smoke_model():
     """The realistic embedded model on its tiny smoke budget (`qwen2-chat-smoke`): the real build path, the real
     tokenizer, chat template and checkpoint layout, in about a minute."""
-    from rlwb.core.models import build_embedded_model
+    from rlwb.core.models.store import build_embedded_model
 
     return build_embedded_model("qwen2-chat-smoke", progress=False)
 
 
 @pytest.fixture(scope="session")
 def scorer(default_model):
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring.trainer import TrainerScorer
 
     return TrainerScorer(default_model.path, "float32")
 
@@ -125,7 +125,7 @@ def outputs(tmp_path, monkeypatch):
 
 @pytest.fixture
 def prompts():
-    from rlwb.core import tasks, tokenizer
+    from rlwb.core.data import tasks, tokenizer
 
     return [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(8, seed=7)]
 

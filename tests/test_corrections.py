@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from rlwb import peers
-from rlwb.core import correction_catalog as cat
-from rlwb.core import corrections as C
-from rlwb.core import losses
-from rlwb.core import metrics as M
+from rlwb.core.measure import metrics as M
+from rlwb.core.rl import correction_catalog as cat
+from rlwb.core.rl import corrections as C
+from rlwb.core.rl import losses
 
 
 def batch(seed: int = 0, B: int = 24, L: int = 12, spread: float = 1.0):

@@ -55,8 +55,8 @@ def layer(module: str) -> str:
 
 
 def test_no_import_cycles_function_level_imports_included():
-    """A deferred import is still a dependency: `core.models` <-> `core.moe_model` was a circle of function-level
-    imports until the MoE build took its base model from the caller."""
+    """A deferred import is still a dependency: the model builds and the MoE recipe (now `models.store`, `models.moe`)
+    was a circle of function-level imports until the MoE build took its base model from the caller."""
     graph, cycles = import_graph(top_level_only=False), []
 
     def visit(node, path):

@@ -1,10 +1,11 @@
-"""rlwb.core.stats against known distributions: interval coverage, p-value calibration, power, hand-made values."""
+"""rlwb.core.measure.stats against known distributions: interval coverage, p-value calibration, power, hand-made
+values."""
 
 import numpy as np
 import pytest
 from scipy import stats as st
 
-from rlwb.core import stats
+from rlwb.core.measure import stats
 
 
 def _clustered(rng, n_seq=40, mean=0.5):

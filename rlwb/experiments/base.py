@@ -168,10 +168,10 @@ def run_in_lanes(jobs: list[J], lanes: list[L], run: Callable[[L, J, Callable[[]
 
 
 def engine_metrics(ro, clip_eps: float, seed: int = 0) -> dict[str, float]:
-    """Every mismatch metric of one engine's `rlwb.core.rollouts.Rollouts`, plus 95% sequence-bootstrap intervals of
-    the headline ones and the policy's uncertainty where it sampled (notebooks 01 and 10)."""
-    from rlwb.core import metrics as M
-    from rlwb.core import stats
+    """Every mismatch metric of one engine's `rlwb.core.scoring.rollouts.Rollouts`, plus 95% sequence-bootstrap
+    intervals of the headline ones and the policy's uncertainty where it sampled (notebooks 01 and 10)."""
+    from rlwb.core.measure import metrics as M
+    from rlwb.core.measure import stats
 
     e, t = ro.flat()
     return {**M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps,

@@ -1,6 +1,6 @@
 """Grids of GRPO runs on real engines, shared by notebooks 03, 07 and 08.
 
-A grid is a list of jobs per engine preset, every job one GRPO run (`rlwb.core.grpo.train`) from the same initial
+A grid is a list of jobs per engine preset, every job one GRPO run (`rlwb.core.rl.grpo.train`) from the same initial
 weights. `run_grid` starts each engine once (the next one ahead, `iter_engines`), trains `concurrent_runs` jobs
 at once where the engine leaves cores free (`lanes_for`), and hands each job to the notebook's own `one_run`,
 which says what the job trains and how its curve is labelled. Each notebook keeps only what differs: which jobs,
@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlwb.core import tokenizer
-from rlwb.core.grpo import train, trainer_device
-from rlwb.core.grpo_config import GRPOConfig
-from rlwb.core.monitor import DriftMonitor
+from rlwb.core.data import tokenizer
+from rlwb.core.rl.drift_breaker import DriftMonitor
+from rlwb.core.rl.grpo import train, trainer_device
+from rlwb.core.rl.grpo_config import GRPOConfig
 from rlwb.engines.presets import Preset, cuda_available, resolve_preset
 from rlwb.engines.worker import EngineWorker, expected_agreement, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, iter_engines, run_in_lanes

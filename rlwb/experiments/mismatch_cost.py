@@ -1,7 +1,7 @@
 """Notebook 08's experiment: what engine-trainer mismatch costs a GRPO run, at known doses.
 
-Notebook 03's loop (`rlwb.core.grpo`) on one fp32 engine whose logprobs match the trainer's to the float floor,
-with mismatch injected at set doses on the real engine path (`rlwb.core.doses`): *ratio* mismatch (noise on
+Notebook 03's loop (`rlwb.core.rl.grpo`) on one fp32 engine whose logprobs match the trainer's to the float floor,
+with mismatch injected at set doses on the real engine path (`rlwb.core.rl.mismatch_doses`): *ratio* mismatch (noise on
 the logprobs the engine reports; it samples correctly) and two *distribution* mismatches (the engine samples
 with perturbed weights, or with weights some updates behind). Real engines (notebook 01/06's presets and knobs,
 at a temperature) are trained the same way and placed on the same axes as points. Every arm (a correction in an
@@ -26,11 +26,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlwb.core import stats, tasks, tokenizer
-from rlwb.core.doses import logprob_noise_sigma
-from rlwb.core.grpo import train
-from rlwb.core.grpo_config import GRPOConfig, step_problem_seed
-from rlwb.core.trainer import completion_logprobs, greedy_rewards
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.measure import stats
+from rlwb.core.rl.grpo import train
+from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
+from rlwb.core.rl.mismatch_doses import logprob_noise_sigma
+from rlwb.core.scoring.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, one_line
 from rlwb.experiments.grpo_grid import (
@@ -229,7 +230,7 @@ def held_out(p, n: int, seed: int) -> tuple[list[tasks.Problem], str]:
 def probe_batch(codec, p):
     """A fixed probe: task prompts no run trains on (`held_out`), each followed by its correct answer
     (teacher-forced), where the trained policies' distributions are compared (`kl_to_clean`)."""
-    from rlwb.core.trainer import make_batch
+    from rlwb.core.scoring.trainer import make_batch
 
     problems, _ = held_out(p, PROBE_PROBLEMS, PROBE_SEED)
     return make_batch([codec.encode_task(q) for q in problems],

@@ -2,7 +2,7 @@
 
 A mismatch level is an engine preset that differs from the baseline (`vllm-v1-fixed`, fp32: engine and
 trainer agree to the float floor) in one controlled knob: V1's raw logprobs, a bf16 engine, ... Every peer's
-correction (`rlwb.core.correction_catalog`) trains the same policy from the same weights on each level,
+correction (`rlwb.core.rl.correction_catalog`) trains the same policy from the same weights on each level,
 with the same seeds, in the *decoupled* mode the peers define their IS corrections in (the trainer
 recomputes the behaviour logprobs; the correction weighs trainer vs engine). The answer is a ranked table:
 final reward against the baseline's (paired by seed), the 95% interval of that gap, and a verdict from
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlwb.core import stats
-from rlwb.core.correction_catalog import CATALOG, HEALTH
+from rlwb.core.measure import stats
+from rlwb.core.rl.correction_catalog import CATALOG, HEALTH
 from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import FINAL_FRAC, final_reward, floor_breaches, floor_lines, timing_note, train_grid
 

@@ -1,5 +1,5 @@
 """GRPO / PPO loss. Pure torch functions of per-token tensors (the off-policy corrections whose weights and
-masks it takes are `rlwb.core.corrections`).
+masks it takes are `rlwb.core.rl.corrections`).
 
 Shapes: every per-token tensor is [B, L] (sequences x completion positions) with a boolean `mask` of the
 real completion tokens. Nothing here touches a model or an engine.

@@ -1,7 +1,7 @@
 """Every named off-policy correction rlwb can train with: which peer ships it, with which defaults.
 
 A catalogue entry is data (no torch here, so reading params stays light): the parts it stacks, each a pure
-function of `rlwb.core.corrections` with the peer's default thresholds, and where the peer defines it. The
+function of `rlwb.core.rl.corrections` with the peer's default thresholds, and where the peer defines it. The
 thresholds are the peers' own defaults as of the pinned versions (`engines/peers.txt`), so a user who runs
 verl's `decoupled_geo_rs()` or TRL's default `vllm_importance_sampling_mode` gets the same weights and masks
 here; `tests/test_corrections.py` checks each entry against the peer's own code: its weights and masks, and
@@ -40,7 +40,7 @@ WEIGHT_PARTS = frozenset({"token_tis", "sequence_tis", "token_band", "sequence_b
 
 @dataclass(frozen=True)
 class Part:
-    """One function of `rlwb.core.corrections` with its keyword arguments."""
+    """One function of `rlwb.core.rl.corrections` with its keyword arguments."""
 
     fn: str
     kwargs: dict = field(default_factory=dict)
@@ -148,7 +148,7 @@ CATALOG: dict[str, CatalogEntry] = {
 
 CORRECTIONS: tuple[str, ...] = tuple(CATALOG)
 
-# per-step health numbers of a correction (`rlwb.core.corrections.health`): curve columns the drift monitor
+# per-step health numbers of a correction (`rlwb.core.rl.corrections.health`): curve columns the drift monitor
 # can watch; ESS is the one where *low* is bad
 HEALTH = ("is_weight_mean", "is_weight_std", "is_weight_max", "ess", "masked_frac", "truncated_frac",
           "seq_masked_frac")

@@ -1,6 +1,6 @@
 """Engine-trainer mismatch at known doses, for measuring what it costs a GRPO run (notebook 08).
 
-Two kinds, both applied on the real engine path of `rlwb.core.grpo` (the engine still samples; only what it
+Two kinds, both applied on the real engine path of `rlwb.core.rl.grpo` (the engine still samples; only what it
 reports or which weights it samples with is changed):
 
 - *ratio mismatch* (`logprob_noise_k3`): the engine samples from the trainer's policy, but the logprobs it

@@ -5,12 +5,12 @@ a GPU) only show at a real model's sizes, and no hub is reachable from these mac
 machines) to download one. The published config (`config.json` of the checkpoint, every field that decides a
 shape or a numeric path: hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate 4,864, vocabulary 151,936,
 RoPE theta 1e6, RMSNorm eps 1e-6, tied embeddings) is built with transformers' own initialisation from a fixed
-seed, in the pinned child process every embedded model is built in (`rlwb.core.models.BUILD_ENV`), so one
+seed, in the pinned child process every embedded model is built in (`rlwb.core.models.store.BUILD_ENV`), so one
 recipe gives one checksum per CPU vendor, whatever machine (a GPU box included) builds it.
 
 What it is not: a trained policy. Its next-token distributions are nearly uniform over the vocabulary (entropy
 ~11.7 nats), so it measures kernels and shapes, never behaviour. Its tokenizer is the chat model's byte-level
-BPE (`rlwb.core.bpe`, 8,192 tokens trained on the standard library, ChatML template): the embedding rows past it
+BPE (`rlwb.core.models.bpe`, 8,192 tokens trained on the standard library, ChatML template): the embedding rows past it
 are never prompted but are sampled, as a real checkpoint's padded rows can be.
 """
 
@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from rlwb.core import bpe
+from rlwb.core.models import bpe
 
 # config.json of Qwen/Qwen2.5-0.5B-Instruct as published (the fields that decide shapes and numerics); token ids
 # come from rlwb's BPE tokenizer instead of Qwen's (`build`)
@@ -60,7 +60,7 @@ class RandomInitRecipe:
 def bpe_tokenizer(vocab_size: int):
     """rlwb's BPE tokenizer trained on this interpreter's standard library (deterministic; trained once per process:
     ~13 s here)."""
-    from rlwb.core.chat_model import corpus_split
+    from rlwb.core.models.chat import corpus_split
 
     return bpe.train_tokenizer(corpus_split()[0], vocab_size)
 

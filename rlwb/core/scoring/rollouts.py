@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling
 
 
@@ -53,8 +53,8 @@ class Rollouts:
         return e.astype(np.float64), t.astype(np.float64)
 
     def uncertainty(self) -> dict[str, float]:
-        """How uncertain the policy is where it sampled (`rlwb.core.metrics.policy_uncertainty`)."""
-        from rlwb.core.metrics import policy_uncertainty
+        """How uncertain the policy is where it sampled (`rlwb.core.measure.metrics.policy_uncertainty`)."""
+        from rlwb.core.measure.metrics import policy_uncertainty
 
         if self.entropy_trainer is None or not self.completions:
             return {}

@@ -2,7 +2,7 @@
 
 A field made with `param` carries its one-line doc and its rules in the dataclass metadata. The notebook
 schemas (`rlwb.params.schemas`) are built from such fields, and so are the core settings a notebook exposes
-unchanged (e.g. `rlwb.core.grpo.GRPOSettings`, which `GRPOParams` inherits): one declaration per setting,
+unchanged (e.g. `rlwb.core.rl.grpo.GRPOSettings`, which `GRPOParams` inherits): one declaration per setting,
 validated by `rlwb.params.validation`, written into parameters cells and `default.yaml` by `rlwb sync-params`.
 Dependency-free on purpose, so core modules can use it without importing the parameter machinery.
 """

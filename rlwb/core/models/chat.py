@@ -9,13 +9,13 @@ This model takes that path and has natural-text entropy:
 - architecture `Qwen2ForCausalLM` exactly as Qwen2.5-0.5B is configured (GQA, rope_theta 1e6, qkv bias,
   tied embeddings, padded vocabulary), only smaller; saved the way a hub checkpoint is, so every engine loads
   it natively (no rlwb code path);
-- tokenizer: `rlwb.core.bpe` (byte-level BPE trained on the corpus, ChatML template, no BOS);
+- tokenizer: `rlwb.core.models.bpe` (byte-level BPE trained on the corpus, ChatML template, no BOS);
 - pretraining on the standard library's source and docstrings of the interpreter that builds it (natural
   English and code on every machine; a held-out 1/20 of the files gives the card's entropy and the
   open-ended prompts), then SFT on the arithmetic task in chat form with the default policy's habit (half the
   targets write the sum reversed), so GRPO has a direction the reward alone reveals.
 
-Built, cached, checksummed and pinned exactly like the default policy (`rlwb.core.models`).
+Built, cached, checksummed and pinned exactly like the default policy (`rlwb.core.models.store`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlwb.core import bpe, tasks
-from rlwb.core.tokenizer import chat_prompt_ids
+from rlwb.core.data import tasks
+from rlwb.core.data.tokenizer import chat_prompt_ids
+from rlwb.core.models import bpe
 
 HELD_OUT_EVERY = 20  # 1 in 20 standard-library files is held out of pretraining (entropy, open-ended prompts)
 

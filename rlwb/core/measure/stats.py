@@ -58,7 +58,7 @@ def _percentile_interval(vals: np.ndarray, alpha: float) -> tuple[float, float]:
 def sequence_bootstrap_ci(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float], n_boot: int = N_BOOT,
                           alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
     """Percentile interval of `stat(concatenated tokens)` when whole sequences (`groups`) are resampled
-    with replacement. `stat` is any token-level metric (e.g. `rlwb.core.metrics.k3` of the log ratios)."""
+    with replacement. `stat` is any token-level metric (e.g. `rlwb.core.measure.metrics.k3` of the log ratios)."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if n_boot < 1:
@@ -192,7 +192,7 @@ def compare_rewards(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, n_perm: 
 def token_statistics(clip_eps: float = 0.2) -> dict[str, Callable[[np.ndarray], float]]:
     """The mismatch metrics that are a function of the pooled token log-ratios, by name (what the bootstrap
     can resample)."""
-    from rlwb.core import metrics as M
+    from rlwb.core.measure import metrics as M
 
     return {"abs_dlogp_mean": M.abs_mean, "k3_mean": M.k3, "clip_frac": lambda lr: M.clip_frac(lr, clip_eps),
             "k1_mean": M.k1, "ess_frac": M.ess_frac, "ess_tis": M.ess_tis, "chi2_token": M.chi2_token,

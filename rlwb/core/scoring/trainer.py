@@ -8,7 +8,7 @@ top-p/top-k renormalisation). `process_logits` reproduces vLLM's order and tie r
 Memory: only completion positions are projected through the lm_head, in chunks, so a full fp32
 `[batch, seq, vocab]` log-softmax is never materialised (matters for 150k-token vocabularies).
 
-Trainer settings (`rlwb.core.trainer_settings`: dtype, autocast, attention implementation, batch layout, grad,
+Trainer settings (`rlwb.core.scoring.trainer_choices`: dtype, autocast, attention implementation, batch layout, grad,
 checkpointing, compile, an fp32 head) are applied here (`apply_setting`) and scored through the same loop as the
 scorer (`score_sequences`), so notebook 09 measures rlwb's own scoring code, not a second scorer.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlwb.core.fields import DTYPES
-from rlwb.core.trainer_settings import PADDING_SIDES, TrainerSetting
+from rlwb.core.checked_fields import DTYPES
+from rlwb.core.scoring.trainer_choices import PADDING_SIDES, TrainerSetting
 
 SCORE_BATCH = 64  # sequences per forward of the scorer (TrainerScorer.score's default)
 Head = Callable[[torch.Tensor], torch.Tensor]  # hidden states -> logits: a model's lm_head, or an fp32 head over it
@@ -260,8 +260,8 @@ def batch_logprobs(model, batch: Batch, temperature: float = 1.0, *, entropy: bo
 
 @dataclass
 class AppliedSetting:
-    """A trainer setting (`rlwb.core.trainer_settings`) applied to a copy of the master weights: the model, its head
-    override and the device autocast runs on."""
+    """A trainer setting (`rlwb.core.scoring.trainer_choices`) applied to a copy of the master weights: the model, its
+    head override and the device autocast runs on."""
 
     setting: TrainerSetting
     model: torch.nn.Module
@@ -346,7 +346,7 @@ def greedy_rewards(model, codec, problems: list, max_new_tokens: int) -> np.ndar
     left padding, one batch): how good a trained policy itself is, with no engine in between. Notebook 08 evaluates
     every trained policy so, because a run's training reward is measured on what its engine sampled, and an engine
     sampling with perturbed or stale weights is not the policy the run trained."""
-    from rlwb.core import tasks
+    from rlwb.core.data import tasks
 
     prompts = [codec.encode_task(p) for p in problems]
     gen = model.generation_config

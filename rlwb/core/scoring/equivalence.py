@@ -10,7 +10,7 @@ as well as temperature). https://hypothesis.readthedocs.io
 
 A case passes when the largest |logp_engine - logp_trainer| over its tokens is within `tolerance`, the
 trainer scoring every token under the sampling distribution the engine sampled from (temperature, then
-top-k, then top-p, renormalised: `rlwb.core.trainer.process_logits`).
+top-k, then top-p, renormalised: `rlwb.core.scoring.trainer.process_logits`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from rlwb.core import metrics as M
-from rlwb.core import tasks, tokenizer
-from rlwb.core.rollouts import sample_and_score
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.measure import metrics as M
+from rlwb.core.scoring.rollouts import sample_and_score
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import EngineWorker, Sampling
 
 TOLERANCE = 1e-3  # max |Δlogp| per case; fp32 processed-logprob engines sit near 1e-5 on this model

@@ -49,7 +49,7 @@ def build(recipe: VariantRecipe, base, out: Path) -> tuple[object, dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlwb.core.tokenizer import uses_char_tokenizer
+    from rlwb.core.data.tokenizer import uses_char_tokenizer
 
     t0 = time.time()
     for f in base.path.iterdir():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from rlwb.core.fields import param
+from rlwb.core.checked_fields import param
 
 
 @dataclass
@@ -32,7 +32,7 @@ class GRPOSettings:
 
     def trainer_forward(self, context: int, prompt_allowance: int) -> tuple[int, int]:
         """(sequences, tokens each) of the update's largest forward pass, for the GPU memory plan
-        (`rlwb.core.memory_plan.forward_size`): a micro-batch, or the whole step's batch when unsplit."""
+        (`rlwb.memory_plan.forward_size`): a micro-batch, or the whole step's batch when unsplit."""
         return (self.micro_batch or self.prompts_per_step * self.group_size), self.max_tokens + prompt_allowance
 
 
@@ -41,12 +41,12 @@ class GRPOConfig(GRPOSettings):
     """One training run: the exposed settings plus what the notebook varies per run (correction, seed) and
     the constants it does not expose."""
 
-    correction: str = "none"  # a name of rlwb.core.correction_catalog.CATALOG
+    correction: str = "none"  # a name of rlwb.core.rl.correction_catalog.CATALOG
     seed: int = 0
     beta: float = 0.0
     max_grad_norm: float = 1.0
-    logprob_noise_k3: float = 0.0  # ratio mismatch dose: intended k3 of noise on the reported logprobs (core.doses)
-    engine_weight_noise: float = 0.0  # distribution mismatch dose: relative weight noise of the engine (core.doses)
+    logprob_noise_k3: float = 0.0  # ratio mismatch dose: intended k3 of noise on the reported logprobs (mismatch_doses)
+    engine_weight_noise: float = 0.0  # distribution mismatch dose: relative weight noise of the engine (mismatch_doses)
     engine_lag: int = 0  # distribution mismatch dose: the engine samples with the weights of this many updates ago
 
     @classmethod

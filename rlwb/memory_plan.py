@@ -136,7 +136,7 @@ def trainer_bytes(shape: ModelShape, role: str, seqs: int, seq_len: int) -> int:
         # before a micro-batched update, GRPO scores the old logprobs of the whole step's batch with no grad, in the
         # scorer's slices (`trainer.batch_logprobs`: up to SCORE_BATCH sequences each); nothing of the update is
         # alive then, so the peak is the larger of the two passes
-        from rlwb.core.trainer import SCORE_BATCH
+        from rlwb.core.scoring.trainer import SCORE_BATCH
 
         old_pass = scoring_transient(shape, SCORE_BATCH, seq_len)
         return int(MARGIN * (16 * n + 4 * n + max(activations + logits, old_pass))) + PROCESS_OVERHEAD
@@ -148,7 +148,7 @@ def scoring_transient(shape: ModelShape, seqs: int, seq_len: int) -> int:
     transients at a time (the MLP's three I-wide tensors dominate), the attention scores of the sequences the
     scorer puts in one forward (it cuts its batches at ATTENTION_BUDGET_BYTES; a longer sequence goes alone) and
     a logits chunk (`completion_logprobs` projects 2,048 tokens at a time)."""
-    from rlwb.core.trainer import ATTENTION_BUDGET_BYTES
+    from rlwb.core.scoring.trainer import ATTENTION_BUDGET_BYTES
 
     one = shape.num_attention_heads * seq_len**2 * 4 * 2  # fp32 scores and softmax of one sequence's layer
     attn = one if one > ATTENTION_BUDGET_BYTES else min(seqs * one, ATTENTION_BUDGET_BYTES // one * one)
@@ -207,7 +207,7 @@ def plan_for_run(notebook: str, needs: Needs, params) -> dict:
         return {"device": "cpu", "note": "no CUDA: engines size their KV cache from VLLM_CPU_KVCACHE_SPACE"}
     from transformers import AutoConfig
 
-    from rlwb.core.models import resolve_model
+    from rlwb.core.models.store import resolve_model
 
     model = getattr(params, "model", "default")
     cfg = AutoConfig.from_pretrained(str(resolve_model(model, progress=False)))

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlwb.core import tasks
-from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.data import tasks
+from rlwb.core.data.tokenizer import PromptCodec
 
 PROMPT_SOURCES = ("task", "open_ended")
 
@@ -59,7 +59,7 @@ def task_prompts(n: int, seed: int, heterogeneous: bool = False, codec: PromptCo
 def corpus_prefixes(n: int, seed: int, chars: int = PREFIX_CHARS) -> list[str]:
     """`n` text prefixes of held-out standard-library files (never in the chat model's pretraining), each
     starting at a line start, non-blank, `chars` long."""
-    from rlwb.core.chat_model import corpus_split
+    from rlwb.core.models.chat import corpus_split
 
     held = [t for t in corpus_split()[1] if len(t) > 4 * chars]
     rng = np.random.default_rng(seed)

@@ -32,7 +32,7 @@ METRICS = ("abs_dlogp_mean", "abs_dlogp_max", "k1_mean", "k2_mean", "k3_mean", "
 
 def _as_logprobs(x, name: str, dosed: bool = False) -> np.ndarray:
     """`x` as a flat float64 array of logprobs: finite, and <= 0 unless `dosed` (an injected ratio-mismatch dose,
-    `rlwb.core.doses.noisy_logprobs`, is symmetric noise on the reported values and may cross 0)."""
+    `rlwb.core.rl.mismatch_doses.noisy_logprobs`, is symmetric noise on the reported values and may cross 0)."""
     a = np.asarray(x, dtype=np.float64).ravel()
     bad = ~np.isfinite(a)
     if bad.any():

@@ -13,7 +13,7 @@ right padding, no grad). It is named by catalogue entries joined with `+` (`bf16
 `mb4+grad+checkpointing`; `mb<N>` is a micro-batch of N sequences); `parse_setting` turns a name into a record and
 refuses unknown entries, two entries that set one field differently and combinations that mean nothing (an fp32
 head over fp32 weights, left padding of one sequence) before any compute. Applying a setting is the trainer's
-business (`rlwb.core.trainer.apply_setting`, which scores through the scorer's own loop); this module imports no
+business (`rlwb.core.scoring.trainer.apply_setting`, which scores through the scorer's own loop); this module imports no
 torch, so parameter validation stays light.
 """
 
@@ -22,14 +22,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields, replace
 
-from rlwb.core.fields import DTYPES
+from rlwb.core.checked_fields import DTYPES
 
 REFERENCE_DTYPE = "float64"
 AUTOCAST_DTYPES = ("bfloat16", "float16")
 # transformers' attention implementations a trainer picks by name (`attn_implementation`); one that cannot run
 # on a machine (flash attention without its package or a GPU) is measured as a row with the library's error
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
-PADDING_SIDES = ("right", "left")  # what `rlwb.core.trainer.make_batch` accepts
+PADDING_SIDES = ("right", "left")  # what `rlwb.core.scoring.trainer.make_batch` accepts
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class TrainerSetting:
     dtype: str = "float32"  # weights (and activations): float32, bfloat16, float16; float64 for the reference
     autocast: str = ""  # "" or bfloat16 / float16: torch.autocast over fp32 weights
     attn: str = "sdpa"  # transformers' attn_implementation
-    batch: int = 0  # sequences per forward; 0: the scorer's batches (rlwb.core.trainer.SCORE_BATCH)
+    batch: int = 0  # sequences per forward; 0: the scorer's batches (rlwb.core.scoring.trainer.SCORE_BATCH)
     padding: str = "right"  # right / left (positions from the attention mask, as verl)
     packed: bool = False  # each batch as one row, position_ids restarting per sequence, no padding
     grad: bool = False  # autograd on, forward then backward of the summed logprobs (the update's micro-step)

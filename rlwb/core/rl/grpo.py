@@ -20,11 +20,12 @@ import pandas as pd
 import torch
 
 from rlwb import timing
-from rlwb.core import corrections, doses, losses, tasks, tokenizer
-from rlwb.core import metrics as M
-from rlwb.core.correction_catalog import HEALTH, check_modes
-from rlwb.core.grpo_config import GRPOConfig, step_problem_seed
-from rlwb.core.trainer import batch_logprobs, completion_logprobs, make_batch
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.measure import metrics as M
+from rlwb.core.rl import corrections, losses, mismatch_doses
+from rlwb.core.rl.correction_catalog import HEALTH, check_modes
+from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
+from rlwb.core.scoring.trainer import batch_logprobs, completion_logprobs, make_batch
 from rlwb.engines.worker import EngineWorker, Sampling
 
 CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "reversed_frac", "clip_frac", "mismatch_k3",
@@ -107,7 +108,7 @@ def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int
 
 def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
               ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None,
-              engine_noise: dict | None = None, lagged: doses.LaggedWeights | None = None) -> StepResult:
+              engine_noise: dict | None = None, lagged: mismatch_doses.LaggedWeights | None = None) -> StepResult:
     codec = codec or tokenizer.PromptCodec()
     t0 = time.perf_counter()
     problems = tasks.make_problems(cfg.prompts_per_step, seed=step_problem_seed(cfg.seed, step),
@@ -127,8 +128,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     width = max(lengths)
     mask = _pad([np.ones(n) for n in lengths], width).bool().to(dev)
     logp_engine = _pad([c.logprobs for c in comps], width).to(dev)
-    # a ratio-mismatch dose: what the engine reports is off, what it sampled is not (rlwb.core.doses)
-    logp_engine = doses.noisy_logprobs(logp_engine, mask, cfg.logprob_noise_k3, cfg.seed, step)
+    # a ratio-mismatch dose: what the engine reports is off, what it sampled is not (rlwb.core.rl.mismatch_doses)
+    logp_engine = mismatch_doses.noisy_logprobs(logp_engine, mask, cfg.logprob_noise_k3, cfg.seed, step)
     # The trainer's logprobs before the update. An unsplit update's forward pass is at these same weights, so
     # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
     # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass,
@@ -164,7 +165,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     # perturbation to what the engine samples with, or holds the engine `engine_lag` updates behind (the trainer
     # keeps the current, clean weights)
     engine.update_weights(lagged.push(model.state_dict()) if lagged is not None
-                          else doses.perturbed(model.state_dict(), engine_noise))
+                          else mismatch_doses.perturbed(model.state_dict(), engine_noise))
     t4 = time.perf_counter()
     row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
            "clip_frac": st.clip_frac,
@@ -190,15 +191,15 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
 
     check_modes([cfg.correction], cfg.old_logprobs)  # a weighting correction on pi_theta/pi_engine: refused
     torch.manual_seed(cfg.seed)
-    engine_noise = (doses.weight_noise(initial_state or model.state_dict(), cfg.engine_weight_noise, cfg.seed)
+    engine_noise = (mismatch_doses.weight_noise(initial_state or model.state_dict(), cfg.engine_weight_noise, cfg.seed)
                     if cfg.engine_weight_noise else None)
     if initial_state is not None:
         model.load_state_dict(initial_state)
-        engine.update_weights(doses.perturbed(initial_state, engine_noise))
+        engine.update_weights(mismatch_doses.perturbed(initial_state, engine_noise))
         engine.reset_prefix_cache()
     elif engine_noise:
-        engine.update_weights(doses.perturbed(model.state_dict(), engine_noise))
-    lagged = doses.LaggedWeights(model.state_dict(), cfg.engine_lag) if cfg.engine_lag else None
+        engine.update_weights(mismatch_doses.perturbed(model.state_dict(), engine_noise))
+    lagged = mismatch_doses.LaggedWeights(model.state_dict(), cfg.engine_lag) if cfg.engine_lag else None
     ref_model = None
     if cfg.beta:
         import copy

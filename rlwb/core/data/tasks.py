@@ -51,7 +51,7 @@ class Problem:
     @property
     def reversed_answer(self) -> str:
         """The worked answer with the final sum's digits reversed ("...#521" for 125): the SFT corpus's
-        deliberate bad habit (see `rlwb.core.models.ModelRecipe.reversed_answer_frac`). Rewarded 0 unless the
+        deliberate bad habit (see `rlwb.core.models.llama.ModelRecipe.reversed_answer_frac`). Rewarded 0 unless the
         sum is a palindrome, so RL can find the fix from the reward alone."""
         return self.worked_answer.rsplit("#", 1)[0] + f"#{str(self.answer)[::-1]}"
 

@@ -13,7 +13,7 @@ the README, "Audit your own stack"):
     completion_token_ids  list<int64>   the tokens the engine sampled
     temperature           float64       the sampling distribution the tokens came from: softmax of the logits / T,
     top_p                 float64       truncated to the top-k tokens (0 = off), then to the top-p nucleus (1 = off),
-    top_k                 int64         renormalised (vLLM's order; `rlwb.core.trainer.process_logits`)
+    top_k                 int64         renormalised (vLLM's order; `rlwb.core.scoring.trainer.process_logits`)
 
 and `OUT.parquet` must hold one row per input row, in the same order, with the column
 
@@ -94,7 +94,7 @@ def read_output(path: Path, completion_lens: list[int], who: str) -> list[np.nda
 
 class ExternalScorer:
     """A trainer's scorer behind the contract above; `score` has `TrainerScorer.score`'s signature, so
-    `rlwb.core.rollouts.sample_and_score` and the audit take either."""
+    `rlwb.core.scoring.rollouts.sample_and_score` and the audit take either."""
 
     def __init__(self, command: str, model, timeout: float = 3600.0, cwd=None):
         """`cwd`: where the command runs (the audit runs it from the repository root)."""

@@ -3,7 +3,7 @@
 Why several: the engine samples from pi_engine, the trainer's gradient wants pi_trainer. Peers correct the
 gap differently — truncate the importance ratio (TIS), zero it outside a band (IcePop), or drop whole
 sequences whose ratio looks off (verl's Geo-RS / Seq-MIS, SkyRL's masks, DeepSeek-V3.2's OPSM) — and each
-ships its own thresholds. `rlwb.core.correction_catalog` names each peer's setting; this module computes it.
+ships its own thresholds. `rlwb.core.rl.correction_catalog` names each peer's setting; this module computes it.
 
 Inputs: `log_ratio` = logp_trainer - logp_engine, [B, L] (log r, r = pi_trainer / pi_engine: every peer's
 convention); `mask` [B, L] of real completion tokens; `advantages` [B] where a correction needs them.
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlwb.core.correction_catalog import CATALOG, CORRECTIONS
-from rlwb.core.metrics import SAFETY_BOUND  # |log r| clamp before exp, as verl and SkyRL do (exp(20) ~ 5e8)
+from rlwb.core.measure.metrics import SAFETY_BOUND  # |log r| clamp before exp, as verl and SkyRL do (exp(20) ~ 5e8)
+from rlwb.core.rl.correction_catalog import CATALOG, CORRECTIONS
 
 
 @dataclass

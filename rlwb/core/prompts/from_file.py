@@ -11,7 +11,7 @@ A file is JSON Lines (`.jsonl`, `.json`) or Parquet (`.parquet`); each row has e
     prompt            text, tokenized with the model's tokenizer as it is (its special tokens, e.g. BOS; no chat
                       template): what a completion-style trainer feeds its policy
     messages          a chat, `[{"role": "user", "content": "..."}, ...]`, through the tokenizer's own chat template
-                      with the assistant header added (`rlwb.core.tokenizer.chat_prompt_ids`)
+                      with the assistant header added (`rlwb.core.data.tokenizer.chat_prompt_ids`)
     prompt_token_ids  the token ids themselves, sent as they are (what the engines receive in every case)
 
 and optionally `id` (a string or number naming the row in reports). Other columns are ignored.
@@ -150,8 +150,8 @@ def model_limits(model_path) -> tuple[int, int]:
 
 
 def encode_row(r: PromptRow, codec) -> list[int]:
-    """A checked row as token ids, through `codec` (`rlwb.core.tokenizer.PromptCodec` of the model under test)."""
-    from rlwb.core.tokenizer import chat_prompt_ids
+    """A checked row as token ids, through `codec` (`rlwb.core.data.tokenizer.PromptCodec` of the model under test)."""
+    from rlwb.core.data.tokenizer import chat_prompt_ids
 
     if r.field == "prompt_token_ids":
         return list(r.value)

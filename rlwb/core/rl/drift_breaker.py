@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlwb.core.correction_catalog import HEALTH, LOWER_IS_WORSE
+from rlwb.core.rl.correction_catalog import HEALTH, LOWER_IS_WORSE
 from rlwb.errors import DriftDetected
 
 MONITORED = ("mismatch_k3", "abs_dlogp_mean", *HEALTH)  # per-step curve columns a monitor can watch

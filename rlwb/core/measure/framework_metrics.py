@@ -8,7 +8,7 @@ threshold, the panel says "no threshold" rather than borrowing one.
 
 Every estimator is a pure function of one array `x` of shape [tokens, 3]: the engine's logprob of each sampled
 token, the trainer's, and 1 where a completion starts (so sequence-level quantities survive resampling whole
-sequences: `panel` gives each a 95% sequence-bootstrap interval through `rlwb.core.stats`). Notation: log r =
+sequences: `panel` gives each a 95% sequence-bootstrap interval through `rlwb.core.measure.stats`). Notation: log r =
 logp_trainer - logp_engine.
 """
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlwb.core import metrics as M
-from rlwb.core.metrics import SAFETY_BOUND  # verl clamps log ratios to +-20 before exp (rollout_corr_helper)
-from rlwb.core.stats import N_BOOT, sequence_bootstrap_ci
+from rlwb.core.measure import metrics as M
+from rlwb.core.measure.metrics import SAFETY_BOUND  # verl clamps log ratios to +-20 before exp (rollout_corr_helper)
+from rlwb.core.measure.stats import N_BOOT, sequence_bootstrap_ci
 
 VERL = "volcengine/verl@b178a3cd"
 NEMO = "NVIDIA-NeMo/RL@7ea279ab"
@@ -128,7 +128,7 @@ class FrameworkMetric:
     alert: str = ""  # "above" or "abs above": the framework flags values (their magnitude) above the threshold
     threshold_source: str = ""  # where the threshold is written, and what the framework says of it
     neutral: float = 0.0  # its value without any mismatch (1 for NeMo-RL's multiplicative error)
-    rlwb_name: str = ""  # the rlwb metric it equals or resembles (`rlwb.core.metrics`): how a report formats it
+    rlwb_name: str = ""  # the rlwb metric it equals or resembles (`rlwb.core.measure.metrics`): how a report formats it
 
     def distance(self, value: float) -> float:
         """How far `value` has gone from no mismatch towards the threshold: 0 = none, 1 = where the framework
