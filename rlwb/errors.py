@@ -64,7 +64,7 @@ class RunFailed(RlwbError, RuntimeError):
 
 
 class PeerMissing(RlwbError, RuntimeError):
-    """A peer's code (verl, SkyRL, OpenRLHF, TRL's block) is not where rlwb/peers.py looks; the message says
+    """A peer's code (verl, SkyRL, OpenRLHF, TRL's block) is not where tests/peers.py looks; the message says
     how to install it."""
 
 

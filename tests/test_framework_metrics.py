@@ -32,7 +32,7 @@ def _value(rows, metric):
 
 
 def test_verl_numbers_equal_verls_own_code():
-    from rlwb import peers
+    from tests import peers
 
     e, t = _completions()
     rows = F.panel(e, t, n_boot=50)

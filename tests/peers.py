@@ -115,7 +115,7 @@ def _function_from_source(path: Path, name: str, module: str, names: tuple[str, 
     for fn in (name, *names):
         node = next((n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == fn), None)
         if node is None:
-            raise PeerMissing(f"{path} has no function {fn!r} any more; update rlwb/peers.py")
+            raise PeerMissing(f"{path} has no function {fn!r} any more; update tests/peers.py")
         exec(compile(ast.get_source_segment(src, node), str(path), "exec"), mod.__dict__)
     sys.modules[module] = mod
     return mod
@@ -173,7 +173,7 @@ def _trl_is_source() -> str:
         import trl
 
         raise PeerMissing(f"TRL {trl.__version__}: the vLLM importance-sampling block moved (markers "
-                          f"{TRL_IS_BEGIN!r} .. {TRL_IS_END!r} not found); update rlwb/peers.py")
+                          f"{TRL_IS_BEGIN!r} .. {TRL_IS_END!r} not found); update tests/peers.py")
     block = src[src.index(TRL_IS_BEGIN): src.index(TRL_IS_END)]
     return textwrap.dedent(block.split("\n", 1)[1])
 
