@@ -173,23 +173,6 @@ class Run:
             raise ValueError(f"bad file name {name!r}: use letters, digits and _.=,+- (no paths)")
         return name
 
-    def use_model(self, model: str, rebuild: bool = False) -> Path | str:
-        """Resolve a `model` param (building an embedded model if needed, or again with `rebuild`) and
-        record it in run.json; returns what engines and the trainer load."""
-        with timing.phase("model"):
-            return self._use_model(model, rebuild)
-
-    def _use_model(self, model: str, rebuild: bool) -> Path | str:
-        from rlwb.core.models import store
-
-        if model in store.EMBEDDED_NAMES:
-            built = store.build_embedded_model(model, force=rebuild)
-            self.record_model(built.path, built.card)
-            return built.path
-        path = store.resolve_model(model)
-        self.record_model(path, store.model_card(path))
-        return path
-
     def save_result(self, result) -> dict:
         """An experiment's `Result`: its metrics into metrics.json, its frames into data/. Returns all metrics
         of the run so far."""
