@@ -131,30 +131,30 @@ def prompts():
 
 
 def pids_alive(pids) -> list[int]:
+    """The pids still running (a zombie is dead for our purposes)."""
+    import psutil
+
     alive = []
     for pid in pids:
         try:
-            os.kill(pid, 0)
-            # a zombie is dead for our purposes
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] == "Z":
-                    continue
-            alive.append(pid)
-        except (ProcessLookupError, FileNotFoundError):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
             pass
     return alive
 
 
 def process_group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`."""
+    import psutil
+
     out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().split(")")[-1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    out.append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
     return out
 
 
