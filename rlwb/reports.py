@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from rlwb import archive, plots
-from rlwb.formatting import metric, number
+from rlwb.formatting import metric, number, text_table
 
 TIMING_SUFFIXES = ("_s", "_s_mean", "_s_max", "_s_median", "_ms", "_ms_mean", "_ms_median", "tok_s", "throughput",
                    "throughput_ratio", "time_ratio")
@@ -346,12 +346,9 @@ document.getElementById('nb').onchange = apply; document.getElementById('st').on
 
 def compare_table(rows: list[dict], only_interesting: bool = False) -> str:
     shown = [r for r in rows if not only_interesting or r["status"] != "ok"]
-    w = max([len(r["metric"]) for r in shown] + [6])
-    lines = [f"{'metric':<{w}}  {'run A':>12}  {'run B':>12}  {'B - A':>12}  status"]
-    for r in shown:
-        a, b, diff = (number(r[k], ".5g", "-") for k in ("a", "b", "diff"))
-        lines.append(f"{r['metric']:<{w}}  {a:>12}  {b:>12}  {diff:>12}  {r['status']}")
-    return "\n".join(lines)
+    table = [("metric", "run A", "run B", "B - A", "status")]
+    table += [(r["metric"], *(number(r[k], ".5g", "-") for k in ("a", "b", "diff")), r["status"]) for r in shown]
+    return text_table(table, "<>>>-", widths=[None, 12, 12, 12, None])
 
 
 def dump_json(obj) -> str:
