@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlwb.errors import ParamError, RunFailed
+from rlwb.errors import RunFailed
 
 
 def cmd_figures(a) -> int:
-    from rlwb.reports import regenerate_figures
+    from rlwb.reports.figures import regenerate_figures
 
     for path in regenerate_figures(a.run_dir, a.style):
         print(path)
@@ -17,7 +17,7 @@ def cmd_figures(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from rlwb.reports import compare, compare_table, drift_summary, dump_json, provenance_differences
+    from rlwb.reports.drift import compare, compare_table, drift_summary, dump_json, provenance_differences
 
     ok, rows = compare(a.run_a, a.run_b, a.rtol, a.atol, a.include_timing)
     prov = provenance_differences(a.run_a, a.run_b)
@@ -31,7 +31,7 @@ def cmd_compare(a) -> int:
 
 def cmd_index(a) -> int:
     from rlwb.paths import outputs_dir
-    from rlwb.reports import build_index
+    from rlwb.reports.index import build_index
 
     print(build_index(outputs_dir(a.outputs)))
     return 0
@@ -41,15 +41,9 @@ def cmd_rerun(a) -> int:
 
     from rlwb import runner
     from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
-    from rlwb.reports import (
-        build_index,
-        compare,
-        compare_table,
-        drift_summary,
-        latest_ok_run,
-        provenance_differences,
-        record_drift,
-    )
+    from rlwb.reports.drift import compare, compare_table, drift_summary, provenance_differences, record_drift
+    from rlwb.reports.index import build_index
+    from rlwb.reports.rerun import latest_ok_run, reference_run
 
     root = outputs_dir(a.outputs)
     notebooks = [Path(n).stem for n in a.notebooks] or sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
@@ -79,18 +73,3 @@ def cmd_rerun(a) -> int:
     index = build_index(root)
     print(f"trends and every run: {index.as_uri()}#trends", file=sys.stderr)
     return status
-
-
-def reference_run(run_dir: Path, notebooks: list[str]) -> Path:
-    """`rerun --compare-to RUN_DIR`: a successful archived run of the one notebook being rerun."""
-    from rlwb.archive import read_json
-
-    info = read_json(run_dir / "run.json")
-    if info is None:
-        raise ParamError(f"--compare-to {run_dir}: not an archived run (no run.json)")
-    if len(notebooks) != 1 or info.get("notebook") != notebooks[0]:
-        raise ParamError(f"--compare-to {run_dir} is a run of {info.get('notebook')!r}: rerun exactly that notebook "
-                         f"(got {notebooks})")
-    if info.get("status") != "ok":
-        raise ParamError(f"--compare-to {run_dir}: its status is {info.get('status')!r}, not ok")
-    return run_dir.resolve()

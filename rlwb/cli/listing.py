@@ -32,7 +32,7 @@ def cmd_runs(a) -> int:
 def cmd_times(a) -> int:
     from rlwb.archive import list_runs
     from rlwb.paths import outputs_dir
-    from rlwb.reports import time_table
+    from rlwb.reports.times import time_table
 
     rows = time_table(list_runs(outputs_dir(a.outputs)), since=a.since)
     if a.json:
