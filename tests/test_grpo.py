@@ -221,7 +221,8 @@ def test_an_engine_that_leaves_its_float_floor_is_named_in_the_report():
     not."""
     import pandas as pd
 
-    from rlwb.experiments.grpo_grid import floor_breaches, floor_lines
+    from rlwb.experiments.grpo_grid import floor_breaches
+    from rlwb.experiments.wording import floor_lines
 
     curves = pd.DataFrame({"engine": ["vllm-v0"] * 3 + ["vllm-v1-fixed"] * 2 + ["vllm-v1-bf16"] * 2,
                            "seed": [0, 1, 1, 0, 1, 0, 1],

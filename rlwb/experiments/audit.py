@@ -28,7 +28,8 @@ from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.presets import is_url, resolve_preset, served_preset
 from rlwb.engines.served import ServedEngine
 from rlwb.engines.worker import EngineWorker, Sampling
-from rlwb.experiments.base import OnStart, Result, ci_text, engine_metrics, split_metrics
+from rlwb.experiments.base import OnStart, Result, engine_metrics, split_metrics
+from rlwb.experiments.wording import ci_text
 from rlwb.formatting import metric
 from rlwb.paths import repo_path
 

@@ -207,9 +207,3 @@ def floor_breaches(curves: pd.DataFrame) -> dict[str, float]:
     return {f"{e}/floor_breach_k3": float(k3) for e, k3 in at.items() if not k3 <= KL_FLOOR}
 
 
-def floor_lines(metrics: dict) -> list[str]:
-    """The report's warning for every `floor_breach_k3` in `metrics`."""
-    return [f"**Warning:** `{k.rsplit('/', 1)[0]}` runs fp32 weights and reports processed logprobs, so it should sit "
-            f"at the float floor against the fp32 trainer, yet measured per-step k3 up to {v:.1e} (> {KL_FLOOR:g}) in "
-            f"this run: its engine did not reproduce its float floor here, and these runs measure other numerics than "
-            f"its name says." for k, v in metrics.items() if k.endswith("/floor_breach_k3")]

@@ -24,7 +24,8 @@ from rlwb.core.prompts.generated import make_prompts
 from rlwb.core.scoring.rollouts import sample_and_score
 from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Sampling, reports_raw_logprobs
-from rlwb.experiments.base import OnStart, Result, ci_text, iter_engines
+from rlwb.experiments.base import OnStart, Result, iter_engines
+from rlwb.experiments.wording import ci_text
 from rlwb.formatting import metric
 
 SWEEP_METRICS = ("k3_mean", "k1_mean", "abs_dlogp_mean", "abs_dlogp_max", "full_kl_mean", "n_tokens")

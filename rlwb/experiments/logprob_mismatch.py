@@ -20,7 +20,8 @@ from rlwb.core.prompts.generated import make_prompts
 from rlwb.core.scoring.rollouts import Rollouts, sample_and_score
 from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import EngineWorker, Sampling
-from rlwb.experiments.base import OnStart, Result, ci_text, engine_metrics, iter_engines, split_metrics
+from rlwb.experiments.base import OnStart, Result, engine_metrics, iter_engines, split_metrics
+from rlwb.experiments.wording import ci_text
 from rlwb.formatting import metric
 
 

@@ -33,17 +33,17 @@ from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.rl.mismatch_doses import logprob_noise_sigma
 from rlwb.core.scoring.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
-from rlwb.experiments.base import OnStart, Result, one_line
+from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import (
     FINAL_FRAC,
     edge_steps,
     floor_breaches,
-    floor_lines,
     one_phase,
     reward_gain,
     run_grid,
     timing_note,
 )
+from rlwb.experiments.wording import floor_lines, one_line, paired_gap_text
 from rlwb.formatting import metric
 
 DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
@@ -398,11 +398,6 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def _fmt_gap(r) -> str:
-    return (f"{r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], own greedy accuracy "
-            f"{r.heldout_gap:+.3f} [{r.heldout_gap_ci_low:+.3f}, {r.heldout_gap_ci_high:+.3f}]")
-
-
 def answer_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
     """One bullet per (dosed kind, arm): the smallest measured k3 that costs reward, or the null with its MDE."""
     out = []
@@ -416,10 +411,10 @@ def answer_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
             top = a.iloc[-1]
             if np.isfinite(thr):
                 out.append(f"- {kind} mismatch, `{arm}`: measurably costs reward from k3 {metric('k3', thr, '.1e')} "
-                           f"per token on, at every larger dose too (largest dose: {_fmt_gap(top)}).")
+                           f"per token on, at every larger dose too (largest dose: {paired_gap_text(top)}).")
             else:
                 out.append(f"- {kind} mismatch, `{arm}`: no dose up to k3 {metric('k3', top.k3_achieved, '.1e')} "
-                           f"measurably cost reward (largest dose: {_fmt_gap(top)}; MDE {top.mde:.3f}): a cost "
+                           f"measurably cost reward (largest dose: {paired_gap_text(top)}; MDE {top.mde:.3f}): a cost "
                            f"below the MDE is not ruled out.")
     return out
 
@@ -429,7 +424,7 @@ def point_lines(table: pd.DataFrame) -> list[str]:
     out = []
     pts = table[(table["kind"] == "engine") & (table["control"] == "")]
     for label, d in pts.groupby("label", sort=False):
-        arms = "; ".join(f"`{r.arm}` {_fmt_gap(r)} ({r.verdict})" for r in d.itertuples())
+        arms = "; ".join(f"`{r.arm}` {paired_gap_text(r)} ({r.verdict})" for r in d.itertuples())
         out.append(f"- `{label}` (k3 {metric('k3', d['k3_achieved'].mean(), '.1e')}, "
                    f"{'raw' if d['raw_logprobs'].iloc[0] else 'processed'} logprobs): {arms}.")
     return out
@@ -456,7 +451,7 @@ def control_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
     for r in t1.itertuples():
         ok = r.verdict == "null (passes)"
         ctl.append(f"`{r.label}` `{r.arm}` at T = 1, where raw logprobs are the processed ones (k3 "
-                   f"{metric('k3', r.k3_achieved, '.1e')}): gap {_fmt_gap(r)}, MDE {r.mde:.3f} "
+                   f"{metric('k3', r.k3_achieved, '.1e')}): gap {paired_gap_text(r)}, MDE {r.mde:.3f} "
                    + ("(passes: no cost shown)" if ok else "(**fails**: a cost with no ratio mismatch means the "
                                                            "design is wrong)"))
     if "control/rerun/identical" in metrics:

@@ -22,11 +22,11 @@ from rlwb.experiments.grpo_grid import (
     at_floor,
     final_reward,
     floor_breaches,
-    floor_lines,
     reward_gain,
     timing_note,
     train_grid,
 )
+from rlwb.experiments.wording import floor_lines
 from rlwb.formatting import KL_FLOOR, metric
 
 REFERENCE = "vllm-v1-fixed+none"  # the fixed engine, uncorrected: what notebook 03 pairs every run against

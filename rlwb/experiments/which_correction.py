@@ -22,7 +22,8 @@ import pandas as pd
 from rlwb.core.measure import stats
 from rlwb.core.rl.correction_catalog import CATALOG, HEALTH
 from rlwb.experiments.base import OnStart, Result
-from rlwb.experiments.grpo_grid import FINAL_FRAC, final_reward, floor_breaches, floor_lines, timing_note, train_grid
+from rlwb.experiments.grpo_grid import FINAL_FRAC, final_reward, floor_breaches, timing_note, train_grid
+from rlwb.experiments.wording import floor_lines
 
 
 @dataclass
