@@ -23,7 +23,7 @@ from rlwb.core.measure import stats
 from rlwb.core.rl.correction_catalog import CATALOG, HEALTH
 from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import FINAL_FRAC, final_reward, floor_breaches, timing_note, train_grid
-from rlwb.experiments.wording import floor_lines
+from rlwb.experiments.wording import floor_lines, race_verdict_line
 
 
 @dataclass
@@ -204,16 +204,9 @@ def conclusion(metrics: dict, rank: pd.DataFrame, p) -> str:
         lines.append(f"\n**`{e}`** (engine-trainer k3 {k3:.2g} per token under `none`): highest final reward "
                      f"`{best['correction']}` at {best['reward_final']:.3f} ({best['gap']:+.3f} vs baseline; the "
                      f"order within a level is descriptive, not a test).")
-        groups = {v: d[d["verdict"] == v] for v in ("recovers", "falls short", "above baseline", "inconclusive")}
-        parts = []
-        for v, g in groups.items():
-            if len(g):
-                parts.append(f"{v}: " + ", ".join(
-                    f"`{r.correction}` ({r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], MDE {r.mde:.3f}"
-                    + (f"; removes {r.masked_frac:.0%} of tokens, ESS {r.ess:.2f}" if v == "falls short" else "")
-                    + ")" for r in g.itertuples()))
-        if parts:
-            lines.append("; ".join(parts) + ".")
+        verdicts = race_verdict_line(d)
+        if verdicts:
+            lines.append(verdicts)
         if p.old_logprobs == "trainer" and "none" in set(d["correction"]) and same_sampler(e, p.engines[0]):
             same = metrics.get(f"{e}+none/same_as_baseline") == 1.0
             lines.append(f"`none` here trains bitwise as the baseline by construction: `{e}` differs from "

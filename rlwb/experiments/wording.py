@@ -114,3 +114,21 @@ def dose_control_lines(metrics: dict, table, arms) -> list[str]:
                       "(**fails**: the engine or the loop does not reproduce a run, so seed pairing leaves noise "
                       "in every gap; the intervals still hold, the power is lower)"))
     return ctl
+
+
+RACE_VERDICTS = ("recovers", "falls short", "above baseline", "inconclusive")
+
+
+def race_verdict_line(level) -> str:
+    """Notebook 07's rows of one level grouped by verdict (`recovers: ...; falls short: ...`), each correction with
+    its paired gap, interval and MDE (and, where it falls short, what it removes); "" when no row has a verdict."""
+    parts = []
+    for v in RACE_VERDICTS:
+        g = level[level["verdict"] == v]
+        if len(g):
+            parts.append(f"{v}: " + ", ".join(
+                f"`{r.correction}` ({r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], MDE {r.mde:.3f}"
+                + (f"; removes {r.masked_frac:.0%} of tokens, ESS {r.ess:.2f}" if v == "falls short" else "")
+                + ")" for r in g.itertuples()))
+    return "; ".join(parts) + "." if parts else ""
+
