@@ -155,7 +155,7 @@ class Run:
         self._update_run_json(**fields)
 
     def record_memory_plan(self, plan: dict) -> None:
-        """How the run split the GPU (rlwb.core.memory_plan), or `{"device": "cpu"}`."""
+        """How the run split the GPU (rlwb.memory_plan), or `{"device": "cpu"}`."""
         self._update_run_json(memory_plan=plan)
 
     def record_model(self, path, card: dict | None = None) -> None:
@@ -172,23 +172,6 @@ class Run:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.=,+-]*", name) or ".." in name:
             raise ValueError(f"bad file name {name!r}: use letters, digits and _.=,+- (no paths)")
         return name
-
-    def use_model(self, model: str, rebuild: bool = False) -> Path | str:
-        """Resolve a `model` param (building an embedded model if needed, or again with `rebuild`) and
-        record it in run.json; returns what engines and the trainer load."""
-        with timing.phase("model"):
-            return self._use_model(model, rebuild)
-
-    def _use_model(self, model: str, rebuild: bool) -> Path | str:
-        from rlwb.core import models
-
-        if model in models.EMBEDDED_NAMES:
-            built = models.build_embedded_model(model, force=rebuild)
-            self.record_model(built.path, built.card)
-            return built.path
-        path = models.resolve_model(model)
-        self.record_model(path, models.model_card(path))
-        return path
 
     def save_result(self, result) -> dict:
         """An experiment's `Result`: its metrics into metrics.json, its frames into data/. Returns all metrics

@@ -21,10 +21,11 @@ import time
 
 import numpy as np
 
-from rlwb.core import metrics, tasks, tokenizer
-from rlwb.core.models import resolve_model
-from rlwb.core.rollouts import sample_and_score
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.measure import metrics
+from rlwb.core.models.store import resolve_model
+from rlwb.core.scoring.rollouts import sample_and_score
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.presets import available_presets, resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling, expected_agreement, reports_raw_logprobs
 from rlwb.errors import PresetError

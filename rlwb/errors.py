@@ -25,7 +25,7 @@ class PromptFileError(ParamError):
 
 
 class ScorerError(RlwbError, RuntimeError):
-    """An external trainer scorer failed or broke its contract (rlwb/core/external_scorer.py); the message says
+    """An external trainer scorer failed or broke its contract (rlwb/core/scoring/external.py); the message says
     which command, and what was wrong with what it wrote."""
 
 
@@ -64,7 +64,7 @@ class RunFailed(RlwbError, RuntimeError):
 
 
 class PeerMissing(RlwbError, RuntimeError):
-    """A peer's code (verl, SkyRL, OpenRLHF, TRL's block) is not where rlwb/peers.py looks; the message says
+    """A peer's code (verl, SkyRL, OpenRLHF, TRL's block) is not where tests/peers.py looks; the message says
     how to install it."""
 
 

@@ -86,3 +86,16 @@ def table(df, spec: str = ".3g"):
     if isinstance(df.index, pd.RangeIndex):  # 0, 1, 2, ... tells a reader nothing: hide it
         styler = styler.hide(axis="index")
     return styler
+
+
+def text_table(rows, align: str, widths=None, rstrip: bool = False) -> str:
+    """Rows (the header first) as aligned plain text, columns two spaces apart: the CLI's tables and `compare`'s.
+    `align` has one character per column: `<` left, `>` right, `-` as it is (no padding). `widths`: per column,
+    None for the widest cell of the column (the default for all), or a fixed width that a longer cell overflows.
+    `rstrip` drops trailing spaces of each line."""
+    rows = [[str(c) for c in row] for row in rows]
+    fixed = widths or [None] * len(align)
+    w = [max(len(r[i]) for r in rows) if fixed[i] is None else fixed[i] for i in range(len(align))]
+    pad = {"<": str.ljust, ">": str.rjust, "-": lambda c, _: c}
+    lines = ["  ".join(pad[a](c, wi) for c, a, wi in zip(r, align, w)) for r in rows]
+    return "\n".join(line.rstrip() if rstrip else line for line in lines)

@@ -11,7 +11,7 @@ machinery one step at a time, for a researcher who wants to look at a handful of
     lab.worst_tokens(ro, model)                          # where engine and trainer disagree most
     lab.plot(ro)                                         # p_engine vs p_trainer
 
-Every function is the one the notebooks use (`rlwb.core.rollouts.sample_and_score`, notebook 01's
+Every function is the one the notebooks use (`rlwb.core.scoring.rollouts.sample_and_score`, notebook 01's
 `engine_metrics`, its `prob_scatter` figure); nothing here is archived (use `rlwb run` for a report).
 `notebooks/explore.ipynb` is this docstring as a notebook; the tests execute it.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlwb.core import tasks, tokenizer
-from rlwb.core.models import resolve_model
-from rlwb.core.rollouts import Rollouts, sample_and_score
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.models.store import resolve_model
+from rlwb.core.scoring.rollouts import Rollouts, sample_and_score
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import EngineWorker, Sampling
 
 

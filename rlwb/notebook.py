@@ -1,6 +1,7 @@
-"""What a notebook's validation cell calls: params from the parameters cell, checked, and a run handle.
+"""What a notebook's cells call: params from the parameters cell, checked, and a run handle; the model.
 
     params, run = rlwb.notebook.start("01_logprob_mismatch", globals())
+    model_path = rlwb.notebook.use_model(run, params.model)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rlwb.plots import set_style  # noqa: E402
 def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Params, Run]:
     """Validate the parameters, plan GPU memory (on CUDA; raises before any compute when the run cannot
     fit), and open the run; the plan goes into run.json."""
-    from rlwb.core.memory_plan import plan_for_run
+    from rlwb.memory_plan import plan_for_run
     from rlwb.registry import notebook as record
 
     params = from_namespace(notebook, namespace)
@@ -33,3 +34,20 @@ def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Para
     run = start_notebook_run(params)
     run.record_memory_plan(plan)
     return params, run
+
+
+def use_model(run: Run, model: str, rebuild: bool = False):
+    """Resolve a `model` param (building an embedded model if needed, or again with `rebuild`) and record it in
+    the run's run.json (`Run.record_model`: the archive records, it does not build); returns what engines and the
+    trainer load (a path, or an HF id)."""
+    from rlwb import timing
+    from rlwb.core.models import store
+
+    with timing.phase("model"):
+        if model in store.EMBEDDED_NAMES:
+            built = store.build_embedded_model(model, force=rebuild)
+            run.record_model(built.path, built.card)
+            return built.path
+        path = store.resolve_model(model)
+        run.record_model(path, store.model_card(path))
+        return path

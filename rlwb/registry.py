@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from rlwb.core.memory_plan import Needs
 from rlwb.errors import ParamError
+from rlwb.memory_plan import Needs
 from rlwb.params import schemas as S
 from rlwb.paths import NOTEBOOKS_DIR, PARAMS_DIR
 
@@ -29,7 +29,7 @@ from rlwb.paths import NOTEBOOKS_DIR, PARAMS_DIR
 class Notebook:
     schema: type[S.Params]  # its parameters; `schema.NOTEBOOK` is the stem
     question: str  # the one line its report answers (README's notebook table, the index)
-    needs: Needs  # what one run holds on a GPU besides engine shares (rlwb.core.memory_plan)
+    needs: Needs  # what one run holds on a GPU besides engine shares (rlwb.memory_plan)
 
     @property
     def stem(self) -> str:

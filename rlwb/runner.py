@@ -170,7 +170,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     t_report = time.time()
     if (tmp / "notebook.ipynb").exists():
         try:
-            from rlwb.reports import export_report  # matplotlib: imported only once a report is due
+            from rlwb.reports.export import export_report  # matplotlib: imported only once a report is due
 
             export_report(tmp / "notebook.ipynb", tmp / "report.html", tmp, error)
         except Exception as e:  # a report that cannot render is a failed run, not a silent gap

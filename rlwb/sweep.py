@@ -306,36 +306,29 @@ def summary_figure(df, x: str, patterns: list[str], varying: list[str]):
 
 
 def write_summary(sweep_dir: Path) -> Path:
-    """`summary.parquet`, `figures/summary.png` (when the grid names a summary) and `report.html`."""
-    import html
-
+    """`summary.parquet`, `figures/summary.png` (when the grid names a summary) and `report.html`
+    (`rlwb/reports/templates/sweep.html`)."""
     import matplotlib.pyplot as plt
 
     from rlwb import plots
+    from rlwb.reports.pages import render
 
     state = read_state(sweep_dir)
     df = summary_frame(state)
     df.to_parquet(sweep_dir / "summary.parquet", index=False)
     spec = state["grid"].get("summary") or {}
-    fig_html = ""
+    figure = False
     varying = Grid(**state["grid"]).varying()
     if spec.get("x") and len(df):
         plots.set_style("notebook")
         fig = summary_figure(df, spec["x"], spec.get("metrics") or ["*"], varying)
         plots.save_figure(fig, sweep_dir / "figures" / "summary")
         plt.close(fig)
-        fig_html = '<img src="figures/summary.png" style="max-width: 100%">'
-    rows = "".join(
-        f"<tr><td><code>{c['id']}</code></td><td>{html.escape(json.dumps(c['overrides'], sort_keys=True))}</td>"
-        f"<td>{html.escape(c['status'])}</td><td>"
-        + (f'<a href="{html.escape(os.path.relpath(c["run_dir"], sweep_dir))}/report.html">report</a>'
-           if c["run_dir"] else html.escape(c.get("error") or "")) + "</td></tr>" for c in state["cells"])
-    done = sum(c["status"] == "ok" for c in state["cells"])
-    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>rlwb sweep</title>"
-            f"<style>body{{font-family:system-ui,sans-serif;margin:2rem}}td,th{{padding:2px 10px;text-align:left}}"
-            f"</style></head><body><h1>Sweep of {html.escape(state['grid']['notebook'])}</h1>"
-            f"<p>{done} of {len(state['cells'])} cells archived successfully; each is an ordinary run "
-            f"(its own report, comparable with <code>rlwb compare</code>).</p>{fig_html}"
-            f"<table><tr><th>cell</th><th>overrides</th><th>status</th><th>run</th></tr>{rows}</table></body></html>")
+        figure = True
+    cells = [{"id": c["id"], "overrides": json.dumps(c["overrides"], sort_keys=True), "status": c["status"],
+              "rel": os.path.relpath(c["run_dir"], sweep_dir) if c["run_dir"] else "", "error": c.get("error") or ""}
+             for c in state["cells"]]
+    page = render("sweep.html", notebook=state["grid"]["notebook"], cells=cells, figure=figure,
+                  done=sum(c["status"] == "ok" for c in state["cells"]))
     (sweep_dir / "report.html").write_text(page, encoding="utf-8")
     return sweep_dir / "report.html"

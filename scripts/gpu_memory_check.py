@@ -2,7 +2,7 @@
 
 Runs the trainer side of notebooks 01 and 03 on randomly initialised Qwen2.5-0.5B / 1.5B shapes (no
 download: the published configs, built in place on the GPU) and prints, per role, the peak memory torch
-allocated next to `rlwb.core.memory_plan.trainer_bytes` (which must not be below it: the plan is meant to be on
+allocated next to `rlwb.memory_plan.trainer_bytes` (which must not be below it: the plan is meant to be on
 the safe side), plus the micro-batched vs whole-batch gradient on CUDA. For notebook 03 both passes of a
 micro-batched step are measured: the no-grad old-logprob pass over the whole step's batch (03's gpu.yaml: 32 x 8
 sequences, in the scorer's slices: `trainer.batch_logprobs`) and the update's accumulation; and, for contrast,
@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlwb.core import grpo  # noqa: E402
-from rlwb.core import memory_plan as mp
-from rlwb.core.trainer import TrainerScorer, batch_logprobs, completion_logprobs, make_batch  # noqa: E402
+from rlwb import memory_plan as mp
+from rlwb.core.rl import grpo  # noqa: E402
+from rlwb.core.scoring.trainer import TrainerScorer, batch_logprobs, completion_logprobs, make_batch  # noqa: E402
 from rlwb.registry import NOTEBOOKS
 
 QWEN = {  # config.json of each published checkpoint (the fields the plan and the model need)

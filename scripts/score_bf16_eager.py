@@ -1,7 +1,7 @@
 """A second trainer scorer behind rlwb's external-scorer contract: bf16 weights, eager attention, no batching.
 
 What it is for: the example of the contract a team adapts to its own trainer (README "Audit your own stack";
-the contract is `rlwb/core/external_scorer.py`), and a real second scorer whose numerics differ from rlwb's fp32
+the contract is `rlwb/core/scoring/external.py`), and a real second scorer whose numerics differ from rlwb's fp32
 SDPA scorer, so `rlwb audit --trainer "python scripts/score_bf16_eager.py"` shows the gap a bf16 trainer has.
 
     python scripts/score_bf16_eager.py --model DIR --input IN.parquet --output OUT.parquet
@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlwb.core.trainer import process_logits
+from rlwb.core.scoring.trainer import process_logits
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -68,7 +68,7 @@ def chromium(*args: str, profile: Path, timeout: int = 120) -> subprocess.Comple
 
 @pytest.fixture(scope="session")
 def default_model():
-    from rlwb.core.models import build_default_model
+    from rlwb.core.models.store import build_default_model
 
     return build_default_model(progress=False)
 
@@ -77,14 +77,14 @@ def default_model():
 def chat_smoke_model():
     """The realistic embedded model on its tiny smoke budget (`qwen2-chat-smoke`): the real build path, the real
     tokenizer, chat template and checkpoint layout, in about a minute."""
-    from rlwb.core.models import build_embedded_model
+    from rlwb.core.models.store import build_embedded_model
 
     return build_embedded_model("qwen2-chat-smoke", progress=False)
 
 
 @pytest.fixture(scope="session")
 def scorer(default_model):
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring.trainer import TrainerScorer
 
     return TrainerScorer(default_model.path, "float32")
 
@@ -125,36 +125,36 @@ def outputs(tmp_path, monkeypatch):
 
 @pytest.fixture
 def prompts():
-    from rlwb.core import tasks, tokenizer
+    from rlwb.core.data import tasks, tokenizer
 
     return [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(8, seed=7)]
 
 
 def pids_alive(pids) -> list[int]:
+    """The pids still running (a zombie is dead for our purposes)."""
+    import psutil
+
     alive = []
     for pid in pids:
         try:
-            os.kill(pid, 0)
-            # a zombie is dead for our purposes
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] == "Z":
-                    continue
-            alive.append(pid)
-        except (ProcessLookupError, FileNotFoundError):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
             pass
     return alive
 
 
 def process_group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`."""
+    import psutil
+
     out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().split(")")[-1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    out.append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
     return out
 
 

@@ -20,9 +20,10 @@ standard errors from 0; the unpaired intervals of the old test needed 4,096 prom
 import numpy as np
 import pytest
 
-from rlwb.core import metrics as M
-from rlwb.core import stats, tasks, tokenizer
-from rlwb.core.rollouts import sample_and_score
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.measure import metrics as M
+from rlwb.core.measure import stats
+from rlwb.core.scoring.rollouts import sample_and_score
 from rlwb.engines import EngineWorker, Sampling
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlwb.core import bpe
-from rlwb.core.tokenizer import chat_prompt_ids
+from rlwb.core.data.tokenizer import chat_prompt_ids
+from rlwb.core.models import bpe
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from rlwb.core import prompts, tasks
-from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.data import tasks
+from rlwb.core.data.tokenizer import PromptCodec
+from rlwb.core.prompts import generated
 
 
 def test_checkpoint_is_a_qwen2_as_a_hub_checkpoint_is(chat_smoke_model):
@@ -28,7 +29,7 @@ def test_checkpoint_is_a_qwen2_as_a_hub_checkpoint_is(chat_smoke_model):
 
 
 def test_card_reports_size_entropy_and_the_build(chat_smoke_model):
-    from rlwb.core.models import recipe_for
+    from rlwb.core.models.store import recipe_for
 
     card = chat_smoke_model.card
     assert card["name"] == "rlwb-qwen2-chat-smoke" and card["recipe_hash"] == recipe_for("qwen2-chat-smoke").hash()
@@ -41,7 +42,7 @@ def test_card_reports_size_entropy_and_the_build(chat_smoke_model):
 def test_recipe_hash_covers_the_corpus(chat_smoke_model):
     from dataclasses import replace
 
-    from rlwb.core.models import recipe_for
+    from rlwb.core.models.store import recipe_for
 
     r = recipe_for("qwen2-chat-smoke")
     assert replace(r, corpus_sha256="0" * 64).hash() != r.hash()  # another interpreter's stdlib: another model
@@ -66,21 +67,22 @@ def test_chat_prompts_round_trip_through_the_template(chat_smoke_model):
 
 def test_open_ended_prompts_are_held_out_text_and_questions(chat_smoke_model):
     codec = PromptCodec(chat_smoke_model.path)
-    a = prompts.make_prompts("open_ended", 6, 0, codec)
-    assert a == prompts.make_prompts("open_ended", 6, 0, codec) and a != prompts.make_prompts("open_ended", 6, 1, codec)
+    a = generated.make_prompts("open_ended", 6, 0, codec)
+    assert a == generated.make_prompts("open_ended", 6, 0, codec)
+    assert a != generated.make_prompts("open_ended", 6, 1, codec)
     texts = [codec.hf.decode(x) for x in a]
     assert all(not t.startswith("<|im_start|>") for t in texts[0::2])  # corpus prefixes: plain text
-    assert all(t.startswith("<|im_start|>user\n") and t[17:-33] in prompts.CHAT_QUESTIONS for t in texts[1::2])
-    train, held = __import__("rlwb.core.chat_model", fromlist=["x"]).corpus_split()
+    assert all(t.startswith("<|im_start|>user\n") and t[17:-33] in generated.CHAT_QUESTIONS for t in texts[1::2])
+    train, held = __import__("rlwb.core.models.chat", fromlist=["x"]).corpus_split()
     assert all(any(t in h for h in held) for t in texts[0::2]) and not any(texts[0] in t for t in train)
-    char = prompts.make_prompts("open_ended", 4, 0, PromptCodec())  # the default policy: normalized text
+    char = generated.make_prompts("open_ended", 4, 0, PromptCodec())  # the default policy: normalized text
     assert all(len(x) > 10 for x in char)
     with pytest.raises(ValueError, match="prompt_source must be one of"):
-        prompts.make_prompts("wiki", 4, 0, codec)
+        generated.make_prompts("wiki", 4, 0, codec)
 
 
 def test_policy_uncertainty_metric():
-    from rlwb.core.metrics import policy_uncertainty
+    from rlwb.core.measure.metrics import policy_uncertainty
 
     m = policy_uncertainty(np.log([0.95, 0.5, 0.2, 1.0]), [0.1, 1.0, 2.0, 0.0])
     assert m == {"token_entropy_mean": pytest.approx(0.775), "uncertain_token_frac": 0.5}
@@ -93,12 +95,12 @@ def test_policy_uncertainty_metric():
 def test_every_engine_loads_it_natively_at_the_float_floor(chat_smoke_model, name):
     """fp32 engine vs fp32 trainer, processed logprobs, T = 0.7 on open-ended and chat task prompts: the float
     floor (max |Δlogp| ≤ 1e-5) with no BOS, the ChatML specials, a padded vocabulary and a tied head."""
-    from rlwb.core.rollouts import sample_and_score
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring.rollouts import sample_and_score
+    from rlwb.core.scoring.trainer import TrainerScorer
     from rlwb.engines.worker import EngineWorker, Sampling
 
     codec = PromptCodec(chat_smoke_model.path)
-    ids = prompts.make_prompts("open_ended", 6, 0, codec) + prompts.make_prompts("task", 4, 0, codec)
+    ids = generated.make_prompts("open_ended", 6, 0, codec) + generated.make_prompts("task", 4, 0, codec)
     scorer = TrainerScorer(chat_smoke_model.path, "float32")
     with EngineWorker(name, chat_smoke_model.path) as w:
         ro = sample_and_score(w, scorer, ids, Sampling(temperature=0.7, max_tokens=24, seed=0))

@@ -2,14 +2,14 @@
 
 `default-sampling-defaults` is the default policy with a hub instruct checkpoint's sampling fields in its
 generation_config.json (repetition_penalty 1.3, top_k 5, top_p 0.8, temperature 0.6, do_sample, max_new_tokens 4:
-`rlwb/core/checkpoint_variant.py`). Every engine and the trainer must sample and score exactly what rlwb asks: real
-engines, on both checkpoints, the same prompts and seeds."""
+`rlwb/core/models/sampling_defaults_variant.py`). Every engine and the trainer must sample and score exactly what rlwb
+asks: real engines, on both checkpoints, the same prompts and seeds."""
 
 import numpy as np
 import pytest
 
-from rlwb.core.rollouts import sample_and_score
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.scoring.rollouts import sample_and_score
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines import EngineWorker, Sampling
 
 pytestmark = pytest.mark.engines
@@ -20,7 +20,7 @@ SAMPLING = Sampling(temperature=1.0, max_tokens=16, seed=0)
 
 @pytest.fixture(scope="module")
 def hub_like():
-    from rlwb.core.models import build_embedded_model
+    from rlwb.core.models.store import build_embedded_model
 
     return build_embedded_model("default-sampling-defaults", progress=False)
 

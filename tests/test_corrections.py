@@ -1,6 +1,6 @@
 """Off-policy corrections: hand-made ratios, and every peer's own code fed the same tensors.
 
-The peers run from their installed code (rlwb/peers.py): verl 0.9.1 `rollout_corr_helper` (through its
+The peers run from their installed code (tests/peers.py): verl 0.9.1 `rollout_corr_helper` (through its
 `RolloutCorrectionConfig` presets, so the catalogue's thresholds are held to verl's defaults too), TRL's
 GRPOTrainer source lines and `get_off_policy_mask`, SkyRL 0.3.0's `off_policy_correction_utils`, OpenRLHF
 0.11.2's `PolicyLoss`. Equality is asserted on the real tokens (padding carries no loss anywhere).
@@ -18,11 +18,11 @@ import math
 import pytest
 import torch
 
-from rlwb import peers
-from rlwb.core import correction_catalog as cat
-from rlwb.core import corrections as C
-from rlwb.core import losses
-from rlwb.core import metrics as M
+from rlwb.core.measure import metrics as M
+from rlwb.core.rl import correction_catalog as cat
+from rlwb.core.rl import corrections as C
+from rlwb.core.rl import losses
+from tests import peers
 
 
 def batch(seed: int = 0, B: int = 24, L: int = 12, spread: float = 1.0):

@@ -1,6 +1,6 @@
-"""Notebook 08's doses (`rlwb.core.doses`): the ratio dose hits its intended k3, is paired (the same noise for every
-arm of a seed and step, token by token) and stays symmetric where the policy is confident; the weight dose is a
-fixed perturbation per seed of the stated relative size. Pure functions: no engine needed."""
+"""Notebook 08's doses (`rlwb.core.rl.mismatch_doses`): the ratio dose hits its intended k3, is paired (the same noise
+for every arm of a seed and step, token by token) and stays symmetric where the policy is confident; the weight dose is
+a fixed perturbation per seed of the stated relative size. Pure functions: no engine needed."""
 
 import math
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from rlwb.core import doses
+from rlwb.core.rl import mismatch_doses
 
 
 @pytest.mark.parametrize("k3", [1e-4, 1e-2, 1e-1])
 def test_gaussian_logprob_noise_has_the_intended_mean_k3(k3):
-    sigma = doses.logprob_noise_sigma(k3)
+    sigma = mismatch_doses.logprob_noise_sigma(k3)
     assert math.exp(sigma**2 / 2) - 1 == pytest.approx(k3, rel=1e-12)
     delta = torch.randn(2_000_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * sigma
     r = torch.exp(-delta)  # trainer / engine-reported ratio when the report is off by +delta
@@ -24,19 +24,19 @@ def test_logprob_noise_is_paired_and_only_on_real_tokens():
     logp = -torch.rand(6, 9, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
     mask = torch.ones(6, 9, dtype=torch.bool)
     mask[:, 6:] = False
-    a = doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=4)
-    assert torch.equal(a, doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=4))  # every arm sees the same
-    assert not torch.equal(a, doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=5))  # fresh per step
-    assert not torch.equal(a, doses.noisy_logprobs(logp, mask, 1e-2, seed=4, step=4))  # and per seed
+    a = mismatch_doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=4)
+    assert torch.equal(a, mismatch_doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=4))  # every arm sees the same
+    assert not torch.equal(a, mismatch_doses.noisy_logprobs(logp, mask, 1e-2, seed=3, step=5))  # fresh per step
+    assert not torch.equal(a, mismatch_doses.noisy_logprobs(logp, mask, 1e-2, seed=4, step=4))  # and per seed
     assert torch.equal(a[:, 6:], logp[:, 6:]) and not torch.equal(a[:, :6], logp[:, :6])
-    assert doses.noisy_logprobs(logp, mask, 0.0, 3, 4) is logp
+    assert mismatch_doses.noisy_logprobs(logp, mask, 0.0, 3, 4) is logp
     # a token's draw depends on its (sequence, position) alone: an arm whose batch is wider (longer completions)
     # sees the same noise on the tokens both have
     wide = torch.cat([logp, -torch.ones(6, 5, dtype=torch.float64)], dim=1)
-    b = doses.noisy_logprobs(wide, torch.ones_like(wide, dtype=torch.bool), 1e-2, seed=3, step=4)
+    b = mismatch_doses.noisy_logprobs(wide, torch.ones_like(wide, dtype=torch.bool), 1e-2, seed=3, step=4)
     assert torch.equal(b[:, :6], a[:, :6])
     with pytest.raises(ValueError, match=">= 0"):
-        doses.logprob_noise_sigma(-1e-3)
+        mismatch_doses.logprob_noise_sigma(-1e-3)
 
 
 @pytest.mark.parametrize("k3", [1e-2, 1e-1, 1.0])
@@ -45,8 +45,8 @@ def test_logprob_noise_stays_symmetric_on_confident_tokens(k3):
     intended k3 reached. (A cap at logprob 0 made r >= 1 there: mean log r +0.06..+0.47, k3 45% short at 1e-2.)"""
     confident = torch.full((256, 64), -1e-4, dtype=torch.float64)
     mask = torch.ones_like(confident, dtype=torch.bool)
-    log_r = (confident - doses.noisy_logprobs(confident, mask, k3, seed=0, step=0)).flatten()
-    sigma = doses.logprob_noise_sigma(k3)
+    log_r = (confident - mismatch_doses.noisy_logprobs(confident, mask, k3, seed=0, step=0)).flatten()
+    sigma = mismatch_doses.logprob_noise_sigma(k3)
     assert abs(float(log_r.mean())) < 4 * sigma / math.sqrt(log_r.numel())
     assert float((log_r.exp() - 1 - log_r).mean()) == pytest.approx(k3, rel=0.15)
     assert float((log_r > 0).double().mean()) == pytest.approx(0.5, abs=0.02)
@@ -56,26 +56,26 @@ def test_weight_noise_is_fixed_per_seed_and_relative_to_each_tensor():
     g = torch.Generator().manual_seed(2)
     state = {"w": torch.randn(200, 300, generator=g) * 5.0, "b": torch.randn(300, generator=g) * 0.01,
              "step": torch.tensor(7)}
-    n1, n2 = doses.weight_noise(state, 0.03, seed=1), doses.weight_noise(state, 0.03, seed=1)
+    n1, n2 = mismatch_doses.weight_noise(state, 0.03, seed=1), mismatch_doses.weight_noise(state, 0.03, seed=1)
     assert set(n1) == {"w", "b"} and all(torch.equal(n1[k], n2[k]) for k in n1)
-    assert not torch.equal(n1["w"], doses.weight_noise(state, 0.03, seed=2)["w"])
+    assert not torch.equal(n1["w"], mismatch_doses.weight_noise(state, 0.03, seed=2)["w"])
     for k in ("w", "b"):  # noise rms / tensor rms = the dose
         ratio = float(n1[k].pow(2).mean().sqrt() / state[k].pow(2).mean().sqrt())
         assert ratio == pytest.approx(0.03, rel=0.1)
-    p = doses.perturbed(state, n1)
+    p = mismatch_doses.perturbed(state, n1)
     assert torch.equal(p["step"], state["step"]) and torch.allclose(p["w"] - state["w"], n1["w"], atol=1e-5)
-    assert doses.perturbed(state, None) is state and np.isfinite(float(p["b"].sum()))
+    assert mismatch_doses.perturbed(state, None) is state and np.isfinite(float(p["b"].sum()))
 
 
 def test_lagged_weights_hand_the_engine_the_weights_of_lag_updates_ago():
     """Step t's engine samples with the trainer's weights of step max(0, t - lag): the initial weights until `lag`
     updates have happened, and the pushed tensors are copies (the trainer's in-place updates do not reach them)."""
     w = {"w": torch.zeros(3)}
-    lagged = doses.LaggedWeights(w, lag=2)
+    lagged = mismatch_doses.LaggedWeights(w, lag=2)
     seen = []
     for _ in range(5):  # the update at step t gives the weights of step t + 1; the engine then gets step t + 1 - 2's
         w["w"] += 1.0  # in place, as an optimizer step
         seen.append(float(lagged.push(w)["w"][0]))
     assert seen == [0.0, 0.0, 1.0, 2.0, 3.0]
     with pytest.raises(ValueError, match=">= 1"):
-        doses.LaggedWeights(w, lag=0)
+        mismatch_doses.LaggedWeights(w, lag=0)

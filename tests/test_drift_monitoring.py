@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlwb.core.monitor import DriftDetected, DriftMonitor
+from rlwb.core.rl.drift_breaker import DriftDetected, DriftMonitor
 
 
 def rows(values):
@@ -57,7 +57,7 @@ def test_trips_on_vllm_v1_at_t07_and_stays_quiet_on_vllm_v1_fixed(engine, defaul
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlwb.core import grpo
+    from rlwb.core.rl import grpo
 
     model = AutoModelForCausalLM.from_pretrained(str(default_model.path), dtype=torch.float32)
     initial = {k: v.clone() for k, v in model.state_dict().items()}

@@ -171,7 +171,7 @@ def _tiny_dense():
 
 
 def test_upcycled_moe_is_the_dense_model_up_to_the_expert_noise_and_deterministic():
-    from rlwb.core.moe_model import MoeRecipe, upcycle
+    from rlwb.core.models.moe import MoeRecipe, upcycle
 
     dense = _tiny_dense()
     a, b = upcycle(dense, MoeRecipe()), upcycle(dense, MoeRecipe())

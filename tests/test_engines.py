@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlwb.core.rollouts import sample_and_score
+from rlwb.core.scoring.rollouts import sample_and_score
 from rlwb.engines import EngineCrashed, EngineError, EngineWorker, PresetError, Sampling, resolve_preset
 from rlwb.engines.worker import reports_raw_logprobs
 from tests.conftest import process_group_members
@@ -86,7 +86,7 @@ def test_top_k_top_p_renormalised_full_distribution(name, engine, scorer, prompt
 @pytest.mark.parametrize("name", ["hf", "vllm-v0", "vllm-v1", "vllm-v1-fixed"])
 def test_update_weights_in_flight(name, engine, default_model, prompts):
     """After update_weights the engine's logprobs match a trainer holding the new weights (no restart)."""
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring.trainer import TrainerScorer
 
     w = engine(name)
     pid = w.pid
@@ -248,8 +248,8 @@ def test_seeded_heterogeneous_long_batch_survives_on_v1(engine, name):
     scheduled without finishing its prefill: notebook 04's default batch of 64 long prompts (async scheduling
     off) and notebook 05's long contexts (async on). On CPU every V1 preset inherits `enable_chunked_prefill:
     false` from `vllm-v1`; a batch over one step's token budget then runs, and seeded reruns stay identical."""
-    from rlwb.core import tokenizer
-    from rlwb.core.prompts import task_prompts
+    from rlwb.core.data import tokenizer
+    from rlwb.core.prompts.generated import task_prompts
     from rlwb.experiments import determinism_and_staleness as determinism
 
     codec = tokenizer.PromptCodec()
@@ -283,7 +283,7 @@ def tied_model(tmp_path_factory, default_model):
 
 
 def test_perturbation_draws_once_per_tied_tensor(tied_model):
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring.trainer import TrainerScorer
     from rlwb.experiments.determinism_and_staleness import perturbed_state
 
     model = TrainerScorer(tied_model).model
@@ -296,7 +296,7 @@ def test_perturbation_draws_once_per_tied_tensor(tied_model):
 @pytest.mark.parametrize("name", ["vllm-v0", "vllm-v1-fixed"])
 def test_update_of_a_tied_embedding_model_keeps_engine_equal_to_trainer(name, tied_model, prompts):
     """Notebook 04's in-flight update on a tied-head model: engine and trainer hold the same head after it."""
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring.trainer import TrainerScorer
     from rlwb.experiments.determinism_and_staleness import perturbed_state
 
     trainer = TrainerScorer(tied_model)
@@ -315,8 +315,8 @@ def test_update_of_a_tied_embedding_model_keeps_engine_equal_to_trainer(name, ti
 def test_validator_uses_the_models_tokenizer(tied_model):
     """`rlwb validate` on a checkpoint that is not rlwb's default policy tokenizes with that checkpoint's
     tokenizer (it used to build every prompt with rlwb's char codec)."""
-    from rlwb.core import equivalence as validate
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring import equivalence as validate
+    from rlwb.core.scoring.trainer import TrainerScorer
 
     with EngineWorker("vllm-v1-fixed", tied_model) as w:
         rep = validate.validate(w, TrainerScorer(tied_model), cases=3, seed=0, shrink=False, progress=False)
@@ -354,7 +354,7 @@ def test_a_rope_base_the_engine_read_differently_is_refused_and_the_fix_reaches_
     start.)"""
     import shutil
 
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring.trainer import TrainerScorer
 
     with pytest.raises(EngineError, match=r"rope_theta=1000000.0 but .* read 10000.0.*Add \"rope_theta\""):
         EngineWorker("vllm-v0", qwen2_rope_1e6).close()

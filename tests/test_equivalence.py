@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rlwb.core import equivalence
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.scoring import equivalence
+from rlwb.core.scoring.trainer import TrainerScorer
 from tests.conftest import rlwb
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def test_prompts_are_built_with_the_models_own_tokenizer_even_without_bos(tmp_pa
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from rlwb.core import tasks, tokenizer
+    from rlwb.core.data import tasks, tokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,4 +1,4 @@
-"""Your trainer's logprobs (rlwb/core/external_scorer.py): the contract with a real second scorer
+"""Your trainer's logprobs (rlwb/core/scoring/external.py): the contract with a real second scorer
 (scripts/score_bf16_eager.py), every way a command can break it, and rlwb's scorer with a chosen attention kernel."""
 
 import sys
@@ -7,9 +7,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from rlwb.core import tasks, tokenizer
-from rlwb.core.external_scorer import ExternalScorer
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.scoring.external import ExternalScorer
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.errors import ScorerError
 from rlwb.paths import REPO_ROOT
 

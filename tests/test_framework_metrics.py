@@ -1,11 +1,11 @@
-"""The cross-framework panel (rlwb/core/framework_metrics.py): verl's numbers from verl's own code on the same
+"""The cross-framework panel (rlwb/core/measure/framework_metrics.py): verl's numbers from verl's own code on the same
 tensors; the others against their frameworks' expressions on a case worked by hand; thresholds and verdicts."""
 
 import numpy as np
 import pytest
 import torch
 
-from rlwb.core import framework_metrics as F
+from rlwb.core.measure import framework_metrics as F
 
 
 def _completions(seed: int = 0, n: int = 12, sigma: float = 0.05):
@@ -32,7 +32,7 @@ def _value(rows, metric):
 
 
 def test_verl_numbers_equal_verls_own_code():
-    from rlwb import peers
+    from tests import peers
 
     e, t = _completions()
     rows = F.panel(e, t, n_boot=50)

@@ -81,8 +81,8 @@ CHECKS = {"03_toy_grpo": check_toy_grpo, "07_which_correction": check_which_corr
 @pytest.mark.parametrize("stem", list(SHRINK))
 def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, tmp_path):
     from rlwb import params, timing
-    from rlwb.core import models
-    from rlwb.core.memory_plan import plan_for_run
+    from rlwb.core.models import store
+    from rlwb.memory_plan import plan_for_run
     from rlwb.registry import notebook
 
     gpu = REPO / "params" / stem / "gpu.yaml"
@@ -96,7 +96,7 @@ def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, tmp_path):
     assert ran.get("chat_template", "auto") == "auto"  # 10_audit has none: its chat rows always take the template
     record = notebook(stem)
     assert plan_for_run(stem, record.needs, p)["device"] == "cpu"
-    model = models.build_embedded_model(p.model, progress=False)  # what `run.use_model(params.model)` resolves
+    model = store.build_embedded_model(p.model, progress=False)  # what `notebook.use_model` resolves
     assert model.path == chat_smoke_model.path and model.card["name"] == "rlwb-qwen2-chat-smoke"
     engines = []
     before = timing.totals()

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlwb.core import grpo, losses
-from rlwb.core.trainer import completion_logprobs, make_batch
+from rlwb.core.rl import grpo, losses
+from rlwb.core.scoring.trainer import completion_logprobs, make_batch
 
 pytestmark = pytest.mark.engines
 
@@ -57,8 +57,9 @@ def test_one_step_moves_logprobs_along_the_advantages(engine, default_model):
 def test_micro_batched_gradient_equals_the_unsplit_one(default_model, correction):
     """Gradient accumulation over micro-batches (uneven: 13 sequences in slices of 4) gives the whole batch's
     gradient and loss statistics to float tolerance, with and without corrections."""
-    from rlwb.core import corrections, tasks, tokenizer
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.data import tasks, tokenizer
+    from rlwb.core.rl import corrections
+    from rlwb.core.scoring.trainer import TrainerScorer
 
     g = torch.Generator().manual_seed(0)
     prompts = [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(13, seed=3)]
@@ -89,8 +90,9 @@ def test_shared_forward_gives_the_separate_passes_bitwise(default_model):
     (`grpo_step`): they must equal a separate no-grad scoring pass bit for bit, and the gradient from those
     precomputed logprobs must equal the one `accumulate_policy_gradient` gets from its own forward, or the
     shortcut would change every GRPO curve."""
-    from rlwb.core import corrections, tasks, tokenizer
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.data import tasks, tokenizer
+    from rlwb.core.rl import corrections
+    from rlwb.core.scoring.trainer import TrainerScorer
 
     g = torch.Generator().manual_seed(1)
     prompts = [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(12, seed=5)]
@@ -219,7 +221,8 @@ def test_an_engine_that_leaves_its_float_floor_is_named_in_the_report():
     not."""
     import pandas as pd
 
-    from rlwb.experiments.grpo_grid import floor_breaches, floor_lines
+    from rlwb.experiments.grpo_grid import floor_breaches
+    from rlwb.experiments.wording import floor_lines
 
     curves = pd.DataFrame({"engine": ["vllm-v0"] * 3 + ["vllm-v1-fixed"] * 2 + ["vllm-v1-bf16"] * 2,
                            "seed": [0, 1, 1, 0, 1, 0, 1],

@@ -14,10 +14,20 @@ PKG = REPO / "rlwb"
 # engine-side code runs in the engines' own interpreters and imports nothing of rlwb's kernel side
 ENGINE_SIDE = {"server.py", "vllm_ext.py", "fork_server.py"}
 LEAF = ("rlwb.errors", "rlwb.paths", "rlwb.progress", "rlwb.timing", "rlwb.formatting")
-# layer -> the layers its modules may import (leaf utilities are importable from everywhere)
+# layer -> the layers its modules may import (leaf utilities are importable from everywhere). core is split by
+# domain; each of its subpackages names the core subpackages below it (docs/architecture.md draws the same map).
 ALLOWED = {
     "rlwb.engines": ("rlwb.engines",),
-    "rlwb.core": ("rlwb.core", "rlwb.engines"),
+    "rlwb.core.checked_fields": (),
+    "rlwb.core.data": ("rlwb.core.data",),
+    "rlwb.core.measure": ("rlwb.core.measure",),
+    "rlwb.core.models": ("rlwb.core.models", "rlwb.core.data"),
+    "rlwb.core.prompts": ("rlwb.core.prompts", "rlwb.core.models", "rlwb.core.data"),
+    "rlwb.core.scoring": ("rlwb.core.scoring", "rlwb.core.measure", "rlwb.core.data", "rlwb.core.checked_fields",
+                          "rlwb.engines"),
+    "rlwb.core.rl": ("rlwb.core.rl", "rlwb.core.scoring", "rlwb.core.measure", "rlwb.core.data",
+                     "rlwb.core.checked_fields", "rlwb.engines"),
+    "rlwb.core": (),  # the package's docstring only: every module lives in a domain
     "rlwb.experiments": ("rlwb.experiments", "rlwb.core", "rlwb.engines"),
     "rlwb.plots": ("rlwb.plots", "rlwb.core"),
 }
@@ -51,12 +61,18 @@ def import_graph(top_level_only: bool) -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    return next((lay for lay in ALLOWED if module == lay or module.startswith(lay + ".")), "infrastructure")
+    """The most specific layer `module` is in (`rlwb.core.rl.grpo` -> `rlwb.core.rl`)."""
+    inside = [lay for lay in ALLOWED if module == lay or module.startswith(lay + ".")]
+    return max(inside, key=len) if inside else "infrastructure"
+
+
+def allowed(importer: str, dep: str) -> bool:
+    return dep.startswith(LEAF) or any(dep == a or dep.startswith(a + ".") for a in ALLOWED[layer(importer)])
 
 
 def test_no_import_cycles_function_level_imports_included():
-    """A deferred import is still a dependency: `core.models` <-> `core.moe_model` was a circle of function-level
-    imports until the MoE build took its base model from the caller."""
+    """A deferred import is still a dependency: the model builds and the MoE recipe (now `models.store`, `models.moe`)
+    was a circle of function-level imports until the MoE build took its base model from the caller."""
     graph, cycles = import_graph(top_level_only=False), []
 
     def visit(node, path):
@@ -77,7 +93,7 @@ def test_layers_import_only_downwards_function_level_imports_included():
         lay = layer(m)
         if lay == "infrastructure":
             continue
-        wrong = sorted(d for d in deps if not d.startswith(LEAF) and layer(d) not in ALLOWED[lay])
+        wrong = sorted(d for d in deps if not allowed(m, d))
         if wrong:
             bad[m] = wrong
     assert not bad, bad
@@ -98,7 +114,41 @@ def test_the_layer_check_catches_an_upward_import():
     """The check above on a module written to break it: core importing the archive inside a function."""
     tree = ast.parse("def f():\n    from rlwb.archive import Run\n    return Run\n")
     deps = imports(tree, set(modules()), top_level_only=False)
-    assert deps == {"rlwb.archive"} and layer("rlwb.archive") not in ALLOWED["rlwb.core"]
+    assert deps == {"rlwb.archive"} and not allowed("rlwb.core.rl.grpo", "rlwb.archive")
+
+
+def test_core_subpackages_import_only_the_domains_below_them():
+    """The check above applies per core subpackage: data and measure import no other part of core, models no
+    scoring, scoring no rl; engines no core at all."""
+    assert allowed("rlwb.core.rl.grpo", "rlwb.core.scoring.trainer")
+    assert not allowed("rlwb.core.scoring.trainer", "rlwb.core.rl.grpo")
+    assert not allowed("rlwb.core.data.tasks", "rlwb.core.models.store")
+    assert not allowed("rlwb.core.measure.metrics", "rlwb.core.rl.mismatch_doses")
+    assert not allowed("rlwb.engines.worker", "rlwb.core.scoring.trainer")
+    assert allowed("rlwb.experiments.audit", "rlwb.core.scoring.external")
+    core = {m for m in modules() if m.startswith("rlwb.core.")}
+    assert core and all(layer(m) != "rlwb.core" for m in core), sorted(m for m in core if layer(m) == "rlwb.core")
+
+
+def test_nothing_in_the_package_imports_the_tests():
+    """Test oracles (tests/peers.py) and fixtures stay out of the shipped package."""
+    bad = sorted(module_name(f) for f in PKG.rglob("*.py") for n in ast.walk(ast.parse(f.read_text()))
+                 if (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in ("tests", "conftest"))
+                 or (isinstance(n, ast.Import) and any(a.name.split(".")[0] in ("tests", "conftest") for a in n.names)))
+    assert not bad, bad
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md is the map: each module of rlwb (but per-notebook experiments and figures, named by the
+    `<name>.py` rule, and package docstrings) appears on it by file name."""
+    from rlwb.registry import NOTEBOOKS
+
+    per_notebook = {n.name for n in NOTEBOOKS.values()}
+    page = (REPO / "docs" / "architecture.md").read_text()
+    missing = sorted(module_name(f) for f in PKG.rglob("*.py") if f.name != "__init__.py"
+                     and not (f.parent.name in ("experiments", "plots") and f.stem in per_notebook)
+                     and f.name not in page)
+    assert not missing, missing
 
 
 def test_engine_side_code_imports_nothing_kernel_side():

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from rlwb.core import losses
+from rlwb.core.rl import losses
 
 
 def test_group_advantages():

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rlwb.core import memory_plan as mp
+from rlwb import memory_plan as mp
 from rlwb.registry import NOTEBOOKS as RECORDS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,7 +110,7 @@ def test_grpo_plan_counts_adamw_state_and_activations():
 def test_grpo_plan_covers_the_old_logprob_pass_of_a_micro_batched_step():
     """Before a micro-batched update GRPO scores the whole step's batch with no grad (`trainer.batch_logprobs`, in
     the scorer's slices of up to SCORE_BATCH sequences). The plan holds the larger of that pass and the update's."""
-    from rlwb.core.trainer import SCORE_BATCH
+    from rlwb.core.scoring.trainer import SCORE_BATCH
 
     shape = mp.ModelShape.from_config(QWEN["0.5B"])
     n, seq_len = shape.params(), 768

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rlwb.core import metrics as M
+from rlwb.core.measure import metrics as M
 
 # Two sequences: tokens 0,1 in seq 0; token 2 in seq 1.
 E = np.log([0.5, 0.25, 0.8])

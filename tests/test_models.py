@@ -4,33 +4,33 @@ from dataclasses import replace
 
 import pytest
 
-from rlwb.core import models
+from rlwb.core.models import llama, store
 
 
 def test_same_recipe_same_weights_and_different_seed_differs(monkeypatch):
-    r = replace(models.ModelRecipe(), train_steps=3, batch_size=8)
+    r = replace(llama.ModelRecipe(), train_steps=3, batch_size=8)
     import torch
 
     torch.set_num_threads(2)
-    a = models.weights_hash(models.train(r, progress=False))
-    b = models.weights_hash(models.train(r, progress=False))
-    c = models.weights_hash(models.train(replace(r, seed=1), progress=False))
+    a = store.weights_hash(llama.train(r, progress=False))
+    b = store.weights_hash(llama.train(r, progress=False))
+    c = store.weights_hash(llama.train(replace(r, seed=1), progress=False))
     assert a == b
     assert a != c
 
 
 def test_recipe_hash_covers_every_field():
-    base = models.ModelRecipe()
+    base = llama.ModelRecipe()
     assert base.hash() != replace(base, train_steps=base.train_steps + 1).hash()
     assert base.hash() != replace(base, num_key_value_heads=1).hash()
     assert base.hash() != replace(base, reversed_answer_frac=0.0).hash()
 
 
 def test_sft_targets_carry_the_habit_where_asked():
-    from rlwb.core import tasks, tokenizer
+    from rlwb.core.data import tasks, tokenizer
 
     probs = tasks.make_problems(4, seed=0, max_digits=3)
-    _, lab = models.sft_batch(probs, [True, False, True, False])
+    _, lab = llama.sft_batch(probs, [True, False, True, False])
     targets = [tokenizer.decode([t for t in row.tolist() if t >= 0]) for row in lab]
     assert targets == [probs[0].reversed_answer, probs[1].worked_answer, probs[2].reversed_answer,
                        probs[3].worked_answer]
@@ -44,7 +44,7 @@ def test_default_model_card_meets_the_requirements(default_model):
     assert card["greedy_accuracy"] + card["reversed_answer_frac"] >= 0.85
     assert card["mean_completion_tokens"] >= 8
     assert card["build_s"] > 0  # recorded; how long a build takes is the README's (measured) number, not a test's
-    assert card["recipe_hash"] == models.ModelRecipe().hash()
+    assert card["recipe_hash"] == llama.ModelRecipe().hash()
     assert default_model.path.name == f"default-{card['recipe_hash']}"
     cfg = __import__("json").loads((default_model.path / "config.json").read_text())
     assert cfg["num_key_value_heads"] < cfg["num_attention_heads"]  # GQA
@@ -52,18 +52,19 @@ def test_default_model_card_meets_the_requirements(default_model):
 
 
 def test_cached_model_is_reused(default_model):
-    again = models.build_default_model(progress=False)
+    again = store.build_default_model(progress=False)
     assert again.path == default_model.path and again.card == default_model.card
 
 
 def _unpinned_train_hash(env_over: dict, steps: int) -> str:
-    """models.train in a fresh process *without* rlwb's pins: what a build did before them."""
+    """llama.train in a fresh process *without* rlwb's pins: what a build did before them."""
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in models.BUILD_ENV}
-    code = ("import torch; torch.set_num_threads(2)\nfrom dataclasses import replace\nfrom rlwb.core import models\n"
-            f"print(models.weights_hash(models.train(replace(models.ModelRecipe(), train_steps={steps}), "
+    env = {k: v for k, v in os.environ.items() if k not in store.BUILD_ENV}
+    code = ("import torch; torch.set_num_threads(2)\nfrom dataclasses import replace\n"
+            "from rlwb.core.models import llama, store\n"
+            f"print(store.weights_hash(llama.train(replace(llama.ModelRecipe(), train_steps={steps}), "
             "progress=False)))")
     r = subprocess.run([sys.executable, "-c", code], env={**env, **env_over}, capture_output=True, text=True,
                        check=True)
@@ -76,8 +77,8 @@ def test_build_is_bit_identical_whatever_cpu_the_caller_looks_like(tmp_path):
     an AVX2-only machine's (ATen and MKL limited to AVX2) or one with no vector kernels at all; the control
     shows the same math unpinned depends on those settings, so the assertion can fail."""
     steps = 30
-    recipe = replace(models.ModelRecipe(), train_steps=steps)
-    base = {k: v for k, v in os.environ.items() if k not in models.BUILD_ENV}
+    recipe = replace(llama.ModelRecipe(), train_steps=steps)
+    base = {k: v for k, v in os.environ.items() if k not in store.BUILD_ENV}
     callers = {
         "machine default": {},
         "AVX2-only machine": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
@@ -88,22 +89,22 @@ def test_build_is_bit_identical_whatever_cpu_the_caller_looks_like(tmp_path):
     cards = {}
     for name, over in callers.items():
         cache = tmp_path / name.replace(" ", "_").replace(",", "")
-        models.run_pinned_build(recipe, progress=False, env={**base, **over, "RLWB_CACHE": str(cache)})
+        store.run_pinned_build(recipe, progress=False, env={**base, **over, "RLWB_CACHE": str(cache)})
         cards[name] = json.loads(next(cache.glob("models/default-*/model.json")).read_text())
     checksums = {name: c["weights_sha256_16"] for name, c in cards.items()}
     assert len(set(checksums.values())) == 1, checksums
     assert {c["build_cpu_capability"] for c in cards.values()} == {"AVX2"}
-    assert all(c["build_env"] == models.BUILD_ENV for c in cards.values())
+    assert all(c["build_env"] == store.BUILD_ENV for c in cards.values())
     # control: without the pins, ATen's kernel choice alone changes the weights
     assert _unpinned_train_hash({"ATEN_CPU_CAPABILITY": "default"}, steps) != \
         _unpinned_train_hash({"ATEN_CPU_CAPABILITY": "avx2"}, steps)
 
 
 def test_build_outside_the_pinned_process_is_refused(monkeypatch):
-    for k in models.BUILD_ENV:
+    for k in store.BUILD_ENV:
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(RuntimeError, match="BUILD_ENV"):
-        models._build_here(models.ModelRecipe(), force=False, progress=False)
+        store._build_here(llama.ModelRecipe(), force=False, progress=False)
 
 
 def test_the_recipe_built_here_reproduces_its_vendors_published_build(tmp_path, monkeypatch):
@@ -112,18 +113,18 @@ def test_the_recipe_built_here_reproduces_its_vendors_published_build(tmp_path, 
     `PUBLISHED_WEIGHTS`), so a vendor's machines agree with each other; on the reference vendor that is the shipped
     build itself. A vendor with no published build fails here until one is recorded."""
     monkeypatch.setenv("RLWB_CACHE", str(tmp_path))
-    built = models.build_default_model(progress=False, from_recipe=True)
+    built = store.build_default_model(progress=False, from_recipe=True)
     card = built.card
     assert built.path.name.endswith("-recipe") and "source" not in card
-    vendor = models.build_vendor(card)
-    assert vendor == models.host_cpu()["vendor"]
-    builds = models.PUBLISHED_WEIGHTS[card["recipe_hash"]]
+    vendor = store.build_vendor(card)
+    assert vendor == store.host_cpu()["vendor"]
+    builds = store.PUBLISHED_WEIGHTS[card["recipe_hash"]]
     assert vendor in builds, f"no published default build for {vendor} CPUs: record {card['weights_sha256_16']}"
     assert card["weights_sha256_16"] == builds[vendor], card["host_cpu"]
     assert card["weights_match_published"] is True
-    assert card["weights_reference_build"] is (vendor == models.REFERENCE_VENDOR)
-    shipped = json.loads((models.shipped_build(models.ModelRecipe()) / "model.json").read_text())
-    assert (card["weights_sha256_16"] == shipped["weights_sha256_16"]) is (vendor == models.REFERENCE_VENDOR)
+    assert card["weights_reference_build"] is (vendor == store.REFERENCE_VENDOR)
+    shipped = json.loads((store.shipped_build(llama.ModelRecipe()) / "model.json").read_text())
+    assert (card["weights_sha256_16"] == shipped["weights_sha256_16"]) is (vendor == store.REFERENCE_VENDOR)
 
 
 @pytest.mark.parametrize("name", ["default", "qwen2-chat"])
@@ -139,18 +140,18 @@ def test_every_machine_runs_the_shipped_build_and_never_trains_it(name, tmp_path
     def no_training(*a, **k):
         raise AssertionError(f"{name} was trained, not installed from the shipped build")
 
-    monkeypatch.setattr(models, "run_pinned_build", no_training)
-    recipe = models.recipe_for(name)
-    assert models.shipped_build(recipe) is not None, (
+    monkeypatch.setattr(store, "run_pinned_build", no_training)
+    recipe = store.recipe_for(name)
+    assert store.shipped_build(recipe) is not None, (
         f"no shipped build of {name} recipe {recipe.hash()} (qwen2-chat's recipe hashes this interpreter's stdlib)")
-    ref = models.PUBLISHED_WEIGHTS[recipe.hash()][models.REFERENCE_VENDOR]
-    m = models.build_embedded_model(name, progress=False)
+    ref = store.PUBLISHED_WEIGHTS[recipe.hash()][store.REFERENCE_VENDOR]
+    m = store.build_embedded_model(name, progress=False)
     assert m.card["weights_sha256_16"] == ref and m.card["source"].startswith("shipped with rlwb")
     loaded = AutoModelForCausalLM.from_pretrained(m.path, dtype=torch.float32)
-    assert models.weights_hash(loaded) == ref
+    assert store.weights_hash(loaded) == ref
     card = json.loads((m.path / "model.json").read_text())
     (m.path / "model.json").write_text(json.dumps({**card, "weights_sha256_16": "another-vendors-build"}))
-    again = models.build_embedded_model(name, progress=False)
+    again = store.build_embedded_model(name, progress=False)
     assert again.card["weights_sha256_16"] == ref
 
 
@@ -158,34 +159,34 @@ def test_a_corrupted_shipped_build_is_refused(tmp_path, monkeypatch):
     import shutil
 
     pub = tmp_path / "published"
-    src = models.shipped_build(models.ModelRecipe())
+    src = store.shipped_build(llama.ModelRecipe())
     shutil.copytree(src, pub / src.name)
     (pub / src.name / "tokenizer.json").write_text("{}")
-    monkeypatch.setattr(models, "PUBLISHED_DIR", pub)
+    monkeypatch.setattr(store, "PUBLISHED_DIR", pub)
     monkeypatch.setenv("RLWB_CACHE", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="does not match its SHA256SUMS .*tokenizer.json"):
-        models.build_default_model(progress=False)
+        store.build_default_model(progress=False)
 
 
 def test_published_verdict_reads_the_vendor_a_card_was_built_on():
     """A cached card is judged by the vendor it was built on (older cards name it only in the CPU model), so a
     cache carried from an AMD machine to an Intel one still reads as the AMD build, and the verdict says which
     build the README's numbers come from."""
-    recipe = models.ModelRecipe().hash()
-    amd, intel = (models.PUBLISHED_WEIGHTS[recipe][v] for v in ("AuthenticAMD", "GenuineIntel"))
+    recipe = llama.ModelRecipe().hash()
+    amd, intel = (store.PUBLISHED_WEIGHTS[recipe][v] for v in ("AuthenticAMD", "GenuineIntel"))
     old_amd = {"recipe_hash": recipe, "weights_sha256_16": amd, "host_cpu": {"model": "AMD EPYC 9R14", "isa": "avx512"}}
-    card = models.with_published(old_amd)
+    card = store.with_published(old_amd)
     assert card["weights_match_published"] and card["weights_reference_build"]
-    assert models.published_verdict(card) == "matches the published AuthenticAMD build"
-    on_intel = models.with_published({**old_amd, "weights_sha256_16": intel,
+    assert store.published_verdict(card) == "matches the published AuthenticAMD build"
+    on_intel = store.with_published({**old_amd, "weights_sha256_16": intel,
                                       "host_cpu": {"model": "x", "vendor": "GenuineIntel"}})
     assert on_intel["weights_match_published"] and not on_intel["weights_reference_build"]
-    assert "README's numbers come from the AuthenticAMD build" in models.published_verdict(on_intel)
-    wrong = models.with_published({**old_amd, "weights_sha256_16": intel})
+    assert "README's numbers come from the AuthenticAMD build" in store.published_verdict(on_intel)
+    wrong = store.with_published({**old_amd, "weights_sha256_16": intel})
     assert wrong["weights_match_published"] is False
-    assert models.published_verdict(wrong) == f"DIFFERS from the published AuthenticAMD build {amd}"
-    other = models.with_published({**old_amd, "host_cpu": {"vendor": "HygonGenuine"}})
-    assert other["weights_match_published"] is None and "no published build" in models.published_verdict(other)
+    assert store.published_verdict(wrong) == f"DIFFERS from the published AuthenticAMD build {amd}"
+    other = store.with_published({**old_amd, "host_cpu": {"vendor": "HygonGenuine"}})
+    assert other["weights_match_published"] is None and "no published build" in store.published_verdict(other)
 
 
 def test_concurrent_builds_of_one_recipe_build_it_once(tmp_path, monkeypatch):
@@ -196,7 +197,7 @@ def test_concurrent_builds_of_one_recipe_build_it_once(tmp_path, monkeypatch):
     import time
 
     monkeypatch.setenv("RLWB_CACHE", str(tmp_path))
-    recipe = replace(models.ModelRecipe(), train_steps=1)
+    recipe = replace(llama.ModelRecipe(), train_steps=1)
     calls = []
 
     def fake_build(r, *, force=False, progress=True, env=None, out=None):
@@ -205,9 +206,9 @@ def test_concurrent_builds_of_one_recipe_build_it_once(tmp_path, monkeypatch):
         out.mkdir(parents=True)
         (out / "model.json").write_text(json.dumps({"recipe_hash": r.hash()}))
 
-    monkeypatch.setattr(models, "run_pinned_build", fake_build)
+    monkeypatch.setattr(store, "run_pinned_build", fake_build)
     got = []
-    threads = [threading.Thread(target=lambda: got.append(models.build_default_model(recipe, progress=False).path))
+    threads = [threading.Thread(target=lambda: got.append(store.build_default_model(recipe, progress=False).path))
                for _ in range(2)]
     for t in threads:
         t.start()

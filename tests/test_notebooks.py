@@ -101,7 +101,7 @@ def check_default_policy(d: Path, m: dict) -> None:
 
 
 def check_logprob_mismatch(d: Path, m: dict) -> None:
-    from rlwb.core.metrics import METRICS
+    from rlwb.core.measure.metrics import METRICS
 
     engines = ["hf", "vllm-v0", "vllm-v1", "vllm-v1-processed", "vllm-v1-fixed"]
     for e in engines:
@@ -169,7 +169,7 @@ def check_kl_vs_temperature(d: Path, m: dict) -> None:
 
 def check_toy_grpo(d: Path, m: dict) -> None:
     curves = pd.read_parquet(d / "data" / "curves.parquet")
-    from rlwb.core.grpo import CURVE_COLUMNS
+    from rlwb.core.rl.grpo import CURVE_COLUMNS
 
     assert set(CURVE_COLUMNS) <= set(curves.columns)
     assert len(curves) == 3 * 2 * 2  # steps x corrections x seeds
@@ -224,7 +224,7 @@ def check_equivalence_and_stress(d: Path, m: dict) -> None:
 
 
 def check_which_correction(d: Path, m: dict) -> None:
-    from rlwb.core.correction_catalog import HEALTH
+    from rlwb.core.rl.correction_catalog import HEALTH
 
     curves = pd.read_parquet(d / "data" / "curves.parquet")
     assert set(HEALTH) <= set(curves.columns)

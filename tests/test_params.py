@@ -137,7 +137,7 @@ def test_grpo_settings_have_one_source():
     """GRPOParams inherits the loop's settings; the run config is built from them, field by field."""
     from dataclasses import fields as dc_fields
 
-    from rlwb.core.grpo_config import GRPOConfig, GRPOSettings
+    from rlwb.core.rl.grpo_config import GRPOConfig, GRPOSettings
     from rlwb.params.schemas import GRPOParams
 
     assert issubclass(GRPOParams, GRPOSettings)
@@ -152,7 +152,7 @@ def test_weighting_corrections_are_refused_where_the_ppo_ratio_already_holds_the
     """With behaviour logprobs from the engine the PPO ratio is pi_theta/pi_engine: a TIS weight pi_trainer/
     pi_engine on top would apply the ratio twice (verl's bypass mode turns IS weights off). Such corrections are
     refused before any compute, naming the problem; rejection-only ones are defined in both modes."""
-    from rlwb.core.correction_catalog import CATALOG, modes
+    from rlwb.core.rl.correction_catalog import CATALOG, modes
 
     for nb in ("03_toy_grpo", "07_which_correction"):
         with pytest.raises(ParamError, match="tis.*twice.*old_logprobs: trainer"):
@@ -187,7 +187,7 @@ def test_preset_with_missing_interpreter_is_rejected_before_compute(tmp_path, mo
 def test_a_parameter_doc_with_an_equals_sign_is_refused():
     """papermill skips a parameters-cell line with two `=` (`x: int = 1  # 1 = off`): the parameter would vanish
     from `papermill --help-notebook` without an error, as `concurrent_runs` once did."""
-    from rlwb.core.fields import param
+    from rlwb.core.checked_fields import param
 
     with pytest.raises(ValueError, match="contains '='"):
         param(1, "runs at once; 1 = one at a time")

@@ -1,4 +1,4 @@
-"""Prompts from a file (rlwb/core/prompt_files.py): the three row shapes in JSONL and Parquet, and every bad row
+"""Prompts from a file (rlwb/core/prompts/from_file.py): the three row shapes in JSONL and Parquet, and every bad row
 named by file, row and field before any compute."""
 
 import json
@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlwb.core import prompt_files, tokenizer
-from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.data import tokenizer
+from rlwb.core.data.tokenizer import PromptCodec
+from rlwb.core.prompts import from_file
 from rlwb.errors import PromptFileError
 from tests.conftest import rlwb
 
@@ -19,7 +20,7 @@ def _jsonl(path, rows):
 
 
 def _load(path, codec=None, context=4096):
-    return prompt_files.load_prompts(path, codec or PromptCodec(), vocab_size=64, context=context, max_tokens=16)
+    return from_file.load_prompts(path, codec or PromptCodec(), vocab_size=64, context=context, max_tokens=16)
 
 
 def test_three_row_shapes_in_jsonl_and_parquet(tmp_path):
@@ -37,7 +38,7 @@ def test_three_row_shapes_in_jsonl_and_parquet(tmp_path):
 def test_chat_rows_go_through_the_models_chat_template(tmp_path, chat_smoke_model):
     codec = PromptCodec(chat_smoke_model.path)
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 58+67?"}]
-    ps = prompt_files.load_prompts(_jsonl(tmp_path / "c.jsonl", [{"messages": msgs}]), codec, vocab_size=8256,
+    ps = from_file.load_prompts(_jsonl(tmp_path / "c.jsonl", [{"messages": msgs}]), codec, vocab_size=8256,
                                    context=4096, max_tokens=16)
     assert ps.token_ids == [tokenizer.chat_prompt_ids(codec.hf, msgs)]
     assert codec.hf.decode(ps.token_ids[0]).rstrip().endswith("assistant")  # the generation header is there
@@ -59,7 +60,7 @@ def test_chat_rows_go_through_the_models_chat_template(tmp_path, chat_smoke_mode
 def test_a_bad_row_is_named_by_file_row_and_field(tmp_path, rows, where):
     path = _jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(PromptFileError) as e:
-        prompt_files.check_rows(path)
+        from_file.check_rows(path)
     assert str(e.value).startswith(f"prompts file {path}: ") and where in str(e.value), str(e.value)
     assert "\n" not in str(e.value)
 
@@ -89,7 +90,7 @@ def test_files_that_are_not_prompt_files(tmp_path, name, content, where):
     if content is not None:
         path.write_text(content)
     with pytest.raises(PromptFileError, match=where):
-        prompt_files.check_rows(path)
+        from_file.check_rows(path)
 
 
 def test_rlwb_audit_refuses_a_bad_file_before_a_kernel_starts(tmp_path):

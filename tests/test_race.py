@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from rlwb import params as P
-from rlwb.core.correction_catalog import HEALTH
+from rlwb.core.rl.correction_catalog import HEALTH
 from rlwb.errors import ParamError
 from rlwb.experiments import which_correction as W
 
@@ -72,7 +72,7 @@ def test_verdicts_are_tests_with_a_margin_holm_and_a_detectable_effect():
 
 
 def test_holm_matches_its_definition():
-    from rlwb.core.stats import holm
+    from rlwb.core.measure.stats import holm
 
     adj = holm([0.01, 0.04, 0.03, 0.005, float("nan")])
     assert np.allclose(adj[:4], [0.03, 0.06, 0.06, 0.02]) and np.isnan(adj[4])

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlwb import archive, reports
+from rlwb import archive
+from rlwb.reports import drift
 from tests.conftest import chromium, copy_archive, rlwb
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def test_figures_regenerate_byte_identical_png(notebook00_runs, tmp_path):
 @pytest.mark.slow
 def test_compare_identical_params_agree_and_changed_params_drift(notebook00_runs):
     _, (a, b, c) = notebook00_runs
-    ok, rows = reports.compare(a, b, rtol=0, atol=0)  # identical params: bit-identical metrics
+    ok, rows = drift.compare(a, b, rtol=0, atol=0)  # identical params: bit-identical metrics
     assert ok, [r for r in rows if r["status"] == "DRIFT"]
     r = rlwb("compare", str(a), str(b))
     assert r.returncode == 0, r.stdout
@@ -51,16 +52,16 @@ def test_compare_ignores_timing_unless_asked(tmp_path):
     for name, v in (("a", 1.0), ("b", 2.0)):
         (tmp_path / name).mkdir()
         archive.write_json(tmp_path / name / "metrics.json", {"x/k3_mean": 0.5, "x/step_s_mean": v})
-    ok, rows = reports.compare(tmp_path / "a", tmp_path / "b")
+    ok, rows = drift.compare(tmp_path / "a", tmp_path / "b")
     assert ok and {r["metric"]: r["status"] for r in rows}["x/step_s_mean"] == "timing"
-    ok, _ = reports.compare(tmp_path / "a", tmp_path / "b", include_timing=True)
+    ok, _ = drift.compare(tmp_path / "a", tmp_path / "b", include_timing=True)
     assert not ok
     # every timing metric an experiment writes counts as one (notebook 07's medians and milliseconds included:
     # a rerun of 07 reported 44 of them as drift), and no measurement of a number does
-    assert all(reports.is_timing(k) for k in ("l+c/step_s_median", "l+c/correction_ms_mean", "k/tok_s",
+    assert all(drift.is_timing(k) for k in ("l+c/step_s_median", "l+c/correction_ms_mean", "k/tok_s",
                                                "k/throughput_ratio", "l+c/step_s_mean", "bf16/per_1k_tokens_ms",
                                                "bf16/time_ratio", "compile/first_pass_s"))  # notebook 09's
-    assert not any(reports.is_timing(k) for k in ("l+c/mismatch_k3_mean", "l+c/ess", "k/abs_dlogp_max",
+    assert not any(drift.is_timing(k) for k in ("l+c/mismatch_k3_mean", "l+c/ess", "k/abs_dlogp_max",
                                                    "l+c/reward_final", "l+c/masked_frac"))
 
 
@@ -125,8 +126,8 @@ def test_compare_names_a_different_model_build_or_engine_version(tmp_path):
     a = fake_run("a", "aaaa", "0.32.0", 1e-3)
     same = fake_run("same", "aaaa", "0.32.0", 1e-3)
     other = fake_run("other", "bbbb", "0.33.0", 2e-3)
-    assert reports.provenance_differences(a, same) == []
-    prov = reports.provenance_differences(a, other)
+    assert drift.provenance_differences(a, same) == []
+    prov = drift.provenance_differences(a, other)
     assert any("model build differs: weights aaaa vs bbbb (same recipe" in p for p in prov)
     assert "engine vllm-v1: vllm 0.32.0 vs 0.33.0" in prov and not any("hf" in p for p in prov)
     r = rlwb("compare", str(a), str(other))
@@ -143,13 +144,13 @@ def test_a_metric_missing_from_one_run_is_drift(tmp_path):
                     ("b", {"vllm-v0/k3_mean": 1e-14})):
         (tmp_path / name).mkdir()
         archive.write_json(tmp_path / name / "metrics.json", m)
-    ok, rows = reports.compare(tmp_path / "a", tmp_path / "b")
+    ok, rows = drift.compare(tmp_path / "a", tmp_path / "b")
     status = {r["metric"]: r["status"] for r in rows}
     assert not ok and status["vllm-v1/k3_mean"] == "MISSING in b" and status["vllm-v1/step_s_mean"] == "timing"
-    assert [r["metric"] for r in reports.failing(rows)] == ["vllm-v1/k3_mean"]
+    assert [r["metric"] for r in drift.failing(rows)] == ["vllm-v1/k3_mean"]
     r = rlwb("compare", str(tmp_path / "a"), str(tmp_path / "b"))
     assert r.returncode == 1 and "present in one run only: vllm-v1/k3_mean (MISSING in b)" in r.stdout
-    ok, _ = reports.compare(tmp_path / "b", tmp_path / "b")
+    ok, _ = drift.compare(tmp_path / "b", tmp_path / "b")
     assert ok
 
 

@@ -1,11 +1,11 @@
-"""Self-contained rollouts (rlwb/core/rollouts.py): the archived per-token table carries each completion's prompt
-token ids and sampling settings, and `rollouts_from_frame` gives back what re-scoring needs."""
+"""Self-contained rollouts (rlwb/core/scoring/rollouts.py): the archived per-token table carries each completion's
+prompt token ids and sampling settings, and `rollouts_from_frame` gives back what re-scoring needs."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from rlwb.core.rollouts import Rollouts, rollouts_from_frame
+from rlwb.core.scoring.rollouts import Rollouts, rollouts_from_frame
 from rlwb.engines.worker import Completion, Sampling
 
 

@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import pytest
 
-from rlwb.core import metrics as M
-from rlwb.core.rollouts import sample_and_score
-from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.data.tokenizer import PromptCodec
+from rlwb.core.measure import metrics as M
+from rlwb.core.scoring.rollouts import sample_and_score
 from rlwb.engines import Sampling
 from rlwb.engines.presets import served_preset
 from rlwb.engines.served import ServedEngine
@@ -29,7 +29,7 @@ T07 = Sampling(temperature=0.7, max_tokens=16, seed=0)
 
 @pytest.fixture(scope="module")
 def hub_like():
-    from rlwb.core.models import build_embedded_model
+    from rlwb.core.models.store import build_embedded_model
 
     return build_embedded_model("default-sampling-defaults", progress=False)
 
@@ -142,8 +142,8 @@ def test_a_server_on_a_checkpoint_with_sampling_defaults_samples_what_is_asked(s
     the policy hesitates, truncation and penalties move the logprobs (on its peaked task prompts they barely do)."""
     import urllib.request
 
-    from rlwb.core.prompts import open_ended_prompts
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.prompts.generated import open_ended_prompts
+    from rlwb.core.scoring.trainer import TrainerScorer
 
     trainer = TrainerScorer(hub_like.path)
     prompts = open_ended_prompts(4, 0, PromptCodec(hub_like.path))

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from rlwb.core.prompts import task_prompts
-from rlwb.core.tokenizer import PromptCodec
+from rlwb.core.data.tokenizer import PromptCodec
+from rlwb.core.prompts.generated import task_prompts
 from rlwb.engines.worker import Sampling
 from rlwb.experiments import equivalence_and_stress as stress
 from rlwb.params.schemas import StressParams

@@ -1,4 +1,4 @@
-from rlwb.core import tasks
+from rlwb.core.data import tasks
 
 
 def test_worked_answer_with_carries():
@@ -92,7 +92,7 @@ def test_the_default_policys_own_completions_score_exactly_as_before(default_mod
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlwb.core import tokenizer
+    from rlwb.core.data import tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(default_model.path).eval()
     probs = tasks.make_problems(128, seed=38)

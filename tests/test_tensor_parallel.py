@@ -8,8 +8,8 @@ fp32 lm_head hook in a bf16 engine, where each rank must project with its own vo
 import numpy as np
 import pytest
 
-from rlwb.core import metrics as M
-from rlwb.core.rollouts import sample_and_score
+from rlwb.core.measure import metrics as M
+from rlwb.core.scoring.rollouts import sample_and_score
 from rlwb.engines import EngineWorker, Sampling
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
@@ -25,7 +25,7 @@ def cpu_binding(monkeypatch):
 
 
 def test_tp2_generates_at_the_floor_and_updates_every_rank(cpu_binding, default_model, scorer, prompts):
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.scoring.trainer import TrainerScorer
     from rlwb.experiments.determinism_and_staleness import perturbed_state
 
     with EngineWorker("vllm-v1-fixed", default_model.path, extra_vllm_kwargs=TP2) as w:

@@ -3,7 +3,7 @@
 import pytest
 
 from rlwb import timing
-from rlwb.reports import time_table
+from rlwb.reports.times import time_table
 
 
 def test_nested_phases_count_exclusive_time(monkeypatch):

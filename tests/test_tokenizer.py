@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from rlwb.core import tokenizer
+from rlwb.core.data import tokenizer
 
 TEXT = "58+67=8+7=15,5+6+1=12#125"
 

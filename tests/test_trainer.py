@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlwb.core import trainer
+from rlwb.core.scoring import trainer
 
 
 def _ref(z, T, k, p):
@@ -46,7 +46,7 @@ def test_truncation_renormalises_over_kept_tokens():
 
 
 def test_chunked_scoring_equals_full_log_softmax(default_model):
-    from rlwb.core import tasks, tokenizer
+    from rlwb.core.data import tasks, tokenizer
 
     sc = trainer.TrainerScorer(default_model.path)
     probs = tasks.make_problems(5, seed=2)
@@ -77,7 +77,7 @@ def test_batch_logprobs_cuts_the_whole_batch_and_stays_bitwise(default_model):
     """GRPO's no-grad old-logprob pass before a micro-batched update (`grpo_step`): cut into slices of the batch's
     rows as the scorer cuts, at the batch's own width, it gives bitwise the values of one forward over the whole
     batch on CPU, while no forward holds more than `batch_size` rows."""
-    from rlwb.core import tasks, tokenizer
+    from rlwb.core.data import tasks, tokenizer
 
     sc = trainer.TrainerScorer(default_model.path)
     probs = tasks.make_problems(10, seed=3)
@@ -106,10 +106,11 @@ def test_greedy_rewards_reproduce_each_models_card(name, max_digits):
     model's greedy accuracy exactly as its own build measured it (its card), on the card's problems."""
     from transformers import AutoModelForCausalLM
 
-    from rlwb.core import models, tasks, tokenizer
-    from rlwb.core.trainer import greedy_rewards
+    from rlwb.core.data import tasks, tokenizer
+    from rlwb.core.models import store
+    from rlwb.core.scoring.trainer import greedy_rewards
 
-    m = models.build_embedded_model(name, progress=False)
+    m = store.build_embedded_model(name, progress=False)
     model = AutoModelForCausalLM.from_pretrained(str(m.path), dtype=torch.float32)
     r = greedy_rewards(model, tokenizer.PromptCodec(m.path), tasks.make_problems(200, seed=10**6,
                                                                                  max_digits=max_digits), 48)

@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rlwb.core import trainer_settings as TS
-from rlwb.core.trainer import apply_setting
+from rlwb.core.scoring import trainer_choices as TS
+from rlwb.core.scoring.trainer import apply_setting
 from tests.conftest import rlwb
 
 
@@ -52,9 +52,9 @@ def setup(default_model):
     """The default model's fp32 weights, 12 sequences (task and open-ended prompts, completions of mixed lengths
     drawn from the vocabulary: any tokens score) and their float64 reference."""
     from rlwb import params
-    from rlwb.core.prompts import make_prompts
-    from rlwb.core.tokenizer import PromptCodec
-    from rlwb.core.trainer import TrainerScorer
+    from rlwb.core.data.tokenizer import PromptCodec
+    from rlwb.core.prompts.generated import make_prompts
+    from rlwb.core.scoring.trainer import TrainerScorer
     from rlwb.experiments.trainer_settings import Sequences, reference
 
     codec = PromptCodec(default_model.path)
@@ -132,9 +132,9 @@ def test_a_setting_that_cannot_run_here_raises_the_library_error(setup):
 
 
 def test_random_init_model_has_the_published_shapes_and_its_seed_decides_its_weights(tmp_path):
-    from rlwb.core import memory_plan as mp
-    from rlwb.core import random_model as RM
-    from rlwb.core.models import EMBEDDED_RECIPES, weights_hash
+    from rlwb import memory_plan as mp
+    from rlwb.core.models import random_init as RM
+    from rlwb.core.models.store import EMBEDDED_RECIPES, weights_hash
 
     recipe = EMBEDDED_RECIPES["qwen2.5-0.5b-random"]
     assert mp.ModelShape.from_config(recipe.config).params() == 494_032_768  # Qwen2.5-0.5B's published count

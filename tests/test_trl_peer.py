@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from rlwb.bench import trl_peer
-from rlwb.core import losses, tasks, tokenizer
-from rlwb.core.grpo import _pad, _per_seq
-from rlwb.core.trainer import completion_logprobs, make_batch
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.rl import losses
+from rlwb.core.rl.grpo import _pad, _per_seq
+from rlwb.core.scoring.trainer import completion_logprobs, make_batch
 
 T, EPS = 0.7, 0.2
 
@@ -105,8 +106,8 @@ def test_trl_corrections_aggregate_as_rlwbs(default_model, tmp_path):
     the per-token loss by the ratio (0 outside the band) and its `bnpo` mean keeps every completion token in the
     count. rlwb's `trl.*` entry must give the same loss and gradient; TRL's per-sequence mean (`loss_type="grpo"`)
     must not."""
-    from rlwb import peers
-    from rlwb.core import corrections
+    from rlwb.core.rl import corrections
+    from tests import peers
 
     model, trainer, prompts, comps, g, adv, lengths, width, mask = _loss_setup(default_model, tmp_path, seed=1)
     with torch.no_grad():  # one update per batch: the old logprobs are the current ones; the engine's are off

@@ -6,7 +6,7 @@ would. The engine is built from the same spec as rlwb's worker (`worker_spec`: s
 idle spin, fp32 head) and receives weights the same way (a safetensors file loaded by vLLM's layerwise
 reload); the step is the same arithmetic (`tasks.reward`, `group_advantages`, `completion_logprobs`,
 `grpo_loss`, AdamW, grad clip). What it leaves out is what rlwb adds: the kernel/worker process split and its
-pipes, shared-memory transfers, and the per-step bookkeeping of `rlwb.core.grpo.grpo_step` (mismatch metrics,
+pipes, shared-memory transfers, and the per-step bookkeeping of `rlwb.core.rl.grpo.grpo_step` (mismatch metrics,
 entropy, correction health, the batch record). Prints `RLWB_RESULT <json>` with its per-step seconds, rewards and
 the thread counts it measured while sampling and while updating.
 
@@ -32,10 +32,11 @@ def main(spec_path: str) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from rlwb.core import losses, tasks
-    from rlwb.core.grpo_config import step_problem_seed
-    from rlwb.core.tokenizer import encode_prompt
-    from rlwb.core.trainer import completion_logprobs, make_batch
+    from rlwb.core.data import tasks
+    from rlwb.core.data.tokenizer import encode_prompt
+    from rlwb.core.rl import losses
+    from rlwb.core.rl.grpo_config import step_problem_seed
+    from rlwb.core.scoring.trainer import completion_logprobs, make_batch
     from rlwb.engines.worker import Sampling, generate_requests, without_aliases
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engines"))

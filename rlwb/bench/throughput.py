@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlwb import archive
-from rlwb.core import tasks
-from rlwb.core.models import model_card, resolve_model
-from rlwb.core.tokenizer import encode_prompt
+from rlwb.core.data import tasks
+from rlwb.core.data.tokenizer import encode_prompt
+from rlwb.core.models.store import model_card, resolve_model
 from rlwb.engines.presets import resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
 
@@ -161,7 +161,7 @@ def grpo_cost(model_path, steps: int, preset: str = "vllm-v1-fixed") -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlwb.core import grpo
+    from rlwb.core.rl import grpo
     from rlwb.engines.worker import worker_spec
 
     p = resolve_preset(preset)
@@ -220,7 +220,7 @@ def trl_vllm(model_path, steps: int, sizes=SCALING_PROMPTS) -> dict:
     from transformers import AutoModelForCausalLM
 
     from rlwb.bench import trl_vllm_peer
-    from rlwb.core import grpo
+    from rlwb.core.rl import grpo
     from rlwb.engines.worker import worker_spec
     from rlwb.paths import envs_dir
 
@@ -297,7 +297,7 @@ def trl_vllm(model_path, steps: int, sizes=SCALING_PROMPTS) -> dict:
 _MEMORY = textwrap.dedent("""
     import resource, sys, torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from rlwb.core.trainer import completion_logprobs, make_batch
+    from rlwb.core.scoring.trainer import completion_logprobs, make_batch
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=131072, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)

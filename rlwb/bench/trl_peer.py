@@ -2,7 +2,7 @@
 
 Used in two places, so it lives here once:
 - the loss cross-check (`tests/test_trl_peer.py`): TRL's own `_compute_loss` on a fixed batch against
-  `rlwb.core.losses.grpo_loss` + `rlwb.core.trainer.completion_logprobs` (value and gradient);
+  `rlwb.core.rl.losses.grpo_loss` + `rlwb.core.scoring.trainer.completion_logprobs` (value and gradient);
 - `rlwb bench`: seconds per GRPO step with TRL (its built-in transformers generation on CPU) against
   rlwb's step with a vLLM worker, same model, prompts, group size and completion length.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlwb.core import tasks
+from rlwb.core.data import tasks
 
 
 def _reward(prompts: list[str], completions: list[str], **_) -> list[float]:
@@ -38,7 +38,7 @@ def make_trainer(model, model_path: str | Path, out_dir: str | Path, *, steps: i
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlwb.core.grpo_config import step_problem_seed
+    from rlwb.core.rl.grpo_config import step_problem_seed
 
     tok = AutoTokenizer.from_pretrained(str(model_path))
     problems = [p for s in range(steps) for p in tasks.make_problems(prompts_per_step, seed=step_problem_seed(seed, s),

@@ -145,7 +145,7 @@ def available_presets(files: list[Path] | None = None) -> list[str]:
     return [n for n in load_presets(files) if not n.startswith("_")]
 
 
-GPU_SHARE_ENV = "RLWB_GPU_MEMORY_UTILIZATION"  # the GPU share a planned run (rlwb.core.memory_plan) hands its engines
+GPU_SHARE_ENV = "RLWB_GPU_MEMORY_UTILIZATION"  # the GPU share a planned run (rlwb.memory_plan) hands its engines
 
 
 def engine_kwargs(vllm_kwargs: dict, cuda: bool) -> dict:

@@ -1,12 +1,12 @@
 """Notebook 10's experiment: is MY rollout engine, as I serve it, on-policy with MY trainer, on MY prompts?
 
 The other notebooks audit rlwb's own presets against rlwb's scorer on prompts rlwb makes. Here every part can be
-the team's own: the prompts come from a file (`rlwb.core.prompt_files`), the engine is a preset or a running
+the team's own: the prompts come from a file (`rlwb.core.prompts.from_file`), the engine is a preset or a running
 OpenAI-compatible server (`rlwb.engines.served`), the trainer is rlwb's scorer in a chosen dtype and attention
-kernel or the team's own command (`rlwb.core.external_scorer`). Or the rollouts come from an archived run and only
+kernel or the team's own command (`rlwb.core.scoring.external`). Or the rollouts come from an archived run and only
 the trainer is new (`rollouts_from`: `rlwb rescore`). The report gives the mismatch metrics with intervals, the
 tokens where engine and trainer disagree most, and the same numbers under the names and thresholds each RL
-framework logs (`rlwb.core.framework_metrics`).
+framework logs (`rlwb.core.measure.framework_metrics`).
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlwb.core import metrics as M
-from rlwb.core import prompt_files
-from rlwb.core.external_scorer import ExternalScorer
-from rlwb.core.framework_metrics import panel
-from rlwb.core.rollouts import Rollouts, rollouts_from_frame, sample_and_score
-from rlwb.core.tokenizer import PromptCodec
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data.tokenizer import PromptCodec
+from rlwb.core.measure import metrics as M
+from rlwb.core.measure.framework_metrics import panel
+from rlwb.core.prompts import from_file
+from rlwb.core.scoring.external import ExternalScorer
+from rlwb.core.scoring.rollouts import Rollouts, rollouts_from_frame, sample_and_score
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.presets import is_url, resolve_preset, served_preset
 from rlwb.engines.served import ServedEngine
 from rlwb.engines.worker import EngineWorker, Sampling
-from rlwb.experiments.base import OnStart, Result, ci_text, engine_metrics, split_metrics
+from rlwb.experiments.base import OnStart, Result, engine_metrics, split_metrics
+from rlwb.experiments.wording import ci_text
 from rlwb.formatting import metric
 from rlwb.paths import repo_path
 
@@ -102,7 +103,7 @@ def make_scorer(p, model_path):
 def open_engines(p, model_path, codec: PromptCodec, on_start: OnStart) -> Iterator[EngineWorker | ServedEngine]:
     """Each of `p.engines` in turn, started (a preset) or checked (a served engine: reachable, serving the model,
     tokenizing as the trainer does, returning the logprobs the audit asks for), yielded, closed."""
-    vocab, _ = prompt_files.model_limits(model_path)
+    vocab, _ = from_file.model_limits(model_path)
     for name in p.engines:
         preset = served_preset(name, p.served_model) if is_url(name) else resolve_preset(name)
         if preset.backend == "openai":
@@ -180,12 +181,12 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
             mets[f"{label}/vs_archived_trainer_abs_dlogp_max"] = float(np.max(np.abs(after - before))) \
                 if after.size else float("nan")
     else:
-        vocab, context = prompt_files.model_limits(model_path)
-        prompts = prompt_files.load_prompts(repo_path(p.prompts_file), codec, vocab_size=vocab, context=context,
+        vocab, context = from_file.model_limits(model_path)
+        prompts = from_file.load_prompts(repo_path(p.prompts_file), codec, vocab_size=vocab, context=context,
                                             max_tokens=p.max_tokens)  # every row checked before an engine starts
         ids = prompts.ids
         source = {"kind": "prompts file", "path": prompts.path, "sha256": prompts.sha256, "rows": len(prompts),
-                  "fields": {f: prompts.fields.count(f) for f in prompt_files.FIELDS if f in prompts.fields}}
+                  "fields": {f: prompts.fields.count(f) for f in from_file.FIELDS if f in prompts.fields}}
         sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens,
                             seed=p.seed, n=p.samples_per_prompt)
         for w in progress_bar(open_engines(p, model_path, codec, on_start), desc="engines", total=len(p.engines),

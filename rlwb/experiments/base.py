@@ -18,12 +18,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 import pandas as pd
 
 from rlwb.engines.worker import EngineWorker
 from rlwb.errors import EngineCrashed, EngineError, PresetError
-from rlwb.formatting import metric
+from rlwb.experiments.wording import one_line
 
 OnStart = Callable[[dict], None] | None
 J, L, R = TypeVar("J"), TypeVar("L"), TypeVar("R")
@@ -52,19 +51,6 @@ class Result:
         """The answer in one line, plain text (the index lists it beside each notebook's latest report): the
         conclusion's first paragraph that is not its setup, without Markdown. Experiments may say it better."""
         return one_line(self.conclusion())
-
-
-def one_line(markdown: str, limit: int = 320) -> str:
-    """The first paragraph of `markdown` that does not describe the setup, as plain text of at most `limit`
-    characters (cut at a word)."""
-    import re
-
-    paras = [p.strip() for p in re.split(r"\n\s*\n|\n(?=[-*] )", markdown or "") if p.strip()]
-    para = next((p for p in paras if not re.match(r"\*\*(Setup|How)\b", p)), paras[0] if paras else "")
-    text = re.sub(r"\*\*|__|`|^[-*#>]+\s*", "", para, flags=re.M)
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def prefetch_engines() -> bool:
@@ -168,24 +154,15 @@ def run_in_lanes(jobs: list[J], lanes: list[L], run: Callable[[L, J, Callable[[]
 
 
 def engine_metrics(ro, clip_eps: float, seed: int = 0) -> dict[str, float]:
-    """Every mismatch metric of one engine's `rlwb.core.rollouts.Rollouts`, plus 95% sequence-bootstrap intervals of
-    the headline ones and the policy's uncertainty where it sampled (notebooks 01 and 10)."""
-    from rlwb.core import metrics as M
-    from rlwb.core import stats
+    """Every mismatch metric of one engine's `rlwb.core.scoring.rollouts.Rollouts`, plus 95% sequence-bootstrap
+    intervals of the headline ones and the policy's uncertainty where it sampled (notebooks 01 and 10)."""
+    from rlwb.core.measure import metrics as M
+    from rlwb.core.measure import stats
 
     e, t = ro.flat()
     return {**M.mismatch_metrics(e, t, seq_ids=ro.seq_ids(), clip_eps=clip_eps,
                                  full_engine=ro.full_engine, full_trainer=ro.full_trainer),
             **stats.mismatch_cis(ro.log_ratios(), clip_eps, seed=seed), **ro.uncertainty()}
-
-
-def ci_text(metrics: dict, group: str, name: str, fmt: str = ".1e") -> str:
-    """`[low, high]` of `group/name`'s 95% interval (bounds at the float floor read as such), or "" when the
-    metrics have none."""
-    lo, hi = metrics.get(f"{group}/{name}_ci_low"), metrics.get(f"{group}/{name}_ci_high")
-    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
-        return ""
-    return f"[{metric(name, lo, fmt)}, {metric(name, hi, fmt)}]"
 
 
 def split_metrics(metrics: dict[str, float], group: str = "engine", name: str = "metric") -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """Notebook 00's experiment: what the embedded default policy can do before any RL.
 
 Greedy accuracy on held-out problems, answer length, and the share of answers written reversed (the
-habit only the reward reveals, which GRPO in notebook 03 can unlearn; why: `rlwb.core.models`).
+habit only the reward reveals, which GRPO in notebook 03 can unlearn; why: `rlwb.core.models.llama`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlwb.core.models import greedy_eval
+from rlwb.core.models.llama import greedy_eval
 from rlwb.experiments.base import OnStart, Result
 
 
@@ -55,9 +55,9 @@ def evaluate_policy(path: str | Path, n: int = 200, seed: int = 0) -> dict:
     else:
         from transformers import AutoTokenizer
 
-        from rlwb.core import chat_model
+        from rlwb.core.models import chat
 
-        ev = chat_model.greedy_eval(model, AutoTokenizer.from_pretrained(str(path)), n=n, seed=10**6 + seed,
+        ev = chat.greedy_eval(model, AutoTokenizer.from_pretrained(str(path)), n=n, seed=10**6 + seed,
                                     max_digits=max_digits)
     ev["params"] = sum(p.numel() for p in model.parameters())
     return ev
@@ -73,7 +73,7 @@ def policy_metrics(ev: dict) -> dict:
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) -> PolicyResult:
     """Evaluate the policy at `model_path` greedily on `params.eval_prompts` held-out problems (no engines:
     `on_start` is never called). A chat model's held-out text entropy comes from its card (measured at build)."""
-    from rlwb.core.models import model_card
+    from rlwb.core.models.store import model_card
 
     ev = evaluate_policy(model_path, n=params.eval_prompts, seed=params.seed)
     card = model_card(model_path) or {}

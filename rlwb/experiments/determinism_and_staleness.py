@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlwb.core import tasks
-from rlwb.core.prompts import make_prompts
-from rlwb.core.rollouts import common_prefix_max_dlogp
-from rlwb.core.tokenizer import PromptCodec
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data import tasks
+from rlwb.core.data.tokenizer import PromptCodec
+from rlwb.core.prompts.generated import make_prompts
+from rlwb.core.scoring.rollouts import common_prefix_max_dlogp
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling
 from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table
 from rlwb.formatting import metric

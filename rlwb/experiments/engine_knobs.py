@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rlwb.core import metrics as M
-from rlwb.core import stats, tokenizer
-from rlwb.core.prompts import make_prompts
-from rlwb.core.rollouts import Rollouts, sample_and_score
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data import tokenizer
+from rlwb.core.measure import metrics as M
+from rlwb.core.measure import stats
+from rlwb.core.prompts.generated import make_prompts
+from rlwb.core.scoring.rollouts import Rollouts, sample_and_score
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.presets import KNOB_SEP, load_knobs, resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.errors import EngineCrashed, EngineError, PresetError
@@ -349,7 +350,7 @@ def moe_audit(p, mets: dict, rows: list, on_start: OnStart, progress: bool) -> p
     the fp32 trainer's router on the same tokens. Also the MoE model's logprob mismatch (`moe/<knob>/...`)."""
     import torch
 
-    from rlwb.core.models import resolve_model
+    from rlwb.core.models.store import resolve_model
     from rlwb.progress import progress_bar
 
     path = resolve_model(p.moe_model, progress=progress)

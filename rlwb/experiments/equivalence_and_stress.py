@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rlwb.core import equivalence as V
-from rlwb.core import stats
-from rlwb.core.prompts import make_prompts
-from rlwb.core.rollouts import common_prefix_max_dlogp
-from rlwb.core.tokenizer import PromptCodec
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data.tokenizer import PromptCodec
+from rlwb.core.measure import stats
+from rlwb.core.prompts.generated import make_prompts
+from rlwb.core.scoring import equivalence as V
+from rlwb.core.scoring.rollouts import common_prefix_max_dlogp
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table, prefetch_engines, split_metrics
 from rlwb.formatting import metric, number

@@ -1,6 +1,6 @@
 """Grids of GRPO runs on real engines, shared by notebooks 03, 07 and 08.
 
-A grid is a list of jobs per engine preset, every job one GRPO run (`rlwb.core.grpo.train`) from the same initial
+A grid is a list of jobs per engine preset, every job one GRPO run (`rlwb.core.rl.grpo.train`) from the same initial
 weights. `run_grid` starts each engine once (the next one ahead, `iter_engines`), trains `concurrent_runs` jobs
 at once where the engine leaves cores free (`lanes_for`), and hands each job to the notebook's own `one_run`,
 which says what the job trains and how its curve is labelled. Each notebook keeps only what differs: which jobs,
@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlwb.core import tokenizer
-from rlwb.core.grpo import train, trainer_device
-from rlwb.core.grpo_config import GRPOConfig
-from rlwb.core.monitor import DriftMonitor
+from rlwb.core.data import tokenizer
+from rlwb.core.rl.drift_breaker import DriftMonitor
+from rlwb.core.rl.grpo import train, trainer_device
+from rlwb.core.rl.grpo_config import GRPOConfig
 from rlwb.engines.presets import Preset, cuda_available, resolve_preset
 from rlwb.engines.worker import EngineWorker, expected_agreement, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, iter_engines, run_in_lanes
@@ -207,9 +207,3 @@ def floor_breaches(curves: pd.DataFrame) -> dict[str, float]:
     return {f"{e}/floor_breach_k3": float(k3) for e, k3 in at.items() if not k3 <= KL_FLOOR}
 
 
-def floor_lines(metrics: dict) -> list[str]:
-    """The report's warning for every `floor_breach_k3` in `metrics`."""
-    return [f"**Warning:** `{k.rsplit('/', 1)[0]}` runs fp32 weights and reports processed logprobs, so it should sit "
-            f"at the float floor against the fp32 trainer, yet measured per-step k3 up to {v:.1e} (> {KL_FLOOR:g}) in "
-            f"this run: its engine did not reproduce its float floor here, and these runs measure other numerics than "
-            f"its name says." for k, v in metrics.items() if k.endswith("/floor_breach_k3")]

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rlwb.core import metrics as M
-from rlwb.core import stats
-from rlwb.core.prompts import make_prompts
-from rlwb.core.rollouts import sample_and_score
-from rlwb.core.tokenizer import PromptCodec
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data.tokenizer import PromptCodec
+from rlwb.core.measure import metrics as M
+from rlwb.core.measure import stats
+from rlwb.core.prompts.generated import make_prompts
+from rlwb.core.scoring.rollouts import sample_and_score
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Sampling, reports_raw_logprobs
-from rlwb.experiments.base import OnStart, Result, ci_text, iter_engines
+from rlwb.experiments.base import OnStart, Result, iter_engines
+from rlwb.experiments.wording import ci_text
 from rlwb.formatting import metric
 
 SWEEP_METRICS = ("k3_mean", "k1_mean", "abs_dlogp_mean", "abs_dlogp_max", "full_kl_mean", "n_tokens")

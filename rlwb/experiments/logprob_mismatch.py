@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rlwb.core import metrics as M
-from rlwb.core import stats, tasks, tokenizer
-from rlwb.core.prompts import make_prompts
-from rlwb.core.rollouts import Rollouts, sample_and_score
-from rlwb.core.trainer import TrainerScorer
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.measure import metrics as M
+from rlwb.core.measure import stats
+from rlwb.core.prompts.generated import make_prompts
+from rlwb.core.scoring.rollouts import Rollouts, sample_and_score
+from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import EngineWorker, Sampling
-from rlwb.experiments.base import OnStart, Result, ci_text, engine_metrics, iter_engines, split_metrics
+from rlwb.experiments.base import OnStart, Result, engine_metrics, iter_engines, split_metrics
+from rlwb.experiments.wording import ci_text
 from rlwb.formatting import metric
 
 

@@ -1,7 +1,7 @@
 """Notebook 08's experiment: what engine-trainer mismatch costs a GRPO run, at known doses.
 
-Notebook 03's loop (`rlwb.core.grpo`) on one fp32 engine whose logprobs match the trainer's to the float floor,
-with mismatch injected at set doses on the real engine path (`rlwb.core.doses`): *ratio* mismatch (noise on
+Notebook 03's loop (`rlwb.core.rl.grpo`) on one fp32 engine whose logprobs match the trainer's to the float floor,
+with mismatch injected at set doses on the real engine path (`rlwb.core.rl.mismatch_doses`): *ratio* mismatch (noise on
 the logprobs the engine reports; it samples correctly) and two *distribution* mismatches (the engine samples
 with perturbed weights, or with weights some updates behind). Real engines (notebook 01/06's presets and knobs,
 at a temperature) are trained the same way and placed on the same axes as points. Every arm (a correction in an
@@ -26,23 +26,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from rlwb.core import stats, tasks, tokenizer
-from rlwb.core.doses import logprob_noise_sigma
-from rlwb.core.grpo import train
-from rlwb.core.grpo_config import GRPOConfig, step_problem_seed
-from rlwb.core.trainer import completion_logprobs, greedy_rewards
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.measure import stats
+from rlwb.core.rl.grpo import train
+from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
+from rlwb.core.rl.mismatch_doses import logprob_noise_sigma
+from rlwb.core.scoring.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
-from rlwb.experiments.base import OnStart, Result, one_line
+from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import (
     FINAL_FRAC,
     edge_steps,
     floor_breaches,
-    floor_lines,
     one_phase,
     reward_gain,
     run_grid,
     timing_note,
 )
+from rlwb.experiments.wording import dose_answer_lines, dose_control_lines, engine_point_lines, floor_lines, one_line
 from rlwb.formatting import metric
 
 DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
@@ -90,7 +91,7 @@ class CostResult(Result):
 
     def answer(self) -> str:
         """The first arm's verdict per kind of mismatch, in one line."""
-        bullets = [b[2:] for b in answer_lines(self.metrics, self.doses, self.params)]
+        bullets = [b[2:] for b in dose_answer_lines(self.metrics, self.doses, DOSED, self.params.arm_labels)]
         first = self.params.arm_labels[0]
         return one_line(" ".join(b for b in bullets if f"`{first}`" in b) or " ".join(bullets), limit=400)
 
@@ -229,7 +230,7 @@ def held_out(p, n: int, seed: int) -> tuple[list[tasks.Problem], str]:
 def probe_batch(codec, p):
     """A fixed probe: task prompts no run trains on (`held_out`), each followed by its correct answer
     (teacher-forced), where the trained policies' distributions are compared (`kl_to_clean`)."""
-    from rlwb.core.trainer import make_batch
+    from rlwb.core.scoring.trainer import make_batch
 
     problems, _ = held_out(p, PROBE_PROBLEMS, PROBE_SEED)
     return make_batch([codec.encode_task(q) for q in problems],
@@ -397,76 +398,6 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def _fmt_gap(r) -> str:
-    return (f"{r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], own greedy accuracy "
-            f"{r.heldout_gap:+.3f} [{r.heldout_gap_ci_low:+.3f}, {r.heldout_gap_ci_high:+.3f}]")
-
-
-def answer_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
-    """One bullet per (dosed kind, arm): the smallest measured k3 that costs reward, or the null with its MDE."""
-    out = []
-    for kind in DOSED:
-        d = table[table["kind"] == kind]
-        for arm in p.arm_labels:
-            a = d[(d["arm"] == arm) & (d["control"] == "")].sort_values("dose")
-            if a.empty:
-                continue
-            thr = metrics.get(f"{kind}/{arm}/threshold_k3", float("nan"))
-            top = a.iloc[-1]
-            if np.isfinite(thr):
-                out.append(f"- {kind} mismatch, `{arm}`: measurably costs reward from k3 {metric('k3', thr, '.1e')} "
-                           f"per token on, at every larger dose too (largest dose: {_fmt_gap(top)}).")
-            else:
-                out.append(f"- {kind} mismatch, `{arm}`: no dose up to k3 {metric('k3', top.k3_achieved, '.1e')} "
-                           f"measurably cost reward (largest dose: {_fmt_gap(top)}; MDE {top.mde:.3f}): a cost "
-                           f"below the MDE is not ruled out.")
-    return out
-
-
-def point_lines(table: pd.DataFrame) -> list[str]:
-    """One bullet per real engine point (not the controls): its measured k3 and its cost per arm."""
-    out = []
-    pts = table[(table["kind"] == "engine") & (table["control"] == "")]
-    for label, d in pts.groupby("label", sort=False):
-        arms = "; ".join(f"`{r.arm}` {_fmt_gap(r)} ({r.verdict})" for r in d.itertuples())
-        out.append(f"- `{label}` (k3 {metric('k3', d['k3_achieved'].mean(), '.1e')}, "
-                   f"{'raw' if d['raw_logprobs'].iloc[0] else 'processed'} logprobs): {arms}.")
-    return out
-
-
-def control_lines(metrics: dict, table: pd.DataFrame, p) -> list[str]:
-    ctl = []
-    for a in p.arm_labels:
-        if f"clean/{a}/reward_gain" not in metrics:
-            continue
-        g, lo = metrics[f"clean/{a}/reward_gain"], metrics[f"clean/{a}/reward_gain_ci_low"]
-        ok = np.isfinite(lo) and lo > 0
-        ctl.append(f"clean `{a}` learns: reward {g:+.3f} [{lo:+.3f}, {metrics[f'clean/{a}/reward_gain_ci_high']:+.3f}] "
-                   + ("(passes)" if ok else "(**fails**: with no gain to lose, a cost cannot be measured here)"))
-    blind = table[table["control"] == "ratio-blind"]
-    if len(blind):
-        ok = bool((blind["verdict"] == "null (passes)").all())
-        ctl.append("`none@trainer` under ratio mismatch trains bitwise as its clean run at every dose (every seed's "
-                   "reward curve equal, KL to its clean twin 0) "
-                   + ("(passes: the reported logprobs never reach its update)" if ok else
-                      "(**fails**: the reported logprobs reached an update that should not read them; the design "
-                      "or the loop is wrong)"))
-    t1 = table[table["control"] == "T=1"]
-    for r in t1.itertuples():
-        ok = r.verdict == "null (passes)"
-        ctl.append(f"`{r.label}` `{r.arm}` at T = 1, where raw logprobs are the processed ones (k3 "
-                   f"{metric('k3', r.k3_achieved, '.1e')}): gap {_fmt_gap(r)}, MDE {r.mde:.3f} "
-                   + ("(passes: no cost shown)" if ok else "(**fails**: a cost with no ratio mismatch means the "
-                                                           "design is wrong)"))
-    if "control/rerun/identical" in metrics:
-        ok = metrics["control/rerun/identical"] == 1.0
-        ctl.append("the first clean run, trained twice, gives bitwise the same reward curve "
-                   + ("(passes: pairing by seed compares like with like)" if ok else
-                      "(**fails**: the engine or the loop does not reproduce a run, so seed pairing leaves noise "
-                      "in every gap; the intervals still hold, the power is lower)"))
-    return ctl
-
-
 def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
     temps = sorted(set(table["temperature"]))
     lines = [f"**Setup.** Base engine `{p.engines[0]}` ({p.dtype}), {p.steps} steps × {p.prompts_per_step} prompts × "
@@ -481,12 +412,12 @@ def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
              f"{timing_note(p, sorted(set(table['engine'])))}"]
     lines += floor_lines(metrics)
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
-                 + "\n".join(answer_lines(metrics, table, p)))
-    pts = point_lines(table)
+                 + "\n".join(dose_answer_lines(metrics, table, DOSED, p.arm_labels)))
+    pts = engine_point_lines(table)
     if pts:
         lines.append("**Real engines on the same axes** (paired to the clean run at their temperature):\n"
                      + "\n".join(pts))
-    ctl = control_lines(metrics, table, p)
+    ctl = dose_control_lines(metrics, table, p.arm_labels)
     if ctl:
         lines.append("**Controls.** " + "; ".join(ctl) + ".")
     lines.append("**Doses achieved** (mean k3 per token over steps and seeds, first arm). " + doses_text(table, p))

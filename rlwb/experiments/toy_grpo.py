@@ -1,6 +1,6 @@
 """Notebook 03's experiment: toy GRPO with rollouts from real engines, per engine config and correction.
 
-The loop itself (one step, a training run, in-flight weight sync) is `rlwb.core.grpo`; the grid over it (engines x
+The loop itself (one step, a training run, in-flight weight sync) is `rlwb.core.rl.grpo`; the grid over it (engines x
 corrections x seeds, all from the same initial weights) is `grpo_grid.train_grid`, shared with notebook 07; this
 module turns the curves into metrics and writes the conclusion.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlwb.core import stats
-from rlwb.core.correction_catalog import LOWER_IS_WORSE
+from rlwb.core.measure import stats
+from rlwb.core.rl.correction_catalog import LOWER_IS_WORSE
 from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import (
     DRIFT_PATIENCE,
@@ -22,11 +22,11 @@ from rlwb.experiments.grpo_grid import (
     at_floor,
     final_reward,
     floor_breaches,
-    floor_lines,
     reward_gain,
     timing_note,
     train_grid,
 )
+from rlwb.experiments.wording import floor_lines
 from rlwb.formatting import KL_FLOOR, metric
 
 REFERENCE = "vllm-v1-fixed+none"  # the fixed engine, uncorrected: what notebook 03 pairs every run against

@@ -1,10 +1,10 @@
 """Notebook 09's experiment: how far the trainer's own settings move its logprobs, beside the engine's.
 
 One engine preset (`sampler`, fp32) samples the prompts once (task and open-ended); every trainer setting
-(`rlwb.core.trainer_settings`: dtype, autocast, attention implementation, batch composition, the update's
+(`rlwb.core.scoring.trainer_choices`: dtype, autocast, attention implementation, batch composition, the update's
 micro-batch with grad, checkpointing, torch.compile, an fp32 head) scores the same sequences, each against a
 float64 forward of the same weights run one sequence at a time (the reference), through the scorer's own loop
-(`rlwb.core.trainer.score_sequences`). `fp64` (float64 in the scorer's batches) is always measured first: the
+(`rlwb.core.scoring.trainer.score_sequences`). `fp64` (float64 in the scorer's batches) is always measured first: the
 reference's control, which must agree with the reference bitwise. Per setting: |Δlogp| and k3 against the
 reference (95% sequence-bootstrap intervals), the share of sequences bitwise identical to the same setting one
 sequence per forward (batch invariance), time per 1k tokens (relative to `fp32` in the same run) and, for a
@@ -32,11 +32,12 @@ import numpy as np
 import pandas as pd
 
 from rlwb import timing
-from rlwb.core import metrics as M
-from rlwb.core import stats, tokenizer
-from rlwb.core.prompts import make_prompts
-from rlwb.core.trainer import TrainerScorer, apply_setting
-from rlwb.core.trainer_settings import REFERENCE, TrainerSetting, describe, parse_setting
+from rlwb.core.data import tokenizer
+from rlwb.core.measure import metrics as M
+from rlwb.core.measure import stats
+from rlwb.core.prompts.generated import make_prompts
+from rlwb.core.scoring.trainer import TrainerScorer, apply_setting
+from rlwb.core.scoring.trainer_choices import REFERENCE, TrainerSetting, describe, parse_setting
 from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.errors import EngineCrashed, EngineError, PresetError
 from rlwb.experiments.base import OnStart, Result, split_metrics

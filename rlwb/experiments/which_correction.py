@@ -2,7 +2,7 @@
 
 A mismatch level is an engine preset that differs from the baseline (`vllm-v1-fixed`, fp32: engine and
 trainer agree to the float floor) in one controlled knob: V1's raw logprobs, a bf16 engine, ... Every peer's
-correction (`rlwb.core.correction_catalog`) trains the same policy from the same weights on each level,
+correction (`rlwb.core.rl.correction_catalog`) trains the same policy from the same weights on each level,
 with the same seeds, in the *decoupled* mode the peers define their IS corrections in (the trainer
 recomputes the behaviour logprobs; the correction weighs trainer vs engine). The answer is a ranked table:
 final reward against the baseline's (paired by seed), the 95% interval of that gap, and a verdict from
@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlwb.core import stats
-from rlwb.core.correction_catalog import CATALOG, HEALTH
+from rlwb.core.measure import stats
+from rlwb.core.rl.correction_catalog import CATALOG, HEALTH
 from rlwb.experiments.base import OnStart, Result
-from rlwb.experiments.grpo_grid import FINAL_FRAC, final_reward, floor_breaches, floor_lines, timing_note, train_grid
+from rlwb.experiments.grpo_grid import FINAL_FRAC, final_reward, floor_breaches, timing_note, train_grid
+from rlwb.experiments.wording import floor_lines, race_verdict_line
 
 
 @dataclass
@@ -203,16 +204,9 @@ def conclusion(metrics: dict, rank: pd.DataFrame, p) -> str:
         lines.append(f"\n**`{e}`** (engine-trainer k3 {k3:.2g} per token under `none`): highest final reward "
                      f"`{best['correction']}` at {best['reward_final']:.3f} ({best['gap']:+.3f} vs baseline; the "
                      f"order within a level is descriptive, not a test).")
-        groups = {v: d[d["verdict"] == v] for v in ("recovers", "falls short", "above baseline", "inconclusive")}
-        parts = []
-        for v, g in groups.items():
-            if len(g):
-                parts.append(f"{v}: " + ", ".join(
-                    f"`{r.correction}` ({r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], MDE {r.mde:.3f}"
-                    + (f"; removes {r.masked_frac:.0%} of tokens, ESS {r.ess:.2f}" if v == "falls short" else "")
-                    + ")" for r in g.itertuples()))
-        if parts:
-            lines.append("; ".join(parts) + ".")
+        verdicts = race_verdict_line(d)
+        if verdicts:
+            lines.append(verdicts)
         if p.old_logprobs == "trainer" and "none" in set(d["correction"]) and same_sampler(e, p.engines[0]):
             same = metrics.get(f"{e}+none/same_as_baseline") == 1.0
             lines.append(f"`none` here trains bitwise as the baseline by construction: `{e}` differs from "

@@ -1,7 +1,7 @@
 """The parameters of every notebook: one dataclass each, the single source of names, defaults, docs and ranges.
 
-Fields are `rlwb.core.fields.param`s; settings that belong to a core module are inherited from it instead
-of repeated (`GRPOParams` is `rlwb.core.grpo.GRPOSettings` plus the notebook's own fields). Validation,
+Fields are `rlwb.core.checked_fields.param`s; settings that belong to a core module are inherited from it instead
+of repeated (`GRPOParams` is `rlwb.core.rl.grpo.GRPOSettings` plus the notebook's own fields). Validation,
 YAML loading and the generated parameters cells live beside this module (`validation.py`, `cells.py`).
 """
 
@@ -14,14 +14,14 @@ import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlwb.core.correction_catalog import CORRECTIONS, check_modes
-from rlwb.core.fields import DTYPES, param
-from rlwb.core.grpo_config import GRPOSettings
-from rlwb.core.models import EMBEDDED_NAMES
-from rlwb.core.monitor import MONITORED
-from rlwb.core.prompts import PROMPT_SOURCES
-from rlwb.core.tokenizer import CHAT_TEMPLATE_MODES
-from rlwb.core.trainer_settings import check_setting
+from rlwb.core.checked_fields import DTYPES, param
+from rlwb.core.data.tokenizer import CHAT_TEMPLATE_MODES
+from rlwb.core.models.store import EMBEDDED_NAMES
+from rlwb.core.prompts.generated import PROMPT_SOURCES
+from rlwb.core.rl.correction_catalog import CORRECTIONS, check_modes
+from rlwb.core.rl.drift_breaker import MONITORED
+from rlwb.core.rl.grpo_config import GRPOSettings
+from rlwb.core.scoring.trainer_choices import check_setting
 from rlwb.engines.presets import available_knobs, resolve_preset
 from rlwb.errors import ParamError, PresetError
 
@@ -124,7 +124,7 @@ class EngineParams(Params):
                                        "on (required), off", choices=list(CHAT_TEMPLATE_MODES))
 
 
-CORRECTIONS_DOC = ("off-policy corrections, names from rlwb.core.correction_catalog (none, tis, verl.geo_rs, "
+CORRECTIONS_DOC = ("off-policy corrections, names from rlwb.core.rl.correction_catalog (none, tis, verl.geo_rs, "
                    "icepop, ...; with old_logprobs engine only rejection ones: none, mis, verl.geo_rs, ...)")
 
 
@@ -255,11 +255,11 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
 def check_arm(arm: str) -> str | None:
     """`<correction>` or `<correction>@<mode>`: a catalogue correction and the old_logprobs mode it is run in
     (`MismatchCostParams.__post_init__` checks the mode is one the correction is defined for)."""
-    from rlwb.core.correction_catalog import CATALOG
+    from rlwb.core.rl.correction_catalog import CATALOG
 
     corr, at, mode = arm.partition("@")
     if corr not in CATALOG or (at and mode not in ("engine", "trainer")):
-        return (f"arm {arm!r} is not <correction>[@<mode>] with a correction of rlwb.core.correction_catalog and "
+        return (f"arm {arm!r} is not <correction>[@<mode>] with a correction of rlwb.core.rl.correction_catalog and "
                 f"mode engine or trainer (e.g. none@engine, tis@trainer)")
     return None
 
@@ -445,8 +445,8 @@ class StressParams(EngineParams):
         return 1, max(longest, self.validate_max_context or context, self.max_tokens + prompt_allowance)
 
 
-SETTINGS_DOC = ("trainer settings: entries of rlwb.core.trainer_settings.CATALOG joined by + (bf16+fp32-head), mb<N> "
-                "for N sequences per forward; fp64 (the reference's control) and fp32 (rlwb's scorer) always run")
+SETTINGS_DOC = ("trainer settings: entries of rlwb.core.scoring.trainer_choices.CATALOG joined by + (bf16+fp32-head), "
+                "mb<N> for N sequences per forward; fp64 (the reference's control) and fp32 (rlwb's scorer) always run")
 
 
 @dataclass
@@ -498,11 +498,11 @@ class TrainerSettingsParams(Params):
 
 
 def check_prompts_file(value: str) -> str | None:
-    """A prompts file whose every row has the right shape (`rlwb.core.prompt_files.check_rows`: a bad row is named
+    """A prompts file whose every row has the right shape (`rlwb.core.prompts.from_file.check_rows`: a bad row is named
     before a kernel starts); "" when the audit re-scores an archived run instead."""
     if value == "":
         return None
-    from rlwb.core.prompt_files import check_rows
+    from rlwb.core.prompts.from_file import check_rows
     from rlwb.errors import PromptFileError
     from rlwb.paths import repo_path
 

@@ -14,7 +14,7 @@ from rlwb.plots.style import FLOOR_VALUE, engine_color, engine_order, engine_sty
 def validate_cases(cases, style: str = "notebook", tolerance: float | None = None):
     """Validator: every drawn case's max |Δlogp| (one dot per case, grey = outside the tolerance), the
     distribution of KLΔ per case, and the pass rate with its 95% Wilson interval (error bars)."""
-    from rlwb.core.stats import proportion_ci
+    from rlwb.core.measure.stats import proportion_ci
 
     engines = engine_order(cases["engine"])
     fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=figsize(style, 1.7),

@@ -49,7 +49,7 @@ def ablation_ladder(metrics_df, style: str = "notebook"):
 def reward_distributions(rewards_df, style: str = "notebook"):
     """Reward equivalence: per engine the mean reward with its 95% bootstrap interval (left) and the
     distribution over prompts of the per-prompt success rate (right, 8 rollouts per prompt)."""
-    from rlwb.core import stats
+    from rlwb.core.measure import stats
 
     engines = engine_order(rewards_df["engine"])
     fig, (a, b) = plt.subplots(1, 2, figsize=figsize(style, 1.4))

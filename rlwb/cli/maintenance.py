@@ -1,0 +1,36 @@
+"""`rlwb sync-params`, `readme-check`, `bench`: keeping notebooks, params and the README honest; the bench."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_sync_params(a) -> int:
+    from rlwb.params.cells import sync
+
+    changed = sync(write=not a.check)
+    for path in changed:
+        print(f"{'out of date' if a.check else 'wrote'}: {path}")
+    if not changed:
+        print("parameters cells and default.yaml files match the schemas")
+    return 1 if (a.check and changed) else 0
+
+
+def cmd_readme_check(a) -> int:
+    from rlwb import readme_check
+    from rlwb.paths import REPO_ROOT, outputs_dir
+
+    readme = Path(a.readme) if a.readme else REPO_ROOT / "README.md"
+    verdicts = readme_check.check(readme, outputs_dir(a.outputs))
+    print(readme_check.report(verdicts, readme.name))
+    return 1 if any(v.status == "mismatch" for v in verdicts) else 0
+
+
+def cmd_bench(a) -> int:
+    from rlwb.bench import throughput as bench
+    from rlwb.paths import outputs_dir
+
+    out = bench.run(outputs_dir(a.outputs), quick=a.quick)
+    print((out / "bench.md").read_text())
+    print(out)
+    return 0

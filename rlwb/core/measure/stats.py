@@ -1,0 +1,281 @@
+"""Uncertainty on reported numbers: sequence-level bootstrap intervals, reward-distribution tests, seed CIs.
+
+Why resample *sequences*, not tokens: the tokens of one completion share a context (and, for an engine
+bug, a cause), so they are correlated; a token-level bootstrap treats ~20 correlated tokens as 20
+independent draws and gives intervals that are too narrow. Resampling whole sequences (the cluster
+bootstrap; Davison & Hinkley 1997, sec. 3.8; Field & Welsh 2007, https://doi.org/10.1111/j.1467-9868.2007.00593.x)
+keeps the within-sequence dependence. Intervals are percentile intervals.
+
+Reward equivalence between engines follows the advice to compare reward *distributions* of many
+rollouts of the same prompts (Mann-Whitney U for a shift, a permutation test on the mean difference,
+Cliff's delta as the effect size: https://doi.org/10.1037/0033-2909.114.3.494).
+
+Pure numpy/scipy functions of arrays; nothing here touches an engine or a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+ALPHA = 0.05  # two-sided: 95% intervals
+N_BOOT = 2000
+CI_METRICS = ("abs_dlogp_mean", "k3_mean", "clip_frac")  # the headline mismatch metrics that get intervals
+
+
+def _bootstrap_draws(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float], n_boot: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """`n_boot` values of `stat(concatenated tokens)`, each over whole sequences drawn with replacement."""
+    return _draws_at(groups, stat, [rng.integers(0, len(groups), len(groups)) for _ in range(n_boot)])
+
+
+def _draws_at(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float],
+              picks: Sequence[np.ndarray]) -> np.ndarray:
+    """`stat(concatenated tokens)` of the sequences each row of `picks` names (indices into `groups`)."""
+    groups = [np.asarray(g, dtype=np.float64) for g in groups]
+    flat = np.concatenate(groups)
+    lengths = np.array([len(g) for g in groups])
+    starts = np.cumsum(lengths) - lengths
+    vals = np.empty(len(picks))
+    for b, pick in enumerate(picks):
+        lens = lengths[pick]
+        # token indices of the picked sequences, back to back, without a Python loop over sequences
+        idx = np.repeat(starts[pick] - (np.cumsum(lens) - lens), lens) + np.arange(lens.sum())
+        vals[b] = stat(flat[idx])
+    return vals
+
+
+def _percentile_interval(vals: np.ndarray, alpha: float) -> tuple[float, float]:
+    vals = vals[np.isfinite(vals)]
+    if vals.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(vals, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def sequence_bootstrap_ci(groups: Sequence[np.ndarray], stat: Callable[[np.ndarray], float], n_boot: int = N_BOOT,
+                          alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of `stat(concatenated tokens)` when whole sequences (`groups`) are resampled
+    with replacement. `stat` is any token-level metric (e.g. `rlwb.core.measure.metrics.k3` of the log ratios)."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    if not groups:
+        return float("nan"), float("nan")
+    return _percentile_interval(_bootstrap_draws(groups, stat, n_boot, np.random.default_rng(seed)), alpha)
+
+
+def difference_ci(a: Sequence[np.ndarray], b: Sequence[np.ndarray], stat: Callable[[np.ndarray], float],
+                  n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of stat(a) - stat(b) for two *independent* samples of sequences (e.g. two engines'
+    rollouts of different prompts), each resampled by whole sequences as in `sequence_bootstrap_ci`. Samples
+    that pair up (same prompts, same seeds) take `paired_difference_ci`."""
+    if not a or not b:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    return _percentile_interval(_bootstrap_draws(a, stat, n_boot, rng) - _bootstrap_draws(b, stat, n_boot, rng),
+                                alpha)
+
+
+def paired_difference_ci(a: Sequence[np.ndarray], b: Sequence[np.ndarray], stat: Callable[[np.ndarray], float],
+                         n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of stat(a) - stat(b) when sequence i of `a` and sequence i of `b` are a *pair*: the
+    same prompt sampled with the same seed under two engine settings (notebook 06's knob and its baseline). Each
+    draw resamples pair indices and takes both members of every pair drawn (the paired cluster bootstrap), so
+    what the prompt contributes to both sides cancels instead of widening the interval, as it does when the two
+    are resampled independently (`difference_ci`)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples need one sequence of each side per pair, got {len(a)} and {len(b)}")
+    if not a:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    picks = [rng.integers(0, len(a), len(a)) for _ in range(n_boot)]
+    return _percentile_interval(_draws_at(a, stat, picks) - _draws_at(b, stat, picks), alpha)
+
+
+def mean_ci(x: np.ndarray, n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of independent samples (e.g. one reward per rollout)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, (n_boot, x.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def proportion_ci(successes: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """Wilson score interval of a pass rate (Wilson 1927, https://doi.org/10.1080/01621459.1927.10502953):
+    unlike the normal approximation it stays inside [0, 1] and is not degenerate at 0/n or n/n, which is
+    where a validator's pass rate usually sits."""
+    from scipy import stats as st
+
+    if n < 1:
+        return float("nan"), float("nan")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, n={n}], got {successes}")
+    z = st.norm.ppf(1 - alpha / 2)
+    ph = successes / n
+    center = (ph + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n))
+    return float(max(0.0, center - half)), float(min(1.0, center + half))
+
+
+def seed_ci(values: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
+    """Student-t interval of the mean across seeds (few seeds: a bootstrap would be degenerate).
+    One seed gives (nan, nan): no interval can be claimed."""
+    from scipy import stats as st
+
+    v = np.asarray(values, dtype=np.float64)
+    if v.size < 2:
+        return float("nan"), float("nan")
+    m, se = v.mean(), v.std(ddof=1) / np.sqrt(v.size)
+    if se == 0:
+        return float(m), float(m)
+    h = st.t.ppf(1 - alpha / 2, v.size - 1) * se
+    return float(m - h), float(m + h)
+
+
+@dataclass(frozen=True)
+class RewardComparison:
+    mean_a: float
+    mean_b: float
+    mean_diff: float  # mean_a - mean_b
+    diff_ci: tuple[float, float]  # bootstrap interval of mean_a - mean_b
+    mw_pvalue: float  # Mann-Whitney U, two-sided
+    perm_pvalue: float  # permutation test on the mean difference, two-sided
+    cliffs_delta: float  # P(a > b) - P(a < b), in [-1, 1]
+    n_a: int
+    n_b: int
+
+
+def permutation_pvalue(a: np.ndarray, b: np.ndarray, n_perm: int = 5000, seed: int = 0) -> float:
+    """Two-sided permutation test of mean(a) - mean(b); (k + 1) / (n_perm + 1) so it is never 0."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    pooled = np.concatenate([a, b])
+    obs = abs(a.mean() - b.mean())
+    rng = np.random.default_rng(seed)
+    k = 0
+    for _ in range(n_perm):
+        p = rng.permutation(pooled)
+        k += abs(p[: a.size].mean() - p[a.size:].mean()) >= obs - 1e-12
+    return (k + 1) / (n_perm + 1)
+
+
+def compare_rewards(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, n_perm: int = 5000,
+                    seed: int = 0) -> RewardComparison:
+    """Are two engines' reward distributions the same? Means, difference with CI, Mann-Whitney and
+    permutation p-values, Cliff's delta."""
+    from scipy import stats as st
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.size < 2 or b.size < 2:
+        raise ValueError(f"need at least 2 rewards per side, got {a.size} and {b.size}")
+    rng = np.random.default_rng(seed)
+    diffs = (a[rng.integers(0, a.size, (n_boot, a.size))].mean(1)
+             - b[rng.integers(0, b.size, (n_boot, b.size))].mean(1))
+    lo, hi = np.quantile(diffs, [ALPHA / 2, 1 - ALPHA / 2])
+    if np.all(a == a[0]) and np.all(b == a[0]):
+        mw_p = 1.0  # identical constant samples: scipy's U test is undefined, there is no difference
+    else:
+        mw_p = float(st.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    u = st.mannwhitneyu(a, b, alternative="two-sided").statistic if mw_p < 1.0 else a.size * b.size / 2
+    return RewardComparison(mean_a=float(a.mean()), mean_b=float(b.mean()), mean_diff=float(a.mean() - b.mean()),
+                            diff_ci=(float(lo), float(hi)), mw_pvalue=mw_p,
+                            perm_pvalue=permutation_pvalue(a, b, n_perm, seed),
+                            cliffs_delta=float(2 * u / (a.size * b.size) - 1), n_a=int(a.size), n_b=int(b.size))
+
+
+def token_statistics(clip_eps: float = 0.2) -> dict[str, Callable[[np.ndarray], float]]:
+    """The mismatch metrics that are a function of the pooled token log-ratios, by name (what the bootstrap
+    can resample)."""
+    from rlwb.core.measure import metrics as M
+
+    return {"abs_dlogp_mean": M.abs_mean, "k3_mean": M.k3, "clip_frac": lambda lr: M.clip_frac(lr, clip_eps),
+            "k1_mean": M.k1, "ess_frac": M.ess_frac, "ess_tis": M.ess_tis, "chi2_token": M.chi2_token,
+            "mult_prob_error": M.mult_prob_error}
+
+
+def mismatch_cis(log_ratios: Sequence[np.ndarray], clip_eps: float = 0.2, n_boot: int = N_BOOT,
+                 seed: int = 0, names: Sequence[str] = CI_METRICS) -> dict[str, float]:
+    """`<metric>_ci_low` / `<metric>_ci_high` for each of `names` (default `CI_METRICS`), resampling sequences.
+    `log_ratios`: one array of log r = logp_trainer - logp_engine per completion."""
+    fns = token_statistics(clip_eps)
+    out = {}
+    for k in names:
+        lo, hi = sequence_bootstrap_ci(log_ratios, fns[k], n_boot=n_boot, seed=seed)
+        out[f"{k}_ci_low"], out[f"{k}_ci_high"] = lo, hi
+    return out
+
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm-Bonferroni adjusted p-values (Holm 1979, https://www.jstor.org/stable/4615733): the i-th smallest of
+    m is multiplied by (m - i), running maxima keep the order, capped at 1. Rejecting where adjusted < alpha
+    holds the family-wise error rate at alpha for any dependence between the tests. NaNs stay NaN and do not
+    count in m."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    order = ok[np.argsort(p[ok], kind="stable")]
+    m, running = len(order), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        out[j] = running
+    return out
+
+
+@dataclass(frozen=True)
+class PairedGapTest:
+    """One paired gap (per-seed differences of the same configuration pair) tested two ways, unadjusted."""
+
+    n: int
+    mean: float
+    p_diff: float  # two-sided t test of mean gap = 0
+    p_equiv: float  # TOST of |mean gap| >= margin (small: the gap is shown inside +-margin)
+    sd: float
+
+
+def paired_gap_test(gaps: Sequence[float], margin: float) -> PairedGapTest:
+    """Difference and equivalence (two one-sided tests, Schuirmann 1987; https://doi.org/10.1007/BF01068419)
+    t tests of per-seed gaps. Zero spread (every seed's gap the same) has no t statistic: the p-values are then
+    0 or 1 by whether the common gap is nonzero / inside the margin."""
+    from scipy import stats as st
+
+    g = np.asarray(gaps, dtype=np.float64)
+    n = g.size
+    if n < 2:
+        return PairedGapTest(n, float(g.mean()) if n else float("nan"), float("nan"), float("nan"), float("nan"))
+    m, sd = float(g.mean()), float(g.std(ddof=1))
+    if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's gap the same (to rounding): no t statistic
+        sd = 0.0
+        return PairedGapTest(n, m, float(m == 0), float(not abs(m) < margin), 0.0)
+    p_diff = float(st.ttest_1samp(g, 0.0).pvalue)
+    p_lo = float(st.ttest_1samp(g, -margin, alternative="greater").pvalue)
+    p_hi = float(st.ttest_1samp(g, margin, alternative="less").pvalue)
+    return PairedGapTest(n, m, p_diff, max(p_lo, p_hi), sd)
+
+
+def minimal_detectable_gap(sd: float, n: int, alpha: float = ALPHA, power: float = 0.8) -> float:
+    """The smallest true mean gap a two-sided paired t test at level `alpha` detects with probability `power`,
+    given the per-seed spread `sd` (the usual approximation (t_{1-alpha/2} + t_{power}) * sd / sqrt(n), n - 1
+    degrees of freedom). What a "no effect" at this budget can and cannot rule out."""
+    from scipy import stats as st
+
+    if n < 2 or not np.isfinite(sd):
+        return float("nan")
+    df = n - 1
+    return float((st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * sd / np.sqrt(n))
+
+
+def equivalence_sd_max(margin: float, n: int, alpha: float = ALPHA) -> float:
+    """The largest per-seed spread (sd) at which a TOST at level `alpha` could still show a zero mean gap inside
+    +-`margin` with `n` seeds: margin * sqrt(n) / t_{1-alpha, n-1}. A budget whose spread exceeds it cannot call
+    anything equivalent, whatever the truth."""
+    from scipy import stats as st
+
+    if n < 2:
+        return float("nan")
+    return float(margin * np.sqrt(n) / st.t.ppf(1 - alpha, n - 1))

@@ -1,0 +1,224 @@
+"""A toy GRPO loop whose rollouts come from a real engine worker, with in-flight weight sync.
+
+Each step: sample prompts x group from the engine -> verifiable rewards -> group-normalised advantages ->
+trainer recomputes old logprobs (for mismatch logging and corrections) -> token-level clipped loss ->
+optimizer step -> `update_weights` into the running engine (prefix cache reset or not, as its preset says).
+
+`old_logprobs="engine"` uses the engine's reported logprobs as the behaviour policy (PipelineRL style, verl's
+bypass mode): any engine/trainer mismatch then enters the PPO ratio directly, and only corrections that reject
+tokens or sequences are defined (a weight pi_trainer/pi_engine would apply the ratio twice:
+`correction_catalog.check_modes`). `"trainer"` recomputes them (the decoupled mode every correction is defined in).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+import torch
+
+from rlwb import timing
+from rlwb.core.data import tasks, tokenizer
+from rlwb.core.measure import metrics as M
+from rlwb.core.rl import corrections, losses, mismatch_doses
+from rlwb.core.rl.correction_catalog import HEALTH, check_modes
+from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
+from rlwb.core.scoring.trainer import batch_logprobs, completion_logprobs, make_batch
+from rlwb.engines.worker import EngineWorker, Sampling
+
+CURVE_COLUMNS = ["step", "engine", "correction", "seed", "reward_mean", "reversed_frac", "clip_frac", "mismatch_k3",
+                 "mismatch_k1", "abs_dlogp_mean", "entropy", "grad_norm", *HEALTH, "t_rollout", "t_score", "t_update",
+                 "t_sync", "t_correction"]
+
+
+def _pad(rows: list[np.ndarray], width: int, fill: float = 0.0) -> torch.Tensor:
+    out = torch.full((len(rows), width), fill, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
+    return out
+
+
+def _per_seq(flat: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """Flat completion-token tensor -> [B, width] (zeros beyond each length), keeping grad."""
+    out, s = [], 0
+    for n in lengths:
+        out.append(torch.nn.functional.pad(flat[s: s + n], (0, width - n)))
+        s += n
+    return torch.stack(out)
+
+
+@dataclass
+class StepResult:
+    row: dict
+    batch: dict = field(default_factory=dict)  # the step's rollouts, for post-mortems (drift monitor)
+
+
+def _rows(t: torch.Tensor | None, sl: slice) -> torch.Tensor | None:
+    return None if t is None or t.dim() == 0 else t[sl]
+
+
+def splits_update(cfg: GRPOConfig, n_seq: int) -> bool:
+    """Does the policy update run in several forward/backward passes (gradient accumulation)?"""
+    return 0 < cfg.micro_batch < n_seq
+
+
+def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                               cfg: GRPOConfig, behaviour: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                               weights: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+                               ref: torch.Tensor | None = None, cur: torch.Tensor | None = None) -> losses.LossStats:
+    """Backpropagate the GRPO loss of the whole batch into `model`'s .grad, `cfg.micro_batch` sequences per
+    forward/backward (0: all at once), and return the whole batch's loss statistics.
+
+    Why it equals the unsplit gradient: the loss is a sum over the batch's kept tokens divided by their
+    count, so each micro-batch contributes its own token sum divided by the *whole batch's* count; the
+    gradients add up to the full-batch gradient (to float reassociation). A real model's 256 x 512-token
+    batch does not fit one forward/backward on a GPU; the toy one does, so 0 stays the CPU default.
+
+    `cur`: the whole batch's [B, width] logprobs at the current weights, still attached to the graph, when the
+    caller already ran that forward pass (an unsplit update: `grpo_step` scores the old logprobs with it)."""
+    lengths = [len(c) for c in completion_ids]
+    width = mask.shape[1]
+    n_seq = len(completion_ids)
+    step = cfg.micro_batch if splits_update(cfg, n_seq) else n_seq
+    if cur is not None and step != n_seq:
+        raise ValueError("precomputed logprobs serve an unsplit update only (micro_batch 0 or >= the batch)")
+    kept = mask.bool() if keep is None else mask.bool() & keep.bool()
+    total = kept.sum().clamp(min=1)
+    cur_parts = []
+    given = cur
+    for s in range(0, n_seq, step):
+        sl = slice(s, min(s + step, n_seq))
+        if given is not None:
+            cur = given
+        else:
+            sub = make_batch(prompt_ids[sl], completion_ids[sl])
+            cur = _per_seq(completion_logprobs(model, sub, cfg.temperature)["logp"], lengths[sl], width)
+        part, _ = losses.grpo_loss(cur, behaviour[sl], adv[sl], mask[sl], cfg.clip_eps, _rows(weights, sl),
+                                   _rows(keep, sl), _rows(ref, sl), cfg.beta)
+        n_part = (kept[sl]).sum()
+        (part * n_part.clamp(min=1) / total).backward()  # token-sum of this slice over the batch's count
+        cur_parts.append(cur.detach())
+    with torch.no_grad():  # statistics over the whole batch, as if it had been one forward pass
+        _, st = losses.grpo_loss(torch.cat(cur_parts), behaviour, adv, mask, cfg.clip_eps, weights, keep, ref,
+                                 cfg.beta)
+    return replace(st, passes=len(cur_parts))  # counted as they ran: what a GPU config's micro_batch really did
+
+
+def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
+              ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None,
+              engine_noise: dict | None = None, lagged: mismatch_doses.LaggedWeights | None = None) -> StepResult:
+    codec = codec or tokenizer.PromptCodec()
+    t0 = time.perf_counter()
+    problems = tasks.make_problems(cfg.prompts_per_step, seed=step_problem_seed(cfg.seed, step),
+                                  max_digits=cfg.max_digits)
+    prompts = [codec.encode_task(p) for p in problems for _ in range(cfg.group_size)]
+    sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                        seed=cfg.seed * 10_000_019 + step * 1000)
+    comps = engine.generate(prompts, sampling)
+    texts = [codec.decode(c.token_ids) for c in comps]
+    rewards = torch.tensor([tasks.reward(problems[i // cfg.group_size], t) for i, t in enumerate(texts)])
+    reversed_frac = float(np.mean([tasks.is_reversed(problems[i // cfg.group_size], t) for i, t in enumerate(texts)]))
+    t1 = time.perf_counter()
+
+    dev = next(model.parameters()).device
+    batch = make_batch([c.prompt_token_ids for c in comps], [c.token_ids for c in comps])
+    lengths = batch.completion_lens
+    width = max(lengths)
+    mask = _pad([np.ones(n) for n in lengths], width).bool().to(dev)
+    logp_engine = _pad([c.logprobs for c in comps], width).to(dev)
+    # a ratio-mismatch dose: what the engine reports is off, what it sampled is not (rlwb.core.rl.mismatch_doses)
+    logp_engine = mismatch_doses.noisy_logprobs(logp_engine, mask, cfg.logprob_noise_k3, cfg.seed, step)
+    # The trainer's logprobs before the update. An unsplit update's forward pass is at these same weights, so
+    # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
+    # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass,
+    # cut into slices as the scorer cuts (a GPU's 256 x 768-token batch is not one forward; bitwise the same rows).
+    shared = not splits_update(cfg, len(comps))
+    opt.zero_grad(set_to_none=True)  # nothing backpropagates before the update: one place for both paths
+    with torch.set_grad_enabled(shared), timing.phase("training" if shared else "scoring"):
+        old = (completion_logprobs if shared else batch_logprobs)(model, batch, cfg.temperature, entropy=True)
+    logp = _per_seq(old["logp"], lengths, width)
+    cur, logp_trainer_old = (logp, logp.detach()) if shared else (None, logp)
+    adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
+    e_flat, t_flat = logp_engine[mask].double().cpu().numpy(), logp_trainer_old[mask].double().cpu().numpy()
+    mm = M.mismatch_metrics(e_flat, t_flat, dosed=cfg.logprob_noise_k3 > 0)
+    t2 = time.perf_counter()
+
+    behaviour = logp_engine if cfg.old_logprobs == "engine" else logp_trainer_old
+    tc = time.perf_counter()
+    corr = corrections.apply(cfg.correction, logp_trainer_old - logp_engine, mask, adv, cfg.tis_cap)
+    t_correction = time.perf_counter() - tc
+    weights, keep = (None, None) if cfg.correction == "none" else (corr.weights, corr.keep)
+    ref = None
+    if ref_model is not None and cfg.beta:
+        with torch.no_grad():
+            ref = _per_seq(batch_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
+    with timing.phase("training"):
+        st = accumulate_policy_gradient(model, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
+                                        cfg, behaviour, adv, mask, weights, keep, ref, cur=cur)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        opt.step()
+    t3 = time.perf_counter()
+
+    # moved to CPU and written to shared memory by the worker client; a distribution-mismatch dose adds its fixed
+    # perturbation to what the engine samples with, or holds the engine `engine_lag` updates behind (the trainer
+    # keeps the current, clean weights)
+    engine.update_weights(lagged.push(model.state_dict()) if lagged is not None
+                          else mismatch_doses.perturbed(model.state_dict(), engine_noise))
+    t4 = time.perf_counter()
+    row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
+           "clip_frac": st.clip_frac,
+           "mismatch_k3": mm["k3_mean"], "mismatch_k1": mm["k1_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
+           "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
+           **corrections.health(corr, mask),
+           "kept_frac": st.kept_frac, "update_passes": st.passes, "completion_tokens": float(np.mean(lengths)),
+           "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3,
+           "t_correction": t_correction, "t_step": t4 - t0}
+    batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],
+                    "logp_engine": [x.cpu().numpy() for x in logp_engine[mask].split(lengths)],  # as the update saw
+                    "logp_trainer": [x.cpu().numpy() for x in old["logp"].detach().split(lengths)],
+                    "reward": rewards.numpy()}
+    return StepResult(row, batch_record)
+
+
+def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial_state: dict | None = None,
+          monitor=None, progress: bool = True, desc: str = "grpo", on_step=None,
+          codec: tokenizer.PromptCodec | None = None) -> pd.DataFrame:
+    """Run `cfg.steps` GRPO steps from `initial_state` (weights are loaded into the trainer *and* the engine
+    first, so every run starts from the same policy). Returns one row per step."""
+    from rlwb.progress import progress_bar
+
+    check_modes([cfg.correction], cfg.old_logprobs)  # a weighting correction on pi_theta/pi_engine: refused
+    torch.manual_seed(cfg.seed)
+    engine_noise = (mismatch_doses.weight_noise(initial_state or model.state_dict(), cfg.engine_weight_noise, cfg.seed)
+                    if cfg.engine_weight_noise else None)
+    if initial_state is not None:
+        model.load_state_dict(initial_state)
+        engine.update_weights(mismatch_doses.perturbed(initial_state, engine_noise))
+        engine.reset_prefix_cache()
+    elif engine_noise:
+        engine.update_weights(mismatch_doses.perturbed(model.state_dict(), engine_noise))
+    lagged = mismatch_doses.LaggedWeights(model.state_dict(), cfg.engine_lag) if cfg.engine_lag else None
+    ref_model = None
+    if cfg.beta:
+        import copy
+
+        ref_model = copy.deepcopy(model).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    rows = []
+    bar = progress_bar(range(cfg.steps), desc=desc, disable=not progress, leave=False)
+    for step in bar:
+        res = grpo_step(step, model, opt, engine, cfg, ref_model, codec, engine_noise, lagged)
+        rows.append(res.row)
+        bar.set_postfix(reward=f"{res.row['reward_mean']:.2f}", k3=f"{res.row['mismatch_k3']:.1e}")
+        if on_step:
+            on_step(res)
+        if monitor is not None:
+            monitor.update(res.row, res.batch)
+    return pd.DataFrame(rows)
+
+
+def trainer_device() -> str:
+    """The trainer runs on the GPU when there is one (engines manage their own devices)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,62 @@
+"""The GRPO loop's settings, apart from the loop (`grpo.py`) so that reading them imports no torch.
+
+`GRPOSettings` are the ones notebook 03 exposes (its `GRPOParams` inherits them: names, defaults, docs and
+ranges are declared here only); `GRPOConfig` is one training run: those plus the per-run choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from rlwb.core.checked_fields import param
+
+
+@dataclass
+class GRPOSettings:
+    """The loop's settings a notebook exposes as parameters: `GRPOParams` inherits these fields, so the names,
+    defaults, docs and ranges exist here only (a run's `GRPOConfig` adds the per-run ones)."""
+
+    steps: int = param(50, "GRPO steps per run", ge=1)
+    prompts_per_step: int = param(8, "distinct prompts per step", ge=1)
+    group_size: int = param(8, "completions per prompt (the GRPO group)", ge=2)
+    lr: float = param(1.5e-4, "AdamW learning rate of the trainer", gt=0, lt=1)
+    temperature: float = param(0.7, "sampling temperature (> 0)", gt=0, le=10)
+    max_tokens: int = param(32, "max completion tokens", ge=1)
+    old_logprobs: str = param("engine", "behaviour logprobs in the PPO ratio: engine or trainer",
+                              choices=["engine", "trainer"])
+    clip_eps: float = param(0.2, "PPO clip epsilon", gt=0, lt=1)
+    tis_cap: float = param(2.0, "TIS truncation cap C", gt=0)
+    micro_batch: int = param(0, "sequences per forward/backward of the update (gradient accumulation); "
+                                "0 means all at once", ge=0)
+    max_digits: int = param(3, "operands of the training prompts have 1 to this many digits (qwen2-chat: 2)", ge=1)
+
+    def trainer_forward(self, context: int, prompt_allowance: int) -> tuple[int, int]:
+        """(sequences, tokens each) of the update's largest forward pass, for the GPU memory plan
+        (`rlwb.memory_plan.forward_size`): a micro-batch, or the whole step's batch when unsplit."""
+        return (self.micro_batch or self.prompts_per_step * self.group_size), self.max_tokens + prompt_allowance
+
+
+@dataclass
+class GRPOConfig(GRPOSettings):
+    """One training run: the exposed settings plus what the notebook varies per run (correction, seed) and
+    the constants it does not expose."""
+
+    correction: str = "none"  # a name of rlwb.core.rl.correction_catalog.CATALOG
+    seed: int = 0
+    beta: float = 0.0
+    max_grad_norm: float = 1.0
+    logprob_noise_k3: float = 0.0  # ratio mismatch dose: intended k3 of noise on the reported logprobs (mismatch_doses)
+    engine_weight_noise: float = 0.0  # distribution mismatch dose: relative weight noise of the engine (mismatch_doses)
+    engine_lag: int = 0  # distribution mismatch dose: the engine samples with the weights of this many updates ago
+
+    @classmethod
+    def from_settings(cls, settings: GRPOSettings, **per_run) -> GRPOConfig:
+        """The run's config from any object holding the settings (a `GRPOParams`), plus per-run fields."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(GRPOSettings)}, **per_run)
+
+
+def step_problem_seed(seed: int, step: int) -> int:
+    """The seed of the task problems GRPO step `step` of a run with `seed` draws (fresh problems every step).
+    `rlwb bench` gives its baselines (the minimal loop, TRL + vLLM) the same problems, so the loops compared
+    sample from the same prompts and their completions have the same length distribution."""
+    return seed * 1_000_003 + step

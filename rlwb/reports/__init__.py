@@ -1,0 +1,3 @@
+"""Reports for people, one module per job: `figures` (regenerate a run's figures from data/), `drift` (compare
+runs), `rerun` (which run a rerun starts from), `index` (outputs/index.html), `export` (report.html), `times`
+(wall time per phase)."""

@@ -1,0 +1,134 @@
+"""`rlwb index`: outputs/index.html, the latest report of each notebook with its answer, trends, every run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlwb import archive, plots
+from rlwb.formatting import metric, number
+
+
+def engine_versions(engines: dict) -> str:
+    """`vLLM 0.8.5 · 0.32.0` (or `transformers 5.19.0` for the hf reference alone): what a trend point ran on."""
+    vllm = sorted({str(v["vllm_version"]) for v in engines.values() if v.get("vllm_version")})
+    if vllm:
+        return "vLLM " + " · ".join(vllm)
+    hf = sorted({str(v["transformers_version"]) for v in engines.values() if v.get("transformers_version")})
+    return "transformers " + " · ".join(hf) if hf else "no engine"
+
+
+def run_model_name(run: dict) -> str:
+    """The model a run used, short: an embedded model's name (`default`, `qwen2-chat`), else its path or id."""
+    m = run.get("model") or {}
+    card = m.get("card") or {}
+    if card.get("name"):
+        return {"rlwb-default-policy": "default"}.get(card["name"], card["name"].removeprefix("rlwb-"))
+    return str(m.get("path") or "?")
+
+
+def trend_points(runs: list[dict], metrics: list[str]) -> list[dict]:
+    """A notebook's runs, oldest first, as `rlwb.plots.trends.trend_figure` points."""
+    out = []
+    for r in sorted(runs, key=lambda r: (r.get("started_at") or "", r["run_id"])):
+        drift, when = r.get("drift"), (r.get("started_at") or "")[5:16].replace("T", " ")
+        out.append({"label": f"{when}\n{(r.get('git_commit') or '?')[:7]}",
+                    "versions": engine_versions(r.get("engines") or {}), "status": r.get("status", "?"),
+                    "drift": None if drift is None else not drift.get("ok"), "run": r,
+                    "params": r.get("params_hash"), "model": run_model_name(r),
+                    "values": {m: r["metrics"].get(m) for m in metrics}})
+    return out
+
+
+def trend_sections(root: Path, runs: list[dict]) -> list[dict]:
+    """Per notebook with two or more runs: its trend figure (written to `trends/<notebook>.png`) and a table of
+    its points, newest first, for the index template."""
+    import matplotlib.pyplot as plt
+
+    from rlwb.plots.trends import trend_figure
+    from rlwb.registry import headline
+
+    plots.set_style("notebook")
+    sections = []
+    for nb in sorted({r["notebook"] for r in runs}):
+        metrics = headline(nb)
+        points = trend_points([r for r in runs if r["notebook"] == nb], metrics)
+        if not metrics or len(points) < 2:  # one point is no trend: the latest report above says it all
+            continue
+        fig = trend_figure(points, metrics, f"{nb}: headline metrics, run after run")
+        plots.save_figure(fig, root / "trends" / nb)
+        plt.close(fig)
+        rows = [{"started": (p["run"].get("started_at") or "")[:16].replace("T", " "),
+                 "rel": os.path.relpath(p["run"]["dir"], root), "run_id": p["run"]["run_id"], "status": p["status"],
+                 "commit": (p["run"].get("git_commit") or "")[:10], "versions": p["versions"],
+                 "verdict": "" if p["drift"] is None else "DRIFT" if p["drift"] else "no drift",
+                 "values": [metric(m, p["values"][m], ".3g") for m in metrics]}
+                for p in reversed(points)]
+        sections.append({"notebook": nb, "metrics": metrics, "rows": rows,
+                         "width": 320 * len(metrics) + 160,  # px: the same scale for every notebook's panels
+                         "runs_text": f"{len(points)} run" + ("s" if len(points) != 1 else "")})
+    return sections
+
+
+NO_ANSWER = "(no answer recorded: a run made before answers were archived)"
+
+
+def latest_rows(root: Path, runs: list[dict]) -> list[dict]:
+    """The index's opening: per notebook (registry order, then any others), its latest successful run's report
+    link, when and on which model build it ran, and its one-line answer."""
+    from rlwb.registry import NOTEBOOKS
+
+    newest = {}
+    for r in runs:  # newest first
+        if r.get("status") == "ok":
+            newest.setdefault(r["notebook"], r)
+    order = [nb for nb in NOTEBOOKS if nb in newest] + sorted(set(newest) - set(NOTEBOOKS))
+    rows = []
+    for nb in order:
+        r = newest[nb]
+        build = (r.get("model") or {}).get("weights_sha256_16") or ""
+        rows.append({"notebook": nb, "question": NOTEBOOKS[nb].question if nb in NOTEBOOKS else "",
+                     "rel": os.path.relpath(r["dir"], root), "run_id": r["run_id"],
+                     "started": (r.get("started_at") or "")[:16].replace("T", " "), "build": build,
+                     "model_name": (run_model_name(r) or "") if build else "",
+                     "answer": r.get("answer") or NO_ANSWER})
+    return rows
+
+
+def run_rows(root: Path, runs: list[dict]) -> list[dict]:
+    """Every run, newest first, for the index's filterable table."""
+    from rlwb.registry import headline
+
+    rows = []
+    for r in runs:
+        engines = r.get("engines") or {}
+        status = r.get("status", "?")
+        rows.append({
+            "notebook": r["notebook"], "rel": os.path.relpath(r["dir"], root), "run_id": r["run_id"],
+            "started": (r.get("started_at") or "")[:19].replace("T", " "), "status": status,
+            "error": (r.get("error") or "")[:200], "duration": number(r.get("duration_s"), ".4g"),
+            "commit": (r.get("git_commit") or "")[:10] + (" (dirty)" if r.get("git_dirty") else ""),
+            "engines": ", ".join(f"{k} ({v.get('engine')}{' ' + v['vllm_version'] if v.get('vllm_version') else ''})"
+                                 for k, v in engines.items()),
+            "headline": [{"key": k, "value": metric(k, r["metrics"].get(k), ".4g")}
+                         for k in headline(r["notebook"])[:3]],
+            "figures": [{"href": os.path.relpath(f, root), "name": f.stem}
+                        for f in sorted(Path(r["dir"], "figures").glob("*.png"))]})
+    return rows
+
+
+def build_index(root: Path) -> Path:
+    """`<outputs>/index.html`: the trend of every notebook's headline metrics across runs (versions, commits,
+    drift and failures marked), then every run, newest first, filterable. Static HTML + PNGs, offline
+    (`templates/index.html`)."""
+    from rlwb.reports.pages import render
+
+    runs = archive.list_runs(root)
+    page = render("index.html", latest=latest_rows(root, runs), trends=trend_sections(root, runs),
+                  runs=run_rows(root, runs), notebooks=sorted({r["notebook"] for r in runs}), root=str(root))
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / "index.html"
+    tmp = root / ".index.html.tmp"
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out
