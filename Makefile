@@ -4,10 +4,15 @@ VENV := .venv
 RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
+# pytest-xdist workers, one per core (a module stays whole on one worker); TEST_WORKERS=0 runs in this process
+TEST_WORKERS ?= 2
 
-.PHONY: setup kernel engines versions peers trl-vllm browser model reports realistic test lint sync-params bench lab clean-outputs
+.PHONY: setup kernel-side kernel engines versions peers trl-vllm browser model reports realistic test lint sync-params bench lab clean-outputs
 
-setup: kernel engines peers trl-vllm browser model  ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, chromium, the default model
+setup:                               ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, chromium, the default model
+	@$(MAKE) --no-print-directory -j3 engines browser kernel-side  # side by side: the V0 build beside pip installs
+
+kernel-side: kernel peers trl-vllm model
 
 kernel:                              ## .venv: notebook kernel + rlwb (editable) + the `rlwb` Jupyter kernel
 	bash scripts/setup.sh kernel
@@ -44,7 +49,7 @@ realistic: setup                     ## every notebook on the realistic embedded
 	$(RLWB) index
 
 test: setup lint                     ## lint, then the whole test suite (real engines included)
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 lint: kernel                         ## ruff: style, import order, likely bugs (config: pyproject.toml)
 	$(VENV)/bin/ruff check rlwb tests scripts

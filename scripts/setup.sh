@@ -55,11 +55,18 @@ setup_kernel() {
   finish_env $v "$h"
 }
 
+# Debian packages, one apt at a time: `make setup` runs the engine envs and the browser side by side, and two
+# apt-gets at once fail on apt's lock.
+apt_install() {
+  flock "${TMPDIR:-/tmp}/rlwb-apt.lock" bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    DEBCONF_NOWARNINGS=yes apt-get install -y -qq "$@" >/dev/null' apt_install "$@"
+}
+
 ensure_libnuma() {
   [ -f /usr/include/numa.h ] && return
   if [ "$(id -u)" = 0 ]; then
     log "installing Debian's libnuma-dev (needed to build vLLM 0.8.5 for CPU)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes apt-get install -y -qq libnuma-dev >/dev/null
+    apt_install libnuma-dev
   else
     echo "vLLM 0.8.5's CPU build needs libnuma-dev: run  sudo apt-get install -y libnuma-dev" >&2; exit 1
   fi
@@ -156,7 +163,7 @@ ensure_chromium() {
   command -v chromium >/dev/null 2>&1 && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing Debian's chromium (browser tests)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes apt-get install -y -qq chromium >/dev/null
+    apt_install chromium
   else
     echo "the browser tests need chromium: run  sudo apt-get install -y chromium" >&2; exit 1
   fi

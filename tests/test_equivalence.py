@@ -18,8 +18,9 @@ def fp32_scorer(default_model):
     return TrainerScorer(default_model.path, "float32")
 
 
-def test_processed_logprob_engine_passes_every_drawn_case(engine, fp32_scorer):
-    rep = equivalence.validate(engine("vllm-v1-processed"), fp32_scorer, cases=12, seed=0, progress=False)
+@pytest.mark.parametrize("name", ["vllm-v1-processed", "vllm-v0"])
+def test_processed_logprob_engine_passes_every_drawn_case(name, engine, fp32_scorer):
+    rep = equivalence.validate(engine(name), fp32_scorer, cases=12, seed=0, progress=False)
     assert rep.pass_rate == 1.0, rep.table()
     assert rep.shrunk is None
     cases = [r.case for r in rep.results]

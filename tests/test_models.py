@@ -71,6 +71,7 @@ def _unpinned_train_hash(env_over: dict, steps: int) -> str:
     return r.stdout.strip()
 
 
+@pytest.mark.slow  # trains the recipe (minutes)
 def test_build_is_bit_identical_whatever_cpu_the_caller_looks_like(tmp_path):
     """Issue: the same recipe built other weights on AVX-512 than on AVX2 machines. The build as rlwb runs
     it (a pinned child process) gives one checksum whether the caller's environment is this machine's default,
@@ -107,6 +108,7 @@ def test_build_outside_the_pinned_process_is_refused(monkeypatch):
         store._build_here(llama.ModelRecipe(), force=False, progress=False)
 
 
+@pytest.mark.slow  # trains the recipe (minutes)
 def test_the_recipe_built_here_reproduces_its_vendors_published_build(tmp_path, monkeypatch):
     """The default recipe trained on this machine (`--from-recipe`, the check of the shipped weights) gives the
     published weights of its CPU vendor's build (the pins make the build ISA-independent, not vendor-independent:

@@ -63,7 +63,7 @@ def test_hf_engine_reports_no_preemption_counter(engine):
 
 
 @pytest.mark.engines
-@pytest.mark.parametrize("name", ["hf", "vllm-v1-fixed"])
+@pytest.mark.parametrize("name", ["hf", "vllm-v0", "vllm-v1-fixed"])
 def test_long_context_reaches_the_end_of_the_context_at_the_float_floor(engine, scorer, default_model, name):
     s = Sampling(temperature=1.0, max_tokens=8, seed=0, ignore_eos=True)
     lc = stress.long_context(engine(name), scorer, [16, 4080], 1, s, PromptCodec(default_model.path))
