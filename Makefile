@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers, one per core (a module stays whole on one worker); TEST_WORKERS=0 runs in this process
 TEST_WORKERS ?= 2
 
-.PHONY: setup kernel-side kernel engines versions peers trl-vllm browser model reports realistic test lint sync-params bench lab clean-outputs
+.PHONY: setup kernel-side kernel engines versions peers trl-vllm browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
 
 setup:                               ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, chromium, the default model
 	@$(MAKE) --no-print-directory -j3 engines browser kernel-side  # side by side: the V0 build beside pip installs
@@ -50,6 +50,9 @@ realistic: setup                     ## every notebook on the realistic embedded
 
 test: setup lint                     ## lint, then the whole test suite (real engines included)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+
+test-fast: kernel                    ## the tests that start no engine, notebook or browser (~3 min): while developing
+	$(VENV)/bin/python -m pytest -m "not slow and not engines and not browser" $(PYTEST_ARGS)
 
 lint: kernel                         ## ruff: style, import order, likely bugs (config: pyproject.toml)
 	$(VENV)/bin/ruff check rlwb tests scripts
