@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("readme-check", help="recompute the README's quoted numbers from the archived runs it cites: "
                                             "match / mismatch / stale / missing (exit 1 on a mismatch)")
-    r.add_argument("--readme", help="the Markdown file (default: the repository's README.md)")
+    r.add_argument("--readme", help="one Markdown file (default: the repository's README.md and every docs/**/*.md)")
     r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
     r.set_defaults(fn=maintenance.cmd_readme_check)
 
