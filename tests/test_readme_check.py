@@ -3,6 +3,7 @@
 quoting their numbers rightly and wrongly, citing a wrong model build and a run this machine does not have."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,11 @@ def test_the_default_check_reads_the_readme_then_every_docs_page(tmp_path):
     with pytest.raises(ValueError, match=r"docs/setup\.md line 1: .*declares the run"):
         readme_check.check_all(tmp_path, outputs)
 
+
+def test_the_repository_pages_check_against_an_empty_archive(tmp_path):
+    """`rlwb readme-check` on this repository with nothing archived: every page read, nothing malformed, every
+    quote `missing` (exit 0), the pages under docs/ named in the report."""
+    r = rlwb("readme-check", "--outputs", str(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^0 match, 0 mismatch, 0 stale, (\d+) missing of \1 quoted numbers$", r.stdout, re.M)
+    assert re.search(r"^docs/results/08_mismatch_cost\.md:\d+  missing", r.stdout, re.M)
