@@ -1,4 +1,4 @@
-"""`rlwb readme-check`: the numbers the README quotes, recomputed from the archived runs it cites.
+"""`rlwb readme-check`: the numbers the README and docs/ quote, recomputed from the archived runs they cite.
 
 Why: a README number outlives the run it came from. Each table or paragraph that quotes measured numbers names
 its run in an HTML comment (invisible when the Markdown is rendered), and each quoted number names the metric it
@@ -19,6 +19,10 @@ anything in [3.65e-05, 3.75e-05]). Per number: `match`; `mismatch` (the run is h
 the metric, failed, or used another model build); `missing` (the run is not archived on this machine: nothing to
 check against); `stale` (it matches its run, but the newest run of that notebook here says otherwise). The exit
 code is 1 only for a mismatch; a README annotation that names no run is bad input (ValueError: exit 2).
+
+By default the command reads `README.md` and every `docs/**/*.md` (`documents`): the README is a front page and
+the numbers live in `docs/results/`, so each page is read on its own (a run declared in one file does not hold in
+the next) and each verdict names its file.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class Quote:
     text: str  # the number as quoted, unit included
     value: float  # what it says the metric is (a percentage already divided by 100)
     half_unit: float  # half a unit in its last quoted digit (the same scale as `value`)
+    file: str | None = None  # the file it is quoted in, repository-relative (None: the one file checked)
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,9 @@ def _without_code(text: str) -> str:
     return CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
 
 
-def parse(text: str) -> list[Quote]:
-    """Every annotated number of `text` (outside code) with the run declared before it."""
+def parse(text: str, name: str | None = None) -> list[Quote]:
+    """Every annotated number of `text` (outside code) with the run declared before it; `name` is the file's, for
+    the quotes and the error of a number whose run is not declared."""
     text = _without_code(text)
     events = sorted([(m.start(), "run", m) for m in RUN.finditer(text)]
                     + [(m.start(), "quote", m) for m in QUOTE.finditer(text)], key=lambda e: e[0])
@@ -72,15 +78,15 @@ def parse(text: str) -> list[Quote]:
             continue
         line = text.count("\n", 0, pos) + 1
         if run is None:
-            raise ValueError(f"README line {line}: {m.group(0)!r} quotes a metric but no `<!-- rlwb:run ... -->` "
-                             f"declares the run it came from")
+            raise ValueError(f"{name or 'README'} line {line}: {m.group(0)!r} quotes a metric but no "
+                             f"`<!-- rlwb:run ... -->` declares the run it came from")
         num = m["num"].replace(",", "").replace("−", "-")
         mantissa, _, exp = num.lower().partition("e")
         decimals = len(mantissa.partition(".")[2])
         scale = 100.0 if m["unit"] == "%" else 1.0
         half = 0.5 * 10.0 ** (int(exp or 0) - decimals) / scale
         quotes.append(Quote(line, run, build, m["key"], m.group(0).split("<!--")[0].strip("*"),
-                            float(num) / scale, half))
+                            float(num) / scale, half, name))
     return quotes
 
 
@@ -122,11 +128,20 @@ def _agrees(q: Quote, v) -> bool:
     return isinstance(v, (int, float)) and abs(float(v) - q.value) <= q.half_unit * (1 + 1e-9) + 1e-300
 
 
-def check(readme: Path, outputs: Path) -> list[Verdict]:
-    """A verdict for every annotated number of `readme`, against the runs under `outputs`."""
+def documents(root: Path) -> list[Path]:
+    """The files `rlwb readme-check` reads by default: `README.md` first, then every `docs/**/*.md`, sorted."""
+    return [root / "README.md"] + sorted((root / "docs").glob("**/*.md"))
+
+
+def check(readme: Path, outputs: Path, name: str | None = None) -> list[Verdict]:
+    """A verdict for every annotated number of `readme`, against the runs under `outputs`; `name` (the file's
+    repository-relative path) goes into each quote and into the error of a malformed annotation."""
     out = []
-    for q in parse(readme.read_text()):
-        d = _run_dir(outputs, q.run)
+    for q in parse(readme.read_text(), name):
+        try:
+            d = _run_dir(outputs, q.run)
+        except ValueError as e:
+            raise ValueError(f"{q.file or 'README'} line {q.line}: {e}") from None
         if d is None:
             out.append(Verdict(q, "missing", f"{q.run} is not archived under {outputs}"))
             continue
@@ -154,10 +169,16 @@ def check(readme: Path, outputs: Path) -> list[Verdict]:
     return out
 
 
+def check_all(root: Path, outputs: Path) -> list[Verdict]:
+    """The verdicts of every file of `documents(root)`, in that order, each quote naming its file."""
+    return [v for path in documents(root) for v in check(path, outputs, path.relative_to(root).as_posix())]
+
+
 def report(verdicts: list[Verdict], readme_name: str = "README.md") -> str:
-    """One line per quoted number, then the counts and the runs this machine does not have."""
-    lines = [f"{readme_name}:{v.quote.line}  {v.status:<8}  {v.quote.run}  {v.quote.key} = {v.quote.text}  ({v.detail})"
-             for v in verdicts]
+    """One line per quoted number (prefixed with its file, `readme_name` where the quote names none), then the
+    counts and the runs this machine does not have."""
+    lines = [f"{v.quote.file or readme_name}:{v.quote.line}  {v.status:<8}  {v.quote.run}  {v.quote.key} = "
+             f"{v.quote.text}  ({v.detail})" for v in verdicts]
     counts = {s: sum(v.status == s for v in verdicts) for s in ("match", "mismatch", "stale", "missing")}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(verdicts)} quoted numbers")
     absent = sorted({v.quote.run for v in verdicts if v.status == "missing"})

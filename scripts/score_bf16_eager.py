@@ -1,6 +1,6 @@
 """A second trainer scorer behind rlwb's external-scorer contract: bf16 weights, eager attention, no batching.
 
-What it is for: the example of the contract a team adapts to its own trainer (README "Audit your own stack";
+What it is for: the example of the contract a team adapts to its own trainer (docs/results/10_audit.md;
 the contract is `rlwb/core/scoring/external.py`), and a real second scorer whose numerics differ from rlwb's fp32
 SDPA scorer, so `rlwb audit --trainer "python scripts/score_bf16_eager.py"` shows the gap a bf16 trainer has.
 

@@ -1,7 +1,7 @@
 """Engine workers forked from a fork server (rlwb/engines/forking.py): real vLLM V1 workers, no mocks.
 
 The claim is that a forked worker *is* the worker a fresh process would be: same tokens, same logprobs bit for
-bit, same failure reports, nothing left behind. Speed is not asserted here (README "Time to report" measures it).
+bit, same failure reports, nothing left behind. Speed is not asserted here (docs/performance.md measures it).
 """
 
 import os

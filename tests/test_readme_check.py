@@ -3,6 +3,7 @@
 quoting their numbers rightly and wrongly, citing a wrong model build and a run this machine does not have."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,47 @@ A number quoted without a metric is not checked: 12. Nor is code, so the README 
     readme.write_text("A metric with no run declared: 1.0<!--=policy/params-->\n")
     r = rlwb("readme-check", "--readme", str(readme), "--outputs", str(outputs))
     assert r.returncode == 2 and "line 1" in r.stderr and "declares the run" in r.stderr
+
+
+def test_the_default_check_reads_the_readme_then_every_docs_page(tmp_path):
+    """Without `--readme`, README.md first, then every docs/**/*.md sorted; each page read on its own (a run
+    declared in one does not hold in the next) and each verdict naming its file. Against an empty archive every
+    quote is `missing`, which is not a failure (exit 0)."""
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("<!-- rlwb:run 00_default_policy/20000101-000000 -->\n"
+                                        "front page: 1.0<!--=policy/params-->\n")
+    (tmp_path / "docs" / "setup.md").write_text("no numbers here\n")
+    (tmp_path / "docs" / "results" / "00_default_policy.md").write_text(
+        "# 00\n<!-- rlwb:run 00_default_policy/20000102-000000 build 0123456789abcdef -->\n"
+        "| 804,000<!--=policy/params--> | 56.5%<!--=policy/greedy_accuracy--> |\n<!-- rlwb:run none -->\n")
+    (tmp_path / "docs" / "notes.txt").write_text("1.0<!--=policy/params-->\n")  # not Markdown: not read
+    assert readme_check.documents(tmp_path) == [tmp_path / "README.md", tmp_path / "docs" / "results" /
+                                                "00_default_policy.md", tmp_path / "docs" / "setup.md"]
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    verdicts = readme_check.check_all(tmp_path, outputs)
+    assert [(v.quote.file, v.quote.line, v.quote.key, v.status) for v in verdicts] == [
+        ("README.md", 2, "policy/params", "missing"),
+        ("docs/results/00_default_policy.md", 3, "policy/params", "missing"),
+        ("docs/results/00_default_policy.md", 3, "policy/greedy_accuracy", "missing")]
+    assert verdicts[2].quote.value == pytest.approx(0.565) and verdicts[1].quote.build == "0123456789abcdef"
+    text = readme_check.report(verdicts)
+    assert text.splitlines()[0].startswith("README.md:2  missing   00_default_policy/20000101-000000")
+    assert text.splitlines()[2].startswith("docs/results/00_default_policy.md:3  missing")
+    assert "0 match, 0 mismatch, 0 stale, 3 missing of 3 quoted numbers" in text
+    # one file, as `--readme` reads it: named as before, by its file name
+    one = readme_check.check(tmp_path / "README.md", outputs)
+    assert readme_check.report(one).splitlines()[0].startswith("README.md:2  missing")
+    # a page that quotes a metric without declaring its run is bad input naming the page and the line
+    (tmp_path / "docs" / "setup.md").write_text("no run declared here: 2.0<!--=policy/params-->\n")
+    with pytest.raises(ValueError, match=r"docs/setup\.md line 1: .*declares the run"):
+        readme_check.check_all(tmp_path, outputs)
+
+
+def test_the_repository_pages_check_against_an_empty_archive(tmp_path):
+    """`rlwb readme-check` on this repository with nothing archived: every page read, nothing malformed, every
+    quote `missing` (exit 0), the pages under docs/ named in the report."""
+    r = rlwb("readme-check", "--outputs", str(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^0 match, 0 mismatch, 0 stale, (\d+) missing of \1 quoted numbers$", r.stdout, re.M)
+    assert re.search(r"^docs/results/08_mismatch_cost\.md:\d+  missing", r.stdout, re.M)

@@ -135,9 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is out of date")
     r.set_defaults(fn=maintenance.cmd_sync_params)
 
-    r = sub.add_parser("readme-check", help="recompute the README's quoted numbers from the archived runs it cites: "
+    r = sub.add_parser("readme-check", help="recompute README.md's and docs/'s quoted numbers from the runs they cite: "
                                             "match / mismatch / stale / missing (exit 1 on a mismatch)")
-    r.add_argument("--readme", help="the Markdown file (default: the repository's README.md)")
+    r.add_argument("--readme", help="one Markdown file (default: the repository's README.md and every docs/**/*.md)")
     r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
     r.set_defaults(fn=maintenance.cmd_readme_check)
 

@@ -20,9 +20,13 @@ def cmd_readme_check(a) -> int:
     from rlwb import readme_check
     from rlwb.paths import REPO_ROOT, outputs_dir
 
-    readme = Path(a.readme) if a.readme else REPO_ROOT / "README.md"
-    verdicts = readme_check.check(readme, outputs_dir(a.outputs))
-    print(readme_check.report(verdicts, readme.name))
+    if a.readme:  # one file, as named
+        readme = Path(a.readme)
+        verdicts = readme_check.check(readme, outputs_dir(a.outputs))
+        print(readme_check.report(verdicts, readme.name))
+    else:  # README.md and every docs/**/*.md, each line naming its file
+        verdicts = readme_check.check_all(REPO_ROOT, outputs_dir(a.outputs))
+        print(readme_check.report(verdicts))
     return 1 if any(v.status == "mismatch" for v in verdicts) else 0
 
 

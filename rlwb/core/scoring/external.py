@@ -2,7 +2,7 @@
 
 Why a command and not a Python hook: a team's trainer lives in its own environment (Megatron, FSDP, another
 torch); a process boundary and a Parquet file are the one interface every stack can meet. The contract (also in
-the README, "Audit your own stack"):
+docs/results/10_audit.md, "Audit your own stack"):
 
     CMD --model MODEL --input IN.parquet --output OUT.parquet
 
