@@ -10,7 +10,7 @@ TEST_WORKERS ?= 2
 .PHONY: setup kernel-side kernel engines versions peers trl-vllm browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
 
 setup:                               ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, chromium, the default model
-	@$(MAKE) --no-print-directory -j3 engines browser kernel-side  # side by side: the V0 build beside pip installs
+	@$(MAKE) --no-print-directory --output-sync=target -j3 engines browser kernel-side  # side by side: the V0 build beside pip installs
 
 kernel-side: kernel peers trl-vllm model
 
@@ -49,7 +49,7 @@ realistic: setup                     ## every notebook on the realistic embedded
 	$(RLWB) index
 
 test: setup lint                     ## lint, then the whole test suite (real engines included)
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: kernel                    ## the tests that start no engine, notebook or browser (~3 min): while developing
 	$(VENV)/bin/python -m pytest -m "not slow and not engines and not browser" $(PYTEST_ARGS)

@@ -2,9 +2,11 @@
 
 Why: the suite must fit CI's budget (`.ci/run` from an empty cache in 30 min on 2 cores), and "which module costs
 what" decides where to save. Every `make test` writes pytest's JUnit report to `outputs/tests/junit.xml`
-(pyproject.toml's addopts); each test's time there is its setup + call + teardown, so a session fixture's cost
-(an engine start, the shared notebook-00 runs) lands on the first test that asks for it, wherever the random
-order put it: compare modules, not single tests.
+(pyproject.toml's addopts); each test's time there is its setup + call + teardown on its worker, so a session
+fixture's cost (an engine start, the shared notebook-00 runs) lands on the first test that asks for it, wherever the
+random order put it: compare modules, not single tests. Under pytest-xdist the workers' times overlap: their sum is
+worker-seconds (about workers x wall time when both are busy, and longer per test than alone, since they share the
+cores), not wall time; the session's wall time is the report's own `time`. Compare runs with the same workers.
 
 usage: python scripts/suite_times.py [JUNIT.xml] [--compare OLD.xml] [--top N]
   prints per module: tests, seconds, share of the suite; then the N slowest tests. With --compare, each module's
@@ -19,6 +21,13 @@ from collections import defaultdict
 from pathlib import Path
 
 DEFAULT = Path(__file__).resolve().parent.parent / "outputs" / "tests" / "junit.xml"
+
+
+def wall_time(path: Path) -> float:
+    """The session's wall time, as pytest recorded it in the report."""
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    return float(suite.get("time", "nan"))
 
 
 def read(path: Path) -> dict[str, float]:
@@ -54,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     mods = per_module(times)
     old = per_module(read(a.compare)) if a.compare else {}
     total = sum(s for _, s in mods.values())
-    print(f"{a.junit}: {len(times)} tests, {fmt(total)} of test time")
+    print(f"{a.junit}: {len(times)} tests in {fmt(wall_time(a.junit))} of wall time; {fmt(total)} of "
+          "worker-seconds (the sum of the tests' times)")
     head = f"{'module':<40} {'tests':>5} {'seconds':>9} {'share':>6}"
     print(head + (f" {'before':>9} {'ratio':>6}" if old else ""))
     for m, (n, s) in sorted(mods.items(), key=lambda kv: -kv[1][1]):
@@ -66,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     if old:
         gone = sorted(set(old) - set(mods))
         old_total = sum(s for _, s in old.values())
-        print(f"total: {fmt(total)} vs {fmt(old_total)} before ({total / old_total:.2f}x)"
+        wall, old_wall = wall_time(a.junit), wall_time(a.compare)
+        print(f"worker-seconds: {fmt(total)} vs {fmt(old_total)} before ({total / old_total:.2f}x); wall time: "
+              f"{fmt(wall)} vs {fmt(old_wall)} ({wall / old_wall:.2f}x)"
               + (f"; modules only before: {', '.join(gone)}" if gone else ""))
     print(f"\nslowest {a.top} tests (setup + call + teardown):")
     for t, s in sorted(times.items(), key=lambda kv: -kv[1])[:a.top]:

@@ -39,6 +39,11 @@ def test_run_notebook_00_smoke_end_to_end(notebook00_runs, default_model):
         "00_default_policy", [REPO / "params/00_default_policy/smoke.yaml"], {"seed": 0}).hash())
     assert os.path.realpath(outputs / "latest" / "00_default_policy") == str(newest)  # the newest ok run
     assert not [d for d in (outputs / "00_default_policy").iterdir() if d.name.startswith(".tmp")]
+    # the newest run's `-p` overrides reached the notebook and name its directory
+    assert yaml.safe_load((newest / "params.yaml").read_text()) == {**p, "seed": 5, "eval_prompts": 20}
+    assert json.loads((newest / "run.json").read_text())["seed"] == 5
+    assert newest.name.endswith("-" + __import__("rlwb.params").params.load(
+        "00_default_policy", [REPO / "params/00_default_policy/smoke.yaml"], {"seed": 5, "eval_prompts": 20}).hash())
     listing = rlwb("runs", "--outputs", str(outputs))
     assert run_dir.name in listing.stdout and "policy/greedy_accuracy" in listing.stdout
 

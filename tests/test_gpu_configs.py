@@ -7,12 +7,17 @@ as written, so the GPU configuration's code path (chat prompts, free-form reward
 end to end. The engines are cut to one per notebook (the GPU run uses them all; their loading is covered by
 test_chat_model).
 
-In process: the file is loaded and validated by `rlwb.params` (as `rlwb run -f gpu.yaml -f shrink.yaml` loads it), the
-memory plan is made (`rlwb.notebook.start`'s step) and the notebook's experiment runs as its notebook calls it
-(`rlwb.registry` -> `<experiment>.run(params, model_path, on_start=...)`). Papermill, the archive and the report add
-nothing a GPU configuration could break: every notebook's smoke run covers that path (tests/test_notebooks.py)."""
+In process, the notebook's own steps: the file is loaded and validated by `rlwb.params` (as `rlwb run -f gpu.yaml -f
+shrink.yaml` loads it), the memory plan is made (`rlwb.notebook.start`'s step), the model resolved as the notebook
+resolves it (`rlwb.notebook.use_model`), the experiment run as the notebook runs it, its result archived
+(`Run.save_result`: metrics checked flat, every frame to Parquet, the answer), its conclusion and summary worded,
+every figure drawn from the archived data (`rlwb figures`' path), and 10's provenance recorded. What papermill adds
+(a kernel, the parameters cell, the HTML report) is every notebook's smoke run's (tests/test_notebooks.py); a
+kernel start and a report render per GPU file bought nothing those do not check."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import yaml
@@ -79,11 +84,12 @@ CHECKS = {"03_toy_grpo": check_toy_grpo, "07_which_correction": check_which_corr
 @pytest.mark.slow
 @pytest.mark.engines
 @pytest.mark.parametrize("stem", list(SHRINK))
-def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, tmp_path):
-    from rlwb import params, timing
-    from rlwb.core.models import store
+def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, outputs, tmp_path):
+    import rlwb.notebook
+    from rlwb import archive, params, timing
     from rlwb.memory_plan import plan_for_run
     from rlwb.registry import notebook
+    from rlwb.reports.figures import regenerate_figures
 
     gpu = REPO / "params" / stem / "gpu.yaml"
     written = yaml.safe_load(gpu.read_text())
@@ -96,19 +102,24 @@ def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, tmp_path):
     assert ran.get("chat_template", "auto") == "auto"  # 10_audit has none: its chat rows always take the template
     record = notebook(stem)
     assert plan_for_run(stem, record.needs, p)["device"] == "cpu"
-    model = store.build_embedded_model(p.model, progress=False)  # what `notebook.use_model` resolves
-    assert model.path == chat_smoke_model.path and model.card["name"] == "rlwb-qwen2-chat-smoke"
-    engines = []
+    run = archive.Run(outputs / stem / "dry-run", p)  # `outputs`: RLWB_OUTPUTS is a fresh archive (09 reads it)
+    model_path = rlwb.notebook.use_model(run, p.model)
+    info = json.loads((run.dir / "run.json").read_text())
+    assert model_path == chat_smoke_model.path and info["model"]["card"]["name"] == "rlwb-qwen2-chat-smoke"
     before = timing.totals()
-    kwargs = {"data_dir": tmp_path / "data"} if stem in ("03_toy_grpo", "07_which_correction", "08_mismatch_cost") \
+    kwargs = {"data_dir": run.dir / "data"} if stem in ("03_toy_grpo", "07_which_correction", "08_mismatch_cost") \
         else {}
-    if kwargs:
-        kwargs["data_dir"].mkdir()
-    result = record.experiment().run(p, model.path, on_start=engines.append, progress=False, **kwargs)
+    result = record.experiment().run(p, model_path, on_start=run.record_engine, progress=False, **kwargs)
     phases = {k: v - before[k] for k, v in timing.totals().items()}
-    assert engines, "no engine reported its start"
-    metrics, frames = result.metrics, result.frames()
-    assert result.answer()
+    if stem == "10_audit":
+        run.record_provenance(source=result.source, trainer=result.trainer)
+    metrics, frames = run.save_result(result), result.frames()
+    info = json.loads((run.dir / "run.json").read_text())
+    assert info["engines"], "no engine reported its start"
+    assert info["answer"] and result.conclusion() and len(result.summary()) > 0
+    assert {f"{name}.parquet" for name in frames} <= {f.name for f in (run.dir / "data").iterdir()}
+    drawn = regenerate_figures(run.dir)
+    assert drawn and all(f.stat().st_size > 10_000 for f in drawn if f.suffix == ".png")
     if stem in CHECKS:
         CHECKS[stem](frames, metrics, phases)
     if stem == "01_logprob_mismatch":  # chat prompts reached the engines; the free-form reward scored them

@@ -407,6 +407,7 @@ def check_report(d: Path) -> None:
     provenance, answer, figure = (html.index('class="rlwb-provenance"'), html.index('id="Answer"'),
                                   html.find('<img src="data:image/png'))
     assert provenance < answer and (figure == -1 or answer < figure)
+    assert (figure != -1) == any((d / "figures").glob("*.png")), "a figure of the run is missing from its report"
     info = json.loads((d / "run.json").read_text())
     assert info["git_commit"][:10] in html and info["params_hash"] in html
     if os.environ.get("RLWB_TEST_SCREENSHOTS"):  # a developer's look at every report (CI takes one: below)
@@ -415,10 +416,13 @@ def check_report(d: Path) -> None:
 
 def screenshot(d: Path, folder: Path) -> Path:
     """report.html of run `d` in headless Chromium, as `folder/<notebook>.png`."""
+    import tempfile
+
     folder.mkdir(parents=True, exist_ok=True)
-    shot = folder / f"{d.parent.name}.png"
-    r = chromium(f"--screenshot={shot}", "--window-size=1280,1800", (d / "report.html").as_uri(),
-                 profile=folder / ".chromium-profile")
+    shot = folder / f"{d.parent.name}-{d.name}.png"
+    with tempfile.TemporaryDirectory() as profile:  # one profile per call: two xdist workers may shoot at once
+        r = chromium(f"--screenshot={shot}", "--window-size=1280,1800", (d / "report.html").as_uri(),
+                     profile=Path(profile))
     assert shot.exists() and shot.stat().st_size > 20_000, r.stderr[-1000:]
     return shot
 
