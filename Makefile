@@ -4,8 +4,10 @@ VENV := .venv
 RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
-# pytest-xdist workers, one per core (a module stays whole on one worker); TEST_WORKERS=0 runs in this process
-TEST_WORKERS ?= 2
+# pytest-xdist workers (a module stays whole on one worker). 0: one process, the default. Two workers were measured
+# on 2 cores / 24 GiB (2026-11-25): each keeps its own session engines, free memory fell to ~0.6 GiB and engine
+# starts failed, so CI runs in one process (tests/README.md).
+TEST_WORKERS ?= 0
 
 .PHONY: setup kernel-side kernel engines versions peers trl-vllm browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
 
