@@ -47,6 +47,15 @@ def _on_path() -> Path:
     return d
 
 
+def omegaconf():
+    """`OmegaConf` from the peers' directory (SkyRL's configs are OmegaConf objects), importable in any test order:
+    the directory goes on sys.path first (an import before any peer was loaded failed when a test ran alone)."""
+    _on_path()
+    from omegaconf import OmegaConf
+
+    return OmegaConf
+
+
 def _load_file(name: str, path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)

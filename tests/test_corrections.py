@@ -231,8 +231,7 @@ def test_opsm_equals_trl():
 # ---- SkyRL -------------------------------------------------------------------------------------------------
 
 def _skyrl_cfg(**kw):
-    from omegaconf import OmegaConf
-
+    OmegaConf = peers.omegaconf()
     base = dict(tis_ratio_type=None, token_tis_ratio_clip_high=2.0, sequence_tis_ratio_clip_high=5.0,
                 sequence_mask_metric=None, geo_mask_high=1.01, geo_mask_low=0.99, product_mask_high=2.0,
                 product_mask_low=0.5, outlier_token_is_threshold_low=None, outlier_token_is_threshold_high=None,
@@ -366,8 +365,7 @@ def test_rlwb_loss_aggregates_as_skyrls(name, cfg):
     off-policy masks exist, and `ppo_policy_loss` sums over the masked tokens: a masked token stays in the count.
     rlwb's entry must give SkyRL's value and gradient; dropping the masked tokens from the count (verl's way) must
     not."""
-    from omegaconf import OmegaConf
-
+    OmegaConf = peers.omegaconf()
     sk = peers.skyrl_policy_loss()
     config = OmegaConf.create(dict(policy_loss_type="regular", eps_clip_low=EPS, eps_clip_high=EPS, clip_ratio_c=3.0,
                                    off_policy_correction=_skyrl_cfg(**cfg)))
