@@ -53,7 +53,7 @@ realistic: setup                     ## every notebook on the realistic embedded
 test: setup lint                     ## lint, then the whole test suite (real engines included)
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
-test-fast: kernel                    ## the tests that start no engine, notebook or browser (~3 min): while developing
+test-fast: kernel                    ## the tests that start no engine, notebook or browser (~1.5 min): while developing
 	$(VENV)/bin/python -m pytest -m "not slow and not engines and not browser" $(PYTEST_ARGS)
 
 lint: kernel                         ## ruff: style, import order, likely bugs (config: pyproject.toml)
