@@ -31,9 +31,6 @@ def run_notebook(stem: str, *extra: str, params_file: str = "smoke", timeout: in
     return run_dir
 
 
-SMOKE00 = ["notebooks/00_default_policy.ipynb", "-f", "params/00_default_policy/smoke.yaml"]
-
-
 @pytest.fixture(scope="session")
 def notebook00_runs(tmp_path_factory, default_model) -> tuple[Path, list[Path]]:
     """(archive root, [a, b, c]): notebook 00's smoke run three times through `rlwb run` (real papermill) into one
@@ -42,12 +39,8 @@ def notebook00_runs(tmp_path_factory, default_model) -> tuple[Path, list[Path]]:
     newest, has seed 5 and `eval_prompts 20` (other params: drift, other quoted numbers). Read-only: a test that
     changes an archive or a run copies it first (`copy_archive`)."""
     out = tmp_path_factory.mktemp("notebook00-archive")
-    dirs = []
-    for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20")):
-        r = rlwb("run", *SMOKE00, *extra, "--outputs", str(out), timeout=1200)
-        assert r.returncode == 0, r.stderr[-3000:]
-        dirs.append(Path(r.stdout.strip().splitlines()[-1]))
-    return out, dirs
+    return out, [run_notebook("00_default_policy", *extra, "--outputs", str(out))
+                 for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20"))]
 
 
 def copy_archive(root: Path, dest: Path) -> tuple[Path, dict[str, Path]]:

@@ -8,9 +8,11 @@ import pytest
 import yaml
 
 from rlwb import archive
-from tests.conftest import SMOKE00, rlwb
+from tests.conftest import rlwb
 
 REPO = Path(__file__).resolve().parent.parent
+SMOKE00 = ["notebooks/00_default_policy.ipynb", "-f", "params/00_default_policy/smoke.yaml"]
+
 
 @pytest.mark.slow
 def test_run_notebook_00_smoke_end_to_end(notebook00_runs, default_model):
