@@ -99,10 +99,14 @@ print(vllm.__version__)" 2>"$v/import-check.log" | tail -1) || { cat "$v/import-
   finish_env $v "$h"
 }
 
+# What the V0 env is built from: its stamp (`setup.sh v0-stamp` prints it; tests/test_setup.py compares it).
+v0_stamp() {
+  echo "$(hash_of scripts/setup.sh scripts/vllm_v0_wheel.py engines/vllm-v0-cpu.txt)$(has_cuda && echo cuda || echo cpu)-${RLWB_V0_ISA:-avx2}"
+}
+
 setup_v0() {
   local v=$ENVS/vllm-v0 h
-  h=$(hash_of scripts/setup.sh scripts/vllm_v0_wheel.py engines/vllm-v0-cpu.txt)$(has_cuda && echo cuda || echo cpu)
-  h=$h-${RLWB_V0_ISA:-avx2}
+  h=$(v0_stamp)
   if stamp_ok $v "$h"; then log "vLLM V0 env is up to date"; return; fi
   log "creating $v"
   begin_env $v; [ -x $v/bin/python ] || "$PY" -m venv $v
@@ -176,7 +180,8 @@ case "${1:-all}" in
   peers) timed setup_peers ;;
   trl-vllm) timed setup_trl_vllm ;;
   v0) timed setup_v0 ;;
+  v0-stamp) v0_stamp ;;
   v1) timed setup_v1 ;;
   all) timed setup_kernel; timed setup_v1; timed setup_v0; timed setup_peers; ensure_chromium ;;
-  *) echo "usage: $0 kernel|engines|peers|trl-vllm|v0|v1|browser|all" >&2; exit 2 ;;
+  *) echo "usage: $0 kernel|engines|peers|trl-vllm|v0|v0-stamp|v1|browser|all" >&2; exit 2 ;;
 esac

@@ -123,9 +123,8 @@ def test_the_v0_build_that_setup_made_is_this_machines_and_is_reused(tmp_path):
     venv = envs_dir() / "vllm-v0"
     # the stamp setup.sh writes (setup_v0: what the env was built from); a stale one would make the rerun below
     # rebuild the live env under the other tests' engines: refuse instead
-    built_from = b"".join((REPO / f).read_bytes() for f in ("scripts/setup.sh", "scripts/vllm_v0_wheel.py",
-                                                              "engines/vllm-v0-cpu.txt"))
-    stamp = f"{hashlib.sha256(built_from).hexdigest()[:16]}cpu-{os.environ.get('RLWB_V0_ISA', 'avx2')}"
+    stamp = subprocess.run(["bash", "scripts/setup.sh", "v0-stamp"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.strip()
     assert not (venv / ".rlwb-incomplete").exists()
     assert (venv / ".rlwb-stamp").read_text().strip() == stamp, "the V0 env is out of date: run `make setup` first"
     v0_python = str(venv / "bin" / "python")
