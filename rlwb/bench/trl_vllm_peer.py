@@ -1,6 +1,6 @@
 """TRL's `GRPOTrainer` generating with vLLM (`use_vllm=True`, colocate mode): `rlwb bench`'s peer on the same engine.
 
-Run by `rlwb bench` under `.venvs/trl-vllm` (the same vLLM release as `.venvs/vllm-v1`, plus TRL;
+Run by `rlwb bench` under `.venvs/trl-vllm` (TRL on the very vLLM build of `.venvs/vllm-v1`, layered by a .pth;
 `scripts/setup.sh trl-vllm`): `python -m rlwb.bench.trl_vllm_peer CONFIG_JSON`. Prints `RLWB_RESULT <json>`.
 
 Stock TRL 1.16 does not get past its first weight sync on vLLM's CPU build, and this module says exactly why
