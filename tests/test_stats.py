@@ -131,14 +131,13 @@ def test_cliffs_delta_hand_computed_and_identical_samples():
 
 
 def test_reward_equivalence_with_one_engine_has_means_and_no_pairs():
-    from rlwb import params
     from rlwb.experiments import logprob_mismatch as mismatch
+    from rlwb.experiments.wording.logprob_mismatch import reward_lines
 
     m = mismatch.reward_equivalence({"hf": np.array([1.0, 0.0, 1.0, 1.0])})
     assert m["hf/reward_mean"] == 0.75 and not any("_vs_" in k for k in m)
-    p = params.load("01_logprob_mismatch", overrides={"engines": ["hf"], "reward_samples": 4})
-    text = "\n".join(mismatch.reward_conclusion(m, p))
-    assert "`hf` 0.750" in text
+    text = "\n".join(reward_lines(m, ["hf"], 4))
+    assert "`hf` 0.750" in text and "No pair" not in text and "differ" not in text
 
 
 def _wilson_by_formula(k: int, n: int, alpha: float) -> tuple[float, float]:
