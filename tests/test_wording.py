@@ -161,3 +161,25 @@ def test_stress_conclusion_says_when_there_is_no_paged_cache_or_no_preemption_co
                "hf/pressure_identical_frac": 1.0}
     assert "(512-token KV cache, preemptions not exposed)" in W05.conclusion(pressed, ["hf"], 0.01)
     assert "3 preemptions" in W05.conclusion({**pressed, "hf/pressure_preemptions": 3.0}, ["hf"], 0.01)
+
+
+def test_default_policy_names_its_model_and_adds_held_out_text_only_when_measured():
+    from rlwb.experiments.wording import default_policy as W00
+
+    m = {"policy/params": 1234567, "policy/greedy_accuracy": 0.4, "policy/mean_completion_tokens": 21.25,
+         "policy/reversed_answer_frac": 0.1}
+    text = W00.conclusion(m, "default", 200)
+    assert text.startswith("**Conclusion.** The default policy has 1,234,567 parameters and solves 40.0% of 200")
+    assert "held-out standard-library" not in text
+    other = W00.conclusion({**m, "policy/held_out_entropy": 2.5, "policy/held_out_cross_entropy": 2.75}, "chat", 200)
+    assert "The `chat` model has" in other and "entropy is 2.50 nats (cross-entropy 2.75)" in other
+
+
+def test_determinism_line_per_engine_that_ran():
+    from rlwb.experiments.wording import determinism_and_staleness as W04
+
+    m = {"v1/batch_invariant_frac": 0.5, "v1/prefix_caching": 1.0, "v1/batch_max_abs_dlogp": 0.01,
+         "v1/rerun_identical_frac": 1.0, "v1/stale_cache_abs_dlogp_max": 0.2, "v1/after_reset_abs_dlogp_max": 1e-9}
+    (line,) = W04.conclusion(m, ["v1", "v0"], 8).splitlines()
+    assert line.startswith("- `v1` (prefix caching on): 50% of greedy requests bitwise identical alone vs in a batch "
+                           "of 8 (max |Δlogp| 1.0e-02); 100% of seeded reruns identical")
