@@ -29,6 +29,8 @@ ALLOWED = {
                      "rlwb.core.checked_fields", "rlwb.engines"),
     "rlwb.core": (),  # the package's docstring only: every module lives in a domain
     "rlwb.experiments": ("rlwb.experiments", "rlwb.core", "rlwb.engines"),
+    # the sentences: plain values in, Markdown out; the experiments decide, nothing here computes or measures
+    "rlwb.experiments.wording": ("rlwb.experiments.wording",),
     "rlwb.plots": ("rlwb.plots", "rlwb.core"),
 }
 
@@ -119,13 +121,17 @@ def test_the_layer_check_catches_an_upward_import():
 
 def test_core_subpackages_import_only_the_domains_below_them():
     """The check above applies per core subpackage: data and measure import no other part of core, models no
-    scoring, scoring no rl; engines no core at all."""
+    scoring, scoring no rl; engines no core at all; the experiments' wording nothing but itself (and the leaf
+    utilities)."""
     assert allowed("rlwb.core.rl.grpo", "rlwb.core.scoring.trainer")
     assert not allowed("rlwb.core.scoring.trainer", "rlwb.core.rl.grpo")
     assert not allowed("rlwb.core.data.tasks", "rlwb.core.models.store")
     assert not allowed("rlwb.core.measure.metrics", "rlwb.core.rl.mismatch_doses")
     assert not allowed("rlwb.engines.worker", "rlwb.core.scoring.trainer")
     assert allowed("rlwb.experiments.audit", "rlwb.core.scoring.external")
+    assert allowed("rlwb.experiments.toy_grpo", "rlwb.experiments.wording.toy_grpo")
+    assert not allowed("rlwb.experiments.wording.toy_grpo", "rlwb.core.rl.correction_catalog")
+    assert not allowed("rlwb.experiments.wording.engine_knobs", "rlwb.experiments.engine_knobs")
     core = {m for m in modules() if m.startswith("rlwb.core.")}
     assert core and all(layer(m) != "rlwb.core" for m in core), sorted(m for m in core if layer(m) == "rlwb.core")
 

@@ -131,48 +131,109 @@ def test_cliffs_delta_hand_computed_and_identical_samples():
 
 
 def test_reward_equivalence_with_one_engine_has_means_and_no_pairs():
-    from rlwb import params
     from rlwb.experiments import logprob_mismatch as mismatch
+    from rlwb.experiments.wording.logprob_mismatch import reward_lines
 
     m = mismatch.reward_equivalence({"hf": np.array([1.0, 0.0, 1.0, 1.0])})
     assert m["hf/reward_mean"] == 0.75 and not any("_vs_" in k for k in m)
-    p = params.load("01_logprob_mismatch", overrides={"engines": ["hf"], "reward_samples": 4})
-    text = "\n".join(mismatch.reward_conclusion(m, p))
-    assert "`hf` 0.750" in text
+    text = "\n".join(reward_lines(m, ["hf"], 4))
+    assert "`hf` 0.750" in text and "No pair" not in text and "differ" not in text
 
 
-def test_wilson_interval_equals_scipys_on_a_grid():
-    """`proportion_ci` against scipy's Wilson interval (`binomtest(k, n).proportion_ci(method="wilson")`): the same
-    to the last bits (<= 2 ulp of 1). Kept hand-written because scipy's rounds differently in the last bit for
-    about two thirds of (k, n), and the interval is written into metrics.json (notebook 05)."""
-    from scipy.stats import binomtest
+def _wilson_by_formula(k: int, n: int, alpha: float) -> tuple[float, float]:
+    """Wilson's interval written out (Wilson 1927, eq. for the score interval): center (p + z²/2n) / (1 + z²/n),
+    half-width z / (1 + z²/n) * sqrt(p(1 - p)/n + z²/4n²), clipped to [0, 1]."""
+    z = st.norm.ppf(1 - alpha / 2)
+    ph = k / n
+    center = (ph + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n))
+    return max(0.0, center - half), min(1.0, center + half)
 
+
+def test_wilson_interval_equals_the_formula_on_a_grid():
+    """`proportion_ci` (scipy's `binomtest(k, n).proportion_ci(method="wilson")`) against Wilson's formula written
+    out here: the same to the last bits (<= 5e-16; scipy rounds differently in the last bit for about two thirds of
+    (k, n)), at three levels, so a level passed the wrong way round (alpha for 1 - alpha) or another method fails."""
     for n in [*range(1, 61), 97, 200, 1000]:
         for k in range(0, n + 1, max(1, n // 40)):
             for alpha in (0.05, 0.1, 0.01):
-                ref = binomtest(k, n).proportion_ci(confidence_level=1 - alpha, method="wilson")
+                ref_lo, ref_hi = _wilson_by_formula(k, n, alpha)
                 lo, hi = stats.proportion_ci(k, n, alpha)
-                assert abs(lo - ref.low) <= 5e-16 and abs(hi - ref.high) <= 5e-16, (k, n, alpha)
+                assert abs(lo - ref_lo) <= 5e-16 and abs(hi - ref_hi) <= 5e-16, (k, n, alpha)
+
+
+def test_wilson_interval_edges():
+    """n = 0: no trials, no interval (nan, nan); k = 0 starts at exactly 0 and k = n ends at exactly 1 (never
+    beyond); k outside [0, n] and alpha outside (0, 1) are refused naming what is wrong."""
     assert all(np.isnan(stats.proportion_ci(0, 0)))
+    for n in (1, 2, 7, 50):
+        lo, hi = stats.proportion_ci(0, n)
+        assert lo == 0.0 and 0 < hi < 1
+        lo, hi = stats.proportion_ci(n, n)
+        assert 0 < lo < 1 and hi == 1.0
+    with pytest.raises(ValueError, match="successes"):
+        stats.proportion_ci(-1, 5)
+    with pytest.raises(ValueError, match="alpha"):
+        stats.proportion_ci(1, 5, alpha=0.0)
 
 
-def test_permutation_pvalue_equals_scipys_permutation_test():
-    """`permutation_pvalue` is scipy's randomized `permutation_test` (vectorized) of |mean(a) - mean(b)| with the
-    same generator: bitwise the same p, (k + 1) / (n_perm + 1). Kept as its own loop because scipy switches to
-    the exact test when there are fewer distinct partitions than `n_perm` (small samples), which would change
-    archived p-values."""
+def _mean_diff(x, y, axis=-1):
+    return x.mean(axis=axis) - y.mean(axis=axis)
+
+
+def _exact_two_sided_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Every split of the pooled values into |a| and |b| enumerated by hand: twice the smaller one-sided share of
+    splits at least as extreme as the observed mean difference, capped at 1."""
+    from itertools import combinations
+
+    pooled, obs = np.concatenate([a, b]), a.mean() - b.mean()
+    diffs = []
+    for idx in combinations(range(pooled.size), a.size):
+        mask = np.zeros(pooled.size, bool)
+        mask[list(idx)] = True
+        diffs.append(pooled[mask].mean() - pooled[~mask].mean())
+    diffs = np.array(diffs)
+    tol = 1e-12
+    return min(1.0, 2 * min(np.mean(diffs <= obs + tol), np.mean(diffs >= obs - tol)))
+
+
+def test_permutation_pvalue_is_exact_when_every_split_fits_in_n_perm():
+    """With n_perm >= C(n_a + n_b, n_a) the test enumerates every split: p is the exact permutation p-value,
+    checked against the enumeration written out here (not against scipy, which computes it). On hand values:
+    a = (1, 1, 1) vs b = (0, 0, 0) is the most extreme of C(6, 3) = 20 splits, p = 2 / 20."""
     from math import comb
 
-    from scipy.stats import permutation_test
+    assert stats.permutation_pvalue(np.ones(3), np.zeros(3), n_perm=100) == pytest.approx(0.1, abs=1e-15)
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        a, b = rng.normal(0.5, 1.0, int(rng.integers(2, 6))), rng.normal(0.0, 1.0, int(rng.integers(2, 6)))
+        assert comb(a.size + b.size, a.size) <= 999
+        assert stats.permutation_pvalue(a, b, n_perm=999, seed=1) == pytest.approx(_exact_two_sided_p(a, b),
+                                                                                   abs=1e-12)
 
+
+def test_permutation_pvalue_samples_when_the_splits_outnumber_n_perm():
+    """Above C(n_a + n_b, n_a) > n_perm, random splits from `seed`: each one-sided p is (k + 1) / (n_perm + 1), so
+    p (n_perm + 1) / 2 is a whole number and p > 0; the same seed gives the same p; and p is within Monte Carlo
+    error of the exact p-value enumerated by hand (C(16, 8) = 12870 splits)."""
     rng = np.random.default_rng(3)
     for seed in range(4):
-        a, b = (rng.random(14) < 0.5).astype(float), rng.normal(0.3, 1.0, 12)
-        assert comb(a.size + b.size, a.size) > 999  # scipy samples (no exact test) at this size
-        ref = permutation_test((a, b), lambda x, y, axis=-1: np.abs(x.mean(axis=axis) - y.mean(axis=axis)),
-                               permutation_type="independent", vectorized=True, n_resamples=999,
-                               alternative="greater", rng=np.random.default_rng(seed))
-        assert stats.permutation_pvalue(a, b, n_perm=999, seed=seed) == ref.pvalue
+        a, b = rng.normal(0.6, 1.0, 8), rng.normal(0.0, 1.0, 8)
+        p = stats.permutation_pvalue(a, b, n_perm=2000, seed=seed)
+        assert p == stats.permutation_pvalue(a, b, n_perm=2000, seed=seed) and p > 0
+        assert (p * 2001 / 2) == pytest.approx(round(p * 2001 / 2), abs=1e-9) or p == 1.0
+        exact = _exact_two_sided_p(a, b)
+        assert abs(p - exact) <= 4 * np.sqrt(exact * (1 - exact) / 2000) * 2 + 2 / 2001, (p, exact)
+
+
+def test_permutation_pvalue_edges():
+    """Identical constant samples: no difference, p = 1. An empty side has no mean and is refused by name."""
+    assert stats.permutation_pvalue(np.full(4, 0.5), np.full(6, 0.5), n_perm=50) == 1.0
+    assert stats.permutation_pvalue(np.full(40, 0.5), np.full(60, 0.5), n_perm=50) == 1.0
+    with pytest.raises(ValueError, match="at least 1 value per side"):
+        stats.permutation_pvalue(np.array([]), np.ones(3))
+    with pytest.raises(ValueError, match="n_perm"):
+        stats.permutation_pvalue(np.ones(3), np.zeros(3), n_perm=0)
 
 
 def test_holm_against_the_textbook_example():

@@ -14,6 +14,7 @@ import pandas as pd
 
 from rlwb.core.models.llama import greedy_eval
 from rlwb.experiments.base import OnStart, Result
+from rlwb.experiments.wording import default_policy as wording_00
 
 
 @dataclass
@@ -85,15 +86,5 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 
 
 def conclusion(metrics: dict, p) -> str:
-    name = "default policy" if getattr(p, "model", "default") == "default" else f"`{p.model}` model"
-    text = ""
-    if "policy/held_out_entropy" in metrics:
-        text = (f" On held-out standard-library text its next-token entropy is "
-                f"{metrics['policy/held_out_entropy']:.2f} nats (cross-entropy "
-                f"{metrics['policy/held_out_cross_entropy']:.2f}): a policy that is uncertain where real models are.")
-    return (f"**Conclusion.** The {name} has {metrics['policy/params']:,} parameters and solves "
-            f"{metrics['policy/greedy_accuracy']:.1%} of {p.eval_prompts} held-out problems greedily, with "
-            f"{metrics['policy/mean_completion_tokens']:.1f} completion tokens on average; "
-            f"{metrics['policy/reversed_answer_frac']:.1%} of its answers are written reversed. Partly solved, "
-            f"so GRPO has headroom, and long enough for per-token engine/trainer mismatch to add up over a "
-            f"sequence." + text)
+    """`wording.default_policy`."""
+    return wording_00.conclusion(metrics, getattr(p, "model", "default"), p.eval_prompts)

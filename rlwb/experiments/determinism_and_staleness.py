@@ -22,7 +22,7 @@ from rlwb.core.scoring.rollouts import common_prefix_max_dlogp
 from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling
 from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table
-from rlwb.formatting import metric
+from rlwb.experiments.wording import determinism_and_staleness as wording_04
 
 
 def _identical(a: Completion, b: Completion) -> bool:
@@ -178,17 +178,5 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 
 
 def conclusion(metrics: dict, p) -> str:
-    lines = []
-    for e in p.engines:
-        g = lambda k: metrics.get(f"{e}/{k}")
-        v = lambda k, spec=".1e": metric(k, g(k), spec)  # at the float floor: "≤ 1e-07", never noise
-        if g("batch_invariant_frac") is None:
-            continue
-        lines.append(
-            f"- `{e}` (prefix caching {'on' if g('prefix_caching') else 'off'}): "
-            f"{g('batch_invariant_frac'):.0%} of greedy requests bitwise identical alone vs in a batch of "
-            f"{max(p.batch_sizes)} (max |Δlogp| {v('batch_max_abs_dlogp')}); "
-            f"{g('rerun_identical_frac'):.0%} of seeded reruns identical; after an in-flight update without a "
-            f"cache reset max |Δlogp| vs the trainer = {v('stale_cache_abs_dlogp_max')}, after a reset "
-            f"{v('after_reset_abs_dlogp_max')}.")
-    return "\n".join(lines)
+    """`wording.determinism_and_staleness`."""
+    return wording_04.conclusion(metrics, list(p.engines), max(p.batch_sizes))

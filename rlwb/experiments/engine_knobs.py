@@ -34,6 +34,8 @@ from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.errors import EngineCrashed, EngineError, PresetError
 from rlwb.experiments.base import OnStart, Result, launch_engine, prefetch_engines, split_metrics
 from rlwb.experiments.engine_readback import EFFECTIVE, ENV_READBACK, error_line, not_applied
+from rlwb.experiments.wording import engine_knobs as wording_06
+from rlwb.experiments.wording.engine_knobs import VERDICTS
 
 # (metric, comparison, bound, source). verl: docs/algo/rollout_corr.md's health check warns when
 # |rollout_corr/kl| > 0.1, rollout_is_eff_sample_size < 0.3 or chi2_token > 1.0
@@ -63,7 +65,7 @@ def health(metrics: dict, group: str) -> tuple[bool, list[str]]:
         v = abs(metrics[f"{group}/k1_mean"]) if name == "abs_k1" else metrics[f"{group}/{name}"]
         ok = v >= bound if op == ">=" else v <= bound
         if not ok:
-            failed.append(f"{name} {v:.3g} (needs {op} {bound:g}, {source})")
+            failed.append(wording_06.failed_rule(name, v, op, bound, source))
     return not failed, failed
 
 
@@ -173,9 +175,6 @@ class KnobResult(Result):
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.status, self.params)
-
-
-VERDICTS = {"floor": "at the float floor", "healthy": "healthy", "unhealthy": "fails a health rule"}
 
 
 def verdict(metrics: dict, group: str) -> str:
@@ -412,55 +411,26 @@ def moe_audit(p, mets: dict, rows: list, on_start: OnStart, progress: bool) -> p
 
 
 def conclusion(metrics: dict, status: pd.DataFrame, p) -> str:
-    """The answer in Markdown; every number from `metrics`."""
+    """The answer in Markdown (`wording.engine_knobs`); every number from `metrics`. Here: which knobs ran, which
+    stay at the float floor, the others worst first with the health rules they fail, what did not run."""
     m = metrics
     ok = status[(status.section == "knob") & (status.status == "ok") & (status.knob != BASELINE)]
     bad = status[(status.section == "knob") & (status.status != "ok")]
-    lines = [f"**Setup.** Baseline `{p.baseline}` on `{p.model}`, {p.prompts} {p.prompt_source.replace('_', '-')} "
-             f"prompts, T={p.temperature:g}, {p.max_tokens} tokens, trainer {p.trainer_dtype}; every knob samples the "
-             f"same prompts with the same seeds. Baseline: max |Δlogp| {m[f'{BASELINE}/abs_dlogp_max']:.1e}, "
-             f"{m[f'{BASELINE}/tok_s']:.0f} tok/s."]
     floor = [k for k in ok.knob if m[f"{k}/abs_dlogp_max"] <= FLOAT_FLOOR]
-    moved = [k for k in ok.knob if k not in floor]
-    if floor:
-        lines.append("\n**Free of mismatch** (max |Δlogp| ≤ 1e-4, as the baseline): "
-                     + ", ".join(f"`{k}` ({m[f'{k}/throughput_ratio']:.2f}× throughput)" for k in floor) + ".")
-    if moved:
-        worst = sorted(moved, key=lambda k: -m[f"{k}/k3_mean"])
-        lines.append("\n**Knobs that move the engine off the trainer**, worst first (k3 with its 95% interval; "
-                     "throughput relative to the baseline):")
-        for k in worst:
-            _, failed = health(m, k)
-            lines.append(f"- `{k}`: k3 = {m[f'{k}/k3_mean']:.2e} [{m[f'{k}/k3_mean_ci_low']:.2e}, "
-                         f"{m[f'{k}/k3_mean_ci_high']:.2e}], max |Δlogp| = {m[f'{k}/abs_dlogp_max']:.2e}, "
-                         f"{m[f'{k}/same_tokens_frac']:.0%} of completions token-identical to the baseline, "
-                         f"{m[f'{k}/throughput_ratio']:.2f}× throughput; "
-                         + ("fails " + "; ".join(failed) if failed else "passes the published health rules") + ".")
-    for status_name, rows_ in bad.groupby("status", sort=False):
-        lines.append(f"\n**{status_name[0].upper() + status_name[1:]}** (the engine's own words): "
-                     + "; ".join(f"`{r.knob}`: {r.error}" for r in rows_.itertuples()) + ".")
+    moved = sorted((k for k in ok.knob if k not in floor), key=lambda k: -m[f"{k}/k3_mean"])
     unverified = ok[ok.not_verified != ""] if "not_verified" in ok else ok.iloc[:0]
-    if len(unverified):
-        lines.append("\n**Not verified** (measured as configured: nothing the running engine reports confirms these "
-                     "settings): " + "; ".join(f"`{r.knob}`: {r.not_verified}" for r in unverified.itertuples()) + ".")
     versions = status[status.section == "version"]
-    if len(versions):
-        parts = []
-        for r in versions.itertuples():
-            if r.status == "ok":
-                parts.append(f"`{r.knob}` (vLLM {r.vllm_version}): max |Δlogp| {m[f'{r.knob}/abs_dlogp_max']:.1e}, "
-                             f"{m[f'{r.knob}/throughput_ratio']:.2f}× the baseline's throughput")
-            else:
-                parts.append(f"`{r.knob}`: {r.status} ({r.error})")
-        lines.append("\n**Versions**: " + "; ".join(parts) + ".")
-    moe = [k for k in status.knob if str(k).startswith("moe/") and f"{k}/topk_set_agree" in m]
-    if moe:
-        lines.append(f"\n**MoE router** (`{p.moe_model}`, top-k set agreement engine vs trainer, mean over layers): "
-                     + ", ".join(f"`{k.split('/', 1)[1]}` {m[f'{k}/topk_set_agree']:.2%} "
-                                 f"({m[f'{k}/any_layer_differs_frac']:.1%} of tokens routed differently in some layer;"
-                                 f" k3 {m[f'{k}/k3_mean']:.1e})" for k in moe) + ".")
-    lines.append("\nHealth rules: verl rollout correction (ESS of its token TIS weights, cap 2, ≥ 0.3; χ² ≤ 1; "
-                 "|KL| ≤ 0.1) and NeMo-RL (token_mult_prob_error ≤ 1.05). Intervals: 95%, bootstrap over sequences; "
-                 "changes against the baseline paired by prompt and seed. Every setting a knob changes was read back "
-                 "from the running engine before it was measured, except those marked not verified.")
-    return "\n".join(lines)
+    setup = {"run": {"baseline": p.baseline, "model": p.model, "prompts": p.prompts,
+                     "prompt_source": p.prompt_source, "temperature": p.temperature, "max_tokens": p.max_tokens,
+                     "trainer_dtype": p.trainer_dtype, "baseline_abs_dlogp_max": m[f"{BASELINE}/abs_dlogp_max"],
+                     "baseline_tok_s": m[f"{BASELINE}/tok_s"]},
+             "float_floor": FLOAT_FLOOR, "floor": {k: m[f"{k}/throughput_ratio"] for k in floor},
+             "failed": {k: health(m, k)[1] for k in moved},
+             "not_run": {name: {r.knob: r.error for r in rows.itertuples()}
+                         for name, rows in bad.groupby("status", sort=False)},
+             "unverified": {r.knob: r.not_verified for r in unverified.itertuples()},
+             "versions": [{"knob": r.knob, "status": r.status, "vllm_version": getattr(r, "vllm_version", None),
+                           "error": getattr(r, "error", None)} for r in versions.itertuples()],
+             "moe_model": p.moe_model,
+             "moe": [k for k in status.knob if str(k).startswith("moe/") and f"{k}/topk_set_agree" in m]}
+    return wording_06.conclusion(m, setup)

@@ -32,7 +32,7 @@ from rlwb.core.scoring.rollouts import common_prefix_max_dlogp
 from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table, prefetch_engines, split_metrics
-from rlwb.formatting import metric, number
+from rlwb.experiments.wording import equivalence_and_stress as wording_05
 
 
 def trainer_logp(scorer: TrainerScorer, comps: list[Completion], sampling: Sampling, raw: bool,
@@ -271,35 +271,5 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 
 
 def conclusion(metrics: dict, p) -> str:
-    """Every statement with its interval (95%)."""
-    lines = []
-    for e in p.engines:
-        g = lambda k: metrics.get(f"{e}/{k}")
-        v = lambda k, spec=".1e": metric(k, g(k), spec)  # at the float floor: "≤ 1e-07", never noise
-        if g("validate_pass_rate") is None:
-            continue
-        s = (f"- `{e}`: validator {g('validate_pass_rate'):.0%} of {int(g('validate_cases'))} cases within "
-             f"{p.validate_tolerance:g} (95% CI {g('validate_pass_rate_ci_low'):.0%}-"
-             f"{g('validate_pass_rate_ci_high'):.0%}), "
-             f"worst max |Δlogp| {v('validate_worst_abs_dlogp')}. ")
-        if g("pressure_abs_dlogp_max") is not None:
-            pre = g("pressure_preemptions")
-            s += (f"Under memory pressure ({int(g('pressure_kv_tokens'))}-token KV cache, "
-                  f"{'preemptions not exposed' if pre is None or pre != pre else f'{int(pre)} preemptions'}): "
-                  f"max |Δlogp| vs trainer "
-                  f"{v('pressure_abs_dlogp_max')} (mean {v('pressure_abs_dlogp_mean')}, 95% CI "
-                  f"{v('pressure_abs_dlogp_mean_ci_low')}-{v('pressure_abs_dlogp_mean_ci_high')}) vs "
-                  f"{v('free_abs_dlogp_max')} without; {g('pressure_identical_frac'):.0%} of requests gave the "
-                  f"same "
-                  f"tokens as without pressure. ")
-        else:
-            s += "No paged KV cache, so no memory-pressure check. "
-        s += (f"Long context up to position {int(g('longctx_max_position'))}: "
-              f"max |Δlogp| {v('longctx_abs_dlogp_max')} "
-              f"(over the whole vocabulary {number(g('longctx_dist_abs_dlogp_max'), '.1e', 'n/a')}: "
-              f"shortest prompts {g('longctx_max_near'):.1e}, "
-              f"longest {g('longctx_max_far'):.1e}; "
-              f"mean {v('longctx_abs_dlogp_mean')}, 95% CI {v('longctx_abs_dlogp_mean_ci_low')}-"
-              f"{v('longctx_abs_dlogp_mean_ci_high')}).")
-        lines.append(s)
-    return "\n".join(lines)
+    """Every statement with its interval (95%): `wording.equivalence_and_stress`."""
+    return wording_05.conclusion(metrics, list(p.engines), p.validate_tolerance)

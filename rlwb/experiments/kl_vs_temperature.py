@@ -25,8 +25,7 @@ from rlwb.core.scoring.rollouts import sample_and_score
 from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Sampling, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, iter_engines
-from rlwb.experiments.wording import ci_text
-from rlwb.formatting import metric
+from rlwb.experiments.wording import kl_vs_temperature as wording_02
 
 SWEEP_METRICS = ("k3_mean", "k1_mean", "abs_dlogp_mean", "abs_dlogp_max", "full_kl_mean", "n_tokens")
 SWEEP_CIS = tuple(f"{k}_ci_{s}" for k in stats.CI_METRICS for s in ("low", "high"))
@@ -121,35 +120,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 
 
 def conclusion(metrics: dict, p) -> str:
-    lines = []
-    temps = sorted(p.temperatures)
-    for e in p.engines:
-        vals = [metrics.get(f"{e}/{setting_label(T)}/abs_dlogp_max") for T in temps]
-        if all(v is None for v in vals):
-            continue
-        worst = max((v for v in vals if v is not None), default=float("nan"))
-        at1 = metrics.get(f"{e}/{setting_label(1.0)}/abs_dlogp_max") if 1.0 in temps else None
-        err = max((metrics.get(f"{e}/{setting_label(T)}/analytic_abs_err_max") or 0) for T in temps)
-        lines.append(f"- `{e}`: max |Δlogp| over T ∈ [{temps[0]:g}, {temps[-1]:g}] is "
-                     f"{metric('abs_dlogp_max', worst, '.2e')}"
-                     + (f" ({metric('abs_dlogp_max', at1, '.2e')} at T=1)" if at1 is not None else "")
-                     + f"; measured log r matches the analytical expectation to {err:.1e}.")
-    T0 = 0.7 if 0.7 in temps else temps[0]
-    for e in p.engines:
-        k3 = metrics.get(f"{e}/{setting_label(T0)}/k3_mean")
-        if k3 is not None:
-            ci = ci_text(metrics, f"{e}/{setting_label(T0)}", "k3_mean")
-            lines.append(f"- `{e}` at T={T0:g}: k3 = {metric('k3_mean', k3, '.2e')} {ci}.")
-    for tp in [x for x in p.top_p_values if x < 1.0]:
-        for e in p.engines:
-            a = metrics.get(f"{e}/{setting_label(T0, tp)}/k3_mean")
-            b = metrics.get(f"{e}+trainer_no_renorm/{setting_label(T0, tp)}/k3_mean")
-            if a is not None and b is not None:
-                ci_a = ci_text(metrics, f"{e}/{setting_label(T0, tp)}", "k3_mean")
-                ci_b = ci_text(metrics, f"{e}+trainer_no_renorm/{setting_label(T0, tp)}", "k3_mean")
-                lines.append(f"- top_p={tp:g}, `{e}`: k3 = {metric('k3_mean', a, '.1e')} {ci_a} "
-                             f"against a renormalising trainer vs {metric('k3_mean', b, '.1e')} "
-                             f"{ci_b} against one "
-                             f"that does not renormalise (the TRL #6789 bias).")
-    lines.append("\nBrackets: 95% intervals from resampling whole sequences.")
-    return "\n".join(lines)
+    """`wording.kl_vs_temperature`, with the metric keys' labels of every (temperature, top_p) it may read."""
+    temps = sorted({*p.temperatures, 1.0})
+    labels = {(T, tp): setting_label(T, tp) for T in temps for tp in (1.0, *p.top_p_values)}
+    return wording_02.conclusion(metrics, list(p.engines), list(p.temperatures), list(p.top_p_values), labels)

@@ -2,7 +2,8 @@
 
 The loop itself (one step, a training run, in-flight weight sync) is `rlwb.core.rl.grpo`; the grid over it (engines x
 corrections x seeds, all from the same initial weights) is `grpo_grid.train_grid`, shared with notebook 07; this
-module turns the curves into metrics and writes the conclusion.
+module turns the curves into metrics and gathers what the conclusion states (its sentences:
+`rlwb.experiments.wording.toy_grpo`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from rlwb.core.measure import stats
@@ -26,8 +26,7 @@ from rlwb.experiments.grpo_grid import (
     timing_note,
     train_grid,
 )
-from rlwb.experiments.wording import floor_lines
-from rlwb.formatting import KL_FLOOR, metric
+from rlwb.experiments.wording import toy_grpo as wording_03
 
 REFERENCE = "vllm-v1-fixed+none"  # the fixed engine, uncorrected: what notebook 03 pairs every run against
 LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration must reach (notebook 03)
@@ -128,68 +127,30 @@ def paired_gaps(curves: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def skipped_lines(metrics: dict, p) -> list[str]:
-    """Which engines ran `none` alone because their `none` runs measured no mismatch (`skip_at_floor`), with
-    the largest per-step k3 that decision rests on."""
-    others = [c for c in p.corrections if c != "none"]
-    engines = [e for e in p.engines if metrics.get(f"{e}/skipped_at_floor") == 1.0]
-    if not others or not engines:
-        return []
-    where = ", ".join(f"`{e}` (largest per-step k3 {metric('k3', metrics[f'{e}+none/mismatch_k3_max'], '.1e')})"
-                      for e in engines)
-    return [f"\nNot run on {where}: {', '.join(f'`{c}`' for c in others)}. Their `none` runs measured "
-            f"engine-trainer k3 at the float floor (≤ {KL_FLOOR:g}) on every step, so every correction's weight is 1 "
-            f"and its run would repeat `none`'s (`skip_at_floor: false` runs them anyway)."]
-
-
 def conclusion(metrics: dict, p) -> str:
-    lines = [f"**Setup.** {p.steps} steps × {p.prompts_per_step} prompts × {p.group_size} completions, "
-             f"T={p.temperature:g}, lr={p.lr:g}, old logprobs from the {p.old_logprobs}, {p.num_seeds} seeds "
-             f"(means over seeds; first/last = first/last 10% of steps). {timing_note(p)}"]
-    lines += [f"\n{w}" for w in floor_lines(metrics)]
-    lines += skipped_lines(metrics, p)
-    for e in p.engines:
-        for c in p.corrections:
-            L = f"{e}+{c}"
-            if f"{L}/reward_first" not in metrics:
-                continue
-            a, b = metrics[f"{L}/reward_first"], metrics[f"{L}/reward_last"]
-            lo, hi = metrics.get(f"{L}/reward_last_ci_low"), metrics.get(f"{L}/reward_last_ci_high")
-            ci = f" [95% CI {lo:.3f}, {hi:.3f}]" if lo is not None and np.isfinite(lo) else ""
-            lines.append(f"- `{L}`: reward {a:.3f} → {b:.3f}{ci} ({b - a:+.3f}); clip fraction "
-                         f"{metrics[f'{L}/clip_frac_mean']:.1%}; "
-                         f"engine-trainer k3 {metric('k3', metrics[f'{L}/mismatch_k3_mean'], '.1e')}; "
-                         f"{metrics[f'{L}/step_s_mean']:.2f} s/step.")
-    deltas = {k.rsplit("/", 1)[0]: metrics[k.replace("reward_first", "reward_last")] - metrics[k]
-              for k in metrics if k.endswith("/reward_first")}
-    ref = "vllm-v1-fixed+none"
-    if ref in deltas:
-        verdict = "learns" if deltas[ref] >= LEARNING_MIN_GAIN else "does NOT learn"
-        lo, hi = metrics.get(f"{ref}/reward_gain_ci_low"), metrics.get(f"{ref}/reward_gain_ci_high")
-        ci = f" [95% CI over seeds {lo:+.3f}, {hi:+.3f}]" if lo is not None and np.isfinite(lo) else ""
-        lines.append(f"\n**Learning check.** The correct configuration `{ref}` {verdict} on this budget: reward "
-                     f"{deltas[ref]:+.3f}{ci} (criterion: ≥ {LEARNING_MIN_GAIN:+.2f}).")
-    paired = reference(deltas)
-    gaps = [L for L in deltas if f"{L}/gap" in metrics]
-    if paired and gaps and p.num_seeds > 1:
-        lines.append(f"\n**Paired gaps to `{paired}`** (final reward minus its, seed by seed; 95% CI over "
-                     f"{p.num_seeds} seeds): " + "; ".join(
-                         f"`{L}` {metrics[f'{L}/gap']:+.3f} [{metrics[f'{L}/gap_ci_low']:+.3f}, "
-                         f"{metrics[f'{L}/gap_ci_high']:+.3f}]" for L in gaps) + ". An interval that holds 0 "
-                     "shows no cost at this budget, which is not a cost shown absent (notebook 08 sizes the "
-                     "smallest cost a budget can detect).")
+    """Notebook 03's answer (`wording.toy_grpo`), from the plain values gathered here: which runs exist, which
+    engines skipped their corrections, the gains, the paired gaps and the drift monitor's trips."""
+    gains = {k.rsplit("/", 1)[0]: metrics[k.replace("reward_first", "reward_last")] - metrics[k]
+             for k in metrics if k.endswith("/reward_first")}
+    others = [c for c in p.corrections if c != "none"]
+    skipped = {e: metrics[f"{e}+none/mismatch_k3_max"] for e in p.engines
+               if metrics.get(f"{e}/skipped_at_floor") == 1.0} if others else {}
+    drift = None
     if getattr(p, "drift_threshold", 0) > 0:
-        tripped = [f"`{L}` ({metrics[f'{L}/drift_trip_frac']:.0%} of seeds, at step "
-                   f"{metrics[f'{L}/drift_trip_step_mean']:.0f} on average)" for L in deltas
-                   if (metrics.get(f"{L}/drift_trip_frac") or 0) > 0]
-        quiet = [f"`{L}`" for L in deltas if metrics.get(f"{L}/drift_trip_frac") == 0]
         dm = getattr(p, "drift_metric", "mismatch_k3")
-        side = "below" if dm in LOWER_IS_WORSE else "above"
-        what = "engine-trainer k3" if dm == "mismatch_k3" else f"`{dm}`"
-        lines.append(f"\n**Drift monitor** ({what} {side} {p.drift_threshold:g} in {DRIFT_PATIENCE} "
-                     f"consecutive {DRIFT_WINDOW}-step windows): tripped on " + (", ".join(tripped) or "none")
-                     + "; quiet on " + (", ".join(quiet) or "none") + ".")
-    if deltas and max(deltas.values()) < 0.05:
-        lines.append(f"\nNo configuration improved its reward by 0.05 or more within {p.steps} steps (best: "
-                     f"{max(deltas.values()):+.3f}).")
-    return "\n".join(lines)
+        drift = {"what": "engine-trainer k3" if dm == "mismatch_k3" else f"`{dm}`",
+                 "side": "below" if dm in LOWER_IS_WORSE else "above", "threshold": p.drift_threshold,
+                 "patience": DRIFT_PATIENCE, "window": DRIFT_WINDOW,
+                 "tripped": {L: (metrics[f"{L}/drift_trip_frac"], metrics[f"{L}/drift_trip_step_mean"])
+                             for L in gains if (metrics.get(f"{L}/drift_trip_frac") or 0) > 0},
+                 "quiet": [L for L in gains if metrics.get(f"{L}/drift_trip_frac") == 0]}
+    setup = {"steps": p.steps, "prompts_per_step": p.prompts_per_step, "group_size": p.group_size,
+             "temperature": p.temperature, "lr": p.lr, "old_logprobs": p.old_logprobs, "num_seeds": p.num_seeds,
+             "timing_note": timing_note(p), "skipped_k3_max": skipped, "others": others,
+             "labels": [f"{e}+{c}" for e in p.engines for c in p.corrections if f"{e}+{c}/reward_first" in metrics],
+             "gains": gains, "learning_reference": REFERENCE, "learning_min_gain": LEARNING_MIN_GAIN,
+             "paired_reference": reference(gains),
+             "gaps": {L: (metrics[f"{L}/gap"], metrics[f"{L}/gap_ci_low"], metrics[f"{L}/gap_ci_high"])
+                      for L in gains if f"{L}/gap" in metrics},
+             "drift": drift}
+    return wording_03.conclusion(metrics, setup)

@@ -23,7 +23,7 @@ from rlwb.core.measure import stats
 from rlwb.core.rl.correction_catalog import CATALOG, HEALTH
 from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import FINAL_FRAC, final_reward, floor_breaches, timing_note, train_grid
-from rlwb.experiments.wording import floor_lines, race_verdict_line
+from rlwb.experiments.wording import which_correction as wording_07
 
 
 @dataclass
@@ -176,49 +176,10 @@ def ranking(metrics: dict, curves: pd.DataFrame, p) -> pd.DataFrame:
 
 
 def conclusion(metrics: dict, rank: pd.DataFrame, p) -> str:
-    base = baseline_label(p)
-    b = metrics[f"{base}/reward_final"]
-    blo, bhi = metrics[f"{base}/reward_final_ci_low"], metrics[f"{base}/reward_final_ci_high"]
-    ci = f" [95% CI {blo:.3f}, {bhi:.3f}]" if np.isfinite(blo) else ""
-    tested = rank[rank["p_diff_holm"].notna()]
-    lines = [f"**Baseline.** `{base}` (no mismatch) reaches a final reward of {b:.3f}{ci} "
-             f"(mean over the last {FINAL_FRAC:.0%} of {p.steps} steps, {p.num_seeds} seeds; behaviour "
-             f"logprobs from the {p.old_logprobs})."]
-    lines += [f"\n{w}" for w in floor_lines(metrics)]
-    if len(tested):
-        lines.append(f"\n**How verdicts are reached.** Each gap to the baseline is paired by seed and tested twice, "
-                     f"Holm-corrected as one family over the race's {len(tested)} tested rows ({2 * len(tested)} "
-                     f"p-values): *recovers* = shown inside ±{p.margin:g} of the baseline (equivalence, TOST); "
-                     f"*falls short* / *above baseline* = shown to differ from 0; *inconclusive* = neither. The "
-                     f"smallest gap this budget detects (80% power at the corrected level) is "
-                     f"{np.nanmin(tested['mde']):.3f} to {np.nanmax(tested['mde']):.3f} reward, and equivalence can "
-                     f"only be shown where the per-seed gaps spread less than {np.nanmax(tested['equiv_sd_max']):.4f} "
-                     f"(sd): with {p.num_seeds} seeds most rows are inconclusive by design, not by evidence; more "
-                     f"seeds or fewer corrections per race narrow it.")
-    for e in p.engines[1:]:
-        d = rank[rank["level"] == e]
-        if d.empty:
-            continue
-        k3 = metrics.get(f"{e}+none/mismatch_k3_mean", float(d["mismatch_k3"].mean()))
-        best = d.iloc[0]
-        lines.append(f"\n**`{e}`** (engine-trainer k3 {k3:.2g} per token under `none`): highest final reward "
-                     f"`{best['correction']}` at {best['reward_final']:.3f} ({best['gap']:+.3f} vs baseline; the "
-                     f"order within a level is descriptive, not a test).")
-        verdicts = race_verdict_line(d)
-        if verdicts:
-            lines.append(verdicts)
-        if p.old_logprobs == "trainer" and "none" in set(d["correction"]) and same_sampler(e, p.engines[0]):
-            same = metrics.get(f"{e}+none/same_as_baseline") == 1.0
-            lines.append(f"`none` here trains bitwise as the baseline by construction: `{e}` differs from "
-                         f"`{p.engines[0]}` only in the logprobs it reports, and with behaviour logprobs from the "
-                         "trainer `none` never reads them; only a correction sees this level"
-                         + (" (measured: the same final reward on every seed)." if same else
-                            ". **Measured otherwise** (the final rewards differ): the pipeline is not doing what "
-                            "this level assumes; look at the engine's sampling settings."))
-        elif metrics.get(f"{e}+none/same_as_baseline") == 1.0:
-            lines.append("Uncorrected, this level trains exactly as the baseline (the same final reward on every "
-                         "seed).")
-    if (rank["verdict"] == "n/a").any():
-        lines.append("\nWith one seed no interval exists: every verdict is n/a (run with num_seeds ≥ 3).")
-    lines.append(f"\n**Timing.** {timing_note(p)}")
-    return "\n".join(lines)
+    """`wording.which_correction`, with what it needs decided here (the baseline, which levels sample as it)."""
+    setup = {"baseline": baseline_label(p), "steps": p.steps, "num_seeds": p.num_seeds,
+             "old_logprobs": p.old_logprobs, "margin": p.margin, "engines": list(p.engines), "final_frac": FINAL_FRAC,
+             "same_sampler": {e: same_sampler(e, p.engines[0]) for e in p.engines[1:]}
+             if p.old_logprobs == "trainer" else {},  # only read then: `none` reads no engine logprobs
+             "timing_note": timing_note(p)}
+    return wording_07.conclusion(metrics, rank, setup)

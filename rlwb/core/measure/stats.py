@@ -110,18 +110,18 @@ def mean_ci(x: np.ndarray, n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int
 def proportion_ci(successes: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
     """Wilson score interval of a pass rate (Wilson 1927, https://doi.org/10.1080/01621459.1927.10502953):
     unlike the normal approximation it stays inside [0, 1] and is not degenerate at 0/n or n/n, which is
-    where a validator's pass rate usually sits."""
+    where a validator's pass rate usually sits. scipy's (`binomtest(k, n).proportion_ci(method="wilson")`);
+    it gives exactly 0 at k = 0 and 1 at k = n. No trials (n = 0) have no interval: (nan, nan)."""
     from scipy import stats as st
 
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if n < 1:
         return float("nan"), float("nan")
     if not 0 <= successes <= n:
         raise ValueError(f"successes must be in [0, n={n}], got {successes}")
-    z = st.norm.ppf(1 - alpha / 2)
-    ph = successes / n
-    center = (ph + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n))
-    return float(max(0.0, center - half)), float(min(1.0, center + half))
+    ci = st.binomtest(int(successes), int(n)).proportion_ci(confidence_level=1 - alpha, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def seed_ci(values: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
@@ -153,16 +153,27 @@ class RewardComparison:
 
 
 def permutation_pvalue(a: np.ndarray, b: np.ndarray, n_perm: int = 5000, seed: int = 0) -> float:
-    """Two-sided permutation test of mean(a) - mean(b); (k + 1) / (n_perm + 1) so it is never 0."""
+    """Two-sided permutation test of mean(a) - mean(b) (scipy's `permutation_test`, independent samples):
+    twice the smaller one-sided p, capped at 1. Exact where it can be: when `n_perm` is at least the number of
+    distinct ways to split the pooled values into the two samples, C(n_a + n_b, n_a), every split is enumerated
+    and p is the exact permutation p-value (a random draw of splits would only estimate it, and could draw the
+    same split twice); otherwise `n_perm` random splits from `seed`, each one-sided p counting the observed split
+    with them, (k + 1) / (n_perm + 1), so p is never 0 (Phipson & Smyth 2010,
+    https://doi.org/10.2202/1544-6115.1585). Identical constant samples give 1."""
+    from scipy import stats as st
+
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    pooled = np.concatenate([a, b])
-    obs = abs(a.mean() - b.mean())
-    rng = np.random.default_rng(seed)
-    k = 0
-    for _ in range(n_perm):
-        p = rng.permutation(pooled)
-        k += abs(p[: a.size].mean() - p[a.size:].mean()) >= obs - 1e-12
-    return (k + 1) / (n_perm + 1)
+    if a.size < 1 or b.size < 1:
+        raise ValueError(f"a permutation test needs at least 1 value per side, got {a.size} and {b.size}")
+    if n_perm < 1:
+        raise ValueError(f"n_perm must be >= 1, got {n_perm}")
+    res = st.permutation_test((a, b), _mean_difference, permutation_type="independent", vectorized=True,
+                              n_resamples=n_perm, alternative="two-sided", rng=np.random.default_rng(seed))
+    return float(res.pvalue)
+
+
+def _mean_difference(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return x.mean(axis=axis) - y.mean(axis=axis)
 
 
 def compare_rewards(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, n_perm: int = 5000,
