@@ -101,3 +101,62 @@ def test_doses_that_would_share_a_label_are_refused(kw, match):
 
     with pytest.raises(ParamError, match=match):
         schemas.MismatchCostParams(**kw)
+
+
+def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported():
+    from rlwb.experiments import wording
+
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.0})
+    t = mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c))
+    m = mc.dose_metrics(t, c)
+    plc = t.set_index(["label", "arm"]).loc[("placebo", "none@engine")]
+    assert np.isfinite(plc["p_holm"]) and plc["verdict"] == "no cost shown" and plc["control"] == ""
+    assert m["placebo/rows"] == 1 and m["placebo/false_positive_rate"] == 0
+    assert "(passes" in wording.placebo_line(m)
+    # a placebo that differs from its clean twin as much as a real cost does is a false positive, and says so
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.2})
+    t = mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c))
+    m = mc.dose_metrics(t, c)
+    assert m["placebo/false_positive_rate_holm"] == 1 and "**fails**" in wording.placebo_line(m)
+
+
+def ratio_curves(cost_per_decade: float) -> pd.DataFrame:
+    """The clean none@engine run learns 0.5 -> 0.77 over 10 steps (gain 0.27); at ratio doses k3 0.01, 0.1, 1 it
+    loses `cost_per_decade` per decade of k3 above 0.01 (0 at 0.01), with a per-seed wobble."""
+    rows = []
+    for d in (0.0, 0.01, 0.1, 1.0):
+        label = "clean" if d == 0 else f"ratio@{d:g}"
+        for s in SEEDS:
+            cost = 0.0 if d == 0 else cost_per_decade * (np.log10(d) + 2) + 0.01 * np.sin(3.0 * s + 7 * d)
+            for t in STEPS:
+                rows.append({"step": t, "kind": label.split("@")[0], "label": label, "dose": d, "temperature": 0.7,
+                             "arm": "none@engine", "seed": s, "reward_mean": 0.5 + 0.03 * t + 0.02 * s - cost,
+                             "grad_norm": 1.0, "clip_frac": 0.0, "mismatch_k3": d, "mismatch_k1": 0.0,
+                             "entropy": 0.5, "raw_logprobs": False, "heldout_greedy_acc": 0.6 - cost,
+                             "engine": "vllm-v1-fixed"})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("per_decade", [0.1, 0.0])
+def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_decade):
+    """BMR = 25% of the clean gain 0.27 = 0.0675: at 0.1 per decade above k3 0.01 the fitted cost reaches it at
+    k3 10^(0.675 - 2) = 0.047, the BMDL below it ("keep k3 below"); a flat curve cannot bound it."""
+    from rlwb.experiments import wording
+
+    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[])
+    c = ratio_curves(per_decade)
+    t = mc.dose_table(c, p, {})
+    m = mc.dose_metrics(t, c)
+    assert m["clean/none@engine/reward_gain"] == pytest.approx(0.27)
+    b = mc.benchmark_table(t, c, m, p.bmr_fraction)
+    assert len(b) == 1 and b["bmr"].iloc[0] == pytest.approx(0.0675)
+    r = next(b.itertuples())
+    line = wording.benchmark_line(r, p.bmr_fraction)
+    if per_decade:
+        assert r.status == "bounded" and r.bmd == pytest.approx(10 ** (0.675 - 2), rel=0.05) and r.bmdl < r.bmd
+        assert r.trend_slope == pytest.approx(-0.1, abs=0.01) and r.trend_p_holm < 0.05
+        assert "keep k3 below" in line and f"{r.bmdl:.1e}" in line
+    else:
+        assert r.status == "not bounded" and np.isnan(r.bmdl) and r.trend_p_holm > 0.05
+        assert "cannot bound" in line and "keep k3 below" not in line
+    assert mc.benchmark_metrics(b)["ratio/none@engine/bmdl_bounded"] == float(bool(per_decade))
