@@ -160,3 +160,32 @@ def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_de
         assert r.status == "not bounded" and np.isnan(r.bmdl) and r.trend_p_holm > 0.05
         assert "cannot bound" in line and "keep k3 below" not in line
     assert mc.benchmark_metrics(b)["ratio/none@engine/bmdl_bounded"] == float(bool(per_decade))
+
+
+def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_one_sided_with_symmetric_error():
+    """At weights@0.1 the uncorrected decoupled arm loses 0.2 and TIS 0.05: TIS is better than `none@trainer` by
+    0.15 (not compared with bypass); bypass loses 0.2 too: no mode difference. A raw-logprob point (one-sided) that
+    loses 0.1 more than the symmetric ratio dose of the same k3 is worse by 0.1; each sentence says so."""
+    from rlwb.experiments import wording
+
+    arms = ("none@engine", "none@trainer", "tis@trainer")
+    c = curves({**{("clean", a): 0.0 for a in arms}, ("weights@0.1", "none@trainer"): 0.2,
+                ("weights@0.1", "tis@trainer"): 0.05, ("weights@0.1", "none@engine"): 0.2,
+                ("ratio@0.1", "none@engine"): 0.02, ("vllm-v1", "none@engine"): 0.12})
+    pt = c["label"] == "vllm-v1"
+    c.loc[pt, "kind"], c.loc[pt, "raw_logprobs"], c.loc[pt, "dose"] = "engine", True, np.nan
+    c.loc[pt, "mismatch_k3"] = 0.08  # within a factor 2 of the ratio dose's intended 0.1: matched
+    p = schemas.MismatchCostParams(arms=list(arms), placebo_arms=[])
+    t = mc.dose_table(c, p, kl_zero(c))
+    con = mc.contrast_table(t, c).set_index(["contrast", "label", "arm"])
+    tis = con.loc[("correction", "weights@0.1", "tis@trainer")]
+    assert tis["vs_arm"] == "none@trainer" and tis["diff"] == pytest.approx(0.15, abs=0.01)
+    assert tis["verdict"] == "differs" and tis["ci_low"] > 0
+    mode = con.loc[("mode", "weights@0.1", "none@engine")]
+    assert mode["diff"] == pytest.approx(0, abs=1e-9) and mode["verdict"] == "no difference shown"
+    one = con.loc[("one-sided vs symmetric", "vllm-v1", "none@engine")]
+    assert one["vs_label"] == "ratio@0.1" and one["diff"] == pytest.approx(-0.1, abs=0.01) and one["ci_high"] < 0
+    assert ("correction", "ratio@0.1", "tis@trainer") not in con.index  # no none@trainer row there to compare
+    lines = wording.contrast_lines(con.reset_index())
+    assert any("`tis@trainer` vs `none@trainer` at weights@0.1: better by +0.15" in x for x in lines)
+    assert any("no difference shown" in x and "MDE" in x for x in lines)

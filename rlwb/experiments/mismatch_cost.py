@@ -45,6 +45,7 @@ from rlwb.experiments.grpo_grid import (
 )
 from rlwb.experiments.wording import (
     benchmark_line,
+    contrast_lines,
     dose_answer_lines,
     dose_control_lines,
     engine_point_lines,
@@ -91,9 +92,12 @@ class CostResult(Result):
     doses: pd.DataFrame  # one row per (label, arm): achieved k3, outcomes, paired gaps with CIs, MDE, verdict
     # one row per (kind, PPO regime, arm): the trend across doses and the benchmark dose (`benchmark_table`)
     benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # one row per paired contrast the conclusion states (`contrast_table`)
+    contrasts: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def frames(self) -> dict[str, pd.DataFrame]:
-        return {"curves": self.curves, "doses": self.doses, "benchmarks": self.benchmarks}
+        return {"curves": self.curves, "doses": self.doses, "benchmarks": self.benchmarks,
+                "contrasts": self.contrasts}
 
     def summary(self) -> pd.DataFrame:
         cols = ["kind", "label", "arm", "k3_achieved", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "mde",
@@ -101,7 +105,7 @@ class CostResult(Result):
         return self.doses[~self.doses["kind"].isin(["clean", "rerun"])][cols].set_index(["kind", "label", "arm"])
 
     def conclusion(self) -> str:
-        return conclusion(self.metrics, self.doses, self.params, self.benchmarks)
+        return conclusion(self.metrics, self.doses, self.params, self.benchmarks, self.contrasts)
 
     def answer(self) -> str:
         """The first arm's verdict per kind of mismatch, in one line."""
@@ -114,9 +118,9 @@ def jobs(p) -> list[Job]:
     """Every run: each arm clean (dose 0) at the notebook's temperature (the point arms also at every other
     temperature a point uses), at every dose of each kind, each point engine with `point_arms`, the placebo arms'
     clean runs again on an independent sampling-seed stream (same prompts), and the first clean run again (the
-    reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); each further regime trains every
-    arm clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed runs find their twins' policies
-    ready."""
+    reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); each further regime trains
+    `regime_arms` (every arm if empty) clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed
+    runs find their twins' policies ready."""
     base, T = p.engines[0], p.temperature
     u0, further = p.updates_per_batch[0], p.updates_per_batch[1:]
     doses = [(kind, float(d), f"{kind}@{d:g}") for kind, values in (("ratio", p.ratio_k3),
@@ -125,12 +129,13 @@ def jobs(p) -> list[Job]:
     out = [Job("clean", 0.0, a, s, base, T, "clean", u0) for a in p.arm_labels for s in p.seeds]
     for t in dict.fromkeys(t for _, t in p.points if t != T):  # the points' own temperatures: their arms only
         out += [Job("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in p.point_arm_labels for s in p.seeds]
+    regime_arms = [a for a in p.arm_labels if not p.regime_arms or a in {p._label(r) for r in p.regime_arms}]
     out += [Job("clean", 0.0, a, s, base, T, "clean" + regime_suffix(u, u0), u) for u in further
-            for a in p.arm_labels for s in p.seeds]
+            for a in regime_arms for s in p.seeds]
     out += [Job(kind, d, a, s, base, T, label, u0) for kind, d, label in doses for a in p.arm_labels for s in p.seeds]
     out += [Job(kind, d, a, s, base, T, label + regime_suffix(u, u0), u) for u in further
             for kind, d, label in doses if not p.regime_doses or label in p.regime_doses
-            for a in p.arm_labels for s in p.seeds]
+            for a in regime_arms for s in p.seeds]
     out += [Job("engine", float("nan"), a, s, e, t, point_label(e, t, T), u0) for e, t in p.points
             for a in p.point_arm_labels for s in p.seeds]
     out += [Job("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in p.placebo_arm_labels
@@ -200,7 +205,9 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     metrics = dose_metrics(table, curves)
     bench = benchmark_table(table, curves, metrics, p.bmr_fraction)
     metrics.update(benchmark_metrics(bench))
-    return CostResult(p, metrics, curves, table, bench)
+    con = contrast_table(table, curves)
+    metrics.update(contrast_metrics(con))
+    return CostResult(p, metrics, curves, table, bench, con)
 
 
 POLICY_SEED = 999_961
@@ -572,7 +579,76 @@ def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None = None) -> str:
+UNCORRECTED = "none@trainer"  # the decoupled arm a correction is compared with: same mode, no correction
+MATCHED_K3 = 2.0  # a symmetric dose matches a point's k3 when within this factor (as `dose_achieved`)
+
+
+def contrast_table(table: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """The paired contrasts the conclusion's sentences rest on, each a per-seed difference of two rows' gaps (same
+    seeds, prompts, sampling seeds and noise), with a 95% t interval and a t test, Holm over all of them (a family
+    of its own: each compares two rows, the dose family compares each row with its clean run). MDE at the family's
+    strictest level (noncentral t).
+
+    - `correction`: a correction arm in the decoupled mode minus the uncorrected decoupled arm `none@trainer` at the
+      same dosed row or engine point (what the correction adds, not what the mode does: bypass is another mode);
+    - `mode`: `none@engine` (bypass) minus `none@trainer` (decoupled) at the same row;
+    - `one-sided vs symmetric`: an engine point reporting raw logprobs (a one-sided error) minus the symmetric ratio
+      dose of matched k3 (within a factor `MATCHED_K3`) at the same temperature, PPO regime and arm.
+    Rows that are controls (`none@trainer` under ratio doses is bitwise its clean run) are not contrasted."""
+    curves = with_defaults(curves)
+    g = seed_gaps(per_seed(curves)).set_index(["label", "arm", "seed"])["gap"].sort_index()
+    rows = []
+
+    def add(kind: str, label: str, a: str, label_b: str, b: str, what: str):
+        try:
+            x, y = g.loc[(label, a)], g.loc[(label_b, b)]
+        except KeyError:
+            return
+        d = (x - y).dropna().to_numpy()
+        if d.size < 2:
+            return
+        lo, hi = stats.seed_ci(d)
+        rows.append({"contrast": kind, "label": label, "arm": a, "vs_label": label_b, "vs_arm": b, "what": what,
+                     "diff": float(d.mean()), "ci_low": lo, "ci_high": hi, "sd": float(d.std(ddof=1)),
+                     "seeds": int(d.size), "p": stats.paired_gap_test(d, margin=1.0).p_diff})
+
+    dosed = table[~table["kind"].isin(["clean", "rerun", "placebo"])]
+    for label, d in dosed.groupby("label", sort=False):
+        arms = set(d["arm"])
+        if UNCORRECTED in arms and (d.loc[d["arm"] == UNCORRECTED, "control"] == "").all():
+            for a in sorted(x for x in arms if x.endswith("@trainer") and x != UNCORRECTED):
+                add("correction", label, a, label, UNCORRECTED, f"`{a}` vs `{UNCORRECTED}` at {label}")
+            if "none@engine" in arms:
+                add("mode", label, "none@engine", label, UNCORRECTED, f"bypass vs decoupled at {label}")
+    ratio = table[table["kind"] == "ratio"]
+    for r in table[(table["kind"] == "engine") & table["raw_logprobs"] & (table["control"] == "")].itertuples():
+        cand = ratio[(ratio["temperature"] == r.temperature) & (ratio["updates"] == r.updates)
+                     & (ratio["arm"] == r.arm)]
+        cand = cand[(cand["k3_intended"] / r.k3_achieved).between(1 / MATCHED_K3, MATCHED_K3)]
+        if len(cand):
+            m = cand.iloc[(np.log(cand["k3_intended"] / r.k3_achieved)).abs().argmin()]
+            add("one-sided vs symmetric", r.label, r.arm, m["label"], r.arm,
+                f"`{r.label}` (one-sided, k3 {r.k3_achieved:.1e}) vs {m['label']} (symmetric) `{r.arm}`")
+    c = pd.DataFrame(rows, columns=["contrast", "label", "arm", "vs_label", "vs_arm", "what", "diff", "ci_low",
+                                    "ci_high", "sd", "seeds", "p"])
+    c["p_holm"] = stats.holm(c["p"]) if len(c) else []
+    m = max(len(c), 1)
+    c["mde"] = [stats.minimal_detectable_gap(sd, n, stats.ALPHA / m) for sd, n in zip(c["sd"], c["seeds"])]
+    c["verdict"] = ["differs" if ph < stats.ALPHA else "no difference shown" for ph in c["p_holm"]]
+    return c
+
+
+def contrast_metrics(con: pd.DataFrame) -> dict[str, float]:
+    """`contrast/<contrast>/<label>/<arm>/{diff, ci_low, ci_high, p_holm, mde}`."""
+    out = {}
+    for r in con.itertuples():
+        k = f"contrast/{r.contrast}/{r.label}/{r.arm}"
+        out.update({f"{k}/{f}": float(getattr(r, f)) for f in ("diff", "ci_low", "ci_high", "p_holm", "mde")})
+    return out
+
+
+def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None = None,
+               con: pd.DataFrame | None = None) -> str:
     first = int(table["updates"].iloc[0]) if "updates" in table and len(table) else 1
     regimes = table
     table = table[table["updates"] == first] if "updates" in table else table
@@ -604,6 +680,10 @@ def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None
     reg = regime_line(regimes, first) if "updates" in regimes else ""
     if reg:
         lines.append(reg)
+    if con is not None and len(con):
+        lines.append("**Contrasts** (each a per-seed difference of two rows' gaps, 95% t interval, Holm over these "
+                     "contrasts; corrections against the uncorrected decoupled arm `none@trainer`, not against "
+                     "bypass):\n" + "\n".join(contrast_lines(con)))
     pts = engine_point_lines(table)
     if pts:
         lines.append("**Real engines on the same axes** (paired to the clean run at their temperature):\n"

@@ -204,3 +204,18 @@ def regime_line(table, first: int) -> str:
     return (f"**PPO regimes.** Besides {first} update(s) per rollout batch, " + "; ".join(parts)
             + ". With several updates the decoupled ratio leaves 1 (logged as `ratio_abs_log_mean`), so the clip acts "
               "in both modes.")
+
+
+def contrast_lines(con) -> list[str]:
+    """One bullet per paired contrast of notebook 08 (`mismatch_cost.contrast_table`): a difference shown with its
+    interval, or a null as a null with its interval and MDE (never "the same")."""
+    out = []
+    for r in con.itertuples():
+        ci = f"{r.diff:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+        if r.verdict == "differs":
+            side = "better" if r.diff > 0 else "worse"
+            out.append(f"- {r.what}: {side} by {ci} (Holm p {r.p_holm:.2g}).")
+        else:
+            out.append(f"- {r.what}: no difference shown, {ci}; MDE {r.mde:.3f} (a difference below it is not "
+                       f"ruled out).")
+    return out

@@ -318,6 +318,8 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                                               "one the clean runs and regime_doses", ge=1)
     regime_doses: list[str] = param([], "dose rows (<kind>@<dose>, e.g. ratio@1) the further PPO regimes train too "
                                         "(empty: every dose)", allow_empty=True)
+    regime_arms: list[str] = param([], "arms the further PPO regimes train (empty: every arm)", check=check_arm,
+                                   allow_empty=True)
     policy_samples: int = param(2, "completions per held-out problem sampled, after training, from the run's engine "
                                    "holding the trained weights unperturbed: the tested outcome (0: the training "
                                    "reward is)", ge=0)
@@ -353,6 +355,9 @@ class MismatchCostParams(GRPOSettings, EngineParams):
         if not {self._label(a) for a in self.placebo_arms} <= set(self.arm_labels):
             raise ParamError(f"parameter 'placebo_arms' must be a subset of 'arms' (a placebo is paired with the clean "
                              f"run of the same arm), got {self.placebo_arms} with arms {self.arms}")
+        if not {self._label(a) for a in self.regime_arms} <= set(self.arm_labels):
+            raise ParamError(f"parameter 'regime_arms' must be a subset of 'arms', got {self.regime_arms} with arms "
+                             f"{self.arms}")
         if len(set(self.updates_per_batch)) != len(self.updates_per_batch):
             raise ParamError(f"parameter 'updates_per_batch' lists a regime twice: {self.updates_per_batch}")
         if max(self.updates_per_batch) > self.prompts_per_step * self.group_size:
