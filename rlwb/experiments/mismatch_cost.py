@@ -510,6 +510,7 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         costs = (d["verdict"] == "costs").to_numpy()
         from_here = [i for i in range(len(d)) if costs[i:].all()]
         out[f"{kind}/{arm}/threshold_k3"] = float(d["k3_achieved"].iloc[from_here[0]]) if from_here else float("nan")
+    out.update(rejection_metrics(curves))
     placebo = table[table["kind"] == "placebo"]
     if len(placebo):  # the clean run again on independent sampling: every rejection is a false positive
         out["placebo/rows"] = float(len(placebo))
@@ -519,6 +520,24 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     if len(rerun):
         out["control/rerun/identical"] = float(rerun["identical"].iloc[0])
     out.update(floor_breaches(curves[curves["kind"].isin(["clean", "rerun"])]))  # the doses leave it on purpose
+    return out
+
+
+def rejection_metrics(curves: pd.DataFrame) -> dict[str, float]:
+    """Per run label and arm of a sequence-rejecting correction (Geo-RS: `geo_rs` in its name), grouped under the
+    `geo_rs/` prefix: the surviving sequences per step (mean, min over steps and seeds), the steps with none (the
+    update then moves on momentum only), the fraction of tokens masked, and the mean completion length the finding
+    is scoped to (Geo-RS's geometric-mean band is tighter on short completions than on long ones)."""
+    out = {}
+    if "kept_seqs" not in curves:
+        return out
+    rej = curves[curves["arm"].str.contains("geo_rs")]
+    for (label, arm), d in rej.groupby(["label", "arm"], sort=False):
+        k = f"geo_rs/{label}/{arm}"
+        out.update({f"{k}/survivors_mean": float(d["kept_seqs"].mean()), f"{k}/survivors_min": float(
+            d["kept_seqs"].min()), f"{k}/zero_survivor_steps": float((d["kept_seqs"] == 0).sum()),
+                    f"{k}/masked_frac": float(d["masked_frac"].mean()),
+                    f"{k}/completion_tokens": float(d["completion_tokens"].mean())})
     return out
 
 

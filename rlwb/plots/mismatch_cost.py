@@ -112,3 +112,34 @@ def reward_curves(curves, style: str = "notebook"):
 
 
 FIGURES = {"dose_response": ("doses", dose_response), "cost_reward_curves": ("curves", reward_curves)}
+
+
+def geo_rs_survivors(curves, style: str = "notebook"):
+    """Sequence-rejecting arms (Geo-RS): the sequences that survive into the loss per step (mean over seeds, 95%
+    band) for the clean run and each dose, beside the batch size; steps with none move Adam on momentum only. Empty
+    axes with a note where no arm rejects sequences."""
+    fig, ax = plt.subplots(figsize=figsize(style, 0.6))
+    rej = curves[curves["arm"].str.contains("geo_rs")] if "kept_seqs" in curves else curves.iloc[:0]
+    if rej.empty:
+        ax.text(0.5, 0.5, "no sequence-rejecting arm in this run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    labels = list(dict.fromkeys(rej["label"]))
+    for i, (label, arm) in enumerate(dict.fromkeys(zip(rej["label"], rej["arm"]))):
+        d = rej[(rej["label"] == label) & (rej["arm"] == arm)]
+        mean, lo, hi = seed_band(d, "kept_seqs", 1)
+        color = OKABE_ITO[labels.index(label) % len(OKABE_ITO)]
+        ax.plot(mean.index, mean.values, color=color, marker=MARKERS[i % len(MARKERS)], ms=3,
+                label=f"{label} `{arm}`")
+        ax.fill_between(mean.index, lo.values, hi.values, color=color, alpha=0.15, lw=0)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("sequences kept in the loss")
+    ax.set_title(f"Geo-RS survivors per step (completions ≤ {int(rej['completion_tokens'].max())} tokens)",
+                 fontsize="medium")
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    return fig
+
+
+FIGURES["geo_rs_survivors"] = ("curves", geo_rs_survivors)

@@ -106,6 +106,14 @@ def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int
     return replace(st, passes=len(cur_parts))  # counted as they ran: what a GPU config's micro_batch really did
 
 
+def kept_sequences(corr: corrections.Correction, mask: torch.Tensor) -> float:
+    """How many of the batch's sequences keep at least one token in the loss after a correction's weights and masks:
+    the survivors a sequence-level rejection (Geo-RS) leaves; the loss averages over their tokens only, so a step
+    with one or two survivors moves Adam a full step on them (issue 46's point 8)."""
+    live = ((corr.weights * corr.keep) != 0) & mask.bool()
+    return float(live.any(-1).sum())
+
+
 def policy_updates(model: torch.nn.Module, opt: torch.optim.Optimizer, prompt_ids: list[list[int]],
                    completion_ids: list[list[int]], cfg: GRPOConfig, behaviour: torch.Tensor, adv: torch.Tensor,
                    mask: torch.Tensor, weights: torch.Tensor | None = None, keep: torch.Tensor | None = None,
@@ -216,7 +224,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
            "mismatch_k3": mm["k3_mean"], "mismatch_k1": mm["k1_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
            "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
            **corrections.health(corr, mask),
-           "kept_frac": st.kept_frac, "update_passes": st.passes, "completion_tokens": float(np.mean(lengths)),
+           "kept_frac": st.kept_frac, "update_passes": st.passes, "kept_seqs": kept_sequences(corr, mask),
+           "completion_tokens": float(np.mean(lengths)),
            "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3,
            "t_correction": t_correction, "t_step": t4 - t0}
     batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],
