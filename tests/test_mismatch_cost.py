@@ -160,6 +160,9 @@ def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_de
         assert r.status == "not bounded" and np.isnan(r.bmdl) and r.trend_p_holm > 0.05
         assert "cannot bound" in line and "keep k3 below" not in line
     assert mc.benchmark_metrics(b)["ratio/none@engine/bmdl_bounded"] == float(bool(per_decade))
+    one = mc.benchmark_table(t[t["label"].isin(["clean", "ratio@1"])], c, m, p.bmr_fraction)
+    assert one["status"].iloc[0] == "no benchmark" and "1 dose: no curve to fit" in wording.benchmark_line(
+        next(one.itertuples()), p.bmr_fraction)
 
 
 def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_one_sided_with_symmetric_error():
@@ -175,6 +178,10 @@ def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_on
     pt = c["label"] == "vllm-v1"
     c.loc[pt, "kind"], c.loc[pt, "raw_logprobs"], c.loc[pt, "dose"] = "engine", True, np.nan
     c.loc[pt, "mismatch_k3"] = 0.08  # within a factor 2 of the ratio dose's intended 0.1: matched
+    for lab, arm in (("weights@0.1", "tis@trainer"), ("vllm-v1", "none@engine")):  # a spread of their own
+        r = (c["label"] == lab) & (c["arm"] == arm)
+        c.loc[r, "reward_mean"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
+        c.loc[r, "heldout_greedy_acc"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
     p = schemas.MismatchCostParams(arms=list(arms), placebo_arms=[])
     t = mc.dose_table(c, p, kl_zero(c))
     con = mc.contrast_table(t, c).set_index(["contrast", "label", "arm"])

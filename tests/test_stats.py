@@ -240,3 +240,11 @@ def test_minimal_detectable_gap_has_its_power_in_a_simulation_and_the_central_sh
     assert abs(rejection_rate(stats.minimal_detectable_gap(1.0, n, alpha)) - 0.8) < se
     central = (tc + st.t.ppf(0.8, n - 1)) / np.sqrt(n)
     assert rejection_rate(central) < 0.8 - se
+
+
+def test_a_common_nonzero_gap_is_tested_by_sign_flips_not_called_certain():
+    """Every seed's gap the same: no t statistic. Zero: p 1 (bitwise twins). Nonzero: the exact sign-flip test's
+    2 / 2^n (2 seeds 0.5, 8 seeds 1/128), not 0."""
+    assert stats.paired_gap_test([0.0, 0.0], 1.0).p_diff == 1.0
+    assert stats.paired_gap_test([0.023, 0.023], 1.0).p_diff == 0.5
+    assert stats.paired_gap_test([-0.1] * 8, 1.0).p_diff == 1 / 128

@@ -168,7 +168,8 @@ def benchmark_line(r, bmr_fraction: float) -> str:
                 f"{metric('k3', r.k3_max, '.1e')} the cost stays below {r.bmr:.3f} ({bmr_fraction:.0%} of the clean "
                 f"gain) at the upper 95% limit; where it would reach it lies beyond the tested doses; {trend}.")
     why = ("the clean run gained nothing to lose" if not (np.isfinite(r.clean_gain) and r.clean_gain > 0) else
-           f"{r.status}")
+           f"{r.doses} dose: no curve to fit" if r.doses < 2 else f"{r.seeds} seed(s): no interval" if r.seeds < 2
+           else r.status)
     return head + f"no benchmark dose ({why}); {trend}."
 
 

@@ -240,8 +240,11 @@ class PairedGapTest:
 
 def paired_gap_test(gaps: Sequence[float], margin: float) -> PairedGapTest:
     """Difference and equivalence (two one-sided tests, Schuirmann 1987; https://doi.org/10.1007/BF01068419)
-    t tests of per-seed gaps. Zero spread (every seed's gap the same) has no t statistic: the p-values are then
-    0 or 1 by whether the common gap is nonzero / inside the margin."""
+    t tests of per-seed gaps. Zero spread (every seed's gap the same) has no t statistic: p_equiv is then 0 or 1 by
+    whether the common gap is inside the margin; p_diff is 1 for a common gap of 0 (bitwise twins) and otherwise
+    the exact sign-flip (randomization) test's 2 / 2^n (Fisher 1935, The Design of Experiments, sec. 21: n gaps all
+    of one sign), not 0: on a discrete outcome two seeds can share a gap by chance (notebook 08's placebo rows, 2
+    seeds, both +0.023, were called a gain at p = 0 before)."""
     from scipy import stats as st
 
     g = np.asarray(gaps, dtype=np.float64)
@@ -251,7 +254,7 @@ def paired_gap_test(gaps: Sequence[float], margin: float) -> PairedGapTest:
     m, sd = float(g.mean()), float(g.std(ddof=1))
     if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's gap the same (to rounding): no t statistic
         sd = 0.0
-        return PairedGapTest(n, m, float(m == 0), float(not abs(m) < margin), 0.0)
+        return PairedGapTest(n, m, 1.0 if m == 0 else min(1.0, 2.0 ** (1 - n)), float(not abs(m) < margin), 0.0)
     p_diff = float(st.ttest_1samp(g, 0.0).pvalue)
     p_lo = float(st.ttest_1samp(g, -margin, alternative="greater").pvalue)
     p_hi = float(st.ttest_1samp(g, margin, alternative="less").pvalue)
