@@ -101,7 +101,7 @@ class CostResult(Result):
 
     def summary(self) -> pd.DataFrame:
         cols = ["kind", "label", "arm", "k3_achieved", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "mde",
-                "verdict", "heldout_gap", "auc_gap", "entropy_gap", "kl_to_clean", "clip_frac"]
+                "verdict", "train_gap", "heldout_gap", "auc_gap", "entropy_gap", "kl_to_clean", "clip_frac"]
         return self.doses[~self.doses["kind"].isin(["clean", "rerun"])][cols].set_index(["kind", "label", "arm"])
 
     def conclusion(self) -> str:
