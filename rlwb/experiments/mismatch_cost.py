@@ -725,8 +725,8 @@ def outcome_text(outcome: str, p) -> str:
     """The tested outcome in words."""
     if outcome == "policy_reward":
         return (f"the trained policy's reward on {held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[1]}, "
-                f"{p.policy_samples} samples each from the run's engine holding the trained weights unperturbed (no "
-                f"dose between the policy and its reward)")
+                f"{p.policy_samples} sample{'s' if p.policy_samples != 1 else ''} each from the run's engine "
+                f"holding the trained weights unperturbed (no dose between the policy and its reward)")
     return f"the final training reward (last {FINAL_FRAC:.0%} of steps)"
 
 

@@ -116,9 +116,10 @@ FIGURES = {"dose_response": ("doses", dose_response), "cost_reward_curves": ("cu
 
 def geo_rs_survivors(curves, style: str = "notebook"):
     """Sequence-rejecting arms (Geo-RS): the sequences that survive into the loss per step (mean over seeds, 95%
-    band) for the clean run and each dose, beside the batch size; steps with none move Adam on momentum only. Empty
+    band) for the clean run (the whole batch at the float floor) and each dose; steps with none move Adam on
+    momentum only. Empty
     axes with a note where no arm rejects sequences."""
-    fig, ax = plt.subplots(figsize=figsize(style, 0.6))
+    fig, ax = plt.subplots(figsize=figsize(style, 0.9))
     rej = curves[curves["arm"].str.contains("geo_rs")] if "kept_seqs" in curves else curves.iloc[:0]
     if rej.empty:
         ax.text(0.5, 0.5, "no sequence-rejecting arm in this run", ha="center", va="center", transform=ax.transAxes)
@@ -130,13 +131,14 @@ def geo_rs_survivors(curves, style: str = "notebook"):
         mean, lo, hi = seed_band(d, "kept_seqs", 1)
         color = OKABE_ITO[labels.index(label) % len(OKABE_ITO)]
         ax.plot(mean.index, mean.values, color=color, marker=MARKERS[i % len(MARKERS)], ms=3,
-                label=f"{label} `{arm}`")
-        ax.fill_between(mean.index, lo.values, hi.values, color=color, alpha=0.15, lw=0)
+                label=f"{label}, {arm}")
+        ax.fill_between(mean.index, lo.clip(lower=0).values, hi.values, color=color, alpha=0.15, lw=0)
     ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("sequences kept in the loss")
-    ax.set_title(f"Geo-RS survivors per step (completions ≤ {int(rej['completion_tokens'].max())} tokens)",
-                 fontsize="medium")
+    ax.set_title(f"Geo-RS: sequences surviving into the loss per step\n(mean completion "
+                 f"{rej['completion_tokens'].mean():.0f} tokens; 95% band over seeds)", fontsize="medium")
     ax.legend(fontsize="x-small")
     fig.tight_layout()
     return fig
