@@ -196,3 +196,54 @@ def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_on
     lines = wording.contrast_lines(con.reset_index())
     assert any("`tis@trainer` vs `none@trainer` at weights@0.1: better by +0.15" in x for x in lines)
     assert any("no difference shown" in x and "MDE" in x for x in lines)
+
+
+def test_a_long_horizon_gap_that_grows_and_a_collapse_are_named():
+    """Long rows pair with the long clean run: a cost that grows 0.001 per step shows per 10-step block, grows from
+    the first block to the last, and a gradient-norm spike from step 25 (with entropy halved) is named at that
+    step; the short rows and the benchmark ignore the long ones."""
+    from rlwb.experiments import wording
+
+    rows = []
+    for label, steps in (("clean", 10), ("ratio@0.1", 10), ("clean+long", 40), ("ratio@0.1+long", 40)):
+        for s in SEEDS:
+            for t in range(steps):
+                dosed = label.startswith("ratio")
+                cost = (0.001 * t + 0.002 * np.sin(s + t)) if dosed and steps == 40 else 0.02 * dosed
+                late = dosed and steps == 40 and t >= 25
+                rows.append({"step": t, "kind": label.split("@")[0].replace("+long", ""), "label": label,
+                             "dose": 0.1 if dosed else 0.0, "temperature": 0.7, "arm": "none@engine", "seed": s,
+                             "reward_mean": 0.5 + 0.005 * t + 0.02 * s - cost - 0.001 * s * dosed,
+                             "grad_norm": 5.0 if late else 1.0, "clip_frac": 0.0, "mismatch_k3": 0.1 * dosed,
+                             "mismatch_k1": 0.0, "entropy": 0.2 if late else 0.5, "raw_logprobs": False,
+                             "heldout_greedy_acc": 0.6, "engine": "vllm-v1-fixed"})
+    c = pd.DataFrame(rows)
+    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=[0.1], steps=10, long_steps=40,
+                                   long_doses=["ratio@0.1"])
+    t = mc.dose_table(c, p, {}).set_index("label")
+    assert t.loc["ratio@0.1+long", "horizon"] == 40 and t.loc["ratio@0.1", "horizon"] == 10
+    assert t.loc["ratio@0.1", "gap"] == pytest.approx(-0.02 - 0.001 * np.mean(SEEDS))  # paired with the short clean
+    hz, m = mc.horizon_table(c, 10)
+    assert list(hz["block_start"]) == [0, 10, 20, 30] and (np.diff(hz["gap"]) < 0).all()
+    assert m["ratio@0.1+long/none@engine/gap_change"] == pytest.approx(-0.03, abs=0.002)
+    assert m["ratio@0.1+long/none@engine/gap_change_p"] < 0.05
+    assert m["ratio@0.1+long/none@engine/grad_spike_step"] == 25 and m[
+        "ratio@0.1+long/none@engine/entropy_collapse_step"] == 25
+    assert np.isnan(m["clean+long/none@engine/grad_spike_step"])
+    line = wording.horizon_lines(hz, m)[0]
+    assert "the cost grows" in line and "gradient-norm spikes from step 25" in line and "steps 30-39" in line
+    mm = mc.dose_metrics(t.reset_index(), c)
+    assert mm["ratio/none@engine/max_dose_gap"] == pytest.approx(t.loc["ratio@0.1", "gap"])  # the short row's
+
+
+def test_long_horizon_jobs_have_their_own_clean_twins():
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], long_steps=120, long_doses=["ratio@1"],
+                                   long_arms=["none@engine"], num_seeds=2)
+    js = [j for j in mc.jobs(p) if j.steps]
+    assert sorted({(j.label, j.arm) for j in js}) == [("clean+long", "none@engine"), ("ratio@1+long", "none@engine")]
+    assert all(j.steps == 120 and mc.config(p, j).steps == 120 for j in js)
+    assert mc.jobs(p)[-1].label == "rerun" and mc.jobs(p)[-1].steps == 0
+    from rlwb.errors import ParamError
+
+    with pytest.raises(ParamError, match="must exceed"):
+        schemas.MismatchCostParams(long_steps=10)

@@ -50,6 +50,7 @@ from rlwb.experiments.wording import (
     dose_control_lines,
     engine_point_lines,
     floor_lines,
+    horizon_lines,
     one_line,
     placebo_line,
     regime_line,
@@ -80,10 +81,11 @@ class Job:
     # placebo, and in a further PPO regime the label + `+ppo<updates>` (clean+ppo4, ratio@1+ppo4)
     updates: int = 1  # policy updates per rollout batch (the PPO regime)
     stream: int = 0  # sampling-seed stream: 0, or 1 for a placebo (the clean run with independent sampling)
+    steps: int = 0  # the run's GRPO steps: 0 the study's `steps`, else `long_steps` (label + `+long`)
 
     @property
-    def twin(self) -> tuple[float, int, str, int]:
-        return self.temperature, self.updates, self.arm, self.seed
+    def twin(self) -> tuple[float, int, int, str, int]:
+        return self.temperature, self.updates, self.steps, self.arm, self.seed
 
 
 @dataclass
@@ -94,10 +96,12 @@ class CostResult(Result):
     benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
     # one row per paired contrast the conclusion states (`contrast_table`)
     contrasts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # one row per long-horizon row and block of steps: the training-reward gap's trajectory (`horizon_table`)
+    horizon: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         return {"curves": self.curves, "doses": self.doses, "benchmarks": self.benchmarks,
-                "contrasts": self.contrasts}
+                "contrasts": self.contrasts, "horizon": self.horizon}
 
     def summary(self) -> pd.DataFrame:
         cols = ["kind", "label", "arm", "k3_achieved", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "mde",
@@ -105,7 +109,7 @@ class CostResult(Result):
         return self.doses[~self.doses["kind"].isin(["clean", "rerun"])][cols].set_index(["kind", "label", "arm"])
 
     def conclusion(self) -> str:
-        return conclusion(self.metrics, self.doses, self.params, self.benchmarks, self.contrasts)
+        return conclusion(self.metrics, self.doses, self.params, self.benchmarks, self.contrasts, self.horizon)
 
     def answer(self) -> str:
         """The first arm's verdict per kind of mismatch, in one line."""
@@ -140,8 +144,17 @@ def jobs(p) -> list[Job]:
             for a in p.point_arm_labels for s in p.seeds]
     out += [Job("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in p.placebo_arm_labels
             for s in p.seeds]
-    first = out[0]
+    if p.long_steps:  # the long horizon: its own clean twins, first regime only
+        long_arms = [a for a in p.arm_labels if not p.long_arms or a in {p._label(r) for r in p.long_arms}]
+        out[:0] = [Job("clean", 0.0, a, s, base, T, "clean" + LONG, u0, steps=p.long_steps) for a in long_arms
+                   for s in p.seeds]
+        out += [Job(kind, d, a, s, base, T, label + LONG, u0, steps=p.long_steps) for kind, d, label in doses
+                if label in p.long_doses for a in long_arms for s in p.seeds]
+    first = next(j for j in out if j.steps == 0)
     return out + [replace(first, kind="rerun", label="rerun")]
+
+
+LONG = "+long"  # what a long-horizon row's label gains
 
 
 def regime_suffix(updates: int, first: int) -> str:
@@ -164,7 +177,7 @@ def config(p, job: Job) -> GRPOConfig:
                                    engine_weight_noise=dose.get("weights", 0.0),
                                    engine_lag=int(dose.get("stale", 0)))
     return replace(cfg, old_logprobs=mode, temperature=job.temperature, updates_per_batch=job.updates,
-                   sampling_stream=job.stream)
+                   sampling_stream=job.stream, steps=job.steps or p.steps)
 
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
@@ -207,7 +220,9 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     metrics.update(benchmark_metrics(bench))
     con = contrast_table(table, curves)
     metrics.update(contrast_metrics(con))
-    return CostResult(p, metrics, curves, table, bench, con)
+    hz, hm = horizon_table(curves, p.steps)
+    metrics.update(hm)
+    return CostResult(p, metrics, curves, table, bench, con, hz)
 
 
 POLICY_SEED = 999_961
@@ -274,7 +289,7 @@ HELDOUT_SEED, HELDOUT_PROBLEMS = 999_979, 128
 def trained_problems(p) -> set[tuple[int, int]]:
     """Every (a, b) some run of this study trains on: each seed's fresh problems per step (`step_problem_seed`),
     known before any run starts."""
-    return {(q.a, q.b) for s in p.seeds for step in range(p.steps)
+    return {(q.a, q.b) for s in p.seeds for step in range(max(p.steps, p.long_steps))
             for q in tasks.make_problems(p.prompts_per_step, seed=step_problem_seed(s, step), max_digits=p.max_digits)}
 
 
@@ -311,7 +326,7 @@ def kl_divergence(ref: torch.Tensor, lp: torch.Tensor) -> float:
     return float((ref.exp() * (ref - lp)).sum(-1).mean())
 
 
-KEYS = ["kind", "label", "dose", "temperature", "updates", "arm", "seed"]
+KEYS = ["kind", "label", "dose", "temperature", "updates", "horizon", "arm", "seed"]
 
 
 def with_defaults(curves: pd.DataFrame) -> pd.DataFrame:
@@ -321,7 +336,8 @@ def with_defaults(curves: pd.DataFrame) -> pd.DataFrame:
         curves = curves.assign(updates=1)
     if "policy_reward" not in curves:
         curves = curves.assign(policy_reward=np.nan)
-    return curves
+    # each run's horizon (its step count): a long-horizon row pairs with the clean run of its own length
+    return curves.assign(horizon=curves.groupby(["label", "arm", "seed"])["step"].transform("max") + 1)
 
 
 def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
@@ -329,7 +345,9 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
     final entropy, mean gradient norm, clip fraction, engine-trainer k3, the trained policy's own greedy
     accuracy and its reward sampled with no dose in between (`policy_reward`)."""
     curves = with_defaults(curves)
-    last = edge_steps(curves["step"], FINAL_FRAC)
+    # each horizon's own last steps (a long-horizon row's final window is its own, not the short runs')
+    final = pd.concat([curves[(curves["horizon"] == h) & curves["step"].isin(edge_steps(range(int(h)), FINAL_FRAC))]
+                       for h in curves["horizon"].unique()])
     g = curves.groupby(KEYS, sort=False, dropna=False)
     out = pd.DataFrame({"auc": g["reward_mean"].mean(), "grad_norm": g["grad_norm"].mean(),
                         "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean(),
@@ -338,7 +356,7 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
                         # runs archived before the held-out score have no such column: they recompute without it
                         "heldout_acc": g["heldout_greedy_acc"].first() if "heldout_greedy_acc" in curves else np.nan,
                         "policy_reward": g["policy_reward"].first()})
-    fin = curves[curves["step"].isin(last)].groupby(KEYS, sort=False, dropna=False)
+    fin = final.groupby(KEYS, sort=False, dropna=False)
     out["reward_final"] = fin["reward_mean"].mean()
     out["entropy"] = fin["entropy"].mean()
     return out.reset_index()
@@ -382,7 +400,7 @@ def seed_gaps(s: pd.DataFrame) -> pd.DataFrame:
     seed): `gap` (the tested outcome, `outcome_of`), `train_gap` (final training reward) and `heldout_gap` (own
     greedy accuracy). One row per (label, arm, seed)."""
     outcome = outcome_of(s)
-    on = ["temperature", "updates", "arm", "seed"]
+    on = ["temperature", "updates", "horizon", "arm", "seed"]
     cols = list(dict.fromkeys([outcome, "reward_final", "heldout_acc"]))
     clean = s.loc[s["kind"] == "clean", on + cols].rename(columns={c: c + "_clean" for c in cols})
     d = s[s["kind"] != "clean"].merge(clean, on=on, how="left")
@@ -408,15 +426,16 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                         for lab, a, sd in zip(s["label"], s["arm"], s["seed"])]
     outcome = outcome_of(s)
     gaps = seed_gaps(s)
-    slope = {(t, u, a): late_slope(d) for (t, u, a), d in
-             curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "arm"])}
+    slope = {k: late_slope(d) for k, d in
+             curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "horizon", "arm"])}
     rows = []
     for (label, arm), d in s.groupby(["label", "arm"], sort=False):
         kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
             d["raw_logprobs"].iloc[0])
-        updates = int(d["updates"].iloc[0])
+        updates, horizon = int(d["updates"].iloc[0]), int(d["horizon"].iloc[0])
         d = d.set_index("seed")
-        row = {"kind": kind, "label": label, "dose": dose, "temperature": temp, "updates": updates, "arm": arm,
+        row = {"kind": kind, "label": label, "dose": dose, "temperature": temp, "updates": updates,
+               "horizon": horizon, "arm": arm,
                "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
                "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
                "k3_intended": dose if kind == "ratio" else float("nan"),
@@ -432,13 +451,13 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
             row[col] = float(v.mean()) if v.size else float("nan")
             row[f"{col}_ci_low"], row[f"{col}_ci_high"] = stats.seed_ci(v)
         gap = g["gap"].dropna().to_numpy()
-        row["lag_bias"] = (-dose * slope.get((temp, updates, arm), float("nan")) if kind == "stale"
+        row["lag_bias"] = (-dose * slope.get((temp, updates, horizon, arm), float("nan")) if kind == "stale"
                            else float("nan"))
-        row["identical"] = identical_curves(curves, label, arm, temp, d.index, updates)
+        row["identical"] = identical_curves(curves, label, arm, temp, d.index, updates, horizon)
         row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
         row["mde"] = float("nan")  # set below, at the Holm family's level
         base = s[(s["kind"] == "clean") & (s["temperature"] == temp) & (s["updates"] == updates)
-                 & (s["arm"] == arm)].set_index("seed")
+                 & (s["horizon"] == horizon) & (s["arm"] == arm)].set_index("seed")
         for col in ("auc", "entropy", "grad_norm", "clip_frac"):
             row[f"{col}_gap"] = float((d[col] - base[col]).mean()) if kind != "clean" else 0.0
         row["p"] = stats.paired_gap_test(gap, margin=1.0).p_diff if kind != "clean" else float("nan")
@@ -474,11 +493,14 @@ def control_passes(r) -> bool:
     return bool(r.gap_ci_low <= 0 <= r.gap_ci_high) if np.isfinite(r.gap_ci_low) else r.gap == 0
 
 
-def identical_curves(curves: pd.DataFrame, label: str, arm: str, temperature: float, seeds, updates: int = 1) -> bool:
+def identical_curves(curves: pd.DataFrame, label: str, arm: str, temperature: float, seeds, updates: int = 1,
+                     horizon: int | None = None) -> bool:
     """Does every seed of (label, arm) have bitwise its clean twin's whole reward curve?"""
+    curves = with_defaults(curves)
     cur = curves[(curves["label"] == label) & (curves["arm"] == arm)]
+    horizon = int(cur["horizon"].max()) if horizon is None and len(cur) else horizon
     twin = curves[(curves["kind"] == "clean") & (curves["arm"] == arm) & (curves["temperature"] == temperature)
-                  & (curves["updates"] == updates) & curves["seed"].isin(list(seeds))]
+                  & (curves["updates"] == updates) & (curves["horizon"] == horizon) & curves["seed"].isin(list(seeds))]
     a, b = (c.sort_values(["seed", "step"])["reward_mean"].to_numpy() for c in (cur, twin))
     return bool(len(a) == len(b) and len(a) and (a == b).all())
 
@@ -503,7 +525,7 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         out[f"{label}/{arm}/reward_gain"] = float(gain.mean())
         out[f"{label}/{arm}/reward_gain_ci_low"], out[f"{label}/{arm}/reward_gain_ci_high"] = stats.seed_ci(gain)
     for (kind, arm), d in table[table["kind"].isin(DOSED) & ~table["label"].str.contains("+ppo", regex=False)
-                                ].groupby(["kind", "arm"], sort=False):
+                                & ~table["label"].str.endswith(LONG)].groupby(["kind", "arm"], sort=False):
         d = d.sort_values("dose")
         out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
         # the smallest dose from which every larger dose measurably costs too (one noisy row is not a threshold)
@@ -557,16 +579,18 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bm
     first = int(table["updates"].iloc[0]) if len(table) else 1
     rows = []
     sel = table[table["kind"].isin(DOSED) & (table["control"] == "")]
-    for (kind, updates, arm), d in sel.groupby(["kind", "updates", "arm"], sort=False):
+    for (kind, updates, long, arm), d in sel.groupby(["kind", "updates", table["label"].str.endswith(LONG), "arm"],
+                                                     sort=False):
         d = d.sort_values("dose")
         g = gaps[gaps["label"].isin(d["label"]) & (gaps["arm"] == arm)].pivot(index="seed", columns="label",
                                                                                values="gap")[list(d["label"])]
         g = g.dropna()
-        clean = "clean" + regime_suffix(int(updates), first)
+        clean = "clean" + regime_suffix(int(updates), first) + (LONG if long else "")
         gain = metrics.get(f"{clean}/{arm}/reward_gain", float("nan"))
         bmr = bmr_fraction * gain if np.isfinite(gain) and gain > 0 else float("nan")
         x = d["k3_achieved"].to_numpy()
-        row = {"kind": kind, "updates": int(updates), "arm": arm, "name": kind_label(kind, int(updates), first),
+        row = {"kind": kind, "updates": int(updates), "arm": arm,
+               "name": kind_label(kind, int(updates), first) + (LONG if long else ""),
                "doses": len(d), "seeds": len(g), "clean_gain": gain, "bmr": bmr,
                "k3_min": float(x.min()), "k3_max": float(x.max())}
         try:
@@ -596,6 +620,50 @@ def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
                     f"{k}/bmr": float(r.bmr), f"{k}/bmd_k3": float(r.bmd), f"{k}/bmdl_k3": float(r.bmdl),
                     f"{k}/bmdl_bounded": float(r.status == dose_response.BOUNDED)})
     return out
+
+
+SPIKE, ENTROPY_DROP = 3.0, 0.5  # a gradient-norm spike: > 3 x the clean run's median; entropy collapse: < half
+
+
+def horizon_table(curves: pd.DataFrame, block: int) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The long-horizon rows (label ending `+long`): per dosed row and arm, the gap of the mean training reward to
+    the long clean twin (same arm and seed) per block of `block` steps, with a 95% t interval over seeds, and
+    whether it changes from the first block to the last (a paired t test of each seed's last-block minus
+    first-block gap: `<label>/<arm>/gap_change` and `_p`). Per long row (clean ones included) the step where a
+    collapse starts, if any: the first step whose seed-mean gradient norm exceeds `SPIKE` x the long clean run's
+    median (`grad_spike_step`), or whose seed-mean entropy falls below `ENTROPY_DROP` x the clean run's first-step
+    entropy (`entropy_collapse_step`); NaN: none. The training reward, because it is the only outcome measured per
+    step (under a stale dose it carries the lag bias, `lag_bias`)."""
+    curves = with_defaults(curves)
+    long = curves[curves["label"].str.endswith(LONG)]
+    rows, out = [], {}
+    if long.empty:
+        return pd.DataFrame(columns=["label", "arm", "block_start", "block_end", "gap", "ci_low", "ci_high",
+                                     "seeds"]), out
+    for (label, arm), d in long.groupby(["label", "arm"], sort=False):
+        clean = long[(long["kind"] == "clean") & (long["arm"] == arm)]
+        gm = clean.groupby("step")["grad_norm"].mean()
+        em = clean.groupby("step")["entropy"].mean()
+        own_g, own_e = d.groupby("step")["grad_norm"].mean(), d.groupby("step")["entropy"].mean()
+        spike = own_g[own_g > SPIKE * gm.median()].index
+        drop = own_e[own_e < ENTROPY_DROP * em.iloc[0]].index if len(em) else []
+        out[f"{label}/{arm}/grad_spike_step"] = float(spike[0]) if len(spike) else float("nan")
+        out[f"{label}/{arm}/entropy_collapse_step"] = float(drop[0]) if len(drop) else float("nan")
+        if d["kind"].iloc[0] == "clean":
+            continue
+        per = (d.assign(b=d["step"] // block).groupby(["seed", "b"])["reward_mean"].mean()
+               - clean.assign(b=clean["step"] // block).groupby(["seed", "b"])["reward_mean"].mean()).dropna()
+        wide = per.unstack("b")
+        for b in wide.columns:
+            v = wide[b].dropna().to_numpy()
+            lo, hi = stats.seed_ci(v)
+            rows.append({"label": label, "arm": arm, "block_start": int(b * block),
+                         "block_end": int(min((b + 1) * block, d["step"].max() + 1) - 1), "gap": float(v.mean()),
+                         "ci_low": lo, "ci_high": hi, "seeds": int(v.size)})
+        change = (wide[wide.columns[-1]] - wide[wide.columns[0]]).dropna().to_numpy()
+        out[f"{label}/{arm}/gap_change"] = float(change.mean()) if change.size else float("nan")
+        out[f"{label}/{arm}/gap_change_p"] = stats.paired_gap_test(change, margin=1.0).p_diff
+    return pd.DataFrame(rows), out
 
 
 UNCORRECTED = "none@trainer"  # the decoupled arm a correction is compared with: same mode, no correction
@@ -667,10 +735,11 @@ def contrast_metrics(con: pd.DataFrame) -> dict[str, float]:
 
 
 def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None = None,
-               con: pd.DataFrame | None = None) -> str:
+               con: pd.DataFrame | None = None, hz: pd.DataFrame | None = None) -> str:
     first = int(table["updates"].iloc[0]) if "updates" in table and len(table) else 1
     regimes = table
     table = table[table["updates"] == first] if "updates" in table else table
+    table = table[~table["label"].str.endswith(LONG)]
     outcome = table["outcome"].iloc[0] if "outcome" in table and len(table) else "reward_final"
     temps = sorted(set(table["temperature"]))
     lines = [f"**Setup.** Base engine `{p.engines[0]}` ({p.dtype}), {p.steps} steps × {p.prompts_per_step} prompts × "
@@ -703,6 +772,10 @@ def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None
         lines.append("**Contrasts** (each a per-seed difference of two rows' gaps, 95% t interval, Holm over these "
                      "contrasts; corrections against the uncorrected decoupled arm `none@trainer`, not against "
                      "bypass):\n" + "\n".join(contrast_lines(con)))
+    if hz is not None and len(hz):
+        lines.append(f"**Horizon** ({p.long_steps} steps; the training reward's gap to the long clean run per block "
+                     f"of {p.steps} steps, 95% interval over seeds; change = last block minus first, paired t test):\n"
+                     + "\n".join(horizon_lines(hz, metrics)))
     pts = engine_point_lines(table)
     if pts:
         lines.append("**Real engines on the same axes** (paired to the clean run at their temperature):\n"

@@ -220,3 +220,23 @@ def contrast_lines(con) -> list[str]:
             out.append(f"- {r.what}: no difference shown, {ci}; MDE {r.mde:.3f} (a difference below it is not "
                        f"ruled out).")
     return out
+
+
+def horizon_lines(hz, metrics: dict) -> list[str]:
+    """One bullet per long-horizon row of notebook 08 (`mismatch_cost.horizon_table`): its gap per block of steps
+    with intervals, whether the gap grows, shrinks or shows no change (last block minus first, unadjusted paired t
+    at 5%), and the step a collapse starts where one was seen."""
+    out = []
+    for (label, arm), d in hz.groupby(["label", "arm"], sort=False):
+        blocks = "; ".join(f"steps {r.block_start}-{r.block_end} {r.gap:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+                           for r in d.itertuples())
+        ch, pv = metrics.get(f"{label}/{arm}/gap_change", np.nan), metrics.get(f"{label}/{arm}/gap_change_p", np.nan)
+        verdict = ("no change shown" if not (np.isfinite(pv) and pv < 0.05) else
+                   "the cost grows" if ch < 0 else "the gap closes")
+        events = [f"{what} from step {int(metrics[k])}" for what, k in
+                  (("gradient-norm spikes", f"{label}/{arm}/grad_spike_step"),
+                   ("entropy collapse", f"{label}/{arm}/entropy_collapse_step"))
+                  if np.isfinite(metrics.get(k, np.nan))]
+        out.append(f"- {label} `{arm}`: {blocks}; {verdict} (change {ch:+.3f}, p {pv:.2g})"
+                   + (f"; {', '.join(events)}" if events else "; no collapse seen") + ".")
+    return out

@@ -320,6 +320,12 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                                         "(empty: every dose)", allow_empty=True)
     regime_arms: list[str] = param([], "arms the further PPO regimes train (empty: every arm)", check=check_arm,
                                    allow_empty=True)
+    long_steps: int = param(0, "steps of the long-horizon rows (0: none): long_arms clean and at long_doses trained "
+                               "again this long (at least 4 x steps), to see whether a gap grows, stays or vanishes",
+                            ge=0)
+    long_doses: list[str] = param([], "dose rows (<kind>@<dose>) trained at long_steps too", allow_empty=True)
+    long_arms: list[str] = param([], "arms of the long-horizon rows (empty: every arm)", check=check_arm,
+                                 allow_empty=True)
     policy_samples: int = param(2, "completions per held-out problem sampled, after training, from the run's engine "
                                    "holding the trained weights unperturbed: the tested outcome (0: the training "
                                    "reward is)", ge=0)
@@ -365,6 +371,15 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                              f"{self.prompts_per_step * self.group_size} sequences to cut into mini-batches")
         labels = {f"{k}@{v:g}" for k, vs in (("ratio", self.ratio_k3), ("weights", self.weight_noise),
                                               ("stale", self.stale_steps)) for v in vs}
+        if not set(self.long_doses) <= labels:
+            raise ParamError(f"parameter 'long_doses' names rows no dose list has: "
+                             f"{sorted(set(self.long_doses) - labels)} (the doses are {sorted(labels)})")
+        if self.long_steps and self.long_steps <= self.steps:
+            raise ParamError(f"parameter 'long_steps' ({self.long_steps}) must exceed 'steps' ({self.steps}), or be 0")
+        if (self.long_doses or self.long_arms) and not self.long_steps:
+            raise ParamError("parameters 'long_doses' / 'long_arms' need 'long_steps' > 0")
+        if not {self._label(a) for a in self.long_arms} <= set(self.arm_labels):
+            raise ParamError(f"parameter 'long_arms' must be a subset of 'arms', got {self.long_arms}")
         if not set(self.regime_doses) <= labels:
             raise ParamError(f"parameter 'regime_doses' names rows no dose list has: "
                              f"{sorted(set(self.regime_doses) - labels)} (the doses are {sorted(labels)})")
