@@ -31,7 +31,10 @@ def dose_response(doses, style: str = "notebook"):
     """Per kind of mismatch: the paired reward gap to the same arm's clean run (95% CI over seeds) against the
     measured engine-trainer k3 per token (log x), one line per arm, dose 0 drawn at the left edge (its gap is 0 by
     definition). Real engines (notebooks 01/06) are points on the panel of their kind (raw logprobs: ratio;
-    otherwise distribution), labelled; a null control is drawn hollow."""
+    otherwise distribution), labelled; a null control is drawn hollow. The first PPO regime at the study's horizon
+    only (further regimes and long rows have their own tables)."""
+    if "updates" in doses:  # one regime and one horizon per line
+        doses = doses[(doses["updates"] == doses["updates"].iloc[0]) & ~doses["label"].str.endswith("+long")]
     kinds = [k for k in KIND_TITLE if (doses["kind"] == k).any()]
     base = doses.loc[doses["kind"] == "clean", "engine"].iloc[0] if (doses["kind"] == "clean").any() else ""
     arms = list(dict.fromkeys(doses["arm"]))
@@ -88,7 +91,7 @@ def reward_curves(curves, style: str = "notebook"):
     sty = _arm_style(arms)
     base_t = curves.loc[curves["label"] == "clean", "temperature"]
     shown = ["clean"] + [curves.loc[curves["dose"] == curves.loc[curves["kind"] == k, "dose"].max(), "label"]
-                         .loc[lambda s, k=k: s.str.startswith(k + "@")].iloc[0]
+                         .loc[lambda s, k=k: s.str.startswith(k + "@") & ~s.str.contains("+", regex=False)].iloc[0]
                          for k in KIND_TITLE if (curves["kind"] == k).any()]
     fig, axes = plt.subplots(1, len(shown), figsize=figsize(style, 0.4 * len(shown) + 0.3), sharey=True,
                              squeeze=False)
