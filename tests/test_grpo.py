@@ -233,3 +233,36 @@ def test_an_engine_that_leaves_its_float_floor_is_named_in_the_report():
     (line,) = floor_lines(m)
     assert "`vllm-v0`" in line and "1.5e-08" in line and "did not reproduce its float floor" in line
     assert floor_breaches(curves.drop(columns="engine_expects")) == {}
+
+
+def test_several_updates_per_batch_move_the_decoupled_ratio_off_one(default_model):
+    """`policy_updates` with the trainer's own logprobs as the behaviour policy (decoupled mode, no mismatch): one
+    update per batch has the ratio exactly 1 on every token (the clip never acts, issue 46's point 7); three
+    mini-batch updates do not (the weights moved after the first), and the clip then acts in the decoupled mode
+    too. Each update is one optimizer step."""
+    from rlwb.core.data import tasks, tokenizer
+    from rlwb.core.scoring.trainer import TrainerScorer
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(12, seed=7)]
+    comps = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(3, 20, (12,), generator=g)]
+    lengths, width = [len(c) for c in comps], max(map(len, comps))
+    mask = grpo._pad([np.ones(n) for n in lengths], width).bool()
+    adv = torch.randn(12, generator=g)
+    out = {}
+    for k in (1, 3):
+        model = TrainerScorer(default_model.path).model.train()
+        with torch.no_grad():
+            old = grpo._per_seq(completion_logprobs(model, make_batch(prompts, comps), 0.7)["logp"], lengths, width)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        cfg = grpo.GRPOConfig(temperature=0.7, old_logprobs="trainer", updates_per_batch=k, prompts_per_step=3,
+                              group_size=4)
+        steps = []
+        opt.register_step_post_hook(lambda *_: steps.append(1))
+        out[k] = grpo.policy_updates(model, opt, prompts, comps, cfg, old, adv, mask)[0]
+        assert len(steps) == k
+    assert out[1].ratio_mean == 1.0 and out[1].ratio_abs_log_mean == 0.0 and out[1].clip_frac == 0.0
+    assert out[3].ratio_abs_log_mean > 1e-3 and out[3].ratio_mean != 1.0 and out[3].clip_frac > 0
+    assert out[3].passes == 3
+    with pytest.raises(ValueError, match="updates_per_batch"):
+        grpo.GRPOConfig(updates_per_batch=0)

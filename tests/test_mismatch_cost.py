@@ -101,3 +101,149 @@ def test_doses_that_would_share_a_label_are_refused(kw, match):
 
     with pytest.raises(ParamError, match=match):
         schemas.MismatchCostParams(**kw)
+
+
+def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported():
+    from rlwb.experiments import wording
+
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.0})
+    t = mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c))
+    m = mc.dose_metrics(t, c)
+    plc = t.set_index(["label", "arm"]).loc[("placebo", "none@engine")]
+    assert np.isfinite(plc["p_holm"]) and plc["verdict"] == "no cost shown" and plc["control"] == ""
+    assert m["placebo/rows"] == 1 and m["placebo/false_positive_rate"] == 0
+    assert "(passes" in wording.placebo_line(m)
+    # a placebo that differs from its clean twin as much as a real cost does is a false positive, and says so
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.2})
+    t = mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c))
+    m = mc.dose_metrics(t, c)
+    assert m["placebo/false_positive_rate_holm"] == 1 and "**fails**" in wording.placebo_line(m)
+
+
+def ratio_curves(cost_per_decade: float) -> pd.DataFrame:
+    """The clean none@engine run learns 0.5 -> 0.77 over 10 steps (gain 0.27); at ratio doses k3 0.01, 0.1, 1 it
+    loses `cost_per_decade` per decade of k3 above 0.01 (0 at 0.01), with a per-seed wobble."""
+    rows = []
+    for d in (0.0, 0.01, 0.1, 1.0):
+        label = "clean" if d == 0 else f"ratio@{d:g}"
+        for s in SEEDS:
+            cost = 0.0 if d == 0 else cost_per_decade * (np.log10(d) + 2) + 0.01 * np.sin(3.0 * s + 7 * d)
+            for t in STEPS:
+                rows.append({"step": t, "kind": label.split("@")[0], "label": label, "dose": d, "temperature": 0.7,
+                             "arm": "none@engine", "seed": s, "reward_mean": 0.5 + 0.03 * t + 0.02 * s - cost,
+                             "grad_norm": 1.0, "clip_frac": 0.0, "mismatch_k3": d, "mismatch_k1": 0.0,
+                             "entropy": 0.5, "raw_logprobs": False, "heldout_greedy_acc": 0.6 - cost,
+                             "engine": "vllm-v1-fixed"})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("per_decade", [0.1, 0.0])
+def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_decade):
+    """BMR = 25% of the clean gain 0.27 = 0.0675: at 0.1 per decade above k3 0.01 the fitted cost reaches it at
+    k3 10^(0.675 - 2) = 0.047, the BMDL below it ("keep k3 below"); a flat curve cannot bound it."""
+    from rlwb.experiments import wording
+
+    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[])
+    c = ratio_curves(per_decade)
+    t = mc.dose_table(c, p, {})
+    m = mc.dose_metrics(t, c)
+    assert m["clean/none@engine/reward_gain"] == pytest.approx(0.27)
+    b = mc.benchmark_table(t, c, m, p.bmr_fraction)
+    assert len(b) == 1 and b["bmr"].iloc[0] == pytest.approx(0.0675)
+    r = next(b.itertuples())
+    line = wording.benchmark_line(r, p.bmr_fraction)
+    if per_decade:
+        assert r.status == "bounded" and r.bmd == pytest.approx(10 ** (0.675 - 2), rel=0.05) and r.bmdl < r.bmd
+        assert r.trend_slope == pytest.approx(-0.1, abs=0.01) and r.trend_p_holm < 0.05
+        assert "keep k3 below" in line and f"{r.bmdl:.1e}" in line
+    else:
+        assert r.status == "not bounded" and np.isnan(r.bmdl) and r.trend_p_holm > 0.05
+        assert "cannot bound" in line and "keep k3 below" not in line
+    assert mc.benchmark_metrics(b)["ratio/none@engine/bmdl_bounded"] == float(bool(per_decade))
+    one = mc.benchmark_table(t[t["label"].isin(["clean", "ratio@1"])], c, m, p.bmr_fraction)
+    assert one["status"].iloc[0] == "no benchmark" and "1 dose: no curve to fit" in wording.benchmark_line(
+        next(one.itertuples()), p.bmr_fraction)
+
+
+def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_one_sided_with_symmetric_error():
+    """At weights@0.1 the uncorrected decoupled arm loses 0.2 and TIS 0.05: TIS is better than `none@trainer` by
+    0.15 (not compared with bypass); bypass loses 0.2 too: no mode difference. A raw-logprob point (one-sided) that
+    loses 0.1 more than the symmetric ratio dose of the same k3 is worse by 0.1; each sentence says so."""
+    from rlwb.experiments import wording
+
+    arms = ("none@engine", "none@trainer", "tis@trainer")
+    c = curves({**{("clean", a): 0.0 for a in arms}, ("weights@0.1", "none@trainer"): 0.2,
+                ("weights@0.1", "tis@trainer"): 0.05, ("weights@0.1", "none@engine"): 0.2,
+                ("ratio@0.1", "none@engine"): 0.02, ("vllm-v1", "none@engine"): 0.12})
+    pt = c["label"] == "vllm-v1"
+    c.loc[pt, "kind"], c.loc[pt, "raw_logprobs"], c.loc[pt, "dose"] = "engine", True, np.nan
+    c.loc[pt, "mismatch_k3"] = 0.08  # within a factor 2 of the ratio dose's intended 0.1: matched
+    for lab, arm in (("weights@0.1", "tis@trainer"), ("vllm-v1", "none@engine")):  # a spread of their own
+        r = (c["label"] == lab) & (c["arm"] == arm)
+        c.loc[r, "reward_mean"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
+        c.loc[r, "heldout_greedy_acc"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
+    p = schemas.MismatchCostParams(arms=list(arms), placebo_arms=[])
+    t = mc.dose_table(c, p, kl_zero(c))
+    con = mc.contrast_table(t, c).set_index(["contrast", "label", "arm"])
+    tis = con.loc[("correction", "weights@0.1", "tis@trainer")]
+    assert tis["vs_arm"] == "none@trainer" and tis["diff"] == pytest.approx(0.15, abs=0.01)
+    assert tis["verdict"] == "differs" and tis["ci_low"] > 0
+    mode = con.loc[("mode", "weights@0.1", "none@engine")]
+    assert mode["diff"] == pytest.approx(0, abs=1e-9) and mode["verdict"] == "no difference shown"
+    one = con.loc[("one-sided vs symmetric", "vllm-v1", "none@engine")]
+    assert one["vs_label"] == "ratio@0.1" and one["diff"] == pytest.approx(-0.1, abs=0.01) and one["ci_high"] < 0
+    assert ("correction", "ratio@0.1", "tis@trainer") not in con.index  # no none@trainer row there to compare
+    lines = wording.contrast_lines(con.reset_index())
+    assert any("`tis@trainer` vs `none@trainer` at weights@0.1: better by +0.15" in x for x in lines)
+    assert any("no difference shown" in x and "MDE" in x for x in lines)
+
+
+def test_a_long_horizon_gap_that_grows_and_a_collapse_are_named():
+    """Long rows pair with the long clean run: a cost that grows 0.001 per step shows per 10-step block, grows from
+    the first block to the last, and a gradient-norm spike from step 25 (with entropy halved) is named at that
+    step; the short rows and the benchmark ignore the long ones."""
+    from rlwb.experiments import wording
+
+    rows = []
+    for label, steps in (("clean", 10), ("ratio@0.1", 10), ("clean+long", 40), ("ratio@0.1+long", 40)):
+        for s in SEEDS:
+            for t in range(steps):
+                dosed = label.startswith("ratio")
+                cost = (0.001 * t + 0.002 * np.sin(s + t)) if dosed and steps == 40 else 0.02 * dosed
+                late = dosed and steps == 40 and t >= 25
+                rows.append({"step": t, "kind": label.split("@")[0].replace("+long", ""), "label": label,
+                             "dose": 0.1 if dosed else 0.0, "temperature": 0.7, "arm": "none@engine", "seed": s,
+                             "reward_mean": 0.5 + 0.005 * t + 0.02 * s - cost - 0.001 * s * dosed,
+                             "grad_norm": 5.0 if late else 1.0, "clip_frac": 0.0, "mismatch_k3": 0.1 * dosed,
+                             "mismatch_k1": 0.0, "entropy": 0.2 if late else 0.5, "raw_logprobs": False,
+                             "heldout_greedy_acc": 0.6, "engine": "vllm-v1-fixed"})
+    c = pd.DataFrame(rows)
+    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=[0.1], steps=10, long_steps=40,
+                                   long_doses=["ratio@0.1"])
+    t = mc.dose_table(c, p, {}).set_index("label")
+    assert t.loc["ratio@0.1+long", "horizon"] == 40 and t.loc["ratio@0.1", "horizon"] == 10
+    assert t.loc["ratio@0.1", "gap"] == pytest.approx(-0.02 - 0.001 * np.mean(SEEDS))  # paired with the short clean
+    hz, m = mc.horizon_table(c, 10)
+    assert list(hz["block_start"]) == [0, 10, 20, 30] and (np.diff(hz["gap"]) < 0).all()
+    assert m["ratio@0.1+long/none@engine/gap_change"] == pytest.approx(-0.03, abs=0.002)
+    assert m["ratio@0.1+long/none@engine/gap_change_p"] < 0.05
+    assert m["ratio@0.1+long/none@engine/grad_spike_step"] == 25 and m[
+        "ratio@0.1+long/none@engine/entropy_collapse_step"] == 25
+    assert np.isnan(m["clean+long/none@engine/grad_spike_step"])
+    line = wording.horizon_lines(hz, m)[0]
+    assert "the cost grows" in line and "gradient-norm spikes from step 25" in line and "steps 30-39" in line
+    mm = mc.dose_metrics(t.reset_index(), c)
+    assert mm["ratio/none@engine/max_dose_gap"] == pytest.approx(t.loc["ratio@0.1", "gap"])  # the short row's
+
+
+def test_long_horizon_jobs_have_their_own_clean_twins():
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], long_steps=120, long_doses=["ratio@1"],
+                                   long_arms=["none@engine"], num_seeds=2)
+    js = [j for j in mc.jobs(p) if j.steps]
+    assert sorted({(j.label, j.arm) for j in js}) == [("clean+long", "none@engine"), ("ratio@1+long", "none@engine")]
+    assert all(j.steps == 120 and mc.config(p, j).steps == 120 for j in js)
+    assert mc.jobs(p)[-1].label == "rerun" and mc.jobs(p)[-1].steps == 0
+    from rlwb.errors import ParamError
+
+    with pytest.raises(ParamError, match="must exceed"):
+        schemas.MismatchCostParams(long_steps=10)

@@ -295,11 +295,11 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     doses = pd.read_parquet(d / "data" / "doses.parquet").set_index(["label", "arm"])
     curves = pd.read_parquet(d / "data" / "curves.parquet")
     arms = ["none@engine", "none@trainer"]
-    # clean, ratio, weights, stale x 2 arms; the point and its clean twin at T 1 x 1 arm; the rerun
+    # clean, ratio, weights, stale x 2 arms; the point and its clean twin at T 1 x 1 arm; the placebo; the rerun
     assert sorted(doses.index) == sorted([(lab, a) for lab in ("clean", "ratio@0.01", "weights@0.03", "stale@2")
-                                          for a in arms] + [("vllm-v1@T1", "none@engine"),
+                                          for a in arms] + [("vllm-v1@T1", "none@engine"), ("placebo", "none@engine"),
                                                             ("clean@T1", "none@engine"), ("rerun", "none@engine")])
-    assert len(curves) == (4 * 2 * 2 + 2 * 2 + 1) * 3  # runs x steps
+    assert len(curves) == (4 * 2 * 2 + 2 * 2 + 2 + 1) * 3  # runs x steps
     for a in arms:
         assert doses.loc[("clean", a), "k3_achieved"] <= 1e-8  # fp32 V1-fixed: the float floor at dose 0
         # the ratio dose reaches the reported logprobs at its intended k3, as noise (mean log r near 0, not a bias)
@@ -328,7 +328,20 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     assert m["ratio@0.01/none@engine/gap_ci_low"] <= m["ratio@0.01/none@engine/gap"] <= m[
         "ratio@0.01/none@engine/gap_ci_high"]
     family = doses[(doses["control"] == "") & ~doses["kind"].isin(["clean", "rerun"])]
-    assert len(family) == 5 and family["p_holm"].notna().all()  # ratio, weights, stale x 2 arms, minus the control
+    # ratio, weights, stale x 2 arms, minus the control, plus the placebo: one Holm family
+    assert len(family) == 6 and family["p_holm"].notna().all() and ("placebo", "none@engine") in family.index
+    assert 0 <= m["placebo/false_positive_rate"] <= 1 and m["placebo/rows"] == 1
+    # the placebo is the clean run on another sampling-seed stream: same prompts, other completions
+    plc, cln = (curves[(curves["label"] == lab) & (curves["arm"] == "none@engine")] for lab in ("placebo", "clean"))
+    assert not np.array_equal(plc["reward_mean"].to_numpy(), cln["reward_mean"].to_numpy())
+    # the tested outcome: the trained policy sampled from a clean engine; the training reward is secondary
+    assert (doses["outcome"] == "policy_reward").all() and doses["policy_reward"].between(0, 1).all()
+    assert doses["train_gap"].notna().sum() >= 6 and (doses.loc[doses["kind"] == "stale", "lag_bias"].notna()).all()
+    # one update per batch: the decoupled ratio is exactly 1 on every token (the clip cannot act there)
+    dec = curves[curves["arm"] == "none@trainer"]
+    assert (dec["ratio_abs_log_mean"] == 0).all() and (dec["updates_per_batch"] == 1).all()
+    bench = pd.read_parquet(d / "data" / "benchmarks.parquet")  # one dose per kind: no curve to fit, said so
+    assert len(bench) == 3 * 2 - 1 and (bench["status"] == "no benchmark").all()  # ratio none@trainer: a control
     for f in ("dose_response", "cost_reward_curves"):
         assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
     html = (d / "report.html").read_text()

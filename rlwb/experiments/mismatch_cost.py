@@ -19,7 +19,7 @@ Controls that must come out null (a failed control says the design, not the engi
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from rlwb.core.data import tasks, tokenizer
-from rlwb.core.measure import stats
+from rlwb.core.measure import dose_response, stats
 from rlwb.core.rl.grpo import train
 from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.rl.mismatch_doses import logprob_noise_sigma
@@ -43,7 +43,18 @@ from rlwb.experiments.grpo_grid import (
     run_grid,
     timing_note,
 )
-from rlwb.experiments.wording import dose_answer_lines, dose_control_lines, engine_point_lines, floor_lines, one_line
+from rlwb.experiments.wording import (
+    benchmark_line,
+    contrast_lines,
+    dose_answer_lines,
+    dose_control_lines,
+    engine_point_lines,
+    floor_lines,
+    horizon_lines,
+    one_line,
+    placebo_line,
+    regime_line,
+)
 from rlwb.formatting import metric
 
 DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
@@ -60,34 +71,45 @@ class Job:
     engine and at which temperature. Its clean twin is the clean run of the same arm and seed at the same
     temperature."""
 
-    kind: str  # clean | ratio | weights | stale | engine | rerun
+    kind: str  # clean | ratio | weights | stale | engine | placebo | rerun
     dose: float  # intended k3 (ratio), relative weight noise (weights), updates behind (stale); 0 clean; NaN engine
     arm: str
     seed: int
     engine: str
     temperature: float
-    label: str  # the row's name in tables and metric keys: clean, clean@T0.5, ratio@0.01, vllm-v1@T0.5, rerun
+    label: str  # the row's name in tables and metric keys: clean, clean@T0.5, ratio@0.01, vllm-v1@T0.5, rerun,
+    # placebo, and in a further PPO regime the label + `+ppo<updates>` (clean+ppo4, ratio@1+ppo4)
+    updates: int = 1  # policy updates per rollout batch (the PPO regime)
+    stream: int = 0  # sampling-seed stream: 0, or 1 for a placebo (the clean run with independent sampling)
+    steps: int = 0  # the run's GRPO steps: 0 the study's `steps`, else `long_steps` (label + `+long`)
 
     @property
-    def twin(self) -> tuple[float, str, int]:
-        return self.temperature, self.arm, self.seed
+    def twin(self) -> tuple[float, int, int, str, int]:
+        return self.temperature, self.updates, self.steps, self.arm, self.seed
 
 
 @dataclass
 class CostResult(Result):
     curves: pd.DataFrame  # one row per (label, arm, seed, step): notebook 03's columns
     doses: pd.DataFrame  # one row per (label, arm): achieved k3, outcomes, paired gaps with CIs, MDE, verdict
+    # one row per (kind, PPO regime, arm): the trend across doses and the benchmark dose (`benchmark_table`)
+    benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # one row per paired contrast the conclusion states (`contrast_table`)
+    contrasts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # one row per long-horizon row and block of steps: the training-reward gap's trajectory (`horizon_table`)
+    horizon: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def frames(self) -> dict[str, pd.DataFrame]:
-        return {"curves": self.curves, "doses": self.doses}
+        return {"curves": self.curves, "doses": self.doses, "benchmarks": self.benchmarks,
+                "contrasts": self.contrasts, "horizon": self.horizon}
 
     def summary(self) -> pd.DataFrame:
         cols = ["kind", "label", "arm", "k3_achieved", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "mde",
-                "verdict", "heldout_gap", "auc_gap", "entropy_gap", "kl_to_clean", "clip_frac"]
+                "verdict", "train_gap", "heldout_gap", "auc_gap", "entropy_gap", "kl_to_clean", "clip_frac"]
         return self.doses[~self.doses["kind"].isin(["clean", "rerun"])][cols].set_index(["kind", "label", "arm"])
 
     def conclusion(self) -> str:
-        return conclusion(self.metrics, self.doses, self.params)
+        return conclusion(self.metrics, self.doses, self.params, self.benchmarks, self.contrasts, self.horizon)
 
     def answer(self) -> str:
         """The first arm's verdict per kind of mismatch, in one line."""
@@ -98,19 +120,46 @@ class CostResult(Result):
 
 def jobs(p) -> list[Job]:
     """Every run: each arm clean (dose 0) at the notebook's temperature (the point arms also at every other
-    temperature a point uses), at every dose of each kind, each point engine with `point_arms`, and the first clean
-    run again (the reproducibility control). Clean runs first, so dosed runs find their twins' policies ready."""
+    temperature a point uses), at every dose of each kind, each point engine with `point_arms`, the placebo arms'
+    clean runs again on an independent sampling-seed stream (same prompts), and the first clean run again (the
+    reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); each further regime trains
+    `regime_arms` (every arm if empty) clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed
+    runs find their twins' policies ready."""
     base, T = p.engines[0], p.temperature
-    out = [Job("clean", 0.0, a, s, base, T, "clean") for a in p.arm_labels for s in p.seeds]
+    u0, further = p.updates_per_batch[0], p.updates_per_batch[1:]
+    doses = [(kind, float(d), f"{kind}@{d:g}") for kind, values in (("ratio", p.ratio_k3),
+                                                                  ("weights", p.weight_noise),
+                                                                  ("stale", p.stale_steps)) for d in values]
+    out = [Job("clean", 0.0, a, s, base, T, "clean", u0) for a in p.arm_labels for s in p.seeds]
     for t in dict.fromkeys(t for _, t in p.points if t != T):  # the points' own temperatures: their arms only
-        out += [Job("clean", 0.0, a, s, base, t, clean_label(t, T)) for a in p.point_arm_labels for s in p.seeds]
-    for kind, values in (("ratio", p.ratio_k3), ("weights", p.weight_noise), ("stale", p.stale_steps)):
-        out += [Job(kind, float(d), a, s, base, T, f"{kind}@{d:g}") for d in values for a in p.arm_labels
-                for s in p.seeds]
-    out += [Job("engine", float("nan"), a, s, e, t, point_label(e, t, T)) for e, t in p.points
+        out += [Job("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in p.point_arm_labels for s in p.seeds]
+    regime_arms = [a for a in p.arm_labels if not p.regime_arms or a in {p._label(r) for r in p.regime_arms}]
+    out += [Job("clean", 0.0, a, s, base, T, "clean" + regime_suffix(u, u0), u) for u in further
+            for a in regime_arms for s in p.seeds]
+    out += [Job(kind, d, a, s, base, T, label, u0) for kind, d, label in doses for a in p.arm_labels for s in p.seeds]
+    out += [Job(kind, d, a, s, base, T, label + regime_suffix(u, u0), u) for u in further
+            for kind, d, label in doses if not p.regime_doses or label in p.regime_doses
+            for a in regime_arms for s in p.seeds]
+    out += [Job("engine", float("nan"), a, s, e, t, point_label(e, t, T), u0) for e, t in p.points
             for a in p.point_arm_labels for s in p.seeds]
-    first = out[0]
+    out += [Job("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in p.placebo_arm_labels
+            for s in p.seeds]
+    if p.long_steps:  # the long horizon: its own clean twins, first regime only
+        long_arms = [a for a in p.arm_labels if not p.long_arms or a in {p._label(r) for r in p.long_arms}]
+        out[:0] = [Job("clean", 0.0, a, s, base, T, "clean" + LONG, u0, steps=p.long_steps) for a in long_arms
+                   for s in p.seeds]
+        out += [Job(kind, d, a, s, base, T, label + LONG, u0, steps=p.long_steps) for kind, d, label in doses
+                if label in p.long_doses for a in long_arms for s in p.seeds]
+    first = next(j for j in out if j.steps == 0)
     return out + [replace(first, kind="rerun", label="rerun")]
+
+
+LONG = "+long"  # what a long-horizon row's label gains
+
+
+def regime_suffix(updates: int, first: int) -> str:
+    """What a row's label gains in a further PPO regime: `+ppo<updates>` (none in the first regime)."""
+    return "" if updates == first else f"+ppo{updates}"
 
 
 def clean_label(t: float, base_t: float) -> str:
@@ -127,7 +176,8 @@ def config(p, job: Job) -> GRPOConfig:
     cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, logprob_noise_k3=dose.get("ratio", 0.0),
                                    engine_weight_noise=dose.get("weights", 0.0),
                                    engine_lag=int(dose.get("stale", 0)))
-    return replace(cfg, old_logprobs=mode, temperature=job.temperature)
+    return replace(cfg, old_logprobs=mode, temperature=job.temperature, updates_per_batch=job.updates,
+                   sampling_stream=job.stream, steps=job.steps or p.steps)
 
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
@@ -148,8 +198,11 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
             full = completion_logprobs(m, probe, p.temperature, full=True)["full"].float().cpu()
         kl.add(job, full)
         df["heldout_greedy_acc"] = float(greedy_rewards(m, codec, heldout, p.max_tokens).mean())
+        if p.policy_samples:
+            df["policy_reward"] = policy_reward(m, engine, codec, heldout, p, job.temperature)
         for i, (k, v) in enumerate((("kind", job.kind), ("label", job.label), ("dose", job.dose),
-                                    ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature))):
+                                    ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature),
+                                    ("updates", job.updates))):
             df.insert(1 + i, k, v)
         return df.assign(engine=job.engine)
 
@@ -162,7 +215,35 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
                        ignore_index=True)
     curves["raw_logprobs"] = curves["engine"].map(raw).astype(bool)
     table = dose_table(curves, p, kl.values)
-    return CostResult(p, dose_metrics(table, curves), curves, table)
+    metrics = dose_metrics(table, curves)
+    bench = benchmark_table(table, curves, metrics, p.bmr_fraction)
+    metrics.update(benchmark_metrics(bench))
+    con = contrast_table(table, curves)
+    metrics.update(contrast_metrics(con))
+    hz, hm = horizon_table(curves, p.steps)
+    metrics.update(hm)
+    return CostResult(p, metrics, curves, table, bench, con, hz)
+
+
+POLICY_SEED = 999_961
+
+
+def policy_reward(model, engine, codec, problems, p, temperature: float) -> float:
+    """The trained policy's mean task reward on `problems` (`p.policy_samples` completions each at `temperature`,
+    one fixed sampling seed for every run: paired), sampled by the run's engine after the trained weights are
+    loaded into it unperturbed: no dose between the policy and its reward. Under a distribution dose the training
+    reward is what the perturbed or stale engine sampled; this is what the run trained. The run's engine is the
+    base preset for every dosed row (fp32, the trainer's distribution to the float floor); an engine point is
+    scored by its own engine, as it would be deployed."""
+    from rlwb.core.data import tasks as task_mod
+    from rlwb.engines.worker import Sampling
+
+    engine.update_weights({k: v.detach() for k, v in model.state_dict().items()})
+    engine.reset_prefix_cache()
+    prompts = [codec.encode_task(q) for q in problems for _ in range(p.policy_samples)]
+    comps = engine.generate(prompts, Sampling(temperature=temperature, max_tokens=p.max_tokens, seed=POLICY_SEED))
+    return float(np.mean([task_mod.reward(problems[i // p.policy_samples], codec.decode(c.token_ids))
+                          for i, c in enumerate(comps)]))
 
 
 class TwinKL:
@@ -208,7 +289,7 @@ HELDOUT_SEED, HELDOUT_PROBLEMS = 999_979, 128
 def trained_problems(p) -> set[tuple[int, int]]:
     """Every (a, b) some run of this study trains on: each seed's fresh problems per step (`step_problem_seed`),
     known before any run starts."""
-    return {(q.a, q.b) for s in p.seeds for step in range(p.steps)
+    return {(q.a, q.b) for s in p.seeds for step in range(max(p.steps, p.long_steps))
             for q in tasks.make_problems(p.prompts_per_step, seed=step_problem_seed(s, step), max_digits=p.max_digits)}
 
 
@@ -245,22 +326,37 @@ def kl_divergence(ref: torch.Tensor, lp: torch.Tensor) -> float:
     return float((ref.exp() * (ref - lp)).sum(-1).mean())
 
 
-KEYS = ["kind", "label", "dose", "temperature", "arm", "seed"]
+KEYS = ["kind", "label", "dose", "temperature", "updates", "horizon", "arm", "seed"]
+
+
+def with_defaults(curves: pd.DataFrame) -> pd.DataFrame:
+    """Curves archived before the PPO regimes and the policy outcome existed: one update per batch, no policy
+    reward (the training reward is then the tested outcome)."""
+    if "updates" not in curves:
+        curves = curves.assign(updates=1)
+    if "policy_reward" not in curves:
+        curves = curves.assign(policy_reward=np.nan)
+    # each run's horizon (its step count): a long-horizon row pairs with the clean run of its own length
+    return curves.assign(horizon=curves.groupby(["label", "arm", "seed"])["step"].transform("max") + 1)
 
 
 def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
     """Per run: final reward (last FINAL_FRAC of steps), area under the reward curve (mean reward over all steps),
-    final entropy, mean gradient norm, clip fraction, engine-trainer k3 and the trained policy's own greedy
-    accuracy."""
-    last = edge_steps(curves["step"], FINAL_FRAC)
+    final entropy, mean gradient norm, clip fraction, engine-trainer k3, the trained policy's own greedy
+    accuracy and its reward sampled with no dose in between (`policy_reward`)."""
+    curves = with_defaults(curves)
+    # each horizon's own last steps (a long-horizon row's final window is its own, not the short runs')
+    final = pd.concat([curves[(curves["horizon"] == h) & curves["step"].isin(edge_steps(range(int(h)), FINAL_FRAC))]
+                       for h in curves["horizon"].unique()])
     g = curves.groupby(KEYS, sort=False, dropna=False)
     out = pd.DataFrame({"auc": g["reward_mean"].mean(), "grad_norm": g["grad_norm"].mean(),
                         "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean(),
                         "k1": g["mismatch_k1"].mean() if "mismatch_k1" in curves else np.nan,
                         "raw_logprobs": g["raw_logprobs"].first(),
                         # runs archived before the held-out score have no such column: they recompute without it
-                        "heldout_acc": g["heldout_greedy_acc"].first() if "heldout_greedy_acc" in curves else np.nan})
-    fin = curves[curves["step"].isin(last)].groupby(KEYS, sort=False, dropna=False)
+                        "heldout_acc": g["heldout_greedy_acc"].first() if "heldout_greedy_acc" in curves else np.nan,
+                        "policy_reward": g["policy_reward"].first()})
+    fin = final.groupby(KEYS, sort=False, dropna=False)
     out["reward_final"] = fin["reward_mean"].mean()
     out["entropy"] = fin["entropy"].mean()
     return out.reset_index()
@@ -282,54 +378,95 @@ def panel_of(kind: str, raw: bool) -> str:
     return kind if kind != "engine" else "ratio" if raw else "weights"
 
 
+def outcome_of(s: pd.DataFrame) -> str:
+    """The tested outcome: the trained policy's reward sampled with no dose in between (`policy_reward`) where every
+    run has one, else the final training reward (runs with `policy_samples` 0, or archived before it existed)."""
+    return "policy_reward" if s["policy_reward"].notna().all() else "reward_final"
+
+
+def late_slope(curves: pd.DataFrame) -> float:
+    """The clean runs' reward slope per step over the second half of their steps (least squares on the mean over
+    seeds): what a stale engine's lag of k updates alone takes off the training reward (k x this), since the
+    engine's reward is that of weights k steps back."""
+    c = curves.groupby("step")["reward_mean"].mean()
+    c = c[c.index >= c.index.max() / 2]
+    if len(c) < 2:
+        return float("nan")
+    return float(np.polyfit(c.index.to_numpy(dtype=float), c.to_numpy(), 1)[0])
+
+
+def seed_gaps(s: pd.DataFrame) -> pd.DataFrame:
+    """Per run that is not a clean run: its outcomes minus its clean twin's (same temperature, PPO regime, arm and
+    seed): `gap` (the tested outcome, `outcome_of`), `train_gap` (final training reward) and `heldout_gap` (own
+    greedy accuracy). One row per (label, arm, seed)."""
+    outcome = outcome_of(s)
+    on = ["temperature", "updates", "horizon", "arm", "seed"]
+    cols = list(dict.fromkeys([outcome, "reward_final", "heldout_acc"]))
+    clean = s.loc[s["kind"] == "clean", on + cols].rename(columns={c: c + "_clean" for c in cols})
+    d = s[s["kind"] != "clean"].merge(clean, on=on, how="left")
+    return d.assign(gap=d[outcome] - d[outcome + "_clean"], train_gap=d["reward_final"] - d["reward_final_clean"],
+                    heldout_gap=d["heldout_acc"] - d["heldout_acc_clean"])
+
+
 def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     """One row per (label, arm): the dose as intended and as achieved (mean k3 per token over steps and seeds), the
-    outcomes, and each outcome's gap to the same arm's clean run at the same temperature paired by seed (95% t
-    interval), with the smallest reward gap the seeds could detect (`mde`: 80% power at the Holm family's
-    strictest level). verdict: a t test of gap = 0 per dosed row, Holm-corrected over every dosed row that is not
-    a control: "costs" / "gains" where it rejects, "no cost shown" where it does not (read the MDE beside it).
-    Controls (`control_of`) are tested alone, unadjusted (the stricter test for a null): "null (passes)" /
-    "**fails**"."""
+    outcomes, and each outcome's gap to the same arm's clean run at the same temperature and PPO regime, paired by
+    seed (95% t interval), with the smallest gap the seeds could detect (`mde`: 80% power at the Holm family's
+    strictest level, noncentral t). `outcome` names the tested one (`outcome_of`: the trained policy's reward with
+    no dose in between; the training reward's gap is `train_gap`, secondary, and for stale rows `lag_bias` is what
+    the lag alone takes off it). verdict: a t test of gap = 0 per dosed row, Holm-corrected over every dosed row
+    that is not a control, the placebo rows included (the clean run again on independent sampling: a "costs" or
+    "gains" there is a false positive): "costs" / "gains" where it rejects, "no cost shown" where it does not (read
+    the MDE beside it). Controls (`control_of`) are tested alone, unadjusted (the stricter test for a null): "null
+    (passes)" / "**fails**"."""
+    curves = with_defaults(curves)
     s = per_seed(curves)
     kl = kl or {}
     s["kl_to_clean"] = [next((v for j, v in kl.items() if (j.label, j.arm, j.seed) == (lab, a, sd)), float("nan"))
                         for lab, a, sd in zip(s["label"], s["arm"], s["seed"])]
-    clean = s[s["kind"] == "clean"].set_index(["temperature", "arm", "seed"]).sort_index()  # sorted: fast, quiet .loc
+    outcome = outcome_of(s)
+    gaps = seed_gaps(s)
+    slope = {k: late_slope(d) for k, d in
+             curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "horizon", "arm"])}
     rows = []
     for (label, arm), d in s.groupby(["label", "arm"], sort=False):
         kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
             d["raw_logprobs"].iloc[0])
+        updates, horizon = int(d["updates"].iloc[0]), int(d["horizon"].iloc[0])
         d = d.set_index("seed")
-        base = clean.loc[(temp, arm)]
-        row = {"kind": kind, "label": label, "dose": dose, "temperature": temp, "arm": arm,
+        row = {"kind": kind, "label": label, "dose": dose, "temperature": temp, "updates": updates,
+               "horizon": horizon, "arm": arm,
                "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
-               "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw),
+               "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
                "k3_intended": dose if kind == "ratio" else float("nan"),
                "k3_achieved": float(d["k3"].mean()), "k1_achieved": float(d["k1"].mean()),
-               "reward_final": float(d["reward_final"].mean()),
+               "reward_final": float(d["reward_final"].mean()), "policy_reward": float(d["policy_reward"].mean()),
                "auc": float(d["auc"].mean()), "entropy": float(d["entropy"].mean()),
                "grad_norm": float(d["grad_norm"].mean()), "clip_frac": float(d["clip_frac"].mean()),
-               "kl_to_clean": float(d["kl_to_clean"].mean()), "seeds": len(d)}
-        gap = (d["reward_final"] - base["reward_final"]).dropna().to_numpy()
-        row["gap"] = float(gap.mean())
-        row["gap_ci_low"], row["gap_ci_high"] = stats.seed_ci(gap)
-        held = (d["heldout_acc"] - base["heldout_acc"]).dropna().to_numpy()
-        row["heldout_acc"] = float(d["heldout_acc"].mean())
-        row["heldout_gap"] = float(held.mean()) if held.size else float("nan")
-        row["heldout_gap_ci_low"], row["heldout_gap_ci_high"] = stats.seed_ci(held)
-        row["identical"] = identical_curves(curves, label, arm, temp, d.index)
+               "kl_to_clean": float(d["kl_to_clean"].mean()), "seeds": len(d),
+               "heldout_acc": float(d["heldout_acc"].mean())}
+        g = gaps[(gaps["label"] == label) & (gaps["arm"] == arm)]
+        for col in ("gap", "train_gap", "heldout_gap"):
+            v = g[col].dropna().to_numpy()
+            row[col] = float(v.mean()) if v.size else float("nan")
+            row[f"{col}_ci_low"], row[f"{col}_ci_high"] = stats.seed_ci(v)
+        gap = g["gap"].dropna().to_numpy()
+        row["lag_bias"] = (-dose * slope.get((temp, updates, horizon, arm), float("nan")) if kind == "stale"
+                           else float("nan"))
+        row["identical"] = identical_curves(curves, label, arm, temp, d.index, updates, horizon)
         row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
         row["mde"] = float("nan")  # set below, at the Holm family's level
+        base = s[(s["kind"] == "clean") & (s["temperature"] == temp) & (s["updates"] == updates)
+                 & (s["horizon"] == horizon) & (s["arm"] == arm)].set_index("seed")
         for col in ("auc", "entropy", "grad_norm", "clip_frac"):
-            row[f"{col}_gap"] = float((d[col] - base[col]).mean())
-        row["p"] = stats.paired_gap_test(gap, margin=1.0).p_diff
+            row[f"{col}_gap"] = float((d[col] - base[col]).mean()) if kind != "clean" else 0.0
+        row["p"] = stats.paired_gap_test(gap, margin=1.0).p_diff if kind != "clean" else float("nan")
         rows.append(row)
     t = pd.DataFrame(rows)
     # rewards are multiples of 1/(completions x steps averaged): a difference's last bits are rounding, not signal
     # (an identical pair of seeds reads -2.8e-17 otherwise)
-    gaps = ["gap", "gap_ci_low", "gap_ci_high", "auc_gap", "entropy_gap", "grad_norm_gap", "clip_frac_gap",
-            "heldout_gap", "heldout_gap_ci_low", "heldout_gap_ci_high"]
-    t[gaps] = t[gaps].round(12)
+    cols = [c for c in t.columns if c.endswith(("gap", "_ci_low", "_ci_high")) and c != "identical"]
+    t[cols] = t[cols].round(12)
     t["p_holm"], t["verdict"] = np.nan, np.where(t["kind"].isin(["clean", "rerun"]), t["kind"], "n/a")
     tested = ~t["kind"].isin(["clean", "rerun"]) & t["p"].notna()
     family, ctl = tested & (t["control"] == ""), tested & (t["control"] != "")
@@ -345,7 +482,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
         t.loc[ctl, "mde"] = [stats.minimal_detectable_gap(sd, n) for sd, n in
                              zip(t.loc[ctl, "gap_sd"], t.loc[ctl, "seeds"])]
         t.loc[ctl, "verdict"] = ["null (passes)" if control_passes(r) else "fails" for r in t[ctl].itertuples()]
-    return t.drop(columns=["p"])
+    return t
 
 
 def control_passes(r) -> bool:
@@ -356,11 +493,14 @@ def control_passes(r) -> bool:
     return bool(r.gap_ci_low <= 0 <= r.gap_ci_high) if np.isfinite(r.gap_ci_low) else r.gap == 0
 
 
-def identical_curves(curves: pd.DataFrame, label: str, arm: str, temperature: float, seeds) -> bool:
+def identical_curves(curves: pd.DataFrame, label: str, arm: str, temperature: float, seeds, updates: int = 1,
+                     horizon: int | None = None) -> bool:
     """Does every seed of (label, arm) have bitwise its clean twin's whole reward curve?"""
+    curves = with_defaults(curves)
     cur = curves[(curves["label"] == label) & (curves["arm"] == arm)]
+    horizon = int(cur["horizon"].max()) if horizon is None and len(cur) else horizon
     twin = curves[(curves["kind"] == "clean") & (curves["arm"] == arm) & (curves["temperature"] == temperature)
-                  & curves["seed"].isin(list(seeds))]
+                  & (curves["updates"] == updates) & (curves["horizon"] == horizon) & curves["seed"].isin(list(seeds))]
     a, b = (c.sort_values(["seed", "step"])["reward_mean"].to_numpy() for c in (cur, twin))
     return bool(len(a) == len(b) and len(a) and (a == b).all())
 
@@ -384,13 +524,20 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         gain = (last - first).to_numpy()
         out[f"{label}/{arm}/reward_gain"] = float(gain.mean())
         out[f"{label}/{arm}/reward_gain_ci_low"], out[f"{label}/{arm}/reward_gain_ci_high"] = stats.seed_ci(gain)
-    for (kind, arm), d in table[table["kind"].isin(DOSED)].groupby(["kind", "arm"], sort=False):
+    for (kind, arm), d in table[table["kind"].isin(DOSED) & ~table["label"].str.contains("+ppo", regex=False)
+                                & ~table["label"].str.endswith(LONG)].groupby(["kind", "arm"], sort=False):
         d = d.sort_values("dose")
         out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
         # the smallest dose from which every larger dose measurably costs too (one noisy row is not a threshold)
         costs = (d["verdict"] == "costs").to_numpy()
         from_here = [i for i in range(len(d)) if costs[i:].all()]
         out[f"{kind}/{arm}/threshold_k3"] = float(d["k3_achieved"].iloc[from_here[0]]) if from_here else float("nan")
+    out.update(rejection_metrics(curves))
+    placebo = table[table["kind"] == "placebo"]
+    if len(placebo):  # the clean run again on independent sampling: every rejection is a false positive
+        out["placebo/rows"] = float(len(placebo))
+        out["placebo/false_positive_rate"] = float((placebo["p"] < stats.ALPHA).mean())
+        out["placebo/false_positive_rate_holm"] = float((placebo["p_holm"] < stats.ALPHA).mean())
     rerun = table[table["kind"] == "rerun"]
     if len(rerun):
         out["control/rerun/identical"] = float(rerun["identical"].iloc[0])
@@ -398,21 +545,237 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
+def rejection_metrics(curves: pd.DataFrame) -> dict[str, float]:
+    """Per run label and arm of a sequence-rejecting correction (Geo-RS: `geo_rs` in its name), grouped under the
+    `geo_rs/` prefix: the surviving sequences per step (mean, min over steps and seeds), the steps with none (the
+    update then moves on momentum only), the fraction of tokens masked, and the mean completion length the finding
+    is scoped to (Geo-RS's geometric-mean band is tighter on short completions than on long ones)."""
+    out = {}
+    if "kept_seqs" not in curves:
+        return out
+    rej = curves[curves["arm"].str.contains("geo_rs")]
+    for (label, arm), d in rej.groupby(["label", "arm"], sort=False):
+        k = f"geo_rs/{label}/{arm}"
+        out.update({f"{k}/survivors_mean": float(d["kept_seqs"].mean()), f"{k}/survivors_min": float(
+            d["kept_seqs"].min()), f"{k}/zero_survivor_steps": float((d["kept_seqs"] == 0).sum()),
+                    f"{k}/masked_frac": float(d["masked_frac"].mean()),
+                    f"{k}/completion_tokens": float(d["completion_tokens"].mean())})
+    return out
+
+
+def kind_label(kind: str, updates: int, first: int) -> str:
+    """A (kind, PPO regime)'s name in metric keys: `ratio`, or `ratio+ppo4` in a further regime."""
+    return kind + regime_suffix(updates, first)
+
+
+def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bmr_fraction: float) -> pd.DataFrame:
+    """Per dosed kind x PPO regime x arm (rows that are not controls): the trend of the tested outcome's paired gap
+    across doses (`dose_response.dose_trend`, per-seed slope per decade of k3; Holm over these trend tests, a family
+    of their own: a question apart from each dose's) and the benchmark dose in measured k3 (`dose_response.
+    benchmark_dose`) at BMR = `bmr_fraction` x that arm's clean reward gain in that regime (`<clean label>/<arm>/
+    reward_gain`; no benchmark where the clean run gained nothing). Doses are the rows' mean achieved k3."""
+    curves = with_defaults(curves)
+    gaps = seed_gaps(per_seed(curves))
+    first = int(table["updates"].iloc[0]) if len(table) else 1
+    rows = []
+    sel = table[table["kind"].isin(DOSED) & (table["control"] == "")]
+    for (kind, updates, long, arm), d in sel.groupby(["kind", "updates", table["label"].str.endswith(LONG), "arm"],
+                                                     sort=False):
+        d = d.sort_values("dose")
+        g = gaps[gaps["label"].isin(d["label"]) & (gaps["arm"] == arm)].pivot(index="seed", columns="label",
+                                                                               values="gap")[list(d["label"])]
+        g = g.dropna()
+        clean = "clean" + regime_suffix(int(updates), first) + (LONG if long else "")
+        gain = metrics.get(f"{clean}/{arm}/reward_gain", float("nan"))
+        bmr = bmr_fraction * gain if np.isfinite(gain) and gain > 0 else float("nan")
+        x = d["k3_achieved"].to_numpy()
+        row = {"kind": kind, "updates": int(updates), "arm": arm,
+               "name": kind_label(kind, int(updates), first) + (LONG if long else ""),
+               "doses": len(d), "seeds": len(g), "clean_gain": gain, "bmr": bmr,
+               "k3_min": float(x.min()), "k3_max": float(x.max())}
+        try:
+            tr = dose_response.dose_trend(x, g.to_numpy())
+            bd = dose_response.benchmark_dose(x, g.to_numpy(), bmr)
+        except ValueError as e:  # doses that print alike in k3 or a k3 of 0: no curve to fit, said so
+            row.update(trend_slope=np.nan, trend_ci_low=np.nan, trend_ci_high=np.nan, trend_p=np.nan, bmd=np.nan,
+                       bmdl=np.nan, status=f"{dose_response.NO_BMR} ({e})")
+        else:
+            row.update(trend_slope=tr.slope, trend_ci_low=tr.ci_low, trend_ci_high=tr.ci_high, trend_p=tr.p,
+                       bmd=bd.bmd, bmdl=bd.bmdl, status=bd.status)
+        rows.append(row)
+    b = pd.DataFrame(rows, columns=["kind", "updates", "arm", "name", "doses", "seeds", "clean_gain", "bmr", "k3_min",
+                                    "k3_max", "trend_slope", "trend_ci_low", "trend_ci_high", "trend_p", "bmd",
+                                    "bmdl", "status"])
+    b["trend_p_holm"] = stats.holm(b["trend_p"]) if len(b) else []
+    return b
+
+
+def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
+    """`<kind>[+ppo<u>]/<arm>/{trend_slope, trend_p_holm, bmr, bmd_k3, bmdl_k3, bmdl_bounded}` per benchmark row
+    (`bmdl_bounded`: 1 where the BMDL lies inside the tested doses)."""
+    out = {}
+    for r in bench.itertuples():
+        k = f"{r.name}/{r.arm}"
+        out.update({f"{k}/trend_slope": float(r.trend_slope), f"{k}/trend_p_holm": float(r.trend_p_holm),
+                    f"{k}/bmr": float(r.bmr), f"{k}/bmd_k3": float(r.bmd), f"{k}/bmdl_k3": float(r.bmdl),
+                    f"{k}/bmdl_bounded": float(r.status == dose_response.BOUNDED)})
+    return out
+
+
+SPIKE, ENTROPY_DROP = 3.0, 0.5  # a gradient-norm spike: > 3 x the clean run's median; entropy collapse: < half
+
+
+def horizon_table(curves: pd.DataFrame, block: int) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The long-horizon rows (label ending `+long`): per dosed row and arm, the gap of the mean training reward to
+    the long clean twin (same arm and seed) per block of `block` steps, with a 95% t interval over seeds, and
+    whether it changes from the first block to the last (a paired t test of each seed's last-block minus
+    first-block gap: `<label>/<arm>/gap_change` and `_p`). Per long row (clean ones included) the step where a
+    collapse starts, if any: the first step whose seed-mean gradient norm exceeds `SPIKE` x the long clean run's
+    median (`grad_spike_step`), or whose seed-mean entropy falls below `ENTROPY_DROP` x the clean run's first-step
+    entropy (`entropy_collapse_step`); NaN: none. The training reward, because it is the only outcome measured per
+    step (under a stale dose it carries the lag bias, `lag_bias`)."""
+    curves = with_defaults(curves)
+    long = curves[curves["label"].str.endswith(LONG)]
+    rows, out = [], {}
+    if long.empty:
+        return pd.DataFrame(columns=["label", "arm", "block_start", "block_end", "gap", "ci_low", "ci_high",
+                                     "seeds"]), out
+    for (label, arm), d in long.groupby(["label", "arm"], sort=False):
+        clean = long[(long["kind"] == "clean") & (long["arm"] == arm)]
+        gm = clean.groupby("step")["grad_norm"].mean()
+        em = clean.groupby("step")["entropy"].mean()
+        own_g, own_e = d.groupby("step")["grad_norm"].mean(), d.groupby("step")["entropy"].mean()
+        spike = own_g[own_g > SPIKE * gm.median()].index
+        drop = own_e[own_e < ENTROPY_DROP * em.iloc[0]].index if len(em) else []
+        out[f"{label}/{arm}/grad_spike_step"] = float(spike[0]) if len(spike) else float("nan")
+        out[f"{label}/{arm}/entropy_collapse_step"] = float(drop[0]) if len(drop) else float("nan")
+        if d["kind"].iloc[0] == "clean":
+            continue
+        per = (d.assign(b=d["step"] // block).groupby(["seed", "b"])["reward_mean"].mean()
+               - clean.assign(b=clean["step"] // block).groupby(["seed", "b"])["reward_mean"].mean()).dropna()
+        wide = per.unstack("b")
+        for b in wide.columns:
+            v = wide[b].dropna().to_numpy()
+            lo, hi = stats.seed_ci(v)
+            rows.append({"label": label, "arm": arm, "block_start": int(b * block),
+                         "block_end": int(min((b + 1) * block, d["step"].max() + 1) - 1), "gap": float(v.mean()),
+                         "ci_low": lo, "ci_high": hi, "seeds": int(v.size)})
+        change = (wide[wide.columns[-1]] - wide[wide.columns[0]]).dropna().to_numpy()
+        out[f"{label}/{arm}/gap_change"] = float(change.mean()) if change.size else float("nan")
+        out[f"{label}/{arm}/gap_change_p"] = stats.paired_gap_test(change, margin=1.0).p_diff
+    return pd.DataFrame(rows), out
+
+
+UNCORRECTED = "none@trainer"  # the decoupled arm a correction is compared with: same mode, no correction
+MATCHED_K3 = 2.0  # a symmetric dose matches a point's k3 when within this factor (as `dose_achieved`)
+
+
+def contrast_table(table: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """The paired contrasts the conclusion's sentences rest on, each a per-seed difference of two rows' gaps (same
+    seeds, prompts, sampling seeds and noise), with a 95% t interval and a t test, Holm over all of them (a family
+    of its own: each compares two rows, the dose family compares each row with its clean run). MDE at the family's
+    strictest level (noncentral t).
+
+    - `correction`: a correction arm in the decoupled mode minus the uncorrected decoupled arm `none@trainer` at the
+      same dosed row or engine point (what the correction adds, not what the mode does: bypass is another mode);
+    - `mode`: `none@engine` (bypass) minus `none@trainer` (decoupled) at the same row;
+    - `one-sided vs symmetric`: an engine point reporting raw logprobs (a one-sided error) minus the symmetric ratio
+      dose of matched k3 (within a factor `MATCHED_K3`) at the same temperature, PPO regime and arm.
+    Rows that are controls (`none@trainer` under ratio doses is bitwise its clean run) are not contrasted."""
+    curves = with_defaults(curves)
+    g = seed_gaps(per_seed(curves)).set_index(["label", "arm", "seed"])["gap"].sort_index()
+    rows = []
+
+    def add(kind: str, label: str, a: str, label_b: str, b: str, what: str):
+        try:
+            x, y = g.loc[(label, a)], g.loc[(label_b, b)]
+        except KeyError:
+            return
+        d = (x - y).dropna().to_numpy()
+        if d.size < 2:
+            return
+        lo, hi = stats.seed_ci(d)
+        rows.append({"contrast": kind, "label": label, "arm": a, "vs_label": label_b, "vs_arm": b, "what": what,
+                     "diff": float(d.mean()), "ci_low": lo, "ci_high": hi, "sd": float(d.std(ddof=1)),
+                     "seeds": int(d.size), "p": stats.paired_gap_test(d, margin=1.0).p_diff})
+
+    dosed = table[~table["kind"].isin(["clean", "rerun", "placebo"])]
+    for label, d in dosed.groupby("label", sort=False):
+        arms = set(d["arm"])
+        if UNCORRECTED in arms and (d.loc[d["arm"] == UNCORRECTED, "control"] == "").all():
+            for a in sorted(x for x in arms if x.endswith("@trainer") and x != UNCORRECTED):
+                add("correction", label, a, label, UNCORRECTED, f"`{a}` vs `{UNCORRECTED}` at {label}")
+            if "none@engine" in arms:
+                add("mode", label, "none@engine", label, UNCORRECTED, f"bypass vs decoupled at {label}")
+    ratio = table[table["kind"] == "ratio"]
+    for r in table[(table["kind"] == "engine") & table["raw_logprobs"] & (table["control"] == "")].itertuples():
+        cand = ratio[(ratio["temperature"] == r.temperature) & (ratio["updates"] == r.updates)
+                     & (ratio["arm"] == r.arm)]
+        cand = cand[(cand["k3_intended"] / r.k3_achieved).between(1 / MATCHED_K3, MATCHED_K3)]
+        if len(cand):
+            m = cand.iloc[(np.log(cand["k3_intended"] / r.k3_achieved)).abs().argmin()]
+            add("one-sided vs symmetric", r.label, r.arm, m["label"], r.arm,
+                f"`{r.label}` (one-sided, k3 {r.k3_achieved:.1e}) vs {m['label']} (symmetric) `{r.arm}`")
+    c = pd.DataFrame(rows, columns=["contrast", "label", "arm", "vs_label", "vs_arm", "what", "diff", "ci_low",
+                                    "ci_high", "sd", "seeds", "p"])
+    c["p_holm"] = stats.holm(c["p"]) if len(c) else []
+    m = max(len(c), 1)
+    c["mde"] = [stats.minimal_detectable_gap(sd, n, stats.ALPHA / m) for sd, n in zip(c["sd"], c["seeds"])]
+    c["verdict"] = ["differs" if ph < stats.ALPHA else "no difference shown" for ph in c["p_holm"]]
+    return c
+
+
+def contrast_metrics(con: pd.DataFrame) -> dict[str, float]:
+    """`contrast/<contrast>/<label>/<arm>/{diff, ci_low, ci_high, p_holm, mde}`."""
+    out = {}
+    for r in con.itertuples():
+        k = f"contrast/{r.contrast}/{r.label}/{r.arm}"
+        out.update({f"{k}/{f}": float(getattr(r, f)) for f in ("diff", "ci_low", "ci_high", "p_holm", "mde")})
+    return out
+
+
+def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None = None,
+               con: pd.DataFrame | None = None, hz: pd.DataFrame | None = None) -> str:
+    first = int(table["updates"].iloc[0]) if "updates" in table and len(table) else 1
+    regimes = table
+    table = table[table["updates"] == first] if "updates" in table else table
+    table = table[~table["label"].str.endswith(LONG)]
+    outcome = table["outcome"].iloc[0] if "outcome" in table and len(table) else "reward_final"
     temps = sorted(set(table["temperature"]))
     lines = [f"**Setup.** Base engine `{p.engines[0]}` ({p.dtype}), {p.steps} steps × {p.prompts_per_step} prompts × "
              f"{p.group_size} completions, T={p.temperature:g}"
              + (f" (points also at T = {', '.join(f'{t:g}' for t in temps if t != p.temperature)})"
                 if len(temps) > 1 else "")
              + f", lr={p.lr:g}, {p.num_seeds} seeds paired across every arm and dose (same initial weights, prompts, "
-             f"sampling seeds and noise). Cost = final reward (last {FINAL_FRAC:.0%} of steps) minus the same arm's "
+             f"sampling seeds and noise). Cost = {outcome_text(outcome, p)} minus the same arm's "
              f"clean run at the same temperature, seed by seed, with a 95% t interval; a cost is a t test of that gap "
-             f"Holm-corrected over every dosed row that is not a control; MDE = the smallest cost these seeds detect "
-             f"with 80% power at α/m, the strictest level of Holm's family of m rows. "
+             f"Holm-corrected over every dosed row that is not a control (placebo rows included); MDE = the smallest "
+             f"cost these seeds detect with 80% power at α/m, the strictest level of Holm's family of m rows "
+             f"(noncentral t). "
              f"{timing_note(p, sorted(set(table['engine'])))}"]
     lines += floor_lines(metrics)
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
                  + "\n".join(dose_answer_lines(metrics, table, DOSED, p.arm_labels)))
+    if bench is not None and len(bench):
+        lines.append(f"**Tolerable mismatch** (benchmark dose: per kind and arm, a line in log k3 fitted to the "
+                     f"paired gaps of every dose, seed by seed; BMR = {p.bmr_fraction:.0%} of the arm's clean reward "
+                     f"gain; the BMDL is the lower 95% bound of the k3 where the cost reaches it, inside the tested "
+                     f"doses only):\n"
+                     + "\n".join(benchmark_line(r, p.bmr_fraction) for r in bench.itertuples()))
+    plc = placebo_line(metrics)
+    if plc:
+        lines.append(plc)
+    reg = regime_line(regimes, first) if "updates" in regimes else ""
+    if reg:
+        lines.append(reg)
+    if con is not None and len(con):
+        lines.append("**Contrasts** (each a per-seed difference of two rows' gaps, 95% t interval, Holm over these "
+                     "contrasts; corrections against the uncorrected decoupled arm `none@trainer`, not against "
+                     "bypass):\n" + "\n".join(contrast_lines(con)))
+    if hz is not None and len(hz):
+        lines.append(f"**Horizon** ({p.long_steps} steps; the training reward's gap to the long clean run per block "
+                     f"of {p.steps} steps, 95% interval over seeds; change = last block minus first, paired t test):\n"
+                     + "\n".join(horizon_lines(hz, metrics)))
     pts = engine_point_lines(table)
     if pts:
         lines.append("**Real engines on the same axes** (paired to the clean run at their temperature):\n"
@@ -421,14 +784,33 @@ def conclusion(metrics: dict, table: pd.DataFrame, p) -> str:
     if ctl:
         lines.append("**Controls.** " + "; ".join(ctl) + ".")
     lines.append("**Doses achieved** (mean k3 per token over steps and seeds, first arm). " + doses_text(table, p))
-    lines.append(f"Gaps are in the final training reward (what the run's engine sampled) and, after it, in the trained "
+    lines.append(f"Each gap above is the tested outcome ({outcome_text(outcome, p)}); after it, the trained "
                  f"policy's own greedy accuracy on {held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[1]} (no engine in "
-                 f"between: where the engine samples perturbed or stale weights, the training reward is not the "
-                 f"trained policy's).")
+                 f"between). The final training reward (what the run's engine sampled: under a distribution dose not "
+                 f"the trained policy's) is the secondary outcome, `train_gap` in the table" + lag_text(table) + ".")
     lines.append("`kl_to_clean`: mean KL per token from the clean twin's trained policy (same arm and seed, dose 0) to "
                  f"this run's, on a fixed probe of {held_out(p, PROBE_PROBLEMS, PROBE_SEED)[1]} with their correct "
                  "answers: what a dose did to the policy whether or not reward shows it.")
     return "\n\n".join(lines)
+
+
+def outcome_text(outcome: str, p) -> str:
+    """The tested outcome in words."""
+    if outcome == "policy_reward":
+        return (f"the trained policy's reward on {held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[1]}, "
+                f"{p.policy_samples} sample{'s' if p.policy_samples != 1 else ''} each from the run's engine "
+                f"holding the trained weights unperturbed (no dose between the policy and its reward)")
+    return f"the final training reward (last {FINAL_FRAC:.0%} of steps)"
+
+
+def lag_text(table: pd.DataFrame) -> str:
+    """The bias a stale engine's lag alone puts into the training reward: k x the clean run's late reward slope."""
+    st = table[(table["kind"] == "stale") & table["lag_bias"].notna()] if "lag_bias" in table else table.iloc[:0]
+    if st.empty:
+        return ""
+    return ("; on stale rows it is biased by the lag alone (k × the clean run's late reward slope per step): "
+            + ", ".join(f"{r.label} `{r.arm}` {r.lag_bias:+.3f} (training-reward gap {r.train_gap:+.3f})"
+                        for r in st.itertuples()))
 
 
 def dose_achieved(r) -> bool:

@@ -309,6 +309,29 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                                   check=check_arm)
     steps: int = param(30, "GRPO steps per run", ge=1)
     num_seeds: int = param(4, "seeds per arm and dose, paired across them: seed, seed+1, ...", ge=2)
+    placebo_arms: list[str] = param(["none@engine"], "arms whose clean run is trained again with an independent "
+                                    "stream of sampling seeds (same prompts): placebo rows inside the Holm family, "
+                                    "whose false-positive rate checks the tests' calibration", check=check_arm,
+                                    allow_empty=True)
+    updates_per_batch: list[int] = param([1], "PPO regimes: policy updates (mini-batches, one optimizer step each) "
+                                              "per rollout batch; the first regime trains every row, each further "
+                                              "one the clean runs and regime_doses", ge=1)
+    regime_doses: list[str] = param([], "dose rows (<kind>@<dose>, e.g. ratio@1) the further PPO regimes train too "
+                                        "(empty: every dose)", allow_empty=True)
+    regime_arms: list[str] = param([], "arms the further PPO regimes train (empty: every arm)", check=check_arm,
+                                   allow_empty=True)
+    long_steps: int = param(0, "steps of the long-horizon rows (0: none): long_arms clean and at long_doses trained "
+                               "again this long (at least 4 x steps), to see whether a gap grows, stays or vanishes",
+                            ge=0)
+    long_doses: list[str] = param([], "dose rows (<kind>@<dose>) trained at long_steps too", allow_empty=True)
+    long_arms: list[str] = param([], "arms of the long-horizon rows (empty: every arm)", check=check_arm,
+                                 allow_empty=True)
+    policy_samples: int = param(2, "completions per held-out problem sampled, after training, from the run's engine "
+                                   "holding the trained weights unperturbed: the tested outcome (0: the training "
+                                   "reward is)", ge=0)
+    bmr_fraction: float = param(0.25, "benchmark response: the cost that matters, as this fraction of the clean "
+                                      "run's reward gain (the benchmark dose is where the fitted cost reaches it)",
+                                gt=0, le=1)
     concurrent_runs: int = concurrent_runs_param()
 
     @property
@@ -335,6 +358,31 @@ class MismatchCostParams(GRPOSettings, EngineParams):
         if len(set(self.points)) != len(self.points):
             raise ParamError(f"parameter 'engine_points' lists an engine at one temperature twice: "
                              f"{self.engine_points}")
+        if not {self._label(a) for a in self.placebo_arms} <= set(self.arm_labels):
+            raise ParamError(f"parameter 'placebo_arms' must be a subset of 'arms' (a placebo is paired with the clean "
+                             f"run of the same arm), got {self.placebo_arms} with arms {self.arms}")
+        if not {self._label(a) for a in self.regime_arms} <= set(self.arm_labels):
+            raise ParamError(f"parameter 'regime_arms' must be a subset of 'arms', got {self.regime_arms} with arms "
+                             f"{self.arms}")
+        if len(set(self.updates_per_batch)) != len(self.updates_per_batch):
+            raise ParamError(f"parameter 'updates_per_batch' lists a regime twice: {self.updates_per_batch}")
+        if max(self.updates_per_batch) > self.prompts_per_step * self.group_size:
+            raise ParamError(f"parameter 'updates_per_batch' {self.updates_per_batch}: a rollout batch has only "
+                             f"{self.prompts_per_step * self.group_size} sequences to cut into mini-batches")
+        labels = {f"{k}@{v:g}" for k, vs in (("ratio", self.ratio_k3), ("weights", self.weight_noise),
+                                              ("stale", self.stale_steps)) for v in vs}
+        if not set(self.long_doses) <= labels:
+            raise ParamError(f"parameter 'long_doses' names rows no dose list has: "
+                             f"{sorted(set(self.long_doses) - labels)} (the doses are {sorted(labels)})")
+        if self.long_steps and self.long_steps <= self.steps:
+            raise ParamError(f"parameter 'long_steps' ({self.long_steps}) must exceed 'steps' ({self.steps}), or be 0")
+        if (self.long_doses or self.long_arms) and not self.long_steps:
+            raise ParamError("parameters 'long_doses' / 'long_arms' need 'long_steps' > 0")
+        if not {self._label(a) for a in self.long_arms} <= set(self.arm_labels):
+            raise ParamError(f"parameter 'long_arms' must be a subset of 'arms', got {self.long_arms}")
+        if not set(self.regime_doses) <= labels:
+            raise ParamError(f"parameter 'regime_doses' names rows no dose list has: "
+                             f"{sorted(set(self.regime_doses) - labels)} (the doses are {sorted(labels)})")
 
     @property
     def arm_labels(self) -> list[str]:
@@ -344,6 +392,10 @@ class MismatchCostParams(GRPOSettings, EngineParams):
     @property
     def point_arm_labels(self) -> list[str]:
         return [self._label(a) for a in self.point_arms]
+
+    @property
+    def placebo_arm_labels(self) -> list[str]:
+        return [self._label(a) for a in self.placebo_arms]
 
     def _label(self, arm: str) -> str:
         return arm if "@" in arm else f"{arm}@{self.old_logprobs}"

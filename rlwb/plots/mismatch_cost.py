@@ -31,7 +31,10 @@ def dose_response(doses, style: str = "notebook"):
     """Per kind of mismatch: the paired reward gap to the same arm's clean run (95% CI over seeds) against the
     measured engine-trainer k3 per token (log x), one line per arm, dose 0 drawn at the left edge (its gap is 0 by
     definition). Real engines (notebooks 01/06) are points on the panel of their kind (raw logprobs: ratio;
-    otherwise distribution), labelled; a null control is drawn hollow."""
+    otherwise distribution), labelled; a null control is drawn hollow. The first PPO regime at the study's horizon
+    only (further regimes and long rows have their own tables)."""
+    if "updates" in doses:  # one regime and one horizon per line
+        doses = doses[(doses["updates"] == doses["updates"].iloc[0]) & ~doses["label"].str.endswith("+long")]
     kinds = [k for k in KIND_TITLE if (doses["kind"] == k).any()]
     base = doses.loc[doses["kind"] == "clean", "engine"].iloc[0] if (doses["kind"] == "clean").any() else ""
     arms = list(dict.fromkeys(doses["arm"]))
@@ -88,7 +91,7 @@ def reward_curves(curves, style: str = "notebook"):
     sty = _arm_style(arms)
     base_t = curves.loc[curves["label"] == "clean", "temperature"]
     shown = ["clean"] + [curves.loc[curves["dose"] == curves.loc[curves["kind"] == k, "dose"].max(), "label"]
-                         .loc[lambda s, k=k: s.str.startswith(k + "@")].iloc[0]
+                         .loc[lambda s, k=k: s.str.startswith(k + "@") & ~s.str.contains("+", regex=False)].iloc[0]
                          for k in KIND_TITLE if (curves["kind"] == k).any()]
     fig, axes = plt.subplots(1, len(shown), figsize=figsize(style, 0.4 * len(shown) + 0.3), sharey=True,
                              squeeze=False)
@@ -112,3 +115,36 @@ def reward_curves(curves, style: str = "notebook"):
 
 
 FIGURES = {"dose_response": ("doses", dose_response), "cost_reward_curves": ("curves", reward_curves)}
+
+
+def geo_rs_survivors(curves, style: str = "notebook"):
+    """Sequence-rejecting arms (Geo-RS): the sequences that survive into the loss per step (mean over seeds, 95%
+    band) for the clean run (the whole batch at the float floor) and each dose; steps with none move Adam on
+    momentum only. Empty
+    axes with a note where no arm rejects sequences."""
+    fig, ax = plt.subplots(figsize=figsize(style, 0.9))
+    rej = curves[curves["arm"].str.contains("geo_rs")] if "kept_seqs" in curves else curves.iloc[:0]
+    if rej.empty:
+        ax.text(0.5, 0.5, "no sequence-rejecting arm in this run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    labels = list(dict.fromkeys(rej["label"]))
+    for i, (label, arm) in enumerate(dict.fromkeys(zip(rej["label"], rej["arm"]))):
+        d = rej[(rej["label"] == label) & (rej["arm"] == arm)]
+        mean, lo, hi = seed_band(d, "kept_seqs", 1)
+        color = OKABE_ITO[labels.index(label) % len(OKABE_ITO)]
+        ax.plot(mean.index, mean.values, color=color, marker=MARKERS[i % len(MARKERS)], ms=3,
+                label=f"{label}, {arm}")
+        ax.fill_between(mean.index, lo.clip(lower=0).values, hi.values, color=color, alpha=0.15, lw=0)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("sequences kept in the loss")
+    ax.set_title(f"Geo-RS: sequences surviving into the loss per step\n(mean completion "
+                 f"{rej['completion_tokens'].mean():.0f} tokens; 95% band over seeds)", fontsize="medium")
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    return fig
+
+
+FIGURES["geo_rs_survivors"] = ("curves", geo_rs_survivors)

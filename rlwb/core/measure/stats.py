@@ -251,8 +251,11 @@ class PairedGapTest:
 
 def paired_gap_test(gaps: Sequence[float], margin: float) -> PairedGapTest:
     """Difference and equivalence (two one-sided tests, Schuirmann 1987; https://doi.org/10.1007/BF01068419)
-    t tests of per-seed gaps. Zero spread (every seed's gap the same) has no t statistic: the p-values are then
-    0 or 1 by whether the common gap is nonzero / inside the margin."""
+    t tests of per-seed gaps. Zero spread (every seed's gap the same) has no t statistic: p_equiv is then 0 or 1 by
+    whether the common gap is inside the margin; p_diff is 1 for a common gap of 0 (bitwise twins) and otherwise
+    the exact sign-flip (randomization) test's 2 / 2^n (Fisher 1935, The Design of Experiments, sec. 21: n gaps all
+    of one sign), not 0: on a discrete outcome two seeds can share a gap by chance (notebook 08's placebo rows, 2
+    seeds, both +0.023, were called a gain at p = 0 before)."""
     from scipy import stats as st
 
     g = np.asarray(gaps, dtype=np.float64)
@@ -262,23 +265,52 @@ def paired_gap_test(gaps: Sequence[float], margin: float) -> PairedGapTest:
     m, sd = float(g.mean()), float(g.std(ddof=1))
     if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's gap the same (to rounding): no t statistic
         sd = 0.0
-        return PairedGapTest(n, m, float(m == 0), float(not abs(m) < margin), 0.0)
+        return PairedGapTest(n, m, 1.0 if m == 0 else min(1.0, 2.0 ** (1 - n)), float(not abs(m) < margin), 0.0)
     p_diff = float(st.ttest_1samp(g, 0.0).pvalue)
     p_lo = float(st.ttest_1samp(g, -margin, alternative="greater").pvalue)
     p_hi = float(st.ttest_1samp(g, margin, alternative="less").pvalue)
     return PairedGapTest(n, m, p_diff, max(p_lo, p_hi), sd)
 
 
+def paired_t_power(gap: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """The exact power of a two-sided one-sample (paired) t test at level `alpha` against a true mean gap `gap`
+    with per-seed spread `sd`: P(|T| > t_{1-alpha/2, n-1}) where T is noncentral t with n - 1 degrees of freedom
+    and noncentrality gap * sqrt(n) / sd (Cohen 1988, Statistical Power Analysis, ch. 2; scipy.stats.nct)."""
+    from scipy import stats as st
+
+    if n < 2 or not (np.isfinite(sd) and sd > 0):
+        return float("nan")
+    df, nc = n - 1, abs(gap) * np.sqrt(n) / sd
+    tc = st.t.ppf(1 - alpha / 2, df)
+    upper = st.nct.sf(tc, df, nc)
+    lower = st.nct.sf(tc, df, -nc)  # P(T < -tc) by symmetry; nct.cdf(-tc) returns NaN far in the tail
+    return float(np.nan_to_num(upper) + np.nan_to_num(lower))
+
+
 def minimal_detectable_gap(sd: float, n: int, alpha: float = ALPHA, power: float = 0.8) -> float:
     """The smallest true mean gap a two-sided paired t test at level `alpha` detects with probability `power`,
-    given the per-seed spread `sd` (the usual approximation (t_{1-alpha/2} + t_{power}) * sd / sqrt(n), n - 1
-    degrees of freedom). What a "no effect" at this budget can and cannot rule out."""
+    given the per-seed spread `sd`: `paired_t_power` (the noncentral t) solved for the gap. What a "no effect"
+    at this budget can and cannot rule out.
+
+    Why not the textbook shortcut (t_{1-alpha/2} + t_{power}) * sd / sqrt(n): it treats the test statistic under
+    the alternative as a shifted central t. At alpha = 0.05 that is close, but at the strict levels of a Holm
+    family (alpha / m with m ~ 40) and few seeds its power is 0.72-0.76, not 0.80 (issue 46; tests/test_stats.py
+    checks both against a simulation)."""
+    from scipy import optimize
     from scipy import stats as st
 
     if n < 2 or not np.isfinite(sd):
         return float("nan")
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"alpha and power must be in (0, 1), got {alpha} and {power}")
+    if sd == 0:
+        return 0.0
     df = n - 1
-    return float((st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * sd / np.sqrt(n))
+    lo = 1e-9 * sd
+    hi = (st.t.ppf(1 - alpha / 2, df) + st.norm.ppf(power)) * sd / np.sqrt(n)
+    while paired_t_power(hi, sd, n, alpha) < power:  # the central shortcut under-shoots: widen until it brackets
+        hi *= 2
+    return float(optimize.brentq(lambda g: paired_t_power(g, sd, n, alpha) - power, lo, hi, xtol=1e-12 * sd))
 
 
 def equivalence_sd_max(margin: float, n: int, alpha: float = ALPHA) -> float:

@@ -24,7 +24,7 @@ from rlwb.core.data import tasks, tokenizer
 from rlwb.core.measure import metrics as M
 from rlwb.core.rl import corrections, losses, mismatch_doses
 from rlwb.core.rl.correction_catalog import HEALTH, check_modes
-from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
+from rlwb.core.rl.grpo_config import GRPOConfig, sampling_seed, step_problem_seed
 from rlwb.core.scoring.trainer import batch_logprobs, completion_logprobs, make_batch
 from rlwb.engines.worker import EngineWorker, Sampling
 
@@ -106,6 +106,59 @@ def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int
     return replace(st, passes=len(cur_parts))  # counted as they ran: what a GPU config's micro_batch really did
 
 
+def kept_sequences(corr: corrections.Correction, mask: torch.Tensor) -> float:
+    """How many of the batch's sequences keep at least one token in the loss after a correction's weights and masks:
+    the survivors a sequence-level rejection (Geo-RS) leaves; the loss averages over their tokens only, so a step
+    with one or two survivors moves Adam a full step on them (issue 46's point 8)."""
+    live = ((corr.weights * corr.keep) != 0) & mask.bool()
+    return float(live.any(-1).sum())
+
+
+def policy_updates(model: torch.nn.Module, opt: torch.optim.Optimizer, prompt_ids: list[list[int]],
+                   completion_ids: list[list[int]], cfg: GRPOConfig, behaviour: torch.Tensor, adv: torch.Tensor,
+                   mask: torch.Tensor, weights: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+                   ref: torch.Tensor | None = None, cur: torch.Tensor | None = None) -> tuple[losses.LossStats, float]:
+    """The step's policy update(s): `cfg.updates_per_batch` optimizer steps, each on one contiguous mini-batch of
+    the rollout batch (whole GRPO groups when the count divides the prompts), in order (PPO's several updates per
+    batch; Schulman et al. 2017, https://arxiv.org/abs/1707.06347; verl's ppo_mini_batch_size). The advantages,
+    behaviour logprobs and a correction's weights/masks are the batch's, computed once before any update. Returns
+    the loss statistics over every mini-batch (token-weighted) and the mean pre-clip gradient norm.
+
+    Why several: with one update the decoupled ratio pi_theta / pi_old is exactly 1 (old = the same weights), so
+    PPO's clip acts only when the engine's logprobs are the denominator (bypass); from the second mini-batch on the
+    weights have moved and the clip acts in both modes (issue 46)."""
+    k = cfg.updates_per_batch
+    n_seq = len(completion_ids)
+    if k == 1:
+        st = accumulate_policy_gradient(model, prompt_ids, completion_ids, cfg, behaviour, adv, mask, weights, keep,
+                                        ref, cur=cur)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        opt.step()
+        return st, grad_norm
+    if cur is not None:
+        raise ValueError("precomputed logprobs serve a single update only (updates_per_batch 1)")
+    parts, norms = [], []
+    for idx in np.array_split(np.arange(n_seq), k):
+        sl = slice(int(idx[0]), int(idx[-1]) + 1)
+        opt.zero_grad(set_to_none=True)
+        sub = [_rows(t, sl) for t in (behaviour, adv, mask, weights, keep, ref)]
+        width = int(sub[2].sum(1).max())  # the mini-batch's own longest completion
+        b, a, m, w, kp, r = (None if t is None else t[:, :width] if t.dim() == 2 else t for t in sub)
+        st = accumulate_policy_gradient(model, prompt_ids[sl], completion_ids[sl], cfg, b, a, m, w, kp, r)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
+        opt.step()
+        parts.append((st, float((m.bool() if kp is None else m.bool() & kp.bool()).sum()), float(m.sum())))
+    kept = sum(p[1] for p in parts)
+
+    def avg(f):  # token-weighted over the mini-batches, as one pass over the batch would weigh them
+        return sum(getattr(s, f) * n for s, n, _ in parts) / max(kept, 1.0)
+
+    st = losses.LossStats(loss=avg("loss"), clip_frac=avg("clip_frac"), ratio_mean=avg("ratio_mean"),
+                          kept_frac=kept / max(sum(p[2] for p in parts), 1.0), kl_ref=avg("kl_ref"),
+                          passes=sum(s.passes for s, _, _ in parts), ratio_abs_log_mean=avg("ratio_abs_log_mean"))
+    return st, float(np.mean(norms))
+
+
 def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
               ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None,
               engine_noise: dict | None = None, lagged: mismatch_doses.LaggedWeights | None = None) -> StepResult:
@@ -115,7 +168,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
                                   max_digits=cfg.max_digits)
     prompts = [codec.encode_task(p) for p in problems for _ in range(cfg.group_size)]
     sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                        seed=cfg.seed * 10_000_019 + step * 1000)
+                        seed=sampling_seed(cfg.seed, step, cfg.sampling_stream))
     comps = engine.generate(prompts, sampling)
     texts = [codec.decode(c.token_ids) for c in comps]
     rewards = torch.tensor([tasks.reward(problems[i // cfg.group_size], t) for i, t in enumerate(texts)])
@@ -134,7 +187,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
     # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass,
     # cut into slices as the scorer cuts (a GPU's 256 x 768-token batch is not one forward; bitwise the same rows).
-    shared = not splits_update(cfg, len(comps))
+    shared = not splits_update(cfg, len(comps)) and cfg.updates_per_batch == 1
     opt.zero_grad(set_to_none=True)  # nothing backpropagates before the update: one place for both paths
     with torch.set_grad_enabled(shared), timing.phase("training" if shared else "scoring"):
         old = (completion_logprobs if shared else batch_logprobs)(model, batch, cfg.temperature, entropy=True)
@@ -155,10 +208,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
         with torch.no_grad():
             ref = _per_seq(batch_logprobs(ref_model, batch, cfg.temperature)["logp"], lengths, width)
     with timing.phase("training"):
-        st = accumulate_policy_gradient(model, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
-                                        cfg, behaviour, adv, mask, weights, keep, ref, cur=cur)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
-        opt.step()
+        st, grad_norm = policy_updates(model, opt, [c.prompt_token_ids for c in comps], [c.token_ids for c in comps],
+                                       cfg, behaviour, adv, mask, weights, keep, ref, cur=cur)
     t3 = time.perf_counter()
 
     # moved to CPU and written to shared memory by the worker client; a distribution-mismatch dose adds its fixed
@@ -168,11 +219,13 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
                           else mismatch_doses.perturbed(model.state_dict(), engine_noise))
     t4 = time.perf_counter()
     row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
-           "clip_frac": st.clip_frac,
+           "clip_frac": st.clip_frac, "ratio_mean": st.ratio_mean, "ratio_abs_log_mean": st.ratio_abs_log_mean,
+           "updates_per_batch": cfg.updates_per_batch,
            "mismatch_k3": mm["k3_mean"], "mismatch_k1": mm["k1_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
            "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
            **corrections.health(corr, mask),
-           "kept_frac": st.kept_frac, "update_passes": st.passes, "completion_tokens": float(np.mean(lengths)),
+           "kept_frac": st.kept_frac, "update_passes": st.passes, "kept_seqs": kept_sequences(corr, mask),
+           "completion_tokens": float(np.mean(lengths)),
            "t_rollout": t1 - t0, "t_score": t2 - t1, "t_update": t3 - t2, "t_sync": t4 - t3,
            "t_correction": t_correction, "t_step": t4 - t0}
     batch_record = {"prompt_token_ids": [c.prompt_token_ids for c in comps], "token_ids": [c.token_ids for c in comps],

@@ -48,11 +48,34 @@ class GRPOConfig(GRPOSettings):
     logprob_noise_k3: float = 0.0  # ratio mismatch dose: intended k3 of noise on the reported logprobs (mismatch_doses)
     engine_weight_noise: float = 0.0  # distribution mismatch dose: relative weight noise of the engine (mismatch_doses)
     engine_lag: int = 0  # distribution mismatch dose: the engine samples with the weights of this many updates ago
+    # policy updates per rollout batch: the batch cut into this many mini-batches, one optimizer step each (PPO's
+    # several updates per batch; the decoupled ratio pi_theta / pi_old is 1 only on the first): `grpo.policy_updates`
+    updates_per_batch: int = 1
+    # which stream of sampling seeds the engine draws from (`sampling_seed`): 0 the run's own; another value an
+    # independent one on the same prompts (notebook 08's placebo rows: the clean run again, only its sampling differs)
+    sampling_stream: int = 0
+
+    def __post_init__(self):
+        if self.updates_per_batch < 1:
+            raise ValueError(f"updates_per_batch must be >= 1, got {self.updates_per_batch}")
+        if self.updates_per_batch > self.prompts_per_step * self.group_size:
+            raise ValueError(f"updates_per_batch {self.updates_per_batch} exceeds the batch's "
+                             f"{self.prompts_per_step * self.group_size} sequences")
 
     @classmethod
     def from_settings(cls, settings: GRPOSettings, **per_run) -> GRPOConfig:
         """The run's config from any object holding the settings (a `GRPOParams`), plus per-run fields."""
         return cls(**{f.name: getattr(settings, f.name) for f in fields(GRPOSettings)}, **per_run)
+
+
+STREAM_STRIDE = 5_000_011  # > any step's offset (step * 1000 for < 5000 steps) and < the seeds' stride: no overlap
+
+
+def sampling_seed(seed: int, step: int, stream: int = 0) -> int:
+    """The engine's sampling seed at GRPO step `step` of a run with `seed` (its requests draw from it on): a
+    `stream` other than 0 is an independent sequence of seeds on the same problems (`step_problem_seed` does not
+    depend on it), which never meets stream 0 of any seed for runs under 5000 steps."""
+    return seed * 10_000_019 + step * 1000 + stream * STREAM_STRIDE
 
 
 def step_problem_seed(seed: int, step: int) -> int:

@@ -36,6 +36,7 @@ class LossStats:
     kept_frac: float  # fraction of tokens not masked out by the correction
     kl_ref: float
     passes: int = 1  # forward/backward passes the update ran in (micro-batches; `grpo.accumulate_policy_gradient`)
+    ratio_abs_log_mean: float = 0.0  # mean |log ratio| over kept tokens: 0 exactly when the ratio is 1 everywhere
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -71,5 +72,6 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         was_clipped = (clipped < unclipped) & m
         stats = LossStats(loss=float(loss), clip_frac=float(was_clipped.sum() / n),
                           ratio_mean=float((ratio * m).sum() / n),
-                          kept_frac=float(m.sum() / mask.bool().sum().clamp(min=1)), kl_ref=float(kl))
+                          kept_frac=float(m.sum() / mask.bool().sum().clamp(min=1)), kl_ref=float(kl),
+                          ratio_abs_log_mean=float(((logp - old_logp.detach()).abs() * m).sum() / n))
     return loss, stats

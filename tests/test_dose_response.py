@@ -1,0 +1,61 @@
+"""The trend test and the benchmark dose (`rlwb.core.measure.dose_response`) on hand-made dose-response curves: a
+known threshold recovered, a flat curve reported as not bounded, a cost already at the smallest dose said to be
+below the tested range, bad input refused."""
+
+import numpy as np
+import pytest
+
+from rlwb.core.measure import dose_response as dr
+
+DOSES = np.array([0.01, 0.03, 0.1, 0.3, 1.0])
+
+
+def seeds_of(curve, n=8, sd=0.01, seed=0):
+    """`n` seeds of `curve(doses)` each shifted by its own offset and a small per-dose wobble (paired seeds: one
+    seed's doses share its offset)."""
+    rng = np.random.default_rng(seed)
+    return curve(DOSES)[None, :] + rng.normal(0, sd, (n, 1)) + rng.normal(0, sd / 2, (n, DOSES.size))
+
+
+def test_a_known_threshold_is_recovered_with_its_lower_bound_below_it():
+    # cost 0.1 per decade above k3 0.01: the cost reaches the BMR 0.15 at 10^-0.5 = 0.316
+    gaps = seeds_of(lambda d: -0.1 * (np.log10(d) + 2))
+    b = dr.benchmark_dose(DOSES, gaps, bmr=0.15)
+    assert b.status == dr.BOUNDED
+    assert b.bmd == pytest.approx(10 ** -0.5, rel=0.1)
+    assert 0.1 < b.bmdl < b.bmd  # a lower bound, close to it with 8 seeds this tight
+    # a weaker study (more seed spread) gives a lower BMDL, never a higher one
+    weak = dr.benchmark_dose(DOSES, seeds_of(lambda d: -0.1 * (np.log10(d) + 2), sd=0.05), bmr=0.15)
+    assert weak.bmdl < b.bmdl
+    t = dr.dose_trend(DOSES, gaps)
+    assert t.slope == pytest.approx(-0.1, abs=0.01) and t.ci_low < -0.1 < t.ci_high < 0 and t.p < 1e-6
+
+
+def test_a_flat_curve_cannot_bound_the_benchmark_dose_and_shows_no_trend():
+    gaps = seeds_of(lambda d: 0.0 * d)
+    b = dr.benchmark_dose(DOSES, gaps, bmr=0.15)
+    assert b.status == dr.NOT_BOUNDED and np.isnan(b.bmdl) and np.isnan(b.bmd) and b.dose_max == 1.0
+    t = dr.dose_trend(DOSES, gaps)
+    assert t.ci_low < 0 < t.ci_high and t.p > 0.05
+
+
+def test_a_cost_already_at_the_smallest_dose_is_below_the_tested_range():
+    b = dr.benchmark_dose(DOSES, seeds_of(lambda d: -0.3 + 0.0 * d), bmr=0.15)
+    assert b.status == dr.BELOW_RANGE and b.bmdl == DOSES[0] and b.bmd == DOSES[0]
+
+
+def test_no_benchmark_without_a_gain_to_lose_or_without_doses_to_fit():
+    gaps = seeds_of(lambda d: -0.1 * (np.log10(d) + 2))
+    assert dr.benchmark_dose(DOSES, gaps, bmr=0.0).status == dr.NO_BMR
+    assert dr.benchmark_dose(DOSES, gaps, bmr=float("nan")).status == dr.NO_BMR
+    assert dr.benchmark_dose(DOSES[:1], gaps[:, :1], bmr=0.1).status == dr.NO_BMR
+    assert np.isnan(dr.dose_trend(DOSES[:1], gaps[:, :1]).p)
+
+
+@pytest.mark.parametrize("doses,gaps,match", [([0.0, 0.1], np.zeros((3, 2)), "> 0"),
+                                              ([0.1, 0.1], np.zeros((3, 2)), "distinct"),
+                                              ([0.1, 1.0], np.zeros((3, 3)), "one column per dose"),
+                                              ([0.1, 1.0], np.array([[0, np.nan], [0, 0]]), "paired")])
+def test_bad_input_is_refused_by_name(doses, gaps, match):
+    with pytest.raises(ValueError, match=match):
+        dr.dose_trend(doses, gaps)
