@@ -27,6 +27,7 @@ from rlwb.formatting import metric
 
 @dataclass
 class MismatchResult(Result):
+    ANSWER_LEADS = ("At the float floor", "Above it")  # the ladder's verdict, not the first engine's numbers
     rollouts: dict[str, Rollouts]  # per engine preset
     ladder_metrics: dict[str, float]  # `<engine>/<metric>`: the mismatch ladder
     rewards: dict[str, np.ndarray] = field(default_factory=dict)  # reward-equivalence rollouts per engine
