@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rlwb import archive
 from rlwb.errors import PublishRefused
-from rlwb.paths import RUNS_OF_RECORD
+from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
 
 PUBLISHED_RUNS = RUNS_OF_RECORD  # the one tracked folder of runs of record: <stem>/<run id>/
 RUN_LIMIT = 5_000_000  # bytes per run of record (issue #48)
@@ -151,7 +151,8 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(f, tmp / rel)
         record = archive.read_json(tmp / "run.json", {})
-        record["published"] = {"from": str(run_dir), "at": archive.utc_now(), "bytes": tree_bytes(tmp),
+        source = run_dir.relative_to(REPO_ROOT).as_posix() if run_dir.is_relative_to(REPO_ROOT) else str(run_dir)
+        record["published"] = {"from": source, "at": archive.utc_now(), "bytes": tree_bytes(tmp),
                                "left_out": [vars(c) for c in left]}
         archive.write_json(tmp / "run.json", record)
         tmp.rename(target)
