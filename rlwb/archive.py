@@ -189,8 +189,10 @@ class Run:
         a path as a cell's last value would print a temporary directory into the report."""
         from rlwb.plots import save_figure
 
+        info = read_json(self.dir / "run.json", {})
+        source = f"{info['notebook']}/{info['run_id']}" if info.get("run_id") else None  # None: a scratch run
         with timing.phase("archiving"):
-            save_figure(fig, self.dir / "figures" / self._safe_name(name))
+            save_figure(fig, self.dir / "figures" / self._safe_name(name), source)
         self.write_timing()
 
     def save_data(self, df, name: str) -> Path:

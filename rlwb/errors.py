@@ -16,6 +16,10 @@ class ParamError(RlwbError, ValueError):
     """A parameter is unknown, mistyped or out of range; the message names it and what is allowed."""
 
 
+class PublishRefused(RlwbError, ValueError):
+    """A run cannot become a run of record (`rlwb publish`); the message names the run, why, and what to do."""
+
+
 class PresetError(ParamError):
     """An engine preset's name or definition is wrong; the message says which and what is allowed."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PARAMS_DIR = REPO_ROOT / "params"
+RUNS_OF_RECORD = REPO_ROOT / "docs" / "runs"  # tracked: the runs the README and docs/ cite (`rlwb publish`)
 
 
 def cache_dir() -> Path:

@@ -22,12 +22,21 @@ code is 1 only for a mismatch; a README annotation that names no run is bad inpu
 
 By default the command reads `README.md` and every `docs/**/*.md` (`documents`): the README is a front page and
 the numbers live in `docs/results/`, so each page is read on its own (a run declared in one file does not hold in
-the next) and each verdict names its file.
+the next) and each verdict names its file. A cited run is looked for in the archive, then in the runs of record
+(`docs/runs/`, tracked: `rlwb publish`).
+
+`--clean-clone` (`check_clean_clone`) is what a reader with nothing but the repository gets: a `git clone` of the
+committed tree, its documents checked against the runs of record in that clone alone, and any number that is not a
+match (a mismatch, or a run that is not shipped) fails. That is what the suite asserts, so a number that drifts from
+its run, or a citation of a run not published, fails CI.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,13 +99,21 @@ def parse(text: str, name: str | None = None) -> list[Quote]:
     return quotes
 
 
-def _run_dir(outputs: Path, run: str) -> Path | None:
+def _roots(outputs: Path | Sequence[Path]) -> list[Path]:
+    return [Path(outputs)] if isinstance(outputs, (str, Path)) else [Path(o) for o in outputs]
+
+
+def _run_dir(outputs: Path | Sequence[Path], run: str) -> Path | None:
+    """The cited run's directory in the first of `outputs` (archive roots, in order) that has it."""
     stem, _, run_id = run.partition("/")
     if not run_id:
         raise ValueError(f"README cites run {run!r}: write it as <notebook stem>/<run id> or bench/<run id>")
-    found = sorted(d for d in (outputs / stem).glob(f"{run_id}*") if d.is_dir()
-                   and (d.name == run_id or d.name.startswith(f"{run_id}-")))
-    return found[-1] if found else None
+    for root in _roots(outputs):
+        found = sorted(d for d in (root / stem).glob(f"{run_id}*") if d.is_dir()
+                       and (d.name == run_id or d.name.startswith(f"{run_id}-")))
+        if found:
+            return found[-1]
+    return None
 
 
 def _values(run_dir: Path) -> dict:
@@ -110,10 +127,10 @@ def _build(run_dir: Path) -> str | None:
         "weights_sha256_16")
 
 
-def _newest(outputs: Path, run: str, cited: Path) -> Path | None:
+def _newest(run: str, cited: Path) -> Path | None:
     """The newest finished run of the same notebook on the same model build as the cited one (a run of another
     model answers another question: it cannot make a number stale); for the bench, its newest directory."""
-    stem = run.partition("/")[0]
+    stem, outputs = run.partition("/")[0], cited.parent.parent  # the archive the cited run is in
     if stem == "bench":
         runs = sorted(d for d in (outputs / "bench").iterdir() if (d / "bench.json").exists())
     else:
@@ -133,9 +150,10 @@ def documents(root: Path) -> list[Path]:
     return [root / "README.md"] + sorted((root / "docs").glob("**/*.md"))
 
 
-def check(readme: Path, outputs: Path, name: str | None = None) -> list[Verdict]:
-    """A verdict for every annotated number of `readme`, against the runs under `outputs`; `name` (the file's
-    repository-relative path) goes into each quote and into the error of a malformed annotation."""
+def check(readme: Path, outputs: Path | Sequence[Path], name: str | None = None) -> list[Verdict]:
+    """A verdict for every annotated number of `readme`, against the runs under `outputs` (one archive root, or
+    several searched in order); `name` (the file's repository-relative path) goes into each quote and into the error
+    of a malformed annotation."""
     out = []
     for q in parse(readme.read_text(), name):
         try:
@@ -143,7 +161,8 @@ def check(readme: Path, outputs: Path, name: str | None = None) -> list[Verdict]
         except ValueError as e:
             raise ValueError(f"{q.file or 'README'} line {q.line}: {e}") from None
         if d is None:
-            out.append(Verdict(q, "missing", f"{q.run} is not archived under {outputs}"))
+            out.append(Verdict(q, "missing", f"{q.run} is not archived under "
+                                             f"{' or '.join(str(r) for r in _roots(outputs))}"))
             continue
         info = archive.read_json(d / "run.json", {})
         got = _values(d).get(q.key)
@@ -159,7 +178,7 @@ def check(readme: Path, outputs: Path, name: str | None = None) -> list[Verdict]
         if problem:
             out.append(Verdict(q, "mismatch", problem))
             continue
-        newer = _newest(outputs, q.run, d)
+        newer = _newest(q.run, d)
         now = _values(newer).get(q.key) if newer is not None else None
         if now is not None and not _agrees(q, now):
             out.append(Verdict(q, "stale", f"matches its run ({got:.6g}); the newest run here, {newer.name}, says "
@@ -169,9 +188,23 @@ def check(readme: Path, outputs: Path, name: str | None = None) -> list[Verdict]
     return out
 
 
-def check_all(root: Path, outputs: Path) -> list[Verdict]:
+def check_all(root: Path, outputs: Path | Sequence[Path]) -> list[Verdict]:
     """The verdicts of every file of `documents(root)`, in that order, each quote naming its file."""
     return [v for path in documents(root) for v in check(path, outputs, path.relative_to(root).as_posix())]
+
+
+def check_clean_clone(repo: Path, runs_of_record: str = "docs/runs") -> list[Verdict]:
+    """`check_all` on a fresh `git clone` of `repo` (its committed HEAD: what a reader gets), against the runs of
+    record in the clone (`runs_of_record`, relative to its root) and nothing else. The clone is removed after."""
+    with tempfile.TemporaryDirectory(prefix="rlwb-clean-clone-") as tmp:
+        clone = Path(tmp) / "clone"
+        r = subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], capture_output=True, text=True,
+                           timeout=600)
+        if r.returncode != 0:
+            raise ValueError(f"cannot clone {repo}: {r.stderr.strip()}")
+        verdicts = check_all(clone, [clone / runs_of_record])
+        # the details name the temporary clone's paths: say the repository's instead
+        return [Verdict(v.quote, v.status, v.detail.replace(str(clone), "<clone>")) for v in verdicts]
 
 
 def report(verdicts: list[Verdict], readme_name: str = "README.md") -> str:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import chromium, run_notebook
+from tests.conftest import check_figures_fit, chromium, run_notebook
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
@@ -107,6 +107,8 @@ def check_logprob_mismatch(d: Path, m: dict) -> None:
     for e in engines:
         for k in METRICS:
             assert f"{e}/{k}" in m
+    # the index's answer opens with the ladder's verdict, not the first engine's numbers
+    assert json.loads((d / "run.json").read_text())["answer"].startswith("At the float floor")
     # fp32, T=0.7: processed-logprob engines at the float floor; V1 defaults show the raw-logprob gap
     for e in ("vllm-v0", "vllm-v1-fixed"):
         assert m[f"{e}/abs_dlogp_max"] <= 1e-4, e
@@ -186,6 +188,8 @@ def check_toy_grpo(d: Path, m: dict) -> None:
     none, geo = (fixed[fixed["correction"] == c]["reward_mean"].to_numpy() for c in ("none", "verl.geo_rs"))
     assert len(none) == 6 and (none == geo).all()
     assert m["vllm-v1-fixed+verl.geo_rs/gap"] == m["vllm-v1-fixed+verl.geo_rs/gap_ci_low"] == 0.0
+    # the index's answer opens with the paired reward gaps, not with which arms were skipped
+    assert json.loads((d / "run.json").read_text())["answer"].startswith("Paired gaps to")
 
 
 def check_determinism_and_staleness(d: Path, m: dict) -> None:
@@ -469,6 +473,7 @@ def test_notebook_smoke(stem, outputs, default_model, request):
     if stem != "00_default_policy":
         assert split["engine_start"] > 1 and split["sampling"] > 0
     check_report(d)
+    check_figures_fit(d)  # every figure in every style: no missing glyph, no overlapping text
 
 
 @pytest.mark.slow

@@ -4,11 +4,13 @@ quoting their numbers rightly and wrongly, citing a wrong model build and a run 
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from rlwb import readme_check
+from rlwb.paths import REPO_ROOT
 from tests.conftest import rlwb
 
 
@@ -101,5 +103,58 @@ def test_the_repository_pages_check_against_an_empty_archive(tmp_path):
     quote `missing` (exit 0), the pages under docs/ named in the report."""
     r = rlwb("readme-check", "--outputs", str(tmp_path), timeout=120)
     assert r.returncode == 0, r.stderr
-    assert re.search(r"^0 match, 0 mismatch, 0 stale, (\d+) missing of \1 quoted numbers$", r.stdout, re.M)
+    # what matches comes from the runs of record (docs/runs), searched after the archive
+    counts = re.search(r"^(\d+) match, 0 mismatch, (\d+) stale, (\d+) missing of (\d+) quoted numbers$", r.stdout, re.M)
+    assert counts and sum(map(int, counts.groups()[:3])) == int(counts[4])
     assert re.search(r"^docs/results/08_mismatch_cost\.md:\d+  missing", r.stdout, re.M)
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=rlwb-test", "-c", "user.email=test@rlwb", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+def test_a_clean_clone_fails_on_a_drifted_number_and_on_a_run_not_shipped(tmp_path):
+    """`rlwb readme-check --clean-clone REPO` on a made-up repository: a page quoting a number of a run shipped in
+    its docs/runs passes; the same page committed with the number drifted, or citing a run that is not shipped,
+    fails (exit 1) - what the suite asserts of this repository (below). Only what is committed counts: an edit left
+    in the working tree is not in the clone."""
+    repo = tmp_path / "repo"
+    run = repo / "docs" / "runs" / "00_default_policy" / "20261125-221012-ab76d338"
+    (run).mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"status": "ok", "notebook": "00_default_policy"}))
+    (run / "metrics.json").write_text(json.dumps({"policy/params": 803968, "policy/greedy_accuracy": 0.52}))
+    page = repo / "docs" / "results" / "00_default_policy.md"
+    page.parent.mkdir(parents=True)
+    (repo / "README.md").write_text("# front page\n")
+    good = ("<!-- rlwb:run 00_default_policy/20261125-221012 -->\n"
+            "| 803,968<!--=policy/params--> | 52.0%<!--=policy/greedy_accuracy--> |\n")
+    page.write_text(good)
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "a run of record and the page citing it")
+    assert [v.status for v in readme_check.check_clean_clone(repo)] == ["match", "match"]
+    page.write_text(good.replace("52.0%", "53.0%"))  # not committed: the clone does not see it
+    assert [v.status for v in readme_check.check_clean_clone(repo)] == ["match", "match"]
+
+    _git(repo, "commit", "-qam", "a number drifts from its run")
+    r = rlwb("readme-check", "--clean-clone", str(repo), timeout=120)
+    assert r.returncode == 1 and "1 match, 1 mismatch, 0 stale, 0 missing of 2" in r.stdout, r.stdout + r.stderr
+    assert "the run says 0.52" in r.stdout
+
+    page.write_text(good.replace("20261125-221012", "20261125-235959"))
+    _git(repo, "commit", "-qam", "a citation of a run not shipped")
+    verdicts = readme_check.check_clean_clone(repo)
+    assert [v.status for v in verdicts] == ["missing", "missing"]
+    assert verdicts[0].detail == "00_default_policy/20261125-235959 is not archived under <clone>/docs/runs"
+
+
+@pytest.mark.xfail(strict=True, reason="as of 2026-11-25, 257 of 261 quoted numbers cite runs not shipped in "
+                                       "docs/runs yet (issue #48: they are being remade on idle cores); remove this "
+                                       "mark once `rlwb readme-check --clean-clone` reports 0 missing")
+def test_every_quoted_number_checks_on_a_clean_clone_of_this_repository():
+    """README.md and every docs/**/*.md of a fresh clone of this repository (its committed HEAD), against the runs
+    of record it ships: 0 mismatch and 0 missing."""
+    verdicts = readme_check.check_clean_clone(REPO_ROOT)
+    bad = [v for v in verdicts if v.status in ("mismatch", "missing")]
+    assert verdicts and not bad, readme_check.report(bad)

@@ -1,5 +1,5 @@
-"""`rlwb` command line: run | audit | rescore | runs | figures | compare | index | rerun | sweep | bench | validate |
-build-model | engines check | sync-params | readme-check.
+"""`rlwb` command line: run | audit | rescore | runs | figures | compare | index | rerun | publish | sweep | bench |
+validate | build-model | engines check | sync-params | readme-check.
 
 Exit codes: 0 success, 1 a run failed / a check did not pass, 2 bad input (params, paths, presets).
 `rlwb run` prints the run directory as the last line of stdout, so scripts can `dir=$(rlwb run ... | tail -1)`.
@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlwb.cli import archived, drift, engines, listing, maintenance, sweep
+from rlwb.cli import archived, drift, engines, listing, maintenance, publish, sweep
 from rlwb.cli.archived import run_options
 from rlwb.core.models.store import EMBEDDED_NAMES
 from rlwb.errors import ParamError, SetupFailed
+from rlwb.paths import REPO_ROOT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--atol", type=float, default=1e-9)
     r.set_defaults(fn=drift.cmd_rerun)
 
+    r = sub.add_parser("publish", help="copy an archived run into the repository's runs of record (docs/runs/); "
+                                       "refuses a failed run, a dirty tree, a model build without a published "
+                                       "checksum, a run over 5 MB")
+    r.add_argument("run_dir", help="an archived run, e.g. outputs/00_default_policy/20261125-221500-ab12cd34")
+    r.add_argument("--to", help="the runs-of-record folder (default: docs/runs)")
+    r.set_defaults(fn=publish.cmd_publish)
+
     r = sub.add_parser("bench", help="throughput and overhead ratios (outputs/bench/<time>/)")
     r.add_argument("--quick", action="store_true", help="fewer batch sizes and repeats (a few minutes)")
     r.add_argument("--outputs")
@@ -138,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("readme-check", help="recompute README.md's and docs/'s quoted numbers from the runs they cite: "
                                             "match / mismatch / stale / missing (exit 1 on a mismatch)")
     r.add_argument("--readme", help="one Markdown file (default: the repository's README.md and every docs/**/*.md)")
-    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
+    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs; then docs/runs)")
+    r.add_argument("--clean-clone", nargs="?", const=str(REPO_ROOT), metavar="REPO",
+                   help="check a fresh git clone of REPO (default: this repository's committed HEAD) against its runs "
+                        "of record alone; exit 1 unless every number matches")
     r.set_defaults(fn=maintenance.cmd_readme_check)
 
     e = sub.add_parser("engines", help="engine workers").add_subparsers(dest="engines_cmd", required=True)

@@ -18,14 +18,19 @@ def cmd_sync_params(a) -> int:
 
 def cmd_readme_check(a) -> int:
     from rlwb import readme_check
-    from rlwb.paths import REPO_ROOT, outputs_dir
+    from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD, outputs_dir
 
+    if a.clean_clone:  # what a reader with a clone can check: every number must match a shipped run
+        verdicts = readme_check.check_clean_clone(Path(a.clean_clone))
+        print(readme_check.report(verdicts))
+        return 1 if any(v.status in ("mismatch", "missing") for v in verdicts) else 0
+    roots = [outputs_dir(a.outputs), RUNS_OF_RECORD]  # the archive here, then the runs of record
     if a.readme:  # one file, as named
         readme = Path(a.readme)
-        verdicts = readme_check.check(readme, outputs_dir(a.outputs))
+        verdicts = readme_check.check(readme, roots)
         print(readme_check.report(verdicts, readme.name))
     else:  # README.md and every docs/**/*.md, each line naming its file
-        verdicts = readme_check.check_all(REPO_ROOT, outputs_dir(a.outputs))
+        verdicts = readme_check.check_all(REPO_ROOT, roots)
         print(readme_check.report(verdicts))
     return 1 if any(v.status == "mismatch" for v in verdicts) else 0
 

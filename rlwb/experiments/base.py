@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pandas as pd
 
@@ -34,6 +34,8 @@ class Result:
 
     params: Any
     metrics: dict[str, float]
+    # where the conclusion states its finding: paragraph openings `answer` looks for first (wording.one_line)
+    ANSWER_LEADS: ClassVar[tuple[str, ...]] = ()
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """Every table to archive, by name (`data/<name>.parquet`)."""
@@ -49,8 +51,9 @@ class Result:
 
     def answer(self) -> str:
         """The answer in one line, plain text (the index lists it beside each notebook's latest report): the
-        conclusion's first paragraph that is not its setup, without Markdown. Experiments may say it better."""
-        return one_line(self.conclusion())
+        conclusion's paragraph that opens with one of `ANSWER_LEADS`, else its first that is not its setup, without
+        Markdown. Experiments may say it better."""
+        return one_line(self.conclusion(), leads=self.ANSWER_LEADS)
 
 
 def prefetch_engines() -> bool:

@@ -26,6 +26,7 @@ from rlwb.experiments.wording import logprob_mismatch as wording_01
 
 @dataclass
 class MismatchResult(Result):
+    ANSWER_LEADS = ("At the float floor", "Above it")  # the ladder's verdict, not the first engine's numbers
     rollouts: dict[str, Rollouts]  # per engine preset
     ladder_metrics: dict[str, float]  # `<engine>/<metric>`: the mismatch ladder
     rewards: dict[str, np.ndarray] = field(default_factory=dict)  # reward-equivalence rollouts per engine

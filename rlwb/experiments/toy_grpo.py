@@ -34,6 +34,7 @@ LEARNING_MIN_GAIN = 0.15  # reward_last - reward_first the correct configuration
 
 @dataclass
 class GRPOResult(Result):
+    ANSWER_LEADS = ("Paired gaps", "Learning check")  # what mismatch did to the reward, not which arms were skipped
     curves: pd.DataFrame  # one row per (engine, correction, seed, step): CURVE_COLUMNS + drift_trip_step
 
     def frames(self) -> dict[str, pd.DataFrame]:

@@ -2,6 +2,16 @@
 function per figure and `FIGURES`, the recipes `rlwb figures` rebuilds a run's figures from; `style` is what every
 figure shares. The style API is re-exported here for code outside the notebooks (sweeps, the bench, the index)."""
 
-from rlwb.plots.style import FLOOR_VALUE, engine_color, engine_order, engine_style, figsize, save_figure, set_style
+from rlwb.plots.style import (
+    FLOOR_VALUE,
+    engine_color,
+    engine_order,
+    engine_style,
+    figsize,
+    figure_source,
+    save_figure,
+    set_style,
+)
 
-__all__ = ["FLOOR_VALUE", "engine_color", "engine_order", "engine_style", "figsize", "save_figure", "set_style"]
+__all__ = ["FLOOR_VALUE", "engine_color", "engine_order", "engine_style", "figsize", "figure_source", "save_figure",
+           "set_style"]

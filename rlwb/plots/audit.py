@@ -42,7 +42,7 @@ def threshold_distance(panel_df, style: str = "notebook"):
     ax.set_yticks(np.arange(len(names)), names, fontsize="small")
     ax.invert_yaxis()
     ax.set_xlabel("distance to the framework's threshold (0 = no mismatch, 1 = it alerts; log scale, floor 1e-9)")
-    ax.set_title("The audit on each framework's dashboard")
+    ax.set_title("The audit on each framework's dashboard", pad=14)  # above the threshold's label
     ax.grid(axis="y", visible=False)
     if len(engines) > 1:
         ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.4, -0.1), ncols=min(3, len(engines)))

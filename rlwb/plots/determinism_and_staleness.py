@@ -57,7 +57,7 @@ def stale_vs_position(stale_rows, style: str = "notebook"):
     ax.set_xlabel(f"position in the completion (after a ≥{prefix}-token prompt sharing one cached prefix)")
     ax.set_ylabel("mean |Δlogp| vs trainer (new weights)")
     ax.set_title("In-flight weight update: stale prefix cache vs reset")
-    ax.legend(fontsize="x-small", ncols=2)
+    ax.legend(fontsize="x-small", ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.25))  # below: it hid curves
     fig.tight_layout()
     return fig
 

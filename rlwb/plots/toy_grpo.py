@@ -68,8 +68,7 @@ def time_breakdown(curves, style: str = "notebook"):
     for (col, label), color in zip(parts, OKABE_ITO[1:]):
         ax.barh(engines, means[col], left=left, label=label, color=color)
         left += means[col].values
-    for y, total in enumerate(left):
-        ax.text(total, y, f" {total:.2f} s", va="center", fontsize="small")
+    totals = [ax.text(total, y, f" {total:.2f} s", va="center", fontsize="small") for y, total in enumerate(left)]
     if "concurrent_runs" in curves:  # a run's wall time while others shared the cores reads longer: say so
         shared = curves.groupby("engine")["concurrent_runs"].max().loc[engines]
         ax.set_yticks(range(len(engines)), [e if k <= 1 else f"{e}\n({k} runs at a time)" for e, k in shared.items()])
@@ -77,8 +76,13 @@ def time_breakdown(curves, style: str = "notebook"):
     ax.set_xlabel("seconds per GRPO step (mean)")
     ax.set_title("Where a GRPO step's time goes")
     ax.grid(axis="y", visible=False)
-    ax.legend(fontsize="small", ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside: below, it met the x label
     fig.tight_layout()
+    fig.canvas.draw()  # the totals' widths are known once drawn: widen the x axis until each ends inside it
+    right = max(t.get_window_extent().x1 for t in totals)
+    if right > ax.get_window_extent().x1:
+        ax.set_xlim(0, ax.transData.inverted().transform((right, 0))[0] * 1.05)
+        fig.tight_layout()
     return fig
 
 

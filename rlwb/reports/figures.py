@@ -7,6 +7,7 @@ called)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -19,11 +20,10 @@ def notebook_of(run_dir: Path) -> str:
     return info.get("notebook") or run_dir.parent.name
 
 
-def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> list[Path]:
-    """Rebuild every figure of a run from `data/*.parquet`. `notebook` style overwrites `figures/`
-    (reproducing the notebook's files); `paper` / `blog` write to `figures/<style>/`."""
-    import matplotlib.pyplot as plt
-
+def draw_figures(run_dir: str | os.PathLike, style: str = "notebook") -> Iterator[tuple[str, object]]:
+    """(name, matplotlib figure) for every figure of a run, drawn in `style` from its `data/*.parquet` alone (what
+    `regenerate_figures` saves, and what tests render); the caller closes each figure. A figure the run never made
+    (its table absent and no file of it) is skipped; one whose table is missing is an error."""
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
@@ -33,8 +33,7 @@ def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> l
     if nb not in NOTEBOOKS:
         raise ValueError(f"no figure recipes for notebook {nb!r}")
     plots.set_style(style)
-    out_dir = run_dir / "figures" if style == "notebook" else run_dir / "figures" / style
-    written, cache = [], {}
+    cache = {}
     for name, (data, fn) in NOTEBOOKS[nb].figures().items():
         if data not in cache:
             path = run_dir / "data" / f"{data}.parquet"
@@ -43,7 +42,20 @@ def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> l
                     continue  # the run never made this figure (e.g. reward_samples 0, or an older run)
                 raise FileNotFoundError(f"{path} is missing: cannot rebuild figure {name!r}")
             cache[data] = pd.read_parquet(path)
-        fig = fn(cache[data], style=style)
-        written.append(plots.save_figure(fig, out_dir / name))
+        yield name, fn(cache[data], style=style)
+
+
+def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> list[Path]:
+    """Rebuild every figure of a run from `data/*.parquet`. `notebook` style overwrites `figures/`
+    (reproducing the notebook's files); `paper` / `blog` write to `figures/<style>/`. Each file names the run
+    (`rlwb.plots.save_figure`'s `source`)."""
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    out_dir = run_dir / "figures" if style == "notebook" else run_dir / "figures" / style
+    info = archive.read_json(run_dir / "run.json", {})
+    source, written = f"{notebook_of(run_dir)}/{info.get('run_id') or run_dir.name}", []
+    for name, fig in draw_figures(run_dir, style):
+        written.append(plots.save_figure(fig, out_dir / name, source))
         plt.close(fig)
     return written

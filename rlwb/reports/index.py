@@ -117,6 +117,15 @@ def run_rows(root: Path, runs: list[dict]) -> list[dict]:
     return rows
 
 
+def shown_path(root: Path) -> str:
+    """The archive root as the page names it: repository-relative inside the repository (a committed index, e.g. of
+    docs/runs, must not name one machine's path), else absolute."""
+    from rlwb.paths import REPO_ROOT
+
+    root = Path(root).resolve()
+    return root.relative_to(REPO_ROOT).as_posix() if root.is_relative_to(REPO_ROOT) else str(root)
+
+
 def build_index(root: Path) -> Path:
     """`<outputs>/index.html`: the trend of every notebook's headline metrics across runs (versions, commits,
     drift and failures marked), then every run, newest first, filterable. Static HTML + PNGs, offline
@@ -125,7 +134,7 @@ def build_index(root: Path) -> Path:
 
     runs = archive.list_runs(root)
     page = render("index.html", latest=latest_rows(root, runs), trends=trend_sections(root, runs),
-                  runs=run_rows(root, runs), notebooks=sorted({r["notebook"] for r in runs}), root=str(root))
+                  runs=run_rows(root, runs), notebooks=sorted({r["notebook"] for r in runs}), root=shown_path(root))
     root.mkdir(parents=True, exist_ok=True)
     out = root / "index.html"
     tmp = root / ".index.html.tmp"

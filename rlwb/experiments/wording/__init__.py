@@ -12,13 +12,19 @@ import numpy as np
 from rlwb.formatting import KL_FLOOR, metric
 
 
-def one_line(markdown: str, limit: int = 320) -> str:
-    """The first paragraph of `markdown` that does not describe the setup, as plain text of at most `limit`
-    characters (cut at a word)."""
+def one_line(markdown: str, limit: int = 320, leads: tuple[str, ...] = ()) -> str:
+    """The conclusion's finding as plain text of at most `limit` characters (cut at a word): the first paragraph that
+    starts with one of `leads` (a notebook's finding, tried in the order given; Markdown emphasis ignored), else the
+    first paragraph that does not describe the setup. Why `leads`: a conclusion states its setup and per-arm detail
+    before its verdict (01: each engine before the ladder's floor; 03: skipped arms before the paired gaps), and the
+    index's answer column must open with the verdict."""
     import re
 
     paras = [p.strip() for p in re.split(r"\n\s*\n|\n(?=[-*] )", markdown or "") if p.strip()]
-    para = next((p for p in paras if not re.match(r"\*\*(Setup|How)\b", p)), paras[0] if paras else "")
+    plain = [re.sub(r"\*\*|__", "", p) for p in paras]
+    para = next((p for lead in leads for p, t in zip(paras, plain) if t.startswith(lead)), None)
+    if para is None:
+        para = next((p for p in paras if not re.match(r"\*\*(Setup|How)\b", p)), paras[0] if paras else "")
     text = re.sub(r"\*\*|__|`|^[-*#>]+\s*", "", para, flags=re.M)
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
     text = " ".join(text.split())

@@ -1,0 +1,23 @@
+"""`rlwb publish RUN`: an archived run into the repository's runs of record (rlwb/publish.py says what is refused),
+then the folder's index page rebuilt (`rlwb index` over it: every run of record's report one click away)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_publish(a) -> int:
+    from rlwb import archive
+    from rlwb.publish import PUBLISHED_RUNS, publish, tree_bytes
+    from rlwb.reports.index import build_index
+
+    root = Path(a.to) if a.to else PUBLISHED_RUNS
+    target = publish(a.run_dir, root)
+    index = build_index(root)
+    left = (archive.read_json(target / "run.json", {}).get("published") or {}).get("left_out") or []
+    for c in left:
+        print(f"left out {c['path']} ({c['bytes'] / 1e3:.0f} kB): {c['why']}")
+    print(f"published: {tree_bytes(target) / 1e6:.2f} MB; {root}: {tree_bytes(root) / 1e6:.2f} MB in all; "
+          f"index: {index}")
+    print(target)
+    return 0

@@ -1,0 +1,161 @@
+"""`rlwb publish RUN`: an archived run copied into the repository as a run of record (`docs/runs/<stem>/<run id>/`).
+
+Why a run of record lives in the repository: a number the README or docs/ quote, or a figure a paper shows, must
+be checkable by a reader who has nothing but a clone. `outputs/` is gitignored and exists on one machine; a run
+of record is tracked, so `rlwb readme-check --clean-clone` recomputes every quoted number from it and
+`rlwb figures docs/runs/<stem>/<run id> --style paper` rebuilds its figures from its `data/` alone.
+
+What a run of record must be, checked before anything is copied (each refusal is a `PublishRefused` naming the
+problem and what to do):
+
+- a finished run (`status: ok`): a failed run answers nothing;
+- made from a committed tree (`git_dirty: false`, a commit recorded): its code must be the commit it names;
+- on a model build with a published checksum that its weights match (`rlwb.core.models.store.with_published`):
+  anyone can get the same weights (`rlwb build-model`), so a rerun can be compared with it;
+- small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. When a run is larger, what no
+  figure and no number needs is left out (the run's logs, data tables no figure is drawn from, the figures' SVG
+  copies: `optional_files`) until it fits, and the copy's `run.json` says what was left out (`published`).
+
+The copy holds the executed notebook, report.html, params.yaml, run.json (provenance: commit, model build and its
+checksum, engine versions, CPU/GPU), metrics.json, data/*.parquet and figures/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlwb import archive
+from rlwb.errors import PublishRefused
+from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
+
+PUBLISHED_RUNS = RUNS_OF_RECORD  # the one tracked folder of runs of record: <stem>/<run id>/
+RUN_LIMIT = 5_000_000  # bytes per run of record (issue #48)
+FOLDER_LIMIT = 50_000_000  # bytes for the whole folder
+__all__ = ["FOLDER_LIMIT", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused", "check_publishable", "plan",
+           "publish", "tree_bytes"]
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    path: str  # relative to the run directory
+    bytes: int
+    why: str
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of every file under `path` (0 when it does not exist)."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if Path(path).exists() else 0
+
+
+def check_publishable(run_dir: Path) -> dict:
+    """The run's run.json when it may become a run of record; else `PublishRefused` naming the first problem."""
+    from rlwb.core.models.store import with_published
+
+    info = archive.read_json(run_dir / "run.json")
+    if info is None:
+        raise PublishRefused(f"{run_dir} is not an archived run (no readable run.json)")
+    name = f"{info.get('notebook') or run_dir.parent.name}/{run_dir.name}"
+    if info.get("status") != "ok":
+        raise PublishRefused(f"{name} did not finish (status {info.get('status')!r}"
+                             + (f": {str(info['error']).splitlines()[0][:200]}" if info.get("error") else "")
+                             + "): a failed run answers nothing; publish a successful rerun")
+    if not info.get("git_commit") or info.get("git_dirty") is not False:
+        state = "no commit recorded" if not info.get("git_commit") else \
+            f"commit {info['git_commit'][:10]} with uncommitted changes" if info.get("git_dirty") else \
+            "no record of whether its tree was clean"
+        raise PublishRefused(f"{name} was made from a dirty tree ({state}): its code is not the commit it names; "
+                             f"commit, rerun it and publish the new run")
+    model = info.get("model") or {}
+    card = model.get("card")
+    if not card:
+        raise PublishRefused(f"{name} ran on {model.get('path') or 'no recorded model'}, which is not an embedded "
+                             f"build with a published checksum: nobody can get its exact weights")
+    card = with_published(card)
+    if card["weights_match_published"] is None:
+        raise PublishRefused(f"{name}'s model build {card.get('weights_sha256_16')} ({card.get('name')}) has no "
+                             f"published checksum (rlwb/core/models/store.py PUBLISHED_WEIGHTS): publish the build "
+                             f"first or rerun on a published one")
+    if card["weights_match_published"] is False:
+        raise PublishRefused(f"{name}'s model build {card.get('weights_sha256_16')} differs from the published one, "
+                             f"{card['weights_published_sha256_16']}: rerun on the published build (rlwb build-model)")
+    return info
+
+
+def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
+    """What a run of record may do without, in the order it is left out: its logs, the data tables no figure is
+    drawn from (largest first), then the SVG copy of each figure (the PNG and PDF stay). Each with its size and why
+    nothing needs it."""
+    from rlwb.registry import NOTEBOOKS
+
+    drawn = {data for data, _ in NOTEBOOKS[notebook].figures().values()} if notebook in NOTEBOOKS else None
+    out = [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "the run's logs: no figure or number")
+           for f in sorted((run_dir / "logs").rglob("*")) if f.is_file()]
+    if drawn is not None:  # an unknown notebook: every table may be needed
+        unused = [f for f in (run_dir / "data").glob("*.parquet") if f.stem not in drawn]
+        out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size,
+                        "a data table no figure is drawn from (the quoted numbers are in metrics.json)")
+                for f in sorted(unused, key=lambda f: -f.stat().st_size)]
+    out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "an SVG copy of a figure (PNG and PDF kept)")
+            for f in sorted((run_dir / "figures").rglob("*.svg"))]
+    return out
+
+
+def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[LeftOut], int]:
+    """(left out, bytes of the copy): the logs always stay out; then optional files, in order, until the copy is at
+    most `limit` bytes. `PublishRefused` when even the needed files are over it."""
+    candidates = optional_files(run_dir, notebook)
+    left = [c for c in candidates if c.path.startswith("logs/")]
+    size = tree_bytes(run_dir) - sum(c.bytes for c in left)
+    for c in candidates:
+        if size <= limit:
+            break
+        if c not in left:
+            left.append(c)
+            size -= c.bytes
+    if size > limit:
+        raise PublishRefused(f"{run_dir.parent.name}/{run_dir.name} is {size / 1e6:.1f} MB without everything no "
+                             f"figure or number needs (limit {limit / 1e6:g} MB per run of record): make the run "
+                             f"smaller (fewer rollouts archived) or split what it quotes")
+    return left, size
+
+
+def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *, run_limit: int = RUN_LIMIT,
+            folder_limit: int = FOLDER_LIMIT) -> Path:
+    """Copy archived run `run_dir` into `dest` (default `PUBLISHED_RUNS`) as `<stem>/<run id>/`; returns the copy.
+    Refuses (`PublishRefused`) a failed run, a run from a dirty tree, a run on a build without a published checksum,
+    a run already published, and a copy over `run_limit` or a folder over `folder_limit` bytes. Atomic: the copy is
+    written under a temporary name and renamed."""
+    run_dir = Path(run_dir).resolve()
+    info = check_publishable(run_dir)
+    notebook = info.get("notebook") or run_dir.parent.name
+    root = Path(dest) if dest is not None else PUBLISHED_RUNS
+    target = root / notebook / run_dir.name
+    if target.exists():
+        raise PublishRefused(f"{notebook}/{run_dir.name} is already published at {target}")
+    left, size = plan(run_dir, notebook, run_limit)
+    folder = tree_bytes(root)
+    if folder + size > folder_limit:
+        raise PublishRefused(f"publishing {notebook}/{run_dir.name} ({size / 1e6:.1f} MB) would make {root} "
+                             f"{(folder + size) / 1e6:.1f} MB (limit {folder_limit / 1e6:g} MB): remove a superseded "
+                             f"run of record first (with the sentences citing it)")
+    skip = {c.path for c in left}
+    tmp = root / notebook / f".tmp-{run_dir.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for f in sorted(run_dir.rglob("*")):
+            rel = f.relative_to(run_dir).as_posix()
+            if f.is_file() and rel not in skip and not f.name.startswith("."):
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, tmp / rel)
+        record = archive.read_json(tmp / "run.json", {})
+        source = run_dir.relative_to(REPO_ROOT).as_posix() if run_dir.is_relative_to(REPO_ROOT) else str(run_dir)
+        record["published"] = {"from": source, "at": archive.utc_now(), "bytes": tree_bytes(tmp),
+                               "left_out": [vars(c) for c in left]}
+        archive.write_json(tmp / "run.json", record)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

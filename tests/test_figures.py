@@ -1,0 +1,76 @@
+"""The figure style machinery on figures made to break it: `overlapping_text` finds titles run into each other and
+crammed tick labels, `tidy` fixes them, a glyph the paper font lacks falls back instead of printing as a box, and
+every saved file names the run that made it. Every real figure in every style is checked on each notebook's smoke
+run (tests/test_notebooks.py, `check_figures_fit`)."""
+
+import warnings
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from rlwb.plots import figure_source, save_figure, set_style
+from rlwb.plots.style import overlapping_text, tidy
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+def crowded(style: str):
+    """Three narrow panels with long two-line titles and a log axis under one decade (its minor ticks labelled)."""
+    set_style(style)
+    fig, axes = plt.subplots(1, 3, figsize=(5.6, 2.8), sharey=True)
+    for ax in axes:
+        ax.plot([3e-5, 3e-4], [0, 1])
+        ax.set_xscale("log")
+        ax.set_title("distribution mismatch\n(engine samples perturbed weights)")
+    fig.tight_layout()
+    return fig
+
+
+@pytest.mark.parametrize("style", ["notebook", "paper", "blog"])
+def test_overlapping_titles_and_tick_labels_are_found_then_tidied(style):
+    fig = crowded(style)
+    found = overlapping_text(fig)
+    assert any("title" in a and "title" in b for a, b in found), found
+    assert any(" tick " in a and " tick " in b for a, b in found), found
+    tidy(fig)
+    assert overlapping_text(fig) == []
+    assert all(len(ax.title.get_text().splitlines()) >= 3 for ax in fig.axes)  # re-wrapped, not shrunk or cut
+    tidy(fig)  # idempotent
+    assert overlapping_text(fig) == []
+
+
+def test_a_legend_over_an_axis_label_is_found():
+    set_style("paper")
+    fig, ax = plt.subplots(figsize=(2.7, 2.4))
+    ax.barh(["a"], [1.0], label="rollout")
+    ax.set_xlabel("seconds per GRPO step (mean)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.05))
+    assert {"axes 0 x label", "axes 0 legend"} in [{a, b} for a, b in overlapping_text(fig)]
+
+
+def test_the_paper_font_draws_every_symbol_the_figures_use(tmp_path):
+    """★ (a real engine in 08's figure), ‖ (k3's arguments), −, ≤, →, Δ: none missing from the paper style's fonts
+    (DejaVu Serif lacks ★: matplotlib warns 'Glyph 9733 missing' and prints a box unless a font falls back)."""
+    set_style("paper")
+    fig, ax = plt.subplots()
+    ax.set_title("★ real engines; k3(engine ‖ trainer) − ≤ → Δlogp")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save_figure(fig, tmp_path / "symbols")
+    assert not [w for w in caught if "missing from font" in str(w.message)]
+
+
+def test_each_saved_figure_names_the_run_that_made_it(tmp_path):
+    set_style("notebook")
+    fig, ax = plt.subplots()
+    ax.plot(np.arange(3))
+    png = save_figure(fig, tmp_path / "f", source="08_mismatch_cost/20261125-123908-0efc38c7")
+    assert figure_source(png) == "08_mismatch_cost/20261125-123908-0efc38c7"
+    assert b"rlwb run 08_mismatch_cost/20261125-123908-0efc38c7" in (tmp_path / "f.svg").read_bytes()
+    assert b"rlwb run 08_mismatch_cost/20261125-123908-0efc38c7" in (tmp_path / "f.pdf").read_bytes()
+    assert figure_source(save_figure(fig, tmp_path / "g")) is None  # a scratch figure names no run

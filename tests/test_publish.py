@@ -1,0 +1,157 @@
+"""`rlwb publish` on real archived runs (tests/conftest.py `notebook00_runs`, read-only: every test that changes a run
+changes a copy), and the runs of record it makes: their figures regenerate from their shipped data and name the run.
+
+A refusal test changes one field of a copy's run.json (status, git_dirty, the model card) or adds bytes to it: the
+only way to have, in one session, a failed run, a dirty-tree run and a run on an unpublished build of the same
+notebook."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from rlwb import publish
+from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
+from tests.conftest import copy_archive, rlwb
+
+
+def _copy(notebook00_runs, tmp_path) -> Path:
+    """A writable copy of the session's first notebook-00 run."""
+    outputs, (first, _, _) = notebook00_runs
+    _, runs = copy_archive(outputs, tmp_path / "archive")
+    return runs[first.name]
+
+
+def _edit(run: Path, change) -> Path:
+    info = json.loads((run / "run.json").read_text())
+    change(info)
+    (run / "run.json").write_text(json.dumps(info))
+    return run
+
+
+def _as_committed(info: dict) -> None:
+    """The session's runs are made from this working tree: clean in CI, dirty while someone edits it. The tests of
+    what publish copies need a run from a clean tree either way; the dirty-tree refusal has its own test."""
+    info["git_dirty"] = False
+
+
+@pytest.mark.slow
+def test_publish_copies_the_run_with_what_its_figures_and_numbers_need(notebook00_runs, tmp_path):
+    run = _edit(_copy(notebook00_runs, tmp_path), _as_committed)
+    (run / "data" / "unused_rollouts.parquet").write_bytes(b"x" * 100)  # a table no figure is drawn from: kept (small)
+    dest = tmp_path / "runs"
+    r = rlwb("publish", str(run), "--to", str(dest))
+    assert r.returncode == 0, r.stderr
+    copy = Path(r.stdout.strip().splitlines()[-1])
+    assert copy == dest / "00_default_policy" / run.name
+    for f in ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json", "data/samples.parquet",
+              "data/unused_rollouts.parquet", "figures/accuracy_by_digits.png", "figures/accuracy_by_digits.pdf"):
+        assert (copy / f).is_file(), f
+    assert not (copy / "logs").exists()  # the logs never ship, and the copy says so
+    record = json.loads((copy / "run.json").read_text())
+    assert {c["path"] for c in record["published"]["left_out"]} == {
+        f.relative_to(run).as_posix() for f in (run / "logs").rglob("*") if f.is_file()}
+    assert record["published"]["bytes"] == pytest.approx(publish.tree_bytes(copy), rel=0.01)
+    assert json.loads((copy / "metrics.json").read_text()) == json.loads((run / "metrics.json").read_text())
+    assert f"published: {publish.tree_bytes(copy) / 1e6:.2f} MB" in r.stdout
+    # the folder's index page is rebuilt: the run's report one click away, its answer beside it
+    index = (dest / "index.html").read_text()
+    assert f'href="00_default_policy/{run.name}/report.html"' in index and record["answer"][:40] in index
+    # once is enough: publishing it again is refused, not a silent overwrite (a refusal: one line, exit 2)
+    r = rlwb("publish", str(run), "--to", str(dest))
+    assert r.returncode == 2 and r.stderr.startswith("rlwb publish: error: 00_default_policy/"), r.stderr
+    assert "already published" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, message", [
+    (lambda i: i.update(status="failed", error="RunFailed: CUDA out of memory"), "did not finish"),
+    (lambda i: i.update(git_dirty=True), "dirty tree"),
+    (lambda i: i.update(git_dirty=None), "dirty tree"),
+    (lambda i: i["model"]["card"].update(recipe_hash="0" * 12), "has no published checksum"),
+    (lambda i: i["model"]["card"].update(weights_sha256_16="0123456789abcdef"), "differs from the published"),
+    (lambda i: i.update(model={"path": "Qwen/Qwen2.5-0.5B", "card": None}), "not an embedded build"),
+], ids=["failed", "dirty", "dirty-unknown", "unpublished-recipe", "other-build", "hub-model"])
+def test_publish_refuses_a_run_that_cannot_be_a_run_of_record(notebook00_runs, tmp_path, change, message):
+    run = _edit(_copy(notebook00_runs, tmp_path), lambda i: (_as_committed(i), change(i)))
+    dest = tmp_path / "runs"
+    with pytest.raises(publish.PublishRefused, match=message) as e:  # the CLI prints it (exit 2): the test above
+        publish.publish(run, dest)
+    assert str(e.value).startswith(f"00_default_policy/{run.name}")
+    assert not (dest / "00_default_policy" / run.name).exists()
+
+
+@pytest.mark.slow
+def test_publish_leaves_out_what_nothing_needs_and_refuses_what_stays_too_large(notebook00_runs, tmp_path):
+    """Over 5 MB: a table no figure is drawn from is left out (and named in the copy's provenance); a figure's own
+    table that large is refused; a folder that would pass 50 MB is refused. The large files are sparse (their size
+    is what publish measures)."""
+    run = _edit(_copy(notebook00_runs, tmp_path), _as_committed)
+    with open(run / "data" / "rollouts.parquet", "wb") as f:
+        f.truncate(6_000_000)
+    copy = publish.publish(run, tmp_path / "runs")
+    left = json.loads((copy / "run.json").read_text())["published"]["left_out"]
+    assert {"path": "data/rollouts.parquet", "bytes": 6_000_000,
+            "why": "a data table no figure is drawn from (the quoted numbers are in metrics.json)"} in left
+    assert not (copy / "data" / "rollouts.parquet").exists() and publish.tree_bytes(copy) < publish.RUN_LIMIT
+
+    with open(run / "data" / "samples.parquet", "r+b") as f:  # the table accuracy_by_digits is drawn from
+        f.truncate(6_000_000)
+    with pytest.raises(publish.PublishRefused, match=r"is 6\.\d MB without everything no figure or number needs"):
+        publish.publish(run, tmp_path / "other-runs")
+
+    run = _edit(_copy(notebook00_runs, tmp_path / "again"), _as_committed)
+    full = tmp_path / "full-runs"
+    full.mkdir()
+    with open(full / "older-run.bin", "wb") as f:
+        f.truncate(publish.FOLDER_LIMIT - 100_000)
+    with pytest.raises(publish.PublishRefused, match=r"would make .* MB \(limit 50 MB\)"):
+        publish.publish(run, full)
+
+
+def _published_runs() -> list[Path]:
+    return sorted(d for d in RUNS_OF_RECORD.glob("*/*") if (d / "run.json").exists())
+
+
+def test_runs_of_record_are_within_their_size_limits_and_publishable():
+    """What `rlwb publish` checked still holds for every run in docs/runs: a finished run from a clean tree on a
+    published build, at most 5 MB, the folder at most 50 MB; its run.json says where it came from and what it left
+    out."""
+    runs = _published_runs()
+    assert runs, "docs/runs holds no run of record"
+    assert publish.tree_bytes(RUNS_OF_RECORD) <= publish.FOLDER_LIMIT
+    for run in runs:
+        publish.check_publishable(run)
+        assert publish.tree_bytes(run) <= publish.RUN_LIMIT, run
+        assert "left_out" in json.loads((run / "run.json").read_text())["published"]
+    tracked = subprocess.run(["git", "ls-files", "docs/runs"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+    assert all(f"{r.relative_to(REPO_ROOT).as_posix()}/run.json" in tracked for r in runs), "a run is untracked"
+    # the index page of the folder (rebuilt by `rlwb publish`) has every run's report one click away
+    index = (RUNS_OF_RECORD / "index.html").read_text()
+    for run in runs:
+        assert f'href="{run.parent.name}/{run.name}/report.html"' in index, run
+
+
+def test_a_shipped_figure_regenerates_from_its_shipped_data(tmp_path):
+    """`rlwb figures` on a copy of a run of record redraws each figure from data/ alone: pixel-close to the shipped
+    PNG (same size, mean |difference| below 1% of full scale), and the file names the run that made it."""
+    import shutil
+
+    from rlwb.plots import figure_source
+
+    run = _published_runs()[0]
+    copy = tmp_path / run.parent.name / run.name
+    shutil.copytree(run, copy)
+    r = rlwb("figures", str(copy), "--style", "notebook")
+    assert r.returncode == 0, r.stderr
+    pngs = sorted((copy / "figures").glob("*.png"))
+    assert pngs and {Path(p).name for p in r.stdout.split()} == {p.name for p in pngs}
+    for png in pngs:
+        shipped = np.asarray(Image.open(run / "figures" / png.name).convert("RGB"), dtype=float)
+        redrawn = np.asarray(Image.open(png).convert("RGB"), dtype=float)
+        assert shipped.shape == redrawn.shape, png.name
+        assert np.abs(shipped - redrawn).mean() < 0.01 * 255, png.name
+        assert figure_source(png) == figure_source(run / "figures" / png.name) == f"{run.parent.name}/{run.name}"
