@@ -64,47 +64,65 @@ def chromium(*args: str, profile: Path, timeout: int = 120) -> subprocess.Comple
 # The default recipe trained from scratch (test_models' check of the shipped weights) is ~10 minutes of 2-thread CPU
 # work and nothing else in the suite waits on it. When that test is selected, collection starts the very build the
 # test makes (`rlwb build-model --from-recipe`, into a fresh cache of its own) as a background process at the lowest
-# CPU priority, and moves the test to the end of the (shuffled) order: the build takes the cycles the other tests leave
-# idle (engine starts, kernels, subprocess imports) and the test then asserts on it. Priority and OMP_WAIT_POLICY are
-# not among the build's pins and change no bit (the test compares the checksum with the published one). Under xdist
-# each worker collects every test, so there the test builds in the foreground as before.
+# CPU priority, and moves the test to the end of the (shuffled, --lf/--ff-reordered) order: the build takes the cycles
+# the other tests leave idle (engine starts, kernels, subprocess imports) and the test then asserts on it. Priority
+# and OMP_WAIT_POLICY are not among the build's pins and change no bit (the test compares the checksum with the
+# published one). The build stays in pytest's session (its own process group, not a new session: with the kernel's
+# autogroup scheduling a new session would be an equal peer of the whole suite whatever its nice value) and dies with
+# pytest (PR_SET_PDEATHSIG). Under xdist each worker collects every test, so there the test builds in the foreground.
 RECIPE_TEST = "test_the_recipe_built_here_reproduces_its_vendors_published_build"
 _RECIPE_BUILD: dict = {}
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
-def pytest_collection_modifyitems(config, items):
+def _lowest_priority_child() -> None:
+    """In the forked child before exec: nice 19, and SIGTERM when pytest dies (even by SIGKILL)."""
+    import ctypes
+
+    os.nice(19)
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def pytest_collection_finish(session):
+    """After every reordering hook (pytest-randomly's shuffle, --lf/--ff): the test last, its build started."""
+    items = session.items
     at = [i for i, item in enumerate(items) if item.name == RECIPE_TEST]
-    if not at or os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("collectonly"):
+    if not at or os.environ.get("PYTEST_XDIST_WORKER") or session.config.getoption("collectonly"):
         return
     items.append(items.pop(at[0]))
     cache = Path(tempfile.mkdtemp(prefix="rlwb-recipe-build-"))
     with open(cache / "build.log", "w") as log:
         proc = subprocess.Popen([*RLWB, "build-model", "--from-recipe"], cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: os.nice(19),
+                                stderr=subprocess.STDOUT, process_group=0, preexec_fn=_lowest_priority_child,
                                 env={**os.environ, "RLWB_CACHE": str(cache), "OMP_WAIT_POLICY": "PASSIVE"})
     _RECIPE_BUILD.update(proc=proc, cache=cache)
 
 
 def pytest_sessionfinish(session, exitstatus):
     proc, cache = _RECIPE_BUILD.get("proc"), _RECIPE_BUILD.get("cache")
-    if proc is not None and proc.poll() is None:  # interrupted, or the test never ran (-x): stop the build
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    if cache is not None:
-        shutil.rmtree(cache, ignore_errors=True)
+    try:
+        if proc is not None and proc.poll() is None:  # interrupted, or the test never ran (-x): stop the build
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+    finally:
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture
-def recipe_build_cache(tmp_path) -> Path:
-    """An RLWB_CACHE holding the default recipe built from scratch by this session's background build (waited for;
-    its exit status is not judged here: the test asserts on what it built), or an empty one where none was started
-    (under xdist), so the test builds it in the foreground."""
+def recipe_build_cache(tmp_path) -> tuple[Path, int | None]:
+    """(cache, exit status of the background CLI or None): an RLWB_CACHE holding the default recipe built from
+    scratch by this session's background build, or an empty one where none was started (under xdist), so the test
+    builds it in the foreground. A background build that did not finish its work (crashed, killed: exit status other
+    than 0 = matches the published build, 1 = differs) fails here with its log, rather than being redone silently."""
     proc = _RECIPE_BUILD.get("proc")
     if proc is None:
-        return tmp_path
+        return tmp_path, None
     proc.wait(timeout=3600)
-    return _RECIPE_BUILD["cache"]
+    cache = _RECIPE_BUILD["cache"]
+    log = (cache / "build.log").read_text(errors="replace")
+    assert proc.returncode in (0, 1) and list(cache.glob("models/default-*-recipe/model.json")), (
+        f"the background recipe build (`rlwb build-model --from-recipe`) exited {proc.returncode}:\n{log[-3000:]}")
+    return cache, proc.returncode
 
 
 @pytest.fixture(scope="session")

@@ -104,7 +104,7 @@ def test_doses_that_would_share_a_label_are_refused(kw, match):
 
 
 def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported():
-    from rlwb.experiments import wording
+    from rlwb.experiments.wording import mismatch_cost as wording
 
     c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.0})
     t = mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c))
@@ -141,7 +141,7 @@ def ratio_curves(cost_per_decade: float) -> pd.DataFrame:
 def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_decade):
     """BMR = 25% of the clean gain 0.27 = 0.0675: at 0.1 per decade above k3 0.01 the fitted cost reaches it at
     k3 10^(0.675 - 2) = 0.047, the BMDL below it ("keep k3 below"); a flat curve cannot bound it."""
-    from rlwb.experiments import wording
+    from rlwb.experiments.wording import mismatch_cost as wording
 
     p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[])
     c = ratio_curves(per_decade)
@@ -169,7 +169,7 @@ def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_on
     """At weights@0.1 the uncorrected decoupled arm loses 0.2 and TIS 0.05: TIS is better than `none@trainer` by
     0.15 (not compared with bypass); bypass loses 0.2 too: no mode difference. A raw-logprob point (one-sided) that
     loses 0.1 more than the symmetric ratio dose of the same k3 is worse by 0.1; each sentence says so."""
-    from rlwb.experiments import wording
+    from rlwb.experiments.wording import mismatch_cost as wording
 
     arms = ("none@engine", "none@trainer", "tis@trainer")
     c = curves({**{("clean", a): 0.0 for a in arms}, ("weights@0.1", "none@trainer"): 0.2,
@@ -202,7 +202,7 @@ def test_a_long_horizon_gap_that_grows_and_a_collapse_are_named():
     """Long rows pair with the long clean run: a cost that grows 0.001 per step shows per 10-step block, grows from
     the first block to the last, and a gradient-norm spike from step 25 (with entropy halved) is named at that
     step; the short rows and the benchmark ignore the long ones."""
-    from rlwb.experiments import wording
+    from rlwb.experiments.wording import mismatch_cost as wording
 
     rows = []
     for label, steps in (("clean", 10), ("ratio@0.1", 10), ("clean+long", 40), ("ratio@0.1+long", 40)):
@@ -247,3 +247,13 @@ def test_long_horizon_jobs_have_their_own_clean_twins():
 
     with pytest.raises(ParamError, match="must exceed"):
         schemas.MismatchCostParams(long_steps=10)
+
+
+def test_the_wording_knows_every_benchmark_status_the_estimator_gives():
+    """The wording layer imports no core module, so it spells the benchmark's statuses itself: they must be the
+    estimator's (a renamed status would otherwise fall through to the wrong sentence)."""
+    from rlwb.core.measure import dose_response
+    from rlwb.experiments.wording import mismatch_cost as wording
+
+    assert (wording.BMD_BOUNDED, wording.BMD_BELOW, wording.BMD_NOT_BOUNDED) == (
+        dose_response.BOUNDED, dose_response.BELOW_RANGE, dose_response.NOT_BOUNDED)

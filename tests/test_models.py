@@ -119,7 +119,8 @@ def test_the_recipe_built_here_reproduces_its_vendors_published_build(recipe_bui
     build itself. A vendor with no published build fails here until one is recorded. The build is started in the
     background at collection (conftest.py, `recipe_build_cache`); `build_default_model` finds it in that cache (or
     trains it here under xdist)."""
-    monkeypatch.setenv("RLWB_CACHE", str(recipe_build_cache))
+    cache, cli_exit = recipe_build_cache
+    monkeypatch.setenv("RLWB_CACHE", str(cache))
     built = store.build_default_model(progress=False, from_recipe=True)
     card = built.card
     assert built.path.name.endswith("-recipe") and "source" not in card
@@ -129,6 +130,8 @@ def test_the_recipe_built_here_reproduces_its_vendors_published_build(recipe_bui
     assert vendor in builds, f"no published default build for {vendor} CPUs: record {card['weights_sha256_16']}"
     assert card["weights_sha256_16"] == builds[vendor], card["host_cpu"]
     assert card["weights_match_published"] is True
+    # the CLI that built it in the background said so too (0: matches the published build); None: built here
+    assert cli_exit in (None, 0), "`rlwb build-model --from-recipe` exited 1 (DIFFERS) on a match"
     assert card["weights_reference_build"] is (vendor == store.REFERENCE_VENDOR)
     shipped = json.loads((store.shipped_build(llama.ModelRecipe()) / "model.json").read_text())
     assert (card["weights_sha256_16"] == shipped["weights_sha256_16"]) is (vendor == store.REFERENCE_VENDOR)

@@ -44,14 +44,16 @@ from rlwb.experiments.grpo_grid import (
     timing_note,
 )
 from rlwb.experiments.wording import (
-    benchmark_line,
-    contrast_lines,
     dose_answer_lines,
     dose_control_lines,
     engine_point_lines,
     floor_lines,
-    horizon_lines,
     one_line,
+)
+from rlwb.experiments.wording.mismatch_cost import (
+    benchmark_line,
+    contrast_lines,
+    horizon_lines,
     placebo_line,
     regime_line,
 )
