@@ -6,6 +6,7 @@ import torch
 
 from rlwb.core.rl import grpo, losses
 from rlwb.core.scoring.trainer import completion_logprobs, make_batch
+from rlwb.formatting import KL_FLOOR
 
 pytestmark = pytest.mark.engines
 
@@ -166,7 +167,7 @@ def test_corrections_run_only_where_none_measured_a_mismatch(default_model):
     assert ran == {"vllm-v1-fixed": {"none"}, "vllm-v1": {"none", "verl.geo_rs"}}
     assert r.metrics["vllm-v1-fixed/skipped_at_floor"] == 1.0 and r.metrics["vllm-v1/skipped_at_floor"] == 0.0
     k3 = {e: r.metrics[f"{e}+none/mismatch_k3_max"] for e in ("vllm-v1-fixed", "vllm-v1")}
-    assert k3["vllm-v1-fixed"] <= toy_grpo.KL_FLOOR < k3["vllm-v1"]
+    assert k3["vllm-v1-fixed"] <= KL_FLOOR < k3["vllm-v1"]
     text = r.conclusion()
     assert "Not run on `vllm-v1-fixed` (largest per-step k3" in text and "`vllm-v1` (" not in text.split("Not run")[1]
 
