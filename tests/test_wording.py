@@ -272,12 +272,12 @@ def _audit_metrics(e: str, dlogp_max: float, **extra) -> dict:
 def test_an_audited_engines_bullet_says_raw_logprobs_flags_and_the_archived_trainer_only_when_so():
     from rlwb.experiments.wording import audit as W10
 
-    m = _audit_metrics("srv", 0.5, **{"srv/abs_dlogp_raw_mean": 1e-7})
+    m = _audit_metrics("srv", 0.5, **{"srv/abs_dlogp_raw_mean": 2e-6})
     (plain,) = W10.engine_lines(m, "srv", 0.7, reports_raw=False, panel=None)
     assert plain.startswith("- `srv`: max |Δlogp| = 5.00e-01, mean = 5.00e-02 [2.50e-02, 1.00e-01], k3 = 2.50e-01")
     assert plain.endswith("clip fraction 1.2% over 256 tokens.")
     raw = W10.engine_lines(m, "srv", 0.7, reports_raw=True, panel=None)[1]
-    assert "*raw* (T = 1, untruncated) ones (mean gap to those 1.0e-07)" in raw and "at T = 0.7;" in raw
+    assert "*raw* (T = 1, untruncated) ones (mean gap to those 2.0e-06)" in raw and "at T = 0.7;" in raw
     flag = {"framework": "verl", "metric": "rollout_corr/kl", "value": 0.25, "alert": "above", "threshold": 0.1}
     flagged = W10.engine_lines(m, "srv", 0.7, False, {"flagged": [flag], "thresholds": 5})[1]
     assert flagged == "  Flagged on the dashboards: verl `rollout_corr/kl` = 0.25 (alerts when > 0.1)."
@@ -337,3 +337,5 @@ def test_the_audit_decides_raw_logprobs_and_the_floor_from_the_numbers():
     assert "(max |Δlogp| ≤ 0.0001): `floor`." in text and "Off the float floor: `raw`:" in text
     far = E.conclusion({**m, "raw/abs_dlogp_raw_mean": 0.05}, p, ["raw", "floor"], panels, src, trainer)
     assert "*raw*" not in far  # the raw logprobs are as far from the engine's as the processed ones
+    exact = E.conclusion({**m, "floor/abs_dlogp_max": 0.0}, p, ["raw", "floor"], panels, src, trainer)
+    assert "(max |Δlogp| ≤ 0.0001): `floor`." in exact  # bitwise the trainer's logprobs: at the floor, not unlisted

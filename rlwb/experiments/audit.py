@@ -220,6 +220,7 @@ def conclusion(metrics: dict, p, engines: list[str], panels: pd.DataFrame, sourc
     setup = {"run": {"source": source, "trainer": trainer, "samples_per_prompt": p.samples_per_prompt,
                      "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "max_tokens": p.max_tokens},
              "engines": verdicts, "temperature": p.temperature, "floor": FLOOR,
-             "at_floor": [e for e in engines if (g(e, "abs_dlogp_max") or 1) <= FLOOR],
-             "off_floor": [e for e in engines if (g(e, "abs_dlogp_max") or 0) > FLOOR]}
+             # an engine without metrics is in neither list; one at exactly 0 (bitwise the trainer's) is at the floor
+             "at_floor": [e for e in engines if g(e, "abs_dlogp_max") is not None and g(e, "abs_dlogp_max") <= FLOOR],
+             "off_floor": [e for e in engines if g(e, "abs_dlogp_max") is not None and g(e, "abs_dlogp_max") > FLOOR]}
     return wording_10.conclusion(metrics, setup)
