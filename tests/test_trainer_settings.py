@@ -160,6 +160,7 @@ def test_engine_knobs_of_a_notebook_06_run_join_the_ranking(tmp_path):
 
     from rlwb import params
     from rlwb.experiments import trainer_settings as E
+    from rlwb.experiments.wording import trainer_settings as W09
 
     d = tmp_path / "06_engine_knobs" / "20261125-000000-abcdef12"
     (d / "data").mkdir(parents=True)
@@ -177,7 +178,7 @@ def test_engine_knobs_of_a_notebook_06_run_join_the_ranking(tmp_path):
     mets = {"bf16/k3_mean": 1e-4, "bf16/k3_mean_ci_low": 5e-5, "bf16/k3_mean_ci_high": 2e-4}
     r = E.ranking(mets, status, pd.DataFrame(), rows)
     assert list(r["name"]) == ["vllm-v1-fixed@kv-fp8", "bf16", "vllm-v1-fixed"]
-    text = " ".join(E.ranking_lines(r, run, p))
+    text = " ".join(W09.ranking_lines(**E.ranking_verdict(r, run, p)))
     assert "another model than this run's `default`" in text and "the engine's side contributes more" in text
     none, _ = E.engine_knobs_run(params.load("09_trainer_settings", overrides={"compare_run": str(tmp_path / "x")}))
     assert "run 06_engine_knobs first" in none["note"]

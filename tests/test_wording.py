@@ -183,3 +183,159 @@ def test_determinism_line_per_engine_that_ran():
     (line,) = W04.conclusion(m, ["v1", "v0"], 8).splitlines()
     assert line.startswith("- `v1` (prefix caching on): 50% of greedy requests bitwise identical alone vs in a batch "
                            "of 8 (max |Δlogp| 1.0e-02); 100% of seeded reruns identical")
+
+
+def _setting_metrics(s: str, k3: float, **extra) -> dict:
+    return {f"{s}/k3_mean": k3, f"{s}/k3_mean_ci_low": k3 / 2, f"{s}/k3_mean_ci_high": k3 * 2,
+            f"{s}/abs_dlogp_max": 0.5, **extra}
+
+
+def _settings_setup(**over) -> dict:
+    return {"run": {"sampler": "v1-fp32", "model": "m", "prompt_sources": ["task", "open_ended"], "prompts": 8,
+                    "temperature": 1.0, "max_tokens": 16},
+            "control": None, "ordered": [], "not_run": {}, "grid_failed": [], "grid": [], "grid_extremes": None,
+            "ranking": None, **over}
+
+
+def test_the_float64_control_says_whether_the_reference_is_batch_invariant():
+    from rlwb.experiments.wording import trainer_settings as W09
+
+    same = W09.control_line(0.0, 1.0, batch_invariant=True)
+    assert "max |Δlogp| 0, 100% of sequences bitwise identical — the reference agrees with itself" in same
+    differs = W09.control_line(3e-15, 0.5, batch_invariant=False)
+    assert "50% of sequences" in differs and "the float64 reference is not batch-invariant here" in differs
+
+
+def test_a_trainer_setting_line_says_only_what_was_measured():
+    from rlwb.experiments.wording import trainer_settings as W09
+
+    m = _setting_metrics("bf16", 1e-3, **{"bf16/batch1_identical_frac": 0.25, "bf16/time_ratio": 0.5})
+    assert W09.setting_line(m, "bf16") == ("- `bf16`: k3 1.00e-03 [5.00e-04, 2.00e-03], max |Δlogp| 5.00e-01, "
+                                           "25% same as batch 1, 0.50× time.")
+    bare = W09.setting_line(_setting_metrics("batch1", 1e-3), "batch1")  # no batch-1 twin, no fp32 to time against
+    assert "batch 1 itself, – time." in bare and "PPO" not in bare
+    grad = W09.setting_line({**m, "bf16/ppo_ratio_abs_log_max": 0.0, "bf16/ppo_ratio_identical_frac": 1.0}, "bf16")
+    assert grad.endswith("; PPO ratio at the first micro-step exactly 1 on 100% of sequences (max |log r| 0 against "
+                         "its old-logprob pass).")
+    no_ci = W09.setting_line({**m, "bf16/k3_mean_ci_low": NAN}, "bf16")
+    assert "k3 1.00e-03 , max" in no_ci
+
+
+def test_grid_extremes_and_the_scale_turn_on_the_experiments_decisions():
+    from rlwb.experiments.wording import trainer_settings as W09
+
+    lo = {"engine": "e-fp32head", "trainer": "fp32", "k3_mean": 1e-5, "k3_mean_ci_low": 5e-6, "k3_mean_ci_high": 2e-5}
+    hi = {"engine": "e", "trainer": "bf16", "k3_mean": 1e-3, "k3_mean_ci_low": 5e-4, "k3_mean_ci_high": 2e-3}
+    apart = W09.grid_extremes_line(lo, hi, separate=True)
+    assert apart.endswith("most: `e` with trainer `bf16` (1.00e-03 [5.00e-04, 2.00e-03]).")
+    assert W09.grid_extremes_line(lo, hi, separate=False).endswith("; their intervals overlap at this sample size.")
+    t, e = {"name": "bf16", **{k: v for k, v in hi.items() if k.startswith("k3")}}, {"name": "e", **lo}
+    run = {"run_id": "r1", "model": "m", "prompt_source": "task"}
+    engine_side = " ".join(W09.ranking_lines(run, "m", True, t, e, engine_bigger=True, separate=True))
+    assert "notebook 06's run `r1` (model `m`, task prompts)." in engine_side and "another model" not in engine_side
+    assert "of the settings measured, the engine's side contributes more of the mismatch a user sees." in engine_side
+    trainer_side = " ".join(W09.ranking_lines(run, "other", False, t, e, engine_bigger=False, separate=False))
+    assert "the trainer's side contributes more" in trainer_side and "though their intervals overlap" in trainer_side
+    assert "another model than this run's `other`" in trainer_side
+    (alone,) = W09.ranking_lines({"note": "not asked for"}, "m", None, t, None, engine_bigger=False, separate=False)
+    assert alone.endswith("Engine knobs of notebook 06: none ranked: not asked for.")
+
+
+def test_settings_answer_and_conclusion_say_only_what_ran():
+    from rlwb.experiments.wording import trainer_settings as W09
+
+    assert W09.answer(None, None, None) == ""
+    t = {"name": "bf16", "k3_mean": 1e-3}
+    assert W09.answer(t, None, 1.0) == ("Largest trainer-side k3 bf16 1.00e-03 (vs float64); rlwb's fp32 scorer "
+                                        "bitwise equal to its batch-1 result on 100% of sequences.")
+    bare = W09.conclusion({}, _settings_setup())
+    assert bare.startswith("**Setup.** `v1-fp32` (fp32) sampled 8 prompts (task, open_ended; T=1, up to 16 tokens)")
+    assert bare.count("\n") == 0
+    m = _setting_metrics("bf16", 1e-3)
+    text = W09.conclusion(m, _settings_setup(
+        ordered=["bf16"], not_run={"flash3": "ImportError: no flash_attn_3."},
+        grid_failed=[("e-fp8", "unsupported here", "no fp8 kernels.")],
+        grid=[{"engine": "e", "engine_k3": 2e-3, "cells": [{"trainer": "fp32", "k3": 1e-3, "trainer_k3": 0.0}]}]))
+    assert "**Trainer settings, largest k3 against float64 first**" in text and "- `bf16`: k3 1.00e-03" in text
+    assert "**Did not run here** (the library's own words): `flash3`: ImportError: no flash_attn_3." in text
+    assert "**Engines of the head grid that did not run here**: `e-fp8`: unsupported here (no fp8 kernels)." in text
+    assert "- `e` (engine alone 2.00e-03): trainer `fp32` 1.00e-03 (trainer alone 0)." in text
+    assert "Control" not in text and "One scale" not in text and "Least mismatch" not in text
+
+
+def _audit_metrics(e: str, dlogp_max: float, **extra) -> dict:
+    return {f"{e}/abs_dlogp_max": dlogp_max, f"{e}/abs_dlogp_mean": dlogp_max / 10,
+            f"{e}/abs_dlogp_mean_ci_low": dlogp_max / 20, f"{e}/abs_dlogp_mean_ci_high": dlogp_max / 5,
+            f"{e}/k3_mean": dlogp_max ** 2, f"{e}/clip_frac": 0.0125, f"{e}/n_tokens": 256, **extra}
+
+
+def test_an_audited_engines_bullet_says_raw_logprobs_flags_and_the_archived_trainer_only_when_so():
+    from rlwb.experiments.wording import audit as W10
+
+    m = _audit_metrics("srv", 0.5, **{"srv/abs_dlogp_raw_mean": 2e-6})
+    (plain,) = W10.engine_lines(m, "srv", 0.7, reports_raw=False, panel=None)
+    assert plain.startswith("- `srv`: max |Δlogp| = 5.00e-01, mean = 5.00e-02 [2.50e-02, 1.00e-01], k3 = 2.50e-01")
+    assert plain.endswith("clip fraction 1.2% over 256 tokens.")
+    raw = W10.engine_lines(m, "srv", 0.7, reports_raw=True, panel=None)[1]
+    assert "*raw* (T = 1, untruncated) ones (mean gap to those 2.0e-06)" in raw and "at T = 0.7;" in raw
+    flag = {"framework": "verl", "metric": "rollout_corr/kl", "value": 0.25, "alert": "above", "threshold": 0.1}
+    flagged = W10.engine_lines(m, "srv", 0.7, False, {"flagged": [flag], "thresholds": 5})[1]
+    assert flagged == "  Flagged on the dashboards: verl `rollout_corr/kl` = 0.25 (alerts when > 0.1)."
+    quiet = W10.engine_lines(m, "srv", 0.7, False, {"flagged": [], "thresholds": 5})[1]
+    assert quiet == "  No framework's threshold is crossed (5 thresholds checked)."
+    rescored = W10.engine_lines({**m, "srv/vs_archived_trainer_abs_dlogp_max": 0.0}, "srv", 0.7, False, None)
+    assert rescored[-1] == "  This trainer vs the archived run's trainer, same tokens: max |Δlogp| = 0."
+    assert W10.alert_text("abs above", 0.1) == "|x| > 0.1" and W10.alert_text("above", NAN) == "–"
+
+
+def test_the_audit_conclusion_names_its_source_trainer_and_the_float_floor():
+    from rlwb.experiments.wording import audit as W10
+
+    run = {"source": {"kind": "prompts file", "path": "/x/mine.jsonl", "sha256": "ab" * 32, "rows": 3},
+           "trainer": {"kind": "hf", "dtype": "float32", "attn_implementation": "eager"}, "samples_per_prompt": 2,
+           "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 16}
+    m = {**_audit_metrics("a", 5e-5), **_audit_metrics("b", 0.5)}
+    text = W10.conclusion(m, {"run": run, "engines": {"a": {"reports_raw": False, "panel": None},
+                                                      "b": {"reports_raw": False, "panel": None}},
+                              "temperature": 1.0, "floor": 1e-4, "at_floor": ["a"], "off_floor": ["b"]})
+    assert text.startswith("**Setup.** 3 prompts from `mine.jsonl` (sha256 abababababab), 2 completion(s) each")
+    assert "scored by rlwb's scorer (float32, eager attention)." in text
+    assert "On-policy to float precision (max |Δlogp| ≤ 0.0001): `a`." in text
+    assert "Off the float floor: `b`: its importance ratios are not 1" in text
+    archived = {**run, "source": {"kind": "archived run", "run_id": "r1", "notebook": "01_logprob_mismatch"},
+                "trainer": {"kind": "command", "command": "python score.py"}}
+    text = W10.conclusion({}, {"run": archived, "engines": {}, "temperature": 1.0, "floor": 1e-4, "at_floor": [],
+                               "off_floor": []})
+    assert text == ("**Setup.** The rollouts of archived run `r1` (01_logprob_mismatch) re-scored by the command "
+                    "`python score.py`; the engines' logprobs are the archive's.\n\nIntervals: 95%, bootstrap over "
+                    "completions.")
+
+
+def test_the_audit_decides_raw_logprobs_and_the_floor_from_the_numbers():
+    """The experiment's side of notebook 10's conclusion: an engine off the floor whose logprobs match the trainer's
+    raw ones is said to report raw logprobs; at the floor it is not (nothing to explain); flags come from the panel."""
+    import pandas as pd
+
+    from rlwb import params
+    from rlwb.experiments import audit as E
+
+    p = params.load("10_audit")
+    src = {"kind": "prompts file", "path": "p.jsonl", "sha256": "0" * 64, "rows": 1}
+    trainer = {"kind": "hf", "dtype": "float32", "attn_implementation": "eager"}
+    m = {**_audit_metrics("raw", 0.5, **{"raw/abs_dlogp_raw_mean": 1e-6}),
+         **_audit_metrics("floor", 5e-5, **{"floor/abs_dlogp_raw_mean": 1e-9})}
+    panels = pd.DataFrame([
+        {"engine": "raw", "framework": "verl", "metric": "kl", "value": 0.25, "alert": "above", "threshold": 0.1,
+         "verdict": "flagged"},
+        {"engine": "floor", "framework": "verl", "metric": "kl", "value": 0.0, "alert": "above", "threshold": 0.1,
+         "verdict": "ok"},
+        {"engine": "floor", "framework": "trl", "metric": "x", "value": 0.0, "alert": None, "threshold": None,
+         "verdict": "no threshold"}])
+    text = E.conclusion(m, p, ["raw", "floor"], panels, src, trainer)
+    assert text.count("*raw* (T = 1, untruncated)") == 1 and "Flagged on the dashboards: verl `kl` = 0.25" in text
+    assert "No framework's threshold is crossed (1 thresholds checked)." in text
+    assert "(max |Δlogp| ≤ 0.0001): `floor`." in text and "Off the float floor: `raw`:" in text
+    far = E.conclusion({**m, "raw/abs_dlogp_raw_mean": 0.05}, p, ["raw", "floor"], panels, src, trainer)
+    assert "*raw*" not in far  # the raw logprobs are as far from the engine's as the processed ones
+    exact = E.conclusion({**m, "floor/abs_dlogp_max": 0.0}, p, ["raw", "floor"], panels, src, trainer)
+    assert "(max |Δlogp| ≤ 0.0001): `floor`." in exact  # bitwise the trainer's logprobs: at the floor, not unlisted

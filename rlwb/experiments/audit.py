@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -29,7 +28,8 @@ from rlwb.engines.presets import is_url, resolve_preset, served_preset
 from rlwb.engines.served import ServedEngine
 from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.experiments.base import OnStart, Result, engine_metrics, split_metrics
-from rlwb.experiments.wording import ci_text
+from rlwb.experiments.wording import audit as wording_10
+from rlwb.experiments.wording.audit import alert_text
 from rlwb.formatting import metric
 from rlwb.paths import repo_path
 
@@ -82,13 +82,6 @@ class AuditResult(Result):
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.params, list(self.rollouts), self.panels, self.source, self.trainer)
-
-
-def alert_text(alert, threshold) -> str:
-    """When a framework alerts: "> 0.1", "|x| > 0.1"; "–" without a threshold."""
-    if threshold is None or pd.isna(threshold):
-        return "–"
-    return f"{'|x| > ' if alert == 'abs above' else '> '}{threshold:g}"
 
 
 def make_scorer(p, model_path):
@@ -207,58 +200,27 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 
 
 def conclusion(metrics: dict, p, engines: list[str], panels: pd.DataFrame, source: dict, trainer: dict) -> str:
-    """Markdown; every number from `metrics` or the panel."""
+    """Markdown (`wording.audit`); every number from `metrics` or the panel. Decided here: which engines report the
+    trainer's raw logprobs (off the float floor, yet within 1% of the mean gap of the raw ones), which panel rows
+    are flagged, and which engines sit at the float floor (`FLOOR`)."""
     def g(e, k):
         return metrics.get(f"{e}/{k}")
 
-    who = (f"rlwb's scorer ({trainer.get('dtype')}, {trainer.get('attn_implementation')} attention)"
-           if trainer.get("kind") == "hf" else f"the command `{trainer.get('command')}`")
-    if source.get("kind") == "archived run":
-        setup = (f"**Setup.** The rollouts of archived run `{source.get('run_id')}` ({source.get('notebook')}) "
-                 f"re-scored by {who}; the engines' logprobs are the archive's.")
-    else:
-        setup = (f"**Setup.** {source.get('rows')} prompts from `{Path(str(source.get('path'))).name}` "
-                 f"(sha256 {str(source.get('sha256'))[:12]}), {p.samples_per_prompt} completion(s) each, "
-                 f"T={p.temperature:g}, top_p={p.top_p:g}, top_k={p.top_k}, up to {p.max_tokens} tokens; scored by "
-                 f"{who}.")
-    lines = [setup]
+    verdicts = {}
     for e in engines:
         if g(e, "abs_dlogp_max") is None:
             continue
-        v = formatter(metrics, e)
-        lines.append(f"- `{e}`: max |Δlogp| = {v('abs_dlogp_max', '.2e')}, mean = {v('abs_dlogp_mean', '.2e')} "
-                     f"{ci_text(metrics, e, 'abs_dlogp_mean', '.2e')}, k3 = {v('k3_mean', '.2e')} "
-                     f"{ci_text(metrics, e, 'k3_mean', '.2e')}, clip fraction {g(e, 'clip_frac'):.1%} over "
-                     f"{g(e, 'n_tokens')} tokens.")
         raw = g(e, "abs_dlogp_raw_mean")
-        if raw is not None and g(e, "abs_dlogp_max") > FLOOR and raw < 0.01 * g(e, "abs_dlogp_mean"):
-            lines.append(f"  Its logprobs are the trainer's *raw* (T = 1, untruncated) ones (mean gap to those "
-                         f"{metric('abs_dlogp_mean', raw, '.1e')}): it reports pre-temperature logprobs while sampling "
-                         f"at T = {p.temperature:g}; vLLM's `--logprobs-mode processed_logprobs` "
-                         f"(`logprobs_mode: processed_logprobs`) reports the sampling distribution's.")
         mine = panels[panels["engine"] == e] if len(panels) else panels
         flagged = mine[mine["verdict"] == "flagged"] if len(mine) else mine
-        if len(flagged):
-            lines.append("  Flagged on the dashboards: " + "; ".join(
-                f"{r.framework} `{r.metric}` = {r.value:.3g} (alerts when {alert_text(r.alert, r.threshold)})"
-                for r in flagged.itertuples()) + ".")
-        elif len(mine):
-            lines.append(f"  No framework's threshold is crossed ({int((mine['threshold'].notna()).sum())} "
-                         f"thresholds checked).")
-        if g(e, "vs_archived_trainer_abs_dlogp_max") is not None:
-            lines.append(f"  This trainer vs the archived run's trainer, same tokens: max |Δlogp| = "
-                         f"{v('vs_archived_trainer_abs_dlogp_max', '.2e')}.")
-    floor = [e for e in engines if (g(e, "abs_dlogp_max") or 1) <= FLOOR]
-    off = [e for e in engines if (g(e, "abs_dlogp_max") or 0) > FLOOR]
-    if floor:
-        lines.append(f"\nOn-policy to float precision (max |Δlogp| ≤ {FLOOR:g}): {', '.join(f'`{e}`' for e in floor)}.")
-    if off:
-        lines.append(f"Off the float floor: {', '.join(f'`{e}`' for e in off)}: its importance ratios are not 1; "
-                     f"the worst tokens and the panel below say where and how much.")
-    lines.append("\nIntervals: 95%, bootstrap over completions.")
-    return "\n".join(lines)
-
-
-def formatter(metrics: dict, engine: str):
-    """`v(name, spec)`: the engine's metric formatted, values at the float floor read as such."""
-    return lambda name, spec: metric(name, metrics.get(f"{engine}/{name}"), spec)
+        verdicts[e] = {"reports_raw": bool(raw is not None and g(e, "abs_dlogp_max") > FLOOR
+                                           and raw < 0.01 * g(e, "abs_dlogp_mean")),
+                       "panel": {"flagged": flagged.to_dict("records"),
+                                 "thresholds": int((mine["threshold"].notna()).sum())} if len(mine) else None}
+    setup = {"run": {"source": source, "trainer": trainer, "samples_per_prompt": p.samples_per_prompt,
+                     "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "max_tokens": p.max_tokens},
+             "engines": verdicts, "temperature": p.temperature, "floor": FLOOR,
+             # an engine without metrics is in neither list; one at exactly 0 (bitwise the trainer's) is at the floor
+             "at_floor": [e for e in engines if g(e, "abs_dlogp_max") is not None and g(e, "abs_dlogp_max") <= FLOOR],
+             "off_floor": [e for e in engines if g(e, "abs_dlogp_max") is not None and g(e, "abs_dlogp_max") > FLOOR]}
+    return wording_10.conclusion(metrics, setup)

@@ -42,6 +42,8 @@ from rlwb.engines.worker import EngineWorker, Sampling
 from rlwb.errors import EngineCrashed, EngineError, PresetError
 from rlwb.experiments.base import OnStart, Result, split_metrics
 from rlwb.experiments.engine_readback import error_line, not_applied
+from rlwb.experiments.wording import ci_text
+from rlwb.experiments.wording import trainer_settings as wording_09
 
 CONTROL = ("fp64", "fp32")  # measured first whatever the params list: the reference's control, rlwb's scorer
 CI_NAMES = ("abs_dlogp_mean", "k3_mean")
@@ -89,7 +91,7 @@ class SettingsResult(Result):
                 continue
             g = s.setting
             row.update({"max |Δlogp|": m[f"{g}/abs_dlogp_max"], "mean |Δlogp|": m[f"{g}/abs_dlogp_mean"],
-                        "k3": m[f"{g}/k3_mean"], "k3 95% CI": ci(m, g, "k3_mean"),
+                        "k3": m[f"{g}/k3_mean"], "k3 95% CI": ci_text(m, g, "k3_mean", ".2e"),
                         "same as batch 1": m.get(f"{g}/batch1_identical_frac", np.nan),
                         "ms / 1k tokens": m[f"{g}/per_1k_tokens_ms"], "time ×": m.get(f"{g}/time_ratio", np.nan),
                         "status": "ok"})
@@ -112,41 +114,19 @@ class SettingsResult(Result):
         return conclusion(self.metrics, self.status, self.grid, self.ranking, self.knobs_run, self.params)
 
     def answer(self) -> str:
-        """One line for the index: each side's largest k3, and whether rlwb's own fp32 scorer is batch-invariant."""
-        from rlwb.formatting import metric
-
-        r, m = self.ranking, self.metrics
-        trainer = r[(r.side == "trainer") & (r.name != "fp64")]
-        engine = r[r.side.str.startswith("engine")]
-        parts = []
-        if len(trainer):
-            parts.append(f"largest trainer-side k3 {trainer.name.iloc[0]} {metric('k3', trainer.k3_mean.iloc[0])} "
-                         f"(vs float64)")
-        if len(engine):
-            parts.append(f"largest engine-side k3 {engine.name.iloc[0]} {metric('k3', engine.k3_mean.iloc[0])} "
-                         f"(vs the fp32 trainer)")
-        if "fp32/batch1_identical_frac" in m:
-            parts.append(f"rlwb's fp32 scorer bitwise equal to its batch-1 result on "
-                         f"{m['fp32/batch1_identical_frac']:.0%} of sequences")
-        text = "; ".join(parts)
-        return text[0].upper() + text[1:] + "." if parts else super().answer()
+        """One line for the index (`wording.trainer_settings.answer`): each side's largest k3, and whether rlwb's own
+        fp32 scorer is batch-invariant."""
+        trainer, engine = largest(self.ranking)
+        return (wording_09.answer(trainer, engine, self.metrics.get("fp32/batch1_identical_frac"))
+                or super().answer())
 
     def ranking_table(self) -> pd.DataFrame:
         """The ranking for a reader: one row per setting, largest k3 first."""
         r = self.ranking
         return pd.DataFrame({"side": r.side, "setting": r.name, "k3": r.k3_mean,
-                             "k3 95% CI": [ci({"x/k3_mean_ci_low": lo, "x/k3_mean_ci_high": hi}, "x", "k3_mean")
+                             "k3 95% CI": [wording_09.k3_interval(lo, hi)
                                            for lo, hi in zip(r.k3_mean_ci_low, r.k3_mean_ci_high)],
                              "model": r.model, "against": r.against})
-
-
-def ci(metrics: dict, group: str, name: str) -> str:
-    lo, hi = metrics.get(f"{group}/{name}_ci_low"), metrics.get(f"{group}/{name}_ci_high")
-    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
-        return ""
-    from rlwb.formatting import metric
-
-    return f"[{metric(name, lo)}, {metric(name, hi)}]"
 
 
 def prompts_by_source(p, codec) -> tuple[list[list[int]], list[str]]:
@@ -408,110 +388,69 @@ def ranking(mets: dict, status: pd.DataFrame, grid: pd.DataFrame, knob_rows: lis
     return out.sort_values("k3_mean", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def largest(ranking_df: pd.DataFrame) -> tuple[dict | None, dict | None]:
+    """The ranking's largest trainer setting (the control `fp64` aside) and largest engine setting, as rows
+    (`name`, `k3_mean` and its interval ...), None where that side has none. The ranking is sorted largest first."""
+    r = ranking_df
+    if r.empty:
+        return None, None
+    trainer = r[(r.side == "trainer") & (r["name"] != "fp64")]
+    engine = r[r.side.str.startswith("engine")]
+    return (trainer.iloc[0].to_dict() if len(trainer) else None, engine.iloc[0].to_dict() if len(engine) else None)
+
+
 def conclusion(metrics: dict, status: pd.DataFrame, grid: pd.DataFrame, ranking_df: pd.DataFrame, knobs_run: dict,
                p) -> str:
-    """The answer in Markdown; every number from the metrics and the tables built from them."""
-    from rlwb.formatting import metric
-
+    """The answer in Markdown (`wording.trainer_settings`), every number from the metrics and the tables built from
+    them. Decided here: the settings' order (largest k3 first), whether the float64 reference is batch-invariant,
+    the grid's least and most mismatched cells and whether their intervals separate, and the ranking's verdict."""
     m = metrics
-    ok = status[(status.section == "setting") & (status.status == "ok")].setting.tolist()
-    n_seq = len(p.prompt_sources) * p.prompts
-    lines = [f"**Setup.** `{p.sampler}` (fp32) sampled {n_seq} prompts ({', '.join(p.prompt_sources)}; "
-             f"T={p.temperature:g}, up to {p.max_tokens} tokens) on `{p.model}`; every trainer setting scored the same "
-             f"sequences against a float64 forward of the same weights, one sequence per forward. k3 is per token, "
-             f"with 95% intervals resampling sequences."]
+    settings = status[status.section == "setting"]
+    control = None
     if "fp64/abs_dlogp_max" in m:
         same = m["fp64/batch1_identical_frac"]
-        lines.append(f"\n**Control.** float64 in the scorer's batches vs the per-sequence reference: max |Δlogp| "
-                     f"{metric('abs_dlogp_max', m['fp64/abs_dlogp_max'])}, {same:.0%} of sequences bitwise "
-                     f"identical" + (" — the reference agrees with itself across batch sizes." if same == 1 else
-                                     " — the float64 reference is not batch-invariant here; it is run one sequence "
-                                     "per forward, so it is fixed whatever the setting's batches."))
-    moved = sorted((s for s in ok if s != "fp64"), key=lambda s: -m[f"{s}/k3_mean"])
-    if moved:
-        lines.append("\n**Trainer settings, largest k3 against float64 first** (max |Δlogp|; share of sequences "
-                     "bitwise equal to the same setting one sequence at a time; time relative to `fp32`):")
-        for s in moved:
-            same = m.get(f"{s}/batch1_identical_frac")
-            inv = "batch 1 itself" if same is None else f"{same:.0%} same as batch 1"
-            extra = ""
-            if f"{s}/ppo_ratio_abs_log_max" in m:
-                r = m[f"{s}/ppo_ratio_abs_log_max"]
-                extra = (f"; PPO ratio at the first micro-step exactly 1 on {m[f'{s}/ppo_ratio_identical_frac']:.0%} "
-                         f"of sequences (max |log r| {metric('abs_dlogp_max', r)} against its old-logprob pass)")
-            tr = m.get(f"{s}/time_ratio", np.nan)
-            lines.append(f"- `{s}`: k3 {metric('k3_mean', m[f'{s}/k3_mean'])} {ci(m, s, 'k3_mean')}, max |Δlogp| "
-                         f"{metric('abs_dlogp_max', m[f'{s}/abs_dlogp_max'])}, {inv}, "
-                         f"{'–' if not np.isfinite(tr) else f'{tr:.2f}×'} time{extra}.")
-    bad = status[(status.section == "setting") & (status.status != "ok")]
-    if len(bad):
-        lines.append("\n**Did not run here** (the library's own words): "
-                     + "; ".join(f"`{r.setting}`: {r.error.rstrip('.')}" for r in bad.itertuples()) + ".")
-    lines += grid_lines(m, status, grid, p)
-    lines += ranking_lines(ranking_df, knobs_run, p)
-    return "\n".join(lines)
-
-
-def grid_lines(m: dict, status: pd.DataFrame, grid: pd.DataFrame, p) -> list[str]:
-    from rlwb.formatting import metric
-
-    out = []
+        control = {"abs_dlogp_max": m["fp64/abs_dlogp_max"], "identical_frac": same, "batch_invariant": same == 1}
+    ok = settings[settings.status == "ok"].setting.tolist()
     engines = status[status.section == "grid"]
-    failed = engines[engines.status != "ok"]
-    if len(failed):
-        out.append("\n**Engines of the head grid that did not run here**: "
-                   + "; ".join(f"`{r.setting}`: {r.status} ({r.error.rstrip('.')})" for r in failed.itertuples())
-                   + ".")
+    setup = {"run": {"sampler": p.sampler, "model": p.model, "prompt_sources": list(p.prompt_sources),
+                     "prompts": len(p.prompt_sources) * p.prompts, "temperature": p.temperature,
+                     "max_tokens": p.max_tokens},
+             "control": control,
+             "ordered": sorted((s for s in ok if s != "fp64"), key=lambda s: -m[f"{s}/k3_mean"]),
+             "not_run": {r.setting: r.error for r in settings[settings.status != "ok"].itertuples()},
+             "grid_failed": [(r.setting, r.status, r.error) for r in engines[engines.status != "ok"].itertuples()],
+             **grid_verdict(grid),
+             "ranking": None if ranking_df.empty else ranking_verdict(ranking_df, knobs_run, p)}
+    return wording_09.conclusion(m, setup)
+
+
+def grid_verdict(grid: pd.DataFrame) -> dict:
+    """The head grid's cells that ran, grouped by engine (`grid`), and its least and most mismatched cells with
+    whether their intervals separate (`grid_extremes`, None without a cell)."""
     if grid.empty or not (grid.status == "ok").any():
-        return out
-    out.append("\n**fp32 lm_head on the engine side × on the trainer side** (k3 engine vs trainer on the engine's "
-               "own samples; each side's k3 against the float64 reference in brackets):")
+        return {"grid": [], "grid_extremes": None}
     ok = grid[grid.status == "ok"]
-    for e, cells in ok.groupby("engine", sort=False):
-        parts = [f"trainer `{c.trainer}` {metric('k3_mean', c.k3_mean)} "
-                 f"(trainer alone {metric('k3_mean', c.trainer_k3_vs_reference)})" for c in cells.itertuples()]
-        out.append(f"- `{e}` (engine alone {metric('k3_mean', cells.engine_k3_vs_reference.iloc[0])}): "
-                   + "; ".join(parts) + ".")
+    engines = [{"engine": e, "engine_k3": cells.engine_k3_vs_reference.iloc[0],
+                "cells": [{"trainer": c.trainer, "k3": c.k3_mean, "trainer_k3": c.trainer_k3_vs_reference}
+                          for c in cells.itertuples()]}
+               for e, cells in ok.groupby("engine", sort=False)]
     lo, hi = ok.loc[ok.k3_mean.idxmin()], ok.loc[ok.k3_mean.idxmax()]
-    out.append(f"\nLeast mismatch in the grid: `{lo.engine}` with trainer `{lo.trainer}` "
-               f"({metric('k3_mean', lo.k3_mean)} {_interval(lo)}); most: `{hi.engine}` with trainer `{hi.trainer}` "
-               f"({metric('k3_mean', hi.k3_mean)} {_interval(hi)})"
-               + ("." if _separate(lo, hi) else "; their intervals overlap at this sample size."))
-    return out
+    return {"grid": engines, "grid_extremes": {"least": lo.to_dict(), "most": hi.to_dict(),
+                                               "separate": _separate(lo, hi)}}
 
 
-def ranking_lines(r: pd.DataFrame, knobs_run: dict, p) -> list[str]:
-    from rlwb.formatting import metric
-
-    if r.empty:
-        return []
-    if "run_id" in knobs_run:
-        same = knobs_run["model"] == p.model
-        src = (f"notebook 06's run `{knobs_run['run_id']}` (model `{knobs_run['model']}`, "
-               f"{knobs_run['prompt_source']} prompts)" + ("" if same else f": another model than this run's "
-                                                                              f"`{p.model}`, so its knobs and this "
-                                                                              f"run's settings compare only in order "
-                                                                              f"of magnitude"))
-    else:
-        src = f"none ranked: {knobs_run.get('note', '')}"
-    top = {side: r[r.side.str.startswith(side)] for side in ("trainer", "engine")}
-    trainer = top["trainer"][top["trainer"].name != "fp64"]
-    out = [f"\n**One scale, k3 per token** (trainer settings against float64, engine settings against the fp32 "
-           f"trainer). Engine knobs of notebook 06: {src}."]
-    if len(trainer) and len(top["engine"]):
-        t, e = trainer.iloc[0], top["engine"].iloc[0]
-        bigger = "the engine's" if e.k3_mean > t.k3_mean else "the trainer's"
-        out.append(f"The largest trainer-side k3 is `{t['name']}` ({metric('k3_mean', t.k3_mean)} "
-                   f"{_interval(t)}), the largest engine-side `{e['name']}` ({metric('k3_mean', e.k3_mean)} "
-                   f"{_interval(e)}): of the settings measured, {bigger} side contributes more of the mismatch a user "
-                   f"sees" + ("." if _separate(t, e) else ", though their intervals overlap at this sample size."))
-    return out
-
-
-def _interval(row) -> str:
-    return ci({"x/k3_mean_ci_low": row.k3_mean_ci_low, "x/k3_mean_ci_high": row.k3_mean_ci_high}, "x", "k3_mean")
+def ranking_verdict(ranking_df: pd.DataFrame, knobs_run: dict, p) -> dict:
+    """What the one k3 scale says (`wording.trainer_settings.ranking_lines`'s arguments): notebook 06's run and
+    whether it is this run's model, each side's largest setting, which is larger and whether their intervals
+    separate."""
+    t, e = largest(ranking_df)
+    both = t is not None and e is not None
+    return {"knobs_run": knobs_run, "model": p.model,
+            "same_model": knobs_run["model"] == p.model if "run_id" in knobs_run else None,
+            "largest_trainer": t, "largest_engine": e,
+            "engine_bigger": bool(both and e["k3_mean"] > t["k3_mean"]), "separate": both and _separate(t, e)}
 
 
 def _separate(a, b) -> bool:
     """Do two rows' k3 intervals not overlap?"""
-    return bool(a.k3_mean_ci_low > b.k3_mean_ci_high or b.k3_mean_ci_low > a.k3_mean_ci_high)
+    return bool(a["k3_mean_ci_low"] > b["k3_mean_ci_high"] or b["k3_mean_ci_low"] > a["k3_mean_ci_high"])

@@ -167,6 +167,9 @@ def ranking(metrics: dict, curves: pd.DataFrame, p) -> pd.DataFrame:
         # the largest per-seed spread at which a zero gap could still be shown inside the margin at that level
         r.loc[tested, "equiv_sd_max"] = [stats.equivalence_sd_max(p.margin, n, stats.ALPHA / (2 * m))
                                          for n in r.loc[tested, "n"]]
+        # The verdict words stay here, not in wording/: they are data (the `ranking` table's `verdict` column, archived
+        # in data/ranking.parquet, coloured by rlwb/plots/which_correction.py and asserted by tests/test_race.py and
+        # tests/test_notebooks.py); wording.race_verdict_line only groups rows by them (wording.RACE_VERDICTS).
         r.loc[tested, "verdict"] = [
             "recovers" if pe < stats.ALPHA else
             ("falls short" if g < 0 else "above baseline") if pdf < stats.ALPHA else "inconclusive"

@@ -1,0 +1,98 @@
+"""Notebook 10's sentences: what was audited (a prompts file sampled by the engines, or an archived run's rollouts
+re-scored) and by which trainer, one bullet per engine (the mismatch with intervals, raw logprobs where the engine
+reports them, what the RL frameworks' dashboards would flag, the archived trainer against this one), and which
+engines sit at the float floor. `rlwb.experiments.audit` decides (whether an engine reports raw logprobs, which
+panel rows are flagged, which engines are at the floor) and passes plain values; nothing here compares or measures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from rlwb.experiments.wording import ci_text
+from rlwb.formatting import metric
+
+
+def alert_text(alert, threshold) -> str:
+    """When a framework alerts: "> 0.1", "|x| > 0.1"; "–" without a threshold."""
+    if threshold is None or pd.isna(threshold):
+        return "–"
+    return f"{'|x| > ' if alert == 'abs above' else '> '}{threshold:g}"
+
+
+def trainer_text(trainer: dict) -> str:
+    """What scored (`kind` "hf": rlwb's scorer with its `dtype` and `attn_implementation`; else the team's
+    `command`)."""
+    if trainer.get("kind") == "hf":
+        return f"rlwb's scorer ({trainer.get('dtype')}, {trainer.get('attn_implementation')} attention)"
+    return f"the command `{trainer.get('command')}`"
+
+
+def setup_line(source: dict, trainer: dict, samples_per_prompt: int, temperature: float, top_p: float, top_k: int,
+               max_tokens: int) -> str:
+    """`source`: an archived run (`kind` "archived run", `run_id`, `notebook`) or a prompts file (`rows`, `path`,
+    `sha256`); the sampling settings only say something for a prompts file."""
+    who = trainer_text(trainer)
+    if source.get("kind") == "archived run":
+        return (f"**Setup.** The rollouts of archived run `{source.get('run_id')}` ({source.get('notebook')}) "
+                f"re-scored by {who}; the engines' logprobs are the archive's.")
+    return (f"**Setup.** {source.get('rows')} prompts from `{Path(str(source.get('path'))).name}` "
+            f"(sha256 {str(source.get('sha256'))[:12]}), {samples_per_prompt} completion(s) each, "
+            f"T={temperature:g}, top_p={top_p:g}, top_k={top_k}, up to {max_tokens} tokens; scored by {who}.")
+
+
+def engine_lines(metrics: dict, engine: str, temperature: float, reports_raw: bool, panel: dict | None) -> list[str]:
+    """One engine's bullet from `metrics` (`<engine>/...`) and what follows it: `reports_raw` (its logprobs are the
+    trainer's raw T = 1 ones: say so and how to get the sampling distribution's); `panel` (None without panel rows,
+    else {"flagged": rows with `framework`, `metric`, `value`, `alert`, `threshold`; "thresholds": how many
+    thresholds were checked}); the archived trainer against this one where it was re-scored."""
+    def v(name: str, spec: str) -> str:  # values at the float floor read as such
+        return metric(name, metrics.get(f"{engine}/{name}"), spec)
+
+    e, m = engine, metrics
+    lines = [f"- `{e}`: max |Δlogp| = {v('abs_dlogp_max', '.2e')}, mean = {v('abs_dlogp_mean', '.2e')} "
+             f"{ci_text(m, e, 'abs_dlogp_mean', '.2e')}, k3 = {v('k3_mean', '.2e')} "
+             f"{ci_text(m, e, 'k3_mean', '.2e')}, clip fraction {m.get(f'{e}/clip_frac'):.1%} over "
+             f"{m.get(f'{e}/n_tokens')} tokens."]
+    if reports_raw:
+        lines.append(f"  Its logprobs are the trainer's *raw* (T = 1, untruncated) ones (mean gap to those "
+                     f"{metric('abs_dlogp_mean', m.get(f'{e}/abs_dlogp_raw_mean'), '.1e')}): it reports "
+                     f"pre-temperature logprobs while sampling at T = {temperature:g}; vLLM's `--logprobs-mode "
+                     f"processed_logprobs` (`logprobs_mode: processed_logprobs`) reports the sampling distribution's.")
+    if panel is not None and panel["flagged"]:
+        lines.append("  Flagged on the dashboards: " + "; ".join(
+            f"{r['framework']} `{r['metric']}` = {r['value']:.3g} "
+            f"(alerts when {alert_text(r['alert'], r['threshold'])})" for r in panel["flagged"]) + ".")
+    elif panel is not None:
+        lines.append(f"  No framework's threshold is crossed ({panel['thresholds']} thresholds checked).")
+    if m.get(f"{e}/vs_archived_trainer_abs_dlogp_max") is not None:
+        lines.append(f"  This trainer vs the archived run's trainer, same tokens: max |Δlogp| = "
+                     f"{v('vs_archived_trainer_abs_dlogp_max', '.2e')}.")
+    return lines
+
+
+def floor_lines(at_floor: list[str], off_floor: list[str], floor: float) -> list[str]:
+    """Which engines agree with the trainer to float precision (max |Δlogp| at or under `floor`), which do not."""
+    lines = []
+    if at_floor:
+        lines.append(f"\nOn-policy to float precision (max |Δlogp| ≤ {floor:g}): "
+                     f"{', '.join(f'`{e}`' for e in at_floor)}.")
+    if off_floor:
+        lines.append(f"Off the float floor: {', '.join(f'`{e}`' for e in off_floor)}: its importance ratios are not "
+                     f"1; the worst tokens and the panel below say where and how much.")
+    return lines
+
+
+def conclusion(metrics: dict, setup: dict) -> str:
+    """Notebook 10's answer in Markdown. `setup`: `setup_line`'s arguments under `run`; `engines` (engine ->
+    `engine_lines`'s `reports_raw` and `panel`, in the order audited, only engines with metrics); `temperature`;
+    `at_floor`, `off_floor` and `floor` (`floor_lines`'s arguments)."""
+    s = setup
+    lines = [setup_line(**s["run"])]
+    for e, verdict in s["engines"].items():
+        lines += engine_lines(metrics, e, s["temperature"], **verdict)
+    lines += floor_lines(s["at_floor"], s["off_floor"], s["floor"])
+    lines.append("\nIntervals: 95%, bootstrap over completions.")
+    return "\n".join(lines)
