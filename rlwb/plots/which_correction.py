@@ -103,8 +103,8 @@ def race_gaps(ranking, style: str = "notebook"):
     levels = [lvl for lvl in dict.fromkeys(ranking["level"])
               if (ranking.loc[ranking["level"] == lvl, "verdict"] != "baseline").any()]
     n = max(len(ranking[ranking["level"] == lvl]) for lvl in levels) if levels else 1
-    fig, axes = plt.subplots(1, max(1, len(levels)), figsize=figsize(style, 0.55 * len(levels) + 0.45,
-                                                                    0.3 + 0.12 * n),
+    tall = 0.3 + 0.12 * n + (0.2 if style == "paper" else 0)  # paper: a column-wide title takes three lines
+    fig, axes = plt.subplots(1, max(1, len(levels)), figsize=figsize(style, 0.55 * len(levels) + 0.45, tall),
                              sharex=True, squeeze=False)
     verdict_color = {"recovers": "#009E73", "above baseline": "#0072B2", "falls short": "#D55E00",
                      "inconclusive": "#E69F00", "= baseline (by construction)": "0.6", "n/a": "0.5", "baseline": "0.5"}
