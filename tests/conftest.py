@@ -290,10 +290,6 @@ def vllm_server(default_model, tmp_path_factory):
 
 
 FIGURE_STYLES = ("notebook", "paper", "blog")
-# figures whose paper style still overlaps on the smoke runs' data (not yet fixed: a smoke run's single level /
-# engine makes these figures very small); every other figure in every style must be clean
-KNOWN_OVERLAPS = {("07_which_correction", "race_gaps", "paper"), ("09_trainer_settings", "head_grid", "paper"),
-                  ("10_audit", "prob_scatter", "paper")}
 
 
 def check_figures_fit(run_dir: Path) -> None:
@@ -308,14 +304,12 @@ def check_figures_fit(run_dir: Path) -> None:
     from rlwb.reports.figures import draw_figures
 
     problems = []
-    notebook = json.loads((run_dir / "run.json").read_text()).get("notebook") or run_dir.parent.name
     for style in FIGURE_STYLES:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for name, fig in draw_figures(run_dir, style):
                 tidy(fig)
-                if (notebook, name, style) not in KNOWN_OVERLAPS:
-                    problems += [f"{name} ({style}): {a} overlaps {b}" for a, b in overlapping_text(fig)]
+                problems += [f"{name} ({style}): {a} overlaps {b}" for a, b in overlapping_text(fig)]
                 plt.close(fig)
         problems += [f"{style}: {w.message}" for w in caught if "missing from font" in str(w.message)]
     assert not problems, "\n".join(problems)

@@ -74,3 +74,40 @@ def test_each_saved_figure_names_the_run_that_made_it(tmp_path):
     assert b"rlwb run 08_mismatch_cost/20261125-123908-0efc38c7" in (tmp_path / "f.svg").read_bytes()
     assert b"rlwb run 08_mismatch_cost/20261125-123908-0efc38c7" in (tmp_path / "f.pdf").read_bytes()
     assert figure_source(save_figure(fig, tmp_path / "g")) is None  # a scratch figure names no run
+
+
+def test_a_short_figure_whose_title_wraps_keeps_its_axes_under_it():
+    """07's race_gaps in paper style (a column wide, 1.6 in tall): its title wraps to three lines, and tidy's
+    relayout must leave the axes and their title under it at a readable height (tight_layout counted the title twice,
+    gave up, and the title stayed over the axes' title; padded at every pass the axes shrank to a sliver)."""
+    set_style("paper")
+    fig, ax = plt.subplots(figsize=(3.4, 1.6))
+    ax.errorbar([0.1, 0.1, 0.0], [0, 1, 2], xerr=1.5, fmt="o")
+    ax.set_yticks([0, 1, 2], ["verl.geo_rs", "trl.sequence_mask", "none"])
+    ax.set_title("level: vllm-v1-bf16")
+    ax.set_xlabel("final reward − baseline")
+    fig.suptitle("What recovers the baseline (95% CI over seeds, paired by seed; shaded: equivalence margin)")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tidy(fig)
+    assert overlapping_text(fig) == []
+    assert not [w for w in caught if "Tight layout not applied" in str(w.message)]
+    assert ax.get_window_extent().height >= 0.25 * fig.dpi  # a quarter inch for three rows at least
+    assert all(t.get_text() for t in ax.get_yticklabels())  # every name kept
+
+
+def test_an_equal_aspect_panel_keeps_its_size_through_tidy():
+    """10's prob_scatter with one engine: an equal-aspect axes is drawn narrower than its slot; tidy's relayout must
+    lay out the slot, not shrink to what is drawn at every pass (it did, until its title met its y label)."""
+    set_style("paper")
+    fig, ax = plt.subplots(figsize=(2.2, 1.9))
+    ax.plot([0, 1], [0, 1])
+    ax.set_aspect("equal")
+    ax.set_title("vllm-v1-processed\nPearson 1 − r = 3.9e-13", fontsize="small")
+    ax.set(xlabel="p trainer", ylabel="p engine")
+    fig.suptitle("Sampled-token probability: engine vs trainer")
+    fig.tight_layout()
+    tidy(fig)
+    assert overlapping_text(fig) == []
+    assert ax.get_window_extent().width >= 0.7 * fig.dpi

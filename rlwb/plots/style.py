@@ -71,12 +71,39 @@ def figsize(style: str = "notebook", wide: float = 1.0, tall: float = 1.0) -> tu
     return (w * wide, h * tall)
 
 
+def lay_out(fig):
+    """Lay a figure out as drawing it would (text positions and sizes, ticks, a layout engine) without rasterising
+    anything, and return the renderer its extents are measured with. Why not `fig.canvas.draw()`: `tidy` and
+    `overlapping_text` need extents only, and painting every pixel (every point of a scatter of a run's tokens) at
+    each of their several layout passes is wasted work. Same renderer (Agg at the figure's dpi), so the extents are
+    those a draw gives."""
+    fig.draw_without_rendering()
+    return fig.canvas.get_renderer()
+
+
+def legend_below(fig, handles, labels, max_cols: int = 4):
+    """A figure legend centred under the panels, in as many columns (up to `max_cols`) as fit the figure's width,
+    and the panels laid out above it with the legend's measured height kept free. Why measured: a fixed fraction of
+    the figure kept for it is too little in a short paper-style figure (the legend ran into the x label), and a row
+    of entries wider than a column-wide figure ran past its edges."""
+    renderer = fig.canvas.get_renderer()
+    for ncols in range(max(1, min(max_cols, len(labels))), 0, -1):
+        legend = fig.legend(handles, labels, fontsize="small", ncols=ncols, loc="lower center",
+                            bbox_to_anchor=(0.5, 0.0))
+        if ncols == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+            break
+        legend.remove()
+    room = (legend.get_window_extent(renderer).height + 3 * fig.dpi / 72) / fig.bbox.height
+    fig.tight_layout(rect=(0, room, 1, 1))
+    return legend
+
+
 def text_boxes(fig) -> list[tuple[str, object, object]]:
     """(what, text artist or legend, window extent) of every piece of text the figure draws, after a draw: the
     suptitle and supxlabel/supylabel, each axes' titles, axis labels, offset texts, drawn tick labels and
-    annotations, and each legend as one box (its entries are inside it by design)."""
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
+    annotations, and each legend as one box (its entries are inside it by design). A figure laid out since its
+    last change (`tidy` leaves it so) is not laid out again."""
+    renderer = lay_out(fig) if fig.stale else fig.canvas.get_renderer()
     out = []
 
     def add(what, artist, extent=None):
@@ -164,7 +191,10 @@ def _layout_region(fig, renderer) -> tuple[float, float, float, float]:
     so room a figure kept for a figure legend or a note (its own `tight_layout(rect=...)`) stays kept."""
     from matplotlib.transforms import Bbox
 
-    u = Bbox.union([ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()])
+    # each axes' slot too (its position before an aspect was applied): an equal-aspect axes is drawn narrower than
+    # its slot, and a region shrunk to what is drawn shrank it again at every layout
+    u = Bbox.union([b for ax in fig.axes if ax.get_visible()
+                    for b in (ax.get_tightbbox(renderer), ax.get_position(original=True).transformed(fig.transFigure))])
     u = u.transformed(fig.transFigure.inverted())
     x0, y0, x1, y1 = max(0.0, u.x0), max(0.0, u.y0), min(1.0, u.x1), min(1.0, u.y1)
     # the side of a figure title or label: up to it (as it is now: re-wrapped, it may have grown)
@@ -174,6 +204,23 @@ def _layout_region(fig, renderer) -> tuple[float, float, float, float]:
     if fig._supxlabel is not None and fig._supxlabel.get_text():
         y0 = max(y0, fig._supxlabel.get_window_extent(renderer).y1 / fig.bbox.height + pad)
     return x0, y0, x1, y1
+
+
+def _lay_out_in(fig, region) -> None:
+    """`tight_layout` of the axes and their decorations into `region` (`_layout_region`), which already leaves out the
+    figure's title and x label: tight_layout would take their height off a second time (its `rect` pass adds the
+    margins it computed against the whole figure), and a short figure's margins then overran it and it laid nothing
+    out (a wrapped title stayed over the axes' title). No pad at the region's edges either (it is where the
+    decorations already end; padded again at every pass, a short figure's axes shrank to a sliver), the usual one
+    between panels."""
+    sup = [t for t in (fig._suptitle, fig._supxlabel) if t is not None and t.get_in_layout()]
+    for t in sup:
+        t.set_in_layout(False)
+    try:
+        fig.tight_layout(rect=region, pad=0, h_pad=1.08, w_pad=1.08)  # 1.08: tight_layout's default pad
+    finally:
+        for t in sup:
+            t.set_in_layout(True)
 
 
 def _crowded(labels, renderer, horizontal: bool, pad: float = 2.0) -> list:
@@ -212,8 +259,8 @@ def _legends_below_labels(fig, renderer, region) -> bool:
             again = moved = True
         if not again:
             break
-        fig.tight_layout(rect=region)
-        fig.canvas.draw()
+        _lay_out_in(fig, region)
+        lay_out(fig)
     return moved
 
 
@@ -249,8 +296,7 @@ def tidy(fig) -> None:
     `save_figure` and `rlwb figures`; idempotent."""
     from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter
 
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
+    renderer = lay_out(fig)
     if not any(ax.get_visible() for ax in fig.axes):
         return
     changed = False
@@ -260,8 +306,7 @@ def tidy(fig) -> None:
         if _wrap_to(t, fig_w, renderer):  # a figure title on more lines: the figure grows by them, the axes keep theirs
             changed = True
             fig.set_figheight(fig.get_figheight() + (t.get_window_extent(renderer).height - before) / fig.dpi)
-            fig.canvas.draw()
-            renderer = fig.canvas.get_renderer()  # a new size: a new renderer
+            renderer = lay_out(fig)  # a new size: a new renderer
     region = _layout_region(fig, renderer)
     boxes = {ax: ax.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()}
     for ax, bb in boxes.items():  # a centred title may use the room up to halfway to the next title in its row
@@ -272,8 +317,8 @@ def tidy(fig) -> None:
         changed |= _wrap_to(ax.xaxis.label, 2 * half - gap, renderer)
         changed |= _wrap_to(ax.yaxis.label, bb.height, renderer, "height")  # longer than its axes: into the x label
     if changed:
-        fig.tight_layout(rect=region)
-        fig.canvas.draw()
+        _lay_out_in(fig, region)
+        lay_out(fig)
     changed |= _legends_below_labels(fig, renderer, region)
     changed |= _shrink_crowded_annotations(fig, renderer)
     for ax in fig.axes:
@@ -291,13 +336,13 @@ def tidy(fig) -> None:
                         if len(locs) > 1 else ax.get_window_extent(renderer).width)
                 for t in ticks:
                     _wrap_to(t.label1, abs(slot) - 4, renderer)
-                fig.tight_layout(rect=region)
-                fig.canvas.draw()
+                _lay_out_in(fig, region)
+                lay_out(fig)
                 if _crowded([t.label1 for t in ticks], renderer, horizontal):
                     for t in ticks:
                         t.label1.set(rotation=90, ha="center", va="top", text=t.label1.get_text().replace("\n", " "))
-                    fig.tight_layout(rect=region)
-                    fig.canvas.draw()
+                    _lay_out_in(fig, region)
+                    lay_out(fig)
                 continue
             majors = set(axis.get_majorticklocs())
             order = sorted(ticks, key=lambda t: t.get_loc() not in majors)
@@ -309,8 +354,8 @@ def tidy(fig) -> None:
                 if locs:
                     setter(_HideAt(fmt, locs))
     if changed:
-        fig.tight_layout(rect=region)
-        fig.canvas.draw()
+        _lay_out_in(fig, region)
+        lay_out(fig)
         _legends_below_labels(fig, renderer, region)  # slanted tick labels are taller: below them again
 
 

@@ -8,7 +8,16 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from rlwb.plots.style import FLOOR_VALUE, OKABE_ITO, engine_color, engine_order, engine_style, figsize, seed_band
+from rlwb.plots.style import (
+    FLOOR_VALUE,
+    OKABE_ITO,
+    engine_color,
+    engine_order,
+    engine_style,
+    figsize,
+    lay_out,
+    seed_band,
+)
 
 
 def _curve_panels(curves, column: str, ylabel: str, title: str, style: str, log: bool = False, smooth: int = 1,
@@ -78,7 +87,7 @@ def time_breakdown(curves, style: str = "notebook"):
     ax.grid(axis="y", visible=False)
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside: below, it met the x label
     fig.tight_layout()
-    fig.canvas.draw()  # the totals' widths are known once drawn: widen the x axis until each ends inside it
+    lay_out(fig)  # the totals' widths are known once drawn: widen the x axis until each ends inside it
     right = max(t.get_window_extent().x1 for t in totals)
     if right > ax.get_window_extent().x1:
         ax.set_xlim(0, ax.transData.inverted().transform((right, 0))[0] * 1.05)

@@ -87,11 +87,14 @@ def head_grid(grid_df, style: str = "notebook"):
         i, j = engines.index(c.engine), trainers.index(c.trainer)
         v[i, j] = max(c.k3_mean, FLOOR_VALUE)
         text[i][j] = f"{c.k3_mean:.2e}\n[{c.k3_mean_ci_low:.1e}, {c.k3_mean_ci_high:.1e}]"
-    fig, ax = plt.subplots(figsize=figsize(style, 0.45 + 0.25 * len(trainers), 0.45 + 0.3 * len(engines)))
+    wide = 0.45 + 0.25 * len(trainers)
+    if style == "paper":  # at a column's width each cell's value and interval ran into the next cell's: the page's
+        wide = max(wide, 1.2)
+    fig, ax = plt.subplots(figsize=figsize(style, wide, 0.45 + 0.3 * len(engines)))
     hi = np.nanmax(v) if np.isfinite(v).any() else 1.0
     im = ax.imshow(v, aspect="auto", cmap="magma_r", norm=LogNorm(vmin=max(FLOOR_VALUE, np.nanmin(v) / 3), vmax=hi * 3))
     ax.set_xticks(range(len(trainers)), [f"trainer\n{t}" for t in trainers])
-    ax.set_yticks(range(len(engines)), engines)
+    ax.set_yticks(range(len(engines)), [e.replace("@", "\n@", 1) for e in engines])  # the preset, its variant below
     for i in range(len(engines)):
         for j in range(len(trainers)):
             ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7.5,

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
-from rlwb.plots.style import OKABE_ITO, figsize, seed_band
+from rlwb.plots.style import OKABE_ITO, figsize, legend_below, seed_band
 from rlwb.plots.toy_grpo import time_breakdown
 
 CORRECTION_STYLES = ["-", "--", "-.", ":"]
@@ -55,12 +55,9 @@ def _race_panels(curves, column: str, ylabel: str, title: str, style: str, smoot
         ax.set_xlabel("GRPO step")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     axes[0][0].set_ylabel(ylabel)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize="small", ncols=min(4, len(labels)), loc="lower center",
-               bbox_to_anchor=(0.5, -0.02))
     avg = f", {smooth}-step moving average" if smooth > 1 else ""
     fig.suptitle(f"{title} (mean over seeds{avg}; band: 95% CI)")
-    fig.tight_layout(rect=(0, 0.1 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
+    legend_below(fig, *axes[0][0].get_legend_handles_labels())
     return fig
 
 
@@ -95,11 +92,8 @@ def race_health(curves, style: str = "notebook"):
                 ax.set_title(f"level: {lvl}")
             else:
                 ax.set_xlabel("GRPO step")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize="small", ncols=min(4, len(labels)), loc="lower center",
-               bbox_to_anchor=(0.5, -0.01))
     fig.suptitle("Correction health over training (mean over seeds; band: 95% CI)")
-    fig.tight_layout(rect=(0, 0.07 + 0.025 * ((len(labels) - 1) // 4), 1, 1))
+    legend_below(fig, *axes[0][0].get_legend_handles_labels())
     return fig
 
 
@@ -109,8 +103,8 @@ def race_gaps(ranking, style: str = "notebook"):
     levels = [lvl for lvl in dict.fromkeys(ranking["level"])
               if (ranking.loc[ranking["level"] == lvl, "verdict"] != "baseline").any()]
     n = max(len(ranking[ranking["level"] == lvl]) for lvl in levels) if levels else 1
-    fig, axes = plt.subplots(1, max(1, len(levels)), figsize=figsize(style, 0.55 * len(levels) + 0.45,
-                                                                    0.3 + 0.12 * n),
+    tall = 0.3 + 0.12 * n + (0.2 if style == "paper" else 0)  # paper: a column-wide title takes three lines
+    fig, axes = plt.subplots(1, max(1, len(levels)), figsize=figsize(style, 0.55 * len(levels) + 0.45, tall),
                              sharex=True, squeeze=False)
     verdict_color = {"recovers": "#009E73", "above baseline": "#0072B2", "falls short": "#D55E00",
                      "inconclusive": "#E69F00", "= baseline (by construction)": "0.6", "n/a": "0.5", "baseline": "0.5"}
@@ -133,10 +127,9 @@ def race_gaps(ranking, style: str = "notebook"):
 
     used = [v for v in ("recovers", "above baseline", "falls short", "inconclusive", "= baseline (by construction)",
                         "n/a") if v in set(ranking["verdict"])]
-    fig.legend([Line2D([], [], marker="o", ls="", color=verdict_color[v]) for v in used], used, fontsize="small",
-               ncols=len(used), loc="lower center", bbox_to_anchor=(0.5, -0.02))
     fig.suptitle("What recovers the baseline (95% CI over seeds, paired by seed; shaded: equivalence margin)")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    legend_below(fig, [Line2D([], [], marker="o", ls="", color=verdict_color[v]) for v in used], used,
+                 max_cols=len(used))
     return fig
 
 
