@@ -59,3 +59,16 @@ def test_no_benchmark_without_a_gain_to_lose_or_without_doses_to_fit():
 def test_bad_input_is_refused_by_name(doses, gaps, match):
     with pytest.raises(ValueError, match=match):
         dr.dose_trend(doses, gaps)
+
+
+def test_a_trend_every_seed_shares_is_the_sign_flip_p_not_zero():
+    """Seeds whose slopes are equal (a discrete outcome can tie) have no spread for a t test; a p of 0 would call two
+    tied seeds a certain trend. The exact sign-flip p of n slopes of one sign is 2 / 2^n; slope 0 is p 1."""
+    from rlwb.core.measure.dose_response import dose_trend
+
+    doses = [0.01, 0.1, 1.0]
+    tied = np.tile([0.0, -0.1, -0.2], (2, 1))  # both seeds: -0.1 per decade
+    t = dose_trend(doses, tied)
+    assert t.slope == pytest.approx(-0.1) and t.p == 0.5
+    assert dose_trend(doses, np.tile([0.0, -0.1, -0.2], (5, 1))).p == pytest.approx(2 / 32)
+    assert dose_trend(doses, np.zeros((3, 3))).p == 1.0

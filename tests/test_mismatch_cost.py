@@ -257,3 +257,11 @@ def test_the_wording_knows_every_benchmark_status_the_estimator_gives():
 
     assert (wording.BMD_BOUNDED, wording.BMD_BELOW, wording.BMD_NOT_BOUNDED) == (
         dose_response.BOUNDED, dose_response.BELOW_RANGE, dose_response.NOT_BOUNDED)
+
+
+def test_the_dose_answer_reads_the_first_regime_at_the_studys_horizon():
+    """A `+ppo<k>` or `+long` row of the largest dose must not stand in for the first regime's largest dose in the
+    one-line answer (the sort by dose is not stable across rows of one dose)."""
+    t = pd.DataFrame({"label": ["clean", "ratio@1", "ratio@1+ppo4", "ratio@1+long", "clean+ppo4"],
+                      "dose": [0.0, 1.0, 1.0, 1.0, 0.0]})
+    assert mc.first_regime(t)["label"].tolist() == ["clean", "ratio@1"]

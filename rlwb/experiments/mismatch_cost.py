@@ -115,7 +115,8 @@ class CostResult(Result):
 
     def answer(self) -> str:
         """The first arm's verdict per kind of mismatch, in one line."""
-        bullets = [b[2:] for b in dose_answer_lines(self.metrics, self.doses, DOSED, self.params.arm_labels)]
+        bullets = [b[2:] for b in dose_answer_lines(self.metrics, first_regime(self.doses), DOSED,
+                                                      self.params.arm_labels)]
         first = self.params.arm_labels[0]
         return one_line(" ".join(b for b in bullets if f"`{first}`" in b) or " ".join(bullets), limit=400)
 
@@ -157,6 +158,13 @@ def jobs(p) -> list[Job]:
 
 
 LONG = "+long"  # what a long-horizon row's label gains
+
+
+def first_regime(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the first PPO regime at the study's horizon: the dose-by-dose answer reads these, so that a
+    `+ppo<k>` or `+long` row of the same dose never stands in for the largest dose."""
+    label = table["label"].astype(str)
+    return table[~label.str.contains("+ppo", regex=False) & ~label.str.contains(LONG, regex=False)]
 
 
 def regime_suffix(updates: int, first: int) -> str:
@@ -757,7 +765,7 @@ def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None
              f"{timing_note(p, sorted(set(table['engine'])))}"]
     lines += floor_lines(metrics)
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
-                 + "\n".join(dose_answer_lines(metrics, table, DOSED, p.arm_labels)))
+                 + "\n".join(dose_answer_lines(metrics, first_regime(table), DOSED, p.arm_labels)))
     if bench is not None and len(bench):
         lines.append(f"**Tolerable mismatch** (benchmark dose: per kind and arm, a line in log k3 fitted to the "
                      f"paired gaps of every dose, seed by seed; BMR = {p.bmr_fraction:.0%} of the arm's clean reward "

@@ -80,7 +80,8 @@ def dose_trend(doses, gaps, alpha: float = ALPHA) -> Trend:
     test of the slopes (the summary-measure approach, Matthews et al. 1990, https://doi.org/10.1136/bmj.300.6719.230:
     the seed is the unit, so the correlation between one seed's doses needs no model). `gaps`: [seeds, doses],
     paired by seed, each the seed's outcome at that dose minus its own clean run's. Needs >= 2 doses and >= 2 seeds
-    (otherwise every field but n is NaN). Every seed's slope the same (no spread): p is 0 or 1 by whether it is 0."""
+    (otherwise every field but n is NaN). Every seed's slope the same (no spread): p is 1 for slope 0, else the
+    exact sign-flip p 2 / 2^n (never 0 from a tie)."""
     from scipy import stats as st
 
     d, g = _check(doses, gaps)
@@ -89,8 +90,9 @@ def dose_trend(doses, gaps, alpha: float = ALPHA) -> Trend:
         return Trend(float("nan"), float("nan"), float("nan"), float("nan"), n)
     _, b = _per_seed_lines(d, g)
     m, sd = float(b.mean()), float(b.std(ddof=1))
-    if sd <= 1e-12 * max(1.0, abs(m)):
-        return Trend(m, m, m, float(m == 0), n)
+    if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's slope the same: the t statistic is undefined; the exact
+        # sign-flip test's p (n slopes all of one sign: 2 / 2^n, as stats.paired_gap_test) instead of a p of 0
+        return Trend(m, m, m, 1.0 if m == 0 else min(1.0, 2.0 / 2 ** n), n)
     se = sd / np.sqrt(n)
     h = st.t.ppf(1 - alpha / 2, n - 1) * se
     return Trend(m, m - h, m + h, float(st.ttest_1samp(b, 0.0).pvalue), n)
