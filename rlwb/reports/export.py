@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from rlwb import archive
@@ -22,63 +21,54 @@ REPORT_CSS = """
 """
 
 
-def _engine_line(preset: str, info: dict) -> str:
+def _engine_what(info: dict) -> str:
     if info.get("backend") == "hf":
-        what = f"transformers {info.get('transformers_version', '?')} (reference)"
-    elif info.get("backend") == "openai":
-        what = f"served vLLM {info.get('server_version', '?')} at {info.get('url', '?')} ({info.get('served_model')})"
-    else:
-        what = f"vLLM {info.get('vllm_version', '?')} ({str(info.get('engine', '?')).upper()})"
-    return f"<code>{html.escape(preset)}</code> {html.escape(what)}"
+        return f"transformers {info.get('transformers_version', '?')} (reference)"
+    if info.get("backend") == "openai":
+        return f"served vLLM {info.get('server_version', '?')} at {info.get('url', '?')} ({info.get('served_model')})"
+    return f"vLLM {info.get('vllm_version', '?')} ({str(info.get('engine', '?')).upper()})"
 
 
-def _model_line(model: dict | None) -> str:
+def _model_fields(model: dict | None) -> dict | None:
     if not model:
-        return "–"
+        return None
     card = model.get("card") or {}
     if card.get("recipe_hash"):
         from rlwb.core.models.store import published_verdict
 
-        match = card.get("weights_match_published")
-        verdict = "" if match is None else f" ({html.escape(published_verdict(card))})"
-        return (f"embedded {html.escape(str(card.get('name', 'default')))}, {card.get('params', 0):,} parameters, "
-                f"recipe <code>{html.escape(card['recipe_hash'])}</code>, weights "
-                f"<code>{html.escape(str(card.get('weights_sha256_16')))}</code>{verdict}")
-    return f"<code>{html.escape(Path(str(model.get('path', '?'))).name)}</code>"
+        return {"embedded": True, "name": str(card.get("name", "default")), "params": f"{card.get('params', 0):,}",
+                "recipe": card["recipe_hash"], "weights": str(card.get("weights_sha256_16")),
+                "verdict": None if card.get("weights_match_published") is None else published_verdict(card)}
+    return {"embedded": False, "path": Path(str(model.get("path", "?"))).name}
 
 
-def _source_line(source: dict) -> str:
+def _source_fields(source: dict | None) -> dict | None:
     """Where an audit's rollouts came from: its prompts file, or the archived run it re-scored."""
+    if not source:
+        return None
     if source.get("kind") == "archived run":
-        return (f"re-scored from run <code>{html.escape(str(source.get('run_id')))}</code> of "
-                f"{html.escape(str(source.get('notebook')))}")
-    return (f"prompts file <code>{html.escape(Path(str(source.get('path', '?'))).name)}</code>, "
-            f"{source.get('rows')} rows, sha256 <code>{html.escape(str(source.get('sha256', ''))[:12])}</code>")
+        return {"archived": True, "run_id": str(source.get("run_id")), "notebook": str(source.get("notebook"))}
+    return {"archived": False, "file": Path(str(source.get("path", "?"))).name, "rows": source.get("rows"),
+            "sha256": str(source.get("sha256", ""))[:12]}
 
 
-def provenance_html(run_dir: Path) -> str:
-    """The compact block under a report's title: what ran, on what, from which commit; params folded."""
+def provenance_html(run_dir: Path, error: str | None = None) -> str:
+    """The compact block under a report's title: what ran, on what, from which commit; params folded; a failure
+    stated (`templates/provenance.html`, autoescaped: no value can break the page)."""
     import yaml
+
+    from rlwb.reports.pages import render
 
     info = archive.read_json(run_dir / "run.json", {})
     params = yaml.safe_load((run_dir / "params.yaml").read_text()) if (run_dir / "params.yaml").exists() else {}
     pk = info.get("packages") or {}
     commit = (info.get("git_commit") or "unknown")[:10] + (" (uncommitted changes)" if info.get("git_dirty") else "")
-    engines = " · ".join(_engine_line(k, v) for k, v in (info.get("engines") or {}).items()) or "none"
-    rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(str(v))}</td></tr>"
-                   for k, v in params.items())
-    parts = [
-        f"<div><b>Run</b> <code>{html.escape(str(info.get('run_id', run_dir.name)))}</code> · "
-        f"started {html.escape(str(info.get('started_at', '?')))} · git <code>{html.escape(commit)}</code> · "
-        f"torch {html.escape(str(pk.get('torch', '?')))}, transformers {html.escape(str(pk.get('transformers', '?')))}"
-        f"</div>",
-        f"<div><b>Model</b> {_model_line(info.get('model'))}</div>",
-        f"<div><b>Engines</b> {engines}</div>",
-        *([f"<div><b>Source</b> {_source_line(info['source'])}</div>"] if info.get("source") else []),
-        f"<details><summary>Parameters (hash <code>{html.escape(str(info.get('params_hash', '?')))}</code>)"
-        f"</summary><table>{rows}</table></details>",
-    ]
-    return '<div class="rlwb-provenance">' + "".join(parts) + "</div>"
+    return render("provenance.html", run_id=str(info.get("run_id", run_dir.name)),
+                  started_at=str(info.get("started_at", "?")), commit=commit, torch=str(pk.get("torch", "?")),
+                  transformers=str(pk.get("transformers", "?")), model=_model_fields(info.get("model")),
+                  engines=[(k, _engine_what(v)) for k, v in (info.get("engines") or {}).items()],
+                  source=_source_fields(info.get("source")), params_hash=str(info.get("params_hash", "?")),
+                  params=[(k, str(v)) for k, v in (params or {}).items()], error=error)
 
 
 def report_notebook(nb, run_dir: Path, error: str | None = None):
@@ -89,9 +79,7 @@ def report_notebook(nb, run_dir: Path, error: str | None = None):
 
     nb = nbformat.from_dict(nb)
     nb, _ = TagRemovePreprocessor(remove_cell_tags=set(REMOVED_CELL_TAGS)).preprocess(nb, {})
-    block = REPORT_CSS + provenance_html(run_dir)
-    if error:
-        block += f'<div class="rlwb-failed"><b>This run failed:</b> {html.escape(error)}</div>'
+    block = REPORT_CSS + provenance_html(run_dir, error or None)
     title_at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
     nb.cells.insert(title_at, nbformat.v4.new_markdown_cell(block))
     return nb

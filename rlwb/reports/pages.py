@@ -1,4 +1,5 @@
-"""The HTML pages rlwb writes from templates (`templates/*.html`): the index page and a sweep's report.
+"""The HTML rlwb writes from templates (`templates/*.html`): the index page, a sweep's report and each report's
+provenance block.
 
 Jinja2 with autoescape: every value a template prints is escaped unless it says otherwise, so a run's answer,
 error or parameters cannot break the page. Values are escaped as `html.escape` does (`&quot;`, `&#x27;`), which
