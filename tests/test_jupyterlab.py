@@ -99,7 +99,7 @@ def _wait_for_rlwb_kernel(page, base: str, token: str) -> None:
 
 @pytest.mark.engines
 def test_explore_notebook_runs_and_shows_the_raw_gap(tmp_path, default_model):
-    """`notebooks/explore.ipynb`, the dozen-line scratch pad over `rlwb.lab`, executes top to bottom in a kernel
+    """`notebooks/explore.ipynb`, the dozen-line scratch pad over `rlwb.explore`, executes top to bottom in a kernel
     and shows what it promises: V1's raw logprobs off the trainer at T = 0.7 (k3 above the float floor), the
     worst tokens with their text, the scatter figure."""
     import nbformat

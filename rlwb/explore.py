@@ -2,14 +2,14 @@
 trainer, read the mismatch, plot it. The notebooks' experiments are one `run()` of minutes each; this is the same
 machinery one step at a time, for a researcher who wants to look at a handful of tokens.
 
-    from rlwb import lab
-    model = lab.model("default")                         # an embedded model (built or cached), a dir, an HF id
-    prompts = lab.task_prompts(model, 16)                # token ids of 16 task prompts (chat template if any)
-    with lab.engine("vllm-v1", model) as eng:            # any preset, knob (`vllm-v1-fixed@bf16`) or served URL
-        ro = lab.sample(eng, prompts, temperature=0.7)   # rollouts + the fp32 trainer's logprobs of them
-    lab.metrics(ro)                                      # notebook 01's numbers: |Δlogp|, k3 with 95% CIs, ...
-    lab.worst_tokens(ro, model)                          # where engine and trainer disagree most
-    lab.plot(ro)                                         # p_engine vs p_trainer
+    from rlwb import explore
+    model = explore.model("default")                         # an embedded model (built or cached), a dir, an HF id
+    prompts = explore.task_prompts(model, 16)                # token ids of 16 task prompts (chat template if any)
+    with explore.engine("vllm-v1", model) as eng:            # any preset, knob (`vllm-v1-fixed@bf16`) or served URL
+        ro = explore.sample(eng, prompts, temperature=0.7)   # rollouts + the fp32 trainer's logprobs of them
+    explore.metrics(ro)                                      # notebook 01's numbers: |Δlogp|, k3 with 95% CIs, ...
+    explore.worst_tokens(ro, model)                          # where engine and trainer disagree most
+    explore.plot(ro)                                         # p_engine vs p_trainer
 
 Every function is the one the notebooks use (`rlwb.core.scoring.rollouts.sample_and_score`, notebook 01's
 `engine_metrics`, its `prob_scatter` figure); nothing here is archived (use `rlwb run` for a report).
