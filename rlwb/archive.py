@@ -49,13 +49,18 @@ def read_json(path: Path, default=None):
         return default
 
 
-def git_info() -> dict:
+def git_info(repo: str | os.PathLike = REPO_ROOT) -> dict:
+    """The commit `repo`'s HEAD names and whether its tree differs from it (`git_dirty`): a tracked file changed
+    (staged or not), or an untracked file that git does not ignore, since a new module the run imported is code the
+    commit does not have. Ignored paths (outputs/, caches, the environments) do not count. Both None when git cannot
+    tell (no repository, no commit, git missing)."""
     def git(*args) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
 
     try:
         commit = git("rev-parse", "HEAD") or None
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None
+        dirty = bool(git("status", "--porcelain", "--untracked-files=normal")) if commit else None
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
     return {"git_commit": commit, "git_dirty": dirty}

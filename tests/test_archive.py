@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,46 @@ def test_metrics_must_be_flat_group_name_numbers(tmp_path):
         run.log_metrics({"flat": 1.0})
     with pytest.raises(ValueError, match="number"):
         run.log_metrics({"a/d": "high"})
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=rlwb-test", "-c", "user.email=test@rlwb", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_git_dirty_counts_untracked_source_but_not_ignored_outputs(tmp_path):
+    """A run's `git_dirty` on a repository made here: a new source file that git does not ignore makes the tree dirty
+    (the run may import code its commit does not have, and `rlwb publish` must refuse it), as do a changed or staged
+    file; what .gitignore keeps out (outputs/, caches) does not."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    assert archive.git_info(repo) == {"git_commit": None, "git_dirty": None}  # no commit: nothing to name
+    (repo / ".gitignore").write_text("outputs/*\n!outputs/README.md\n__pycache__/\n")
+    (repo / "mod.py").write_text("X = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "a commit")
+    assert archive.git_info(repo) == {"git_commit": _git(repo, "rev-parse", "HEAD"), "git_dirty": False}
+
+    (repo / "outputs" / "bench" / "20261126-000000").mkdir(parents=True)  # runs and caches: ignored
+    (repo / "outputs" / "bench" / "20261126-000000" / "run.json").write_text("{}")
+    (repo / "__pycache__").mkdir()
+    (repo / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0")
+    assert archive.git_info(repo)["git_dirty"] is False
+
+    (repo / "helper.py").write_text("Y = 2\n")  # untracked, not ignored: code the commit does not have
+    assert archive.git_info(repo)["git_dirty"] is True
+    (repo / "helper.py").unlink()
+    (repo / "pkg").mkdir()  # in a new folder too
+    (repo / "pkg" / "new.py").write_text("Z = 3\n")
+    assert archive.git_info(repo)["git_dirty"] is True
+    (repo / "pkg" / "new.py").unlink()
+    (repo / "outputs" / "README.md").write_text("not ignored\n")  # the one file outputs/ does not ignore
+    assert archive.git_info(repo)["git_dirty"] is True
+    (repo / "outputs" / "README.md").unlink()
+    assert archive.git_info(repo)["git_dirty"] is False
+
+    (repo / "mod.py").write_text("X = 2\n")  # a tracked file changed, then staged
+    assert archive.git_info(repo)["git_dirty"] is True
+    _git(repo, "add", "mod.py")
+    assert archive.git_info(repo)["git_dirty"] is True
