@@ -70,7 +70,7 @@ sync-params: kernel                  ## rewrite the notebooks' parameters cells 
 trl-vllm: v1                         ## .venvs/trl-vllm: TRL on .venvs/vllm-v1's vLLM build, the bench's peer
 	bash scripts/setup.sh trl-vllm
 
-bench: setup trl-vllm                ## throughput / overhead benchmark -> outputs/bench/<time>/
+bench: setup trl-vllm                ## throughput / overhead benchmark -> outputs/bench/<UTC start>/ (rlwb publish-able)
 	$(RLWB) bench
 
 lab: kernel                          ## JupyterLab on 127.0.0.1, opened on notebooks/

@@ -2,6 +2,12 @@
 
     <outputs>/<notebook stem>/<UTC YYYYmmdd-HHMMSS>-<params hash>/
         notebook.ipynb report.html params.yaml run.json metrics.json figures/ data/
+    <outputs>/bench/<UTC YYYYmmdd-HHMMSS>/          (`rlwb bench`: its settings are in bench.json)
+        bench.json bench.md run.json figures/
+
+Both kinds of run start and finish their run.json the same way (`start_record`, `finish_record`): the same
+provenance (commit and whether the tree was clean, host, packages, engines, model build), so either can become a
+run of record (`rlwb publish`).
 
 Why the temporary name: a run is written under `.tmp-<id>` and renamed only when complete, so a crash or
 Ctrl-C never leaves a directory that looks like a finished run; failed runs are still archived, with
@@ -24,6 +30,7 @@ from pathlib import Path
 from rlwb import timing
 from rlwb.paths import REPO_ROOT, outputs_dir
 
+BENCH = "bench"  # the archive folder of `rlwb bench` runs (outputs/bench/<run id>/, docs/runs/bench/<run id>/)
 TIMING_FILE = "timing.json"  # logs/timing.json: the notebook kernel's phase totals (rlwb.timing)
 
 RUN_FILES = ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json")
@@ -223,13 +230,15 @@ def start_notebook_run(params) -> Run:
 
 
 def list_runs(root: Path | None = None) -> list[dict]:
-    """Every archived run under `root`, newest first: run.json + location + metrics."""
+    """Every archived run under `root`, newest first: run.json + location + metrics. `rlwb bench` runs are among
+    them (`BENCH`; no metrics.json: their numbers are in bench.json); a bench from before benches had a run.json is
+    not."""
     root = root or outputs_dir()
     runs = []
     if not root.exists():
         return runs
     for nb_dir in sorted(root.iterdir()):
-        if not nb_dir.is_dir() or nb_dir.name.startswith(("_", ".")) or nb_dir.name in ("latest", "bench"):
+        if not nb_dir.is_dir() or nb_dir.name.startswith(("_", ".")) or nb_dir.name == "latest":
             continue
         for run_dir in nb_dir.iterdir():
             if run_dir.name.startswith(".") or not (run_dir / "run.json").exists():
@@ -253,6 +262,36 @@ def update_latest(root: Path, notebook: str, run_dir: Path) -> None:
     tmp.replace(link)
 
 
-def environment_record(params) -> dict:
+def environment_record(params=None) -> dict:
     return {"python": sys.version.split()[0], "packages": package_versions(), "host": host_info(),
             **git_info(), "seed": getattr(params, "seed", None)}
+
+
+def new_run_dir(root: Path, stem: str, params_hash: str | None = None) -> tuple[Path, Path]:
+    """(temporary dir, final dir) for a new run of `stem`: `<UTC start>-<params hash>` (a bench run: `<UTC start>`),
+    unique even within one second. The run is written in the temporary dir and renamed when it is complete."""
+    base = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + (f"-{params_hash}" if params_hash else "")
+    final, i = root / stem / base, 1
+    while final.exists():
+        i += 1
+        final = root / stem / f"{base}-{i}"
+    tmp = root / stem / f".tmp-{final.name}-{os.getpid()}"
+    tmp.mkdir(parents=True)
+    return tmp, final
+
+
+def start_record(stem: str, run_id: str, params=None) -> dict:
+    """run.json of a run that has just started (`status: running`): what it is (`stem`: a notebook, or `BENCH`),
+    when it started and the environment it runs in (`environment_record`); engines and model are recorded as the
+    run starts them (`Run.record_engine`, `Run.record_model`)."""
+    return {"status": "running", "notebook": stem, "run_id": run_id,
+            "params_hash": params.hash() if params is not None else None, "started_at": utc_now(),
+            "finished_at": None, "duration_s": None, **environment_record(params), "engines": {}, "model": None,
+            "error": None}
+
+
+def finish_record(record: dict, started: float, error: str | None) -> dict:
+    """`record` of a run that has ended: `ok` only without an error, when it finished, and its wall time since
+    `started` (`time.time()` at its start)."""
+    return {**record, "status": "failed" if error else "ok", "finished_at": utc_now(),
+            "duration_s": round(time.time() - started, 2), "error": error}

@@ -60,7 +60,8 @@ class DriftDetected(RlwbError, RuntimeError):
 
 
 class RunFailed(RlwbError, RuntimeError):
-    """`rlwb run` executed the notebook, which failed; the run is archived (as failed) at `run_dir`."""
+    """A run failed (`rlwb run`: the notebook raised; `rlwb bench`: a measurement did); it is archived (as failed)
+    at `run_dir`."""
 
     def __init__(self, run_dir: Path, error: str):
         self.run_dir, self.error = run_dir, error

@@ -1,4 +1,6 @@
-"""`rlwb publish RUN`: an archived run copied into the repository as a run of record (`docs/runs/<stem>/<run id>/`).
+"""`rlwb publish RUN`: an archived run copied into the repository as a run of record (`docs/runs/<stem>/<run id>/`):
+a notebook run (`outputs/<notebook stem>/<run id>`) or an `rlwb bench` run (`outputs/bench/<run id>` ->
+`docs/runs/bench/<run id>/`: bench.json, bench.md, run.json and figures/; the same provenance and the same checks).
 
 Why a run of record lives in the repository: a number the README or docs/ quote, or a figure a paper shows, must
 be checkable by a reader who has nothing but a clone. `outputs/` is gitignored and exists on one machine; a run

@@ -8,7 +8,8 @@ is, right after it:
     | `bf16` | 3.7e-05<!--=bf16/k3_mean--> [...] | 77%<!--=bf16/same_tokens_frac--> | ...
 
 `<stem>/<run id>` is an archived run, `outputs/<stem>/<run id>*` (the id is the directory's time stamp, its
-params hash may follow); `bench/<run id>` is an `rlwb bench` run (`outputs/bench/<run id>/bench.json`). `build`
+params hash may follow); `bench/<run id>` is an `rlwb bench` run (`outputs/bench/<run id>/bench.json`; published
+as a run of record like a notebook run, `docs/runs/bench/<run id>/`). `build`
 (optional) is the weights checksum of the model the run must have used. A run declaration holds for the annotated
 numbers after it until the next one; `<!-- rlwb:run none -->` ends it. The metric is a key of the run's
 `metrics.json` (or `bench.json`); a number ending in `%` quotes the metric times 100. Code (inline `...` and
@@ -131,8 +132,9 @@ def _newest(run: str, cited: Path) -> Path | None:
     """The newest finished run of the same notebook on the same model build as the cited one (a run of another
     model answers another question: it cannot make a number stale); for the bench, its newest directory."""
     stem, outputs = run.partition("/")[0], cited.parent.parent  # the archive the cited run is in
-    if stem == "bench":
-        runs = sorted(d for d in (outputs / "bench").iterdir() if (d / "bench.json").exists())
+    if stem == archive.BENCH:  # a finished bench (one from before benches had a run.json: no status)
+        runs = sorted(d for d in (outputs / stem).iterdir() if (d / "bench.json").exists()
+                      and archive.read_json(d / "run.json", {}).get("status") in (None, "ok"))
     else:
         build = _build(cited)
         runs = sorted(d for d in (outputs / stem).iterdir() if d.is_dir() and not d.name.startswith(".")

@@ -64,18 +64,6 @@ def resolve_notebook(notebook: str | os.PathLike) -> Path:
     raise params_mod.ParamError(f"notebook {str(notebook)!r} not found; known notebooks: {known}")
 
 
-def new_run_dir(root: Path, stem: str, params_hash: str) -> tuple[Path, Path]:
-    """(temporary dir, final dir) for a new run; the final name is unique even within one second."""
-    base = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{params_hash}"
-    final, i = root / stem / base, 1
-    while final.exists():
-        i += 1
-        final = root / stem / f"{base}-{i}"
-    tmp = root / stem / f".tmp-{final.name}-{os.getpid()}"
-    tmp.mkdir(parents=True)
-    return tmp, final
-
-
 class ProgressEcho(threading.Thread):
     """Copies the kernel's progress log (`rlwb.progress`) to this process's stderr as lines arrive, so a
     person running `rlwb run` sees progress while the bars stay out of the notebook and its report."""
@@ -117,12 +105,10 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     params = params_mod.load(nb.stem, files, overrides)
     root = outputs_dir(outputs)
     archive.check_writable(root)
-    tmp, final = new_run_dir(root, nb.stem, params.hash())
+    tmp, final = archive.new_run_dir(root, nb.stem, params.hash())
     (tmp / "params.yaml").write_text(yaml.safe_dump(params.to_dict(), sort_keys=False))
     started = time.time()
-    record = {"status": "running", "notebook": nb.stem, "run_id": final.name, "params_hash": params.hash(),
-              "started_at": archive.utc_now(), "finished_at": None, "duration_s": None,
-              **archive.environment_record(params), "engines": {}, "model": None, "error": None}
+    record = archive.start_record(nb.stem, final.name, params)
     archive.write_json(tmp / "run.json", record)
     archive.write_json(tmp / "metrics.json", {})
 
@@ -164,8 +150,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         else:
             os.environ["RLWB_RUN_DIR"] = old_env
     # Finish: provenance, HTML, atomic rename. The notebook's own run.json updates (engines, model) stay.
-    record = {**archive.read_json(tmp / "run.json", record), "status": "failed" if error else "ok",
-              "finished_at": archive.utc_now(), "duration_s": round(time.time() - started, 2), "error": error}
+    record = archive.finish_record(archive.read_json(tmp / "run.json", record), started, error)
     archive.write_json(tmp / "run.json", record)
     t_report = time.time()
     if (tmp / "notebook.ipynb").exists():

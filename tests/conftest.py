@@ -45,6 +45,31 @@ def notebook00_runs(tmp_path_factory, default_model) -> tuple[Path, list[Path]]:
                  for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20"))]
 
 
+BENCH_SIZES = {"batch_sizes": [1, 2], "max_tokens": 4, "repeats": 1}  # `bench_run`'s measurement
+
+
+@pytest.fixture(scope="session")
+def bench_run(tmp_path_factory, engine) -> tuple[Path, dict]:
+    """(run dir, the numbers measured): an `rlwb bench` run archived by the bench's own `run()` around a real
+    measurement small enough for the suite: the `hf` engine's tokens/s at batch 1 and 2, 4 tokens, one repeat
+    (`BENCH_SIZES`; the whole bench is minutes of every engine and peer, `make bench`). Read-only: a test that changes
+    the run copies it first."""
+    from rlwb.bench import throughput as bench
+
+    measured: dict = {}
+
+    def small(model_path, cfg, run, progress):
+        w = engine("hf")
+        assert str(model_path) == w.info()["model"]  # the model the run recorded is the one measured
+        run.record_engine(w.info())
+        for bs in cfg["batch_sizes"]:
+            measured[f"tput/hf/bs{bs}"] = bench.throughput(w, bs, cfg["max_tokens"], cfg["repeats"])
+        return dict(measured)
+
+    out = tmp_path_factory.mktemp("bench-archive")
+    return bench.run(out, progress=False, measure=small, cfg={**bench.settings(quick=True), **BENCH_SIZES}), measured
+
+
 def copy_archive(root: Path, dest: Path) -> tuple[Path, dict[str, Path]]:
     """A writable copy of an archive (links kept); returns it and a map run name -> its copy."""
     shutil.copytree(root, dest, symlinks=True)

@@ -7,6 +7,7 @@ phase splits that add up. The baselines run under other interpreters (the engine
 import or API drift shows only when they run — the bench once shipped a broken import that nothing caught.
 """
 
+import json
 import statistics
 
 import pytest
@@ -91,5 +92,70 @@ def test_trl_vllm_peer_runs_the_same_algorithm_as_rlwb(default_model, tmp_path):
     for key in (f"scaling/trl_vllm/n{n}", f"scaling/rlwb/n{n}", "trl_vllm/no_correction/trl",
                 "trl_vllm/no_correction/rlwb"):
         assert res[f"{key}/step_s"] > 0 and res[f"{key}/tok_s"] > 0, key
-    assert bench._scaling_figure({**res, "machine": {"cores": 2}}, tmp_path / "scaling")
+    fig = bench.scaling_figure({**res, "machine": {"cores": 2}})
+    assert fig is not None
+    fig.savefig(tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+@pytest.mark.engines
+def test_a_bench_run_records_a_notebook_runs_provenance(bench_run, default_model):
+    """A bench run (`run()` around a real, small measurement: tests/conftest.py `bench_run`) is archived as a notebook
+    run is: under `bench/<UTC start>`, with the same run.json fields (`archive.start_record`), the engine it measured
+    with, the model build's card with its published-checksum verdict, `ok` once finished; its numbers in bench.json
+    as measured, its table and its figure (naming the run). `rlwb runs` lists it; `rlwb times` (the notebooks'
+    wall time) does not."""
+    from rlwb import archive
+    from rlwb.plots import figure_source
+    from rlwb.reports.times import time_table
+    from tests.conftest import BENCH_SIZES
+
+    run_dir, measured = bench_run
+    assert run_dir.parent.name == archive.BENCH and not list(run_dir.parent.glob(".tmp*"))
+    info = json.loads((run_dir / "run.json").read_text())
+    assert set(archive.start_record("x", "y")) <= set(info)  # every field a notebook run has
+    assert info["status"] == "ok" and info["error"] is None
+    assert info["notebook"] == archive.BENCH and info["run_id"] == run_dir.name
+    assert info["started_at"] <= info["finished_at"] and info["duration_s"] > 0
+    here = archive.git_info()
+    assert info["git_commit"] == here["git_commit"] and isinstance(info["git_dirty"], bool)
+    assert info["host"] == archive.host_info() and info["packages"]["torch"] == torch.__version__
+    assert set(info["engines"]) == {"hf"} and info["engines"]["hf"]["transformers_version"]
+    card = info["model"]["card"]
+    assert info["model"]["weights_sha256_16"] == card["weights_sha256_16"] == default_model.card["weights_sha256_16"]
+    assert card["weights_match_published"] is True  # what `rlwb publish` checks
+    res = json.loads((run_dir / "bench.json").read_text())
+    assert {k: res[k] for k in measured} == measured and all(v > 0 for v in measured.values())
+    assert res["settings"] == {**bench.settings(quick=True), **BENCH_SIZES}
+    assert res["model"]["weights_sha256_16"] == card["weights_sha256_16"] and res["machine"] == info["host"]
+    table = (run_dir / "bench.md").read_text()
+    assert f"| `hf` | {measured['tput/hf/bs1']:.0f} | {measured['tput/hf/bs2']:.0f} |" in table
+    assert "hf samples" in info["answer"] and info["question"] == bench.QUESTION
+    assert figure_source(run_dir / "figures" / "throughput.png") == f"bench/{run_dir.name}"
+    assert not (run_dir / "figures" / "scaling.png").exists()  # no scaling measured: no empty figure
+    runs = archive.list_runs(run_dir.parent.parent)
+    assert [(r["notebook"], r["run_id"]) for r in runs] == [("bench", run_dir.name)]
+    assert time_table(runs) == []
+
+
+def test_a_bench_that_fails_is_archived_as_failed(tmp_path, default_model):
+    """A measurement that raises: the run is still archived, with `status: failed`, the error and its traceback, and
+    no bench.json (nothing to quote); `RunFailed` names it, and `rlwb publish` refuses it even from a clean tree."""
+    from rlwb import archive, publish
+    from rlwb.errors import RunFailed
+
+    def broken(model_path, cfg, run, progress):
+        raise RuntimeError("the engine died")
+
+    with pytest.raises(RunFailed, match="RuntimeError: the engine died") as e:
+        bench.run(tmp_path, progress=False, measure=broken)
+    run_dir = e.value.run_dir
+    assert run_dir.parent == tmp_path / archive.BENCH and run_dir.is_dir()
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"] == "RuntimeError: the engine died" and info["finished_at"]
+    assert info["model"]["card"]["weights_sha256_16"]  # recorded before the measurement
+    assert not (run_dir / "bench.json").exists() and "the engine died" in (run_dir / "logs/traceback.txt").read_text()
+    info["git_dirty"] = False  # refused for having failed, whatever the tree
+    (run_dir / "run.json").write_text(json.dumps(info))
+    with pytest.raises(publish.PublishRefused, match=r"did not finish \(status 'failed': RuntimeError: the engine"):
+        publish.publish(run_dir, tmp_path / "runs")

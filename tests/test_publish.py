@@ -6,6 +6,8 @@ only way to have, in one session, a failed run, a dirty-tree run and a run on an
 notebook."""
 
 import json
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from PIL import Image
 
 from rlwb import publish
 from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
+from rlwb.reports.index import run_page
 from tests.conftest import copy_archive, rlwb
 
 
@@ -129,17 +132,16 @@ def test_runs_of_record_are_within_their_size_limits_and_publishable():
         assert "left_out" in json.loads((run / "run.json").read_text())["published"]
     tracked = subprocess.run(["git", "ls-files", "docs/runs"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
     assert all(f"{r.relative_to(REPO_ROOT).as_posix()}/run.json" in tracked for r in runs), "a run is untracked"
-    # the index page of the folder (rebuilt by `rlwb publish`) has every run's report one click away
+    # the index page of the folder (rebuilt by `rlwb publish`) has every run's report (a bench run's table) one click
+    # away
     index = (RUNS_OF_RECORD / "index.html").read_text()
     for run in runs:
-        assert f'href="{run.parent.name}/{run.name}/report.html"' in index, run
+        assert f'href="{run.parent.name}/{run.name}/{run_page(run)}"' in index, run
 
 
 def test_a_shipped_figure_regenerates_from_its_shipped_data(tmp_path):
     """`rlwb figures` on a copy of a run of record redraws each figure from data/ alone: pixel-close to the shipped
     PNG (same size, mean |difference| below 1% of full scale), and the file names the run that made it."""
-    import shutil
-
     from rlwb.plots import figure_source
 
     run = _published_runs()[0]
@@ -155,3 +157,62 @@ def test_a_shipped_figure_regenerates_from_its_shipped_data(tmp_path):
         assert shipped.shape == redrawn.shape, png.name
         assert np.abs(shipped - redrawn).mean() < 0.01 * 255, png.name
         assert figure_source(png) == figure_source(run / "figures" / png.name) == f"{run.parent.name}/{run.name}"
+
+
+def _bench_copy(bench_run, tmp_path) -> Path:
+    """A writable copy of the session's bench run, as if made from a committed tree (`_as_committed`)."""
+    run_dir, _ = bench_run
+    copy = tmp_path / "archive" / "bench" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    return _edit(copy, _as_committed)
+
+
+@pytest.mark.engines
+def test_a_bench_run_publishes_as_a_run_of_record(bench_run, tmp_path):
+    """`rlwb publish outputs/bench/<id>` (tests/conftest.py `bench_run`: a real, small bench run) copies it to
+    `<runs of record>/bench/<id>/` with its numbers, table, provenance and figures; the folder's index lists it, its
+    table and figure one click away (a bench run has no report.html); its figures regenerate from the shipped
+    bench.json and name it. The size plan may leave the figures' SVG copies out, and says so. The checks are a
+    notebook run's: a run from a dirty tree is refused."""
+    from rlwb.plots import figure_source
+    from rlwb.reports.figures import regenerate_figures
+
+    run = _bench_copy(bench_run, tmp_path)
+    dest = tmp_path / "runs"
+    r = rlwb("publish", str(run), "--to", str(dest))
+    assert r.returncode == 0, r.stderr
+    copy = Path(r.stdout.strip().splitlines()[-1])
+    assert copy == dest / "bench" / run.name
+    for f in ("bench.json", "bench.md", "run.json", "figures/throughput.png", "figures/throughput.pdf",
+              "figures/throughput.svg"):
+        assert (copy / f).is_file(), f
+    assert json.loads((copy / "bench.json").read_text()) == json.loads((run / "bench.json").read_text())
+    record = json.loads((copy / "run.json").read_text())
+    assert record["published"]["left_out"] == [] and record["git_commit"] and record["model"]["card"]
+    index = (dest / "index.html").read_text()
+    rel = f"bench/{run.name}"
+    assert f'href="{rel}/bench.md"' in index and f'href="{rel}/figures/throughput.png"' in index
+    assert f'href="{rel}/bench.json"' in index and "hf samples" in index
+    hrefs = re.findall(r'(?:href|src)="([^"#]+)"', index)
+    assert hrefs and [h for h in hrefs if not (dest / h).is_file()] == []  # every link of the page resolves
+
+    redrawn = tmp_path / "redrawn" / "bench" / run.name
+    shutil.copytree(copy, redrawn)
+    (redrawn / "figures" / "throughput.png").unlink()
+    assert regenerate_figures(redrawn) == [redrawn / "figures" / "throughput.png"]
+    shipped = np.asarray(Image.open(copy / "figures" / "throughput.png").convert("RGB"), dtype=float)
+    again = np.asarray(Image.open(redrawn / "figures" / "throughput.png").convert("RGB"), dtype=float)
+    assert shipped.shape == again.shape and np.abs(shipped - again).mean() < 0.01 * 255
+    assert figure_source(redrawn / "figures" / "throughput.png") == rel
+
+    svgs = sorted((run / "figures").glob("*.svg"))
+    smaller = publish.publish(run, tmp_path / "small-runs",
+                              run_limit=publish.tree_bytes(run) - sum(f.stat().st_size for f in svgs))
+    left = json.loads((smaller / "run.json").read_text())["published"]["left_out"]
+    assert [c["path"] for c in left] == [f.relative_to(run).as_posix() for f in svgs]
+    assert not list((smaller / "figures").glob("*.svg")) and (smaller / "figures" / "throughput.pdf").exists()
+
+    _edit(run, lambda i: i.update(git_dirty=True))
+    with pytest.raises(publish.PublishRefused, match=f"^bench/{run.name} was made from a dirty tree"):
+        publish.publish(run, tmp_path / "other-runs")
+

@@ -158,3 +158,33 @@ def test_every_quoted_number_checks_on_a_clean_clone_of_this_repository():
     verdicts = readme_check.check_clean_clone(REPO_ROOT)
     bad = [v for v in verdicts if v.status in ("mismatch", "missing")]
     assert verdicts and not bad, readme_check.report(bad)
+
+
+@pytest.mark.engines
+def test_a_clean_clone_checks_numbers_quoted_from_a_bench_run_of_record(bench_run, tmp_path):
+    """A page quoting an `rlwb bench` run (tests/conftest.py `bench_run`: a real, small one) that `rlwb publish` put in
+    a repository's docs/runs/bench/: on a clean clone the run is found among the runs of record, a number quoted
+    rightly (with the build it ran on) matches, and a drifted one does not."""
+    import shutil
+
+    from rlwb import publish
+
+    run_dir, measured = bench_run
+    copy = tmp_path / "outputs" / "bench" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    info = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**info, "git_dirty": False}))  # as if made from a committed tree
+    repo = tmp_path / "repo"
+    publish.publish(copy, repo / "docs" / "runs")
+    (repo / "README.md").write_text("# front page\n")
+    bs1, bs2 = measured["tput/hf/bs1"], measured["tput/hf/bs2"]
+    (repo / "docs" / "performance.md").write_text(
+        f"<!-- rlwb:run bench/{run_dir.name} build {info['model']['weights_sha256_16']} -->\n"
+        f"`hf` at batch 1: {bs1:,.1f}<!--=tput/hf/bs1--> tokens/s; at batch 2, misquoted: "
+        f"{bs2 * 1.1 + 1:,.1f}<!--=tput/hf/bs2--> tokens/s.\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "a bench run of record and the page citing it")
+    verdicts = readme_check.check_clean_clone(repo)
+    assert [(v.quote.key, v.status) for v in verdicts] == [("tput/hf/bs1", "match"), ("tput/hf/bs2", "mismatch")]
+    assert verdicts[1].detail == f"the run says {bs2:.6g}"

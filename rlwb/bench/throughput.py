@@ -1,7 +1,10 @@
 """`rlwb bench`: throughput and overhead ratios measured in one run (never timed tests).
 
-Writes `outputs/bench/<UTC time>/bench.json`, `bench.md` (a table) and `throughput.png`. Every number is
-measured here, with the machine's CPU, cores and versions recorded beside it. Keys:
+Writes `outputs/bench/<UTC start>/`: `bench.json` (every number), `bench.md` (a table), `figures/throughput.*` and
+`figures/scaling.*`, and `run.json`, the provenance a notebook run has (`archive.start_record`: commit and whether the
+tree was clean, host, packages, each engine's `info()`, the model build's card; `status: ok` only once everything is
+written, a failure archived as failed), so a bench run can be published as a run of record
+(`rlwb publish outputs/bench/<run id>` -> `docs/runs/bench/<run id>/`). Every number is measured here. Keys:
     tput/<preset>/bs<N>                       generated tokens/s (fixed length, EOS ignored, median of repeats)
     retention/vllm-v1-fixed_vs_vllm-v0/bs<N>  ratio of the two
     worker_overhead_ratio                     rlwb worker generate / llm.generate in one process, same engine spec
@@ -40,7 +43,6 @@ from pathlib import Path
 from rlwb import archive
 from rlwb.core.data import tasks
 from rlwb.core.data.tokenizer import encode_prompt
-from rlwb.core.models.store import model_card, resolve_model
 from rlwb.engines.presets import resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
 
@@ -352,23 +354,31 @@ def trl_step(model_path, steps: int, rlwb_step_s: float | None) -> dict:
                          "batch shape as grpo/step_s"}
 
 
-def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
-    from rlwb.progress import progress_bar
+QUESTION = "How fast do the engines sample here, and what do rlwb's worker and GRPO step cost against the baselines?"
 
-    model_path = resolve_model("default", progress=False)
+
+def settings(quick: bool = False) -> dict:
+    """The bench's sizes (`--quick`: fewer batch sizes and repeats, shorter requests), recorded in bench.json."""
     batch_sizes = [1, 16] if quick else [1, 16, 64]
     repeats, max_tokens = (2, 32) if quick else (3, 64)
-    card = model_card(model_path) or {}
-    res: dict = {"machine": archive.host_info(), "packages": archive.package_versions(),
-                 "model": {"path": str(model_path), "recipe_hash": card.get("recipe_hash"),
-                           "weights_sha256_16": card.get("weights_sha256_16")},
-                 "started_at": archive.utc_now(),
-                 "settings": {"batch_sizes": batch_sizes, "repeats": repeats, "max_tokens": max_tokens,
-                              "dtype": "float32", "quick": quick}}
+    return {"batch_sizes": batch_sizes, "repeats": repeats, "max_tokens": max_tokens, "dtype": "float32",
+            "quick": quick}
+
+
+def measure(model_path, cfg: dict, run: archive.Run, progress: bool = True) -> dict:
+    """Every measurement of the bench at sizes `cfg` (`settings`), each engine's `info()` recorded in `run`'s
+    run.json as it starts (`Run.record_engine`, as a notebook run records its engines)."""
+    from rlwb.progress import progress_bar
+
+    quick, batch_sizes = cfg["quick"], cfg["batch_sizes"]
+    repeats, max_tokens = cfg["repeats"], cfg["max_tokens"]
+    res: dict = {}
     engines = {}
     for name in progress_bar(PRESETS, desc="throughput", disable=not progress):
         with EngineWorker(name, model_path) as w:
-            engines[name] = {k: w.info().get(k) for k in ("engine", "vllm_version", "torch_version")}
+            info = w.info()
+            run.record_engine(info)
+            engines[name] = {k: info.get(k) for k in ("engine", "vllm_version", "torch_version")}
             for bs in batch_sizes:
                 res[f"tput/{name}/bs{bs}"] = throughput(w, bs, max_tokens, repeats)
     res["engines"] = engines
@@ -380,14 +390,82 @@ def run(outputs: Path, quick: bool = False, progress: bool = True) -> Path:
     res.update(score_memory())
     res.update(trl_step(model_path, 2 if quick else 5, res.get("grpo/step_s")))
     res.update(trl_vllm(model_path, 2 if quick else 4, sizes=SCALING_PROMPTS[1:3] if quick else SCALING_PROMPTS))
-    res["finished_at"] = archive.utc_now()
-    out = outputs / "bench" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    out.mkdir(parents=True, exist_ok=True)
-    archive.write_json(out / "bench.json", res)
-    (out / "bench.md").write_text(markdown(res))
-    _figure(res, out / "throughput")
-    _scaling_figure(res, out / "scaling")
-    return out
+    return res
+
+
+def run(outputs: Path, quick: bool = False, progress: bool = True, measure=measure, cfg: dict | None = None) -> Path:
+    """Measure (`measure(model_path, cfg, run, progress)` at the sizes `cfg`, by default `settings(quick)`) and
+    archive: `outputs/bench/<UTC start>/`, written under a temporary name and renamed when done, like a notebook run.
+    Its run.json is started and finished as a notebook run's is (`archive.start_record` / `finish_record`), the model
+    recorded as a notebook records it (`rlwb.notebook.use_model`: the build's card, so `rlwb publish` checks its
+    published checksum), the engines as they start. `ok` only when every measurement, bench.json, bench.md and the
+    figures were written; otherwise the run is archived as failed, with the error (its traceback in logs/), and
+    `RunFailed` is raised."""
+    import traceback
+
+    from rlwb.errors import RunFailed
+    from rlwb.notebook import use_model
+
+    outputs = Path(outputs)
+    archive.check_writable(outputs)
+    tmp, final = archive.new_run_dir(outputs, archive.BENCH)
+    started = time.time()
+    record = {**archive.start_record(archive.BENCH, final.name), "question": QUESTION}
+    archive.write_json(tmp / "run.json", record)
+    handle = archive.Run(tmp)
+    cfg, error = cfg or settings(quick), None
+    try:
+        model_path = use_model(handle, "default")
+        model = archive.read_json(tmp / "run.json", {})["model"]
+        res = {"machine": record["host"], "packages": record["packages"],
+               "model": {k: model[k] for k in ("path", "recipe_hash", "weights_sha256_16")},
+               "started_at": record["started_at"], "settings": cfg, **measure(model_path, cfg, handle, progress)}
+        res["finished_at"] = archive.utc_now()
+        archive.write_json(tmp / "bench.json", res)
+        (tmp / "bench.md").write_text(markdown(res))
+        save_figures(res, tmp / "figures", f"{archive.BENCH}/{final.name}")
+        handle.record_provenance(answer=answer(res))
+    except KeyboardInterrupt:
+        error = "interrupted"
+    except Exception as e:  # archived as failed, with what failed
+        error = f"{type(e).__name__}: {e}"
+        (tmp / "logs").mkdir(exist_ok=True)
+        (tmp / "logs" / "traceback.txt").write_text(traceback.format_exc())
+    archive.write_json(tmp / "run.json", archive.finish_record(archive.read_json(tmp / "run.json", record), started,
+                                                               error))
+    if not any((tmp / "data").iterdir()):  # `archive.Run` made it; a bench's numbers are in bench.json
+        (tmp / "data").rmdir()
+    tmp.rename(final)
+    if error:
+        raise RunFailed(final, error)
+    return final
+
+
+def _measured_presets(res: dict) -> list[str]:
+    bss = res["settings"]["batch_sizes"]
+    return [p for p in PRESETS if all(f"tput/{p}/bs{b}" in res for b in bss)]
+
+
+def answer(res: dict) -> str:
+    """The bench's finding in one line, for the runs' index: its ratios, each saying what it compares."""
+    bss = res["settings"]["batch_sizes"]
+    at = " / ".join(map(str, bss))
+    ratios = [res.get(f"retention/vllm-v1-fixed_vs_vllm-v0/bs{b}") for b in bss]
+    parts = []
+    if all(r is not None for r in ratios):
+        parts.append(f"vllm-v1-fixed samples {' / '.join(f'{r:.2f}' for r in ratios)}× vllm-v0's tokens/s at "
+                     f"batch {at}")
+    else:
+        for p in _measured_presets(res):
+            rates = " / ".join(f"{res[f'tput/{p}/bs{b}']:.0f}" for b in bss)
+            parts.append(f"{p} samples {rates} tokens/s at batch {at}")
+    for key, said in (("worker_overhead_ratio", "rlwb's worker takes {:.2f}× llm.generate's time in one process"),
+                      ("grpo/rlwb_vs_minimal", "rlwb's GRPO step {:.2f}× a minimal loop's"),
+                      ("speedup_vs_trl_vllm", "TRL + vLLM's step {:.2f}× rlwb's (same algorithm)")):
+        if isinstance(res.get(key), (int, float)):
+            parts.append(said.format(res[key]))
+    machine = res["machine"]
+    return "; ".join(parts) + f" ({machine.get('gpu') or machine.get('cpu')}, {machine.get('cores')} cores)"
 
 
 def markdown(res: dict) -> str:
@@ -395,12 +473,13 @@ def markdown(res: dict) -> str:
     lines = [f"Measured {res['started_at']} on {res['machine']['cpu']} ({res['machine']['cores']} cores), fp32, "
              f"{res['settings']['max_tokens']} tokens per request, median of {res['settings']['repeats']}.", "",
              "| preset | " + " | ".join(f"bs {b} tok/s" for b in bss) + " |", "|---|" + "---|" * len(bss)]
-    for p in PRESETS:
+    for p in _measured_presets(res):
         lines.append(f"| `{p}` | " + " | ".join(f"{res[f'tput/{p}/bs{b}']:.0f}" for b in bss) + " |")
-    lines += ["", "| ratio | value |", "|---|---|"]
+    table = ["", "| ratio | value |", "|---|---|"]
+    lines += table
     for b in bss:
-        ratio = res[f"retention/vllm-v1-fixed_vs_vllm-v0/bs{b}"]
-        lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {ratio:.2f} |")
+        if (ratio := res.get(f"retention/vllm-v1-fixed_vs_vllm-v0/bs{b}")) is not None:
+            lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {ratio:.2f} |")
     for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/minimal_step_s", "grpo/rlwb_vs_minimal",
               *(f"grpo/{ph}_vs_minimal" for ph in GRPO_PHASES), "trl/step_s",
               "speedup_vs_trl", "trl_vllm/step_s", "speedup_vs_trl_vllm", "trl_vllm/no_correction/trl/step_s",
@@ -417,22 +496,47 @@ def markdown(res: dict) -> str:
         lines.append(f"| trl_vllm/patches | {'; '.join(res['trl_vllm/patches'])} |")
     for d in res.get("trl_vllm/differences") or []:
         lines.append(f"| TRL + vLLM vs rlwb, not made equal | {d} |")
+    if lines[-len(table):] == table:  # no ratio measured (a partial bench): no empty table
+        del lines[-len(table):]
     return "\n".join(lines) + "\n"
 
 
-def _figure(res: dict, stem: Path) -> None:
+def save_figures(res: dict, figures: Path, source: str | None = None, style: str = "notebook") -> list[Path]:
+    """The bench's figures (`draw_figures`) as `figures/<name>.{png,pdf,svg}`, each naming the run that made it
+    (`source`: `bench/<run id>`); returns the PNGs."""
+    import matplotlib.pyplot as plt
+
+    from rlwb import plots
+
+    written = []
+    for name, fig in draw_figures(res, style):
+        written.append(plots.save_figure(fig, Path(figures) / name, source))
+        plt.close(fig)
+    return written
+
+
+def draw_figures(res: dict, style: str = "notebook"):
+    """(name, figure) for each figure a bench's results hold, drawn from bench.json alone (`rlwb figures` on a
+    bench run redraws them so): `throughput`, and `scaling` when TRL + vLLM was measured."""
+    yield "throughput", throughput_figure(res, style)
+    fig = scaling_figure(res, style)
+    if fig is not None:
+        yield "scaling", fig
+
+
+def throughput_figure(res: dict, style: str = "notebook"):
     import matplotlib.pyplot as plt
     import numpy as np
 
     from rlwb import plots
 
-    plots.set_style("notebook")
-    bss = res["settings"]["batch_sizes"]
-    fig, ax = plt.subplots(figsize=plots.figsize("notebook"))
+    plots.set_style(style)
+    bss, presets = res["settings"]["batch_sizes"], _measured_presets(res)
+    fig, ax = plt.subplots(figsize=plots.figsize(style))
     w = 0.8 / len(PRESETS)
-    for i, p in enumerate(PRESETS):
-        ax.bar(np.arange(len(bss)) + (i - 1.5) * w, [res[f"tput/{p}/bs{b}"] for b in bss], w, label=p,
-               color=plots.engine_color(p))
+    for i, p in enumerate(presets):
+        ax.bar(np.arange(len(bss)) + (i - (len(presets) - 1) / 2) * w, [res[f"tput/{p}/bs{b}"] for b in bss], w,
+               label=p, color=plots.engine_color(p))
     ax.set_xticks(range(len(bss)), [f"batch {b}" for b in bss])
     ax.set_yscale("log")
     ax.set_ylabel("generated tokens / s")
@@ -440,12 +544,12 @@ def _figure(res: dict, stem: Path) -> None:
     ax.grid(axis="x", visible=False)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    plots.save_figure(fig, stem)
-    plt.close(fig)
+    return fig
 
 
-def _scaling_figure(res: dict, stem: Path) -> bool:
-    """Step time and completion-token throughput vs completions per step, rlwb vs TRL + vLLM (same engine)."""
+def scaling_figure(res: dict, style: str = "notebook"):
+    """Step time and completion-token throughput vs completions per step, rlwb vs TRL + vLLM (same engine); None
+    when neither loop was measured."""
     import matplotlib.pyplot as plt
 
     from rlwb import plots
@@ -455,9 +559,9 @@ def _scaling_figure(res: dict, stem: Path) -> bool:
     series = {lp: sorted((int(k.split("/")[2][1:]), v) for k, v in res.items()
                          if k.startswith(f"scaling/{lp}/") and k.endswith("/step_s") and v) for lp in loops}
     if not any(series.values()):
-        return False
-    plots.set_style("notebook")
-    fig, axes = plt.subplots(1, 2, figsize=plots.figsize("notebook", 1.3))
+        return None
+    plots.set_style(style)
+    fig, axes = plt.subplots(1, 2, figsize=plots.figsize(style, 1.3))
     for lp, (label, color, ls) in loops.items():
         pts = series[lp]
         if not pts:
@@ -476,6 +580,4 @@ def _scaling_figure(res: dict, stem: Path) -> bool:
     fig.suptitle(f"GRPO step scaling on {res['machine']['cores']} CPU cores: same vLLM engine settings (fp32), "
                  f"both with TRL's IS correction (rlwb: trl.sequence_mask)", fontsize="medium")
     fig.tight_layout()
-    plots.save_figure(fig, stem)
-    plt.close(fig)
-    return True
+    return fig

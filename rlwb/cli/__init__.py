@@ -96,11 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("publish", help="copy an archived run into the repository's runs of record (docs/runs/); "
                                        "refuses a failed run, a dirty tree, a model build without a published "
                                        "checksum, a run over 5 MB")
-    r.add_argument("run_dir", help="an archived run, e.g. outputs/00_default_policy/20261125-221500-ab12cd34")
+    r.add_argument("run_dir", help="an archived run, e.g. outputs/00_default_policy/20261125-221500-ab12cd34 or "
+                                   "outputs/bench/20261126-090000")
     r.add_argument("--to", help="the runs-of-record folder (default: docs/runs)")
     r.set_defaults(fn=publish.cmd_publish)
 
-    r = sub.add_parser("bench", help="throughput and overhead ratios (outputs/bench/<time>/)")
+    r = sub.add_parser("bench", help="throughput and overhead ratios, archived with a run's provenance "
+                                     "(outputs/bench/<UTC start>/: publishable with `rlwb publish`)")
     r.add_argument("--quick", action="store_true", help="fewer batch sizes and repeats (a few minutes)")
     r.add_argument("--outputs")
     r.set_defaults(fn=maintenance.cmd_bench)

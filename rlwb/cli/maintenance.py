@@ -36,10 +36,20 @@ def cmd_readme_check(a) -> int:
 
 
 def cmd_bench(a) -> int:
+    """The bench's table, then its run directory (the last line of stdout, a failed run's too: it is archived as
+    failed, its error on stderr, exit 1), as `rlwb run` does."""
+    import sys
+
     from rlwb.bench import throughput as bench
+    from rlwb.errors import RunFailed
     from rlwb.paths import outputs_dir
 
-    out = bench.run(outputs_dir(a.outputs), quick=a.quick)
+    try:
+        out = bench.run(outputs_dir(a.outputs), quick=a.quick)
+    except RunFailed as e:
+        print(f"rlwb bench: {e.error}", file=sys.stderr)
+        print(e.run_dir)
+        return 1
     print((out / "bench.md").read_text())
     print(out)
     return 0

@@ -1,4 +1,4 @@
-"""`rlwb figures`: a run's figures regenerated from its data/ alone.
+"""`rlwb figures`: a run's figures regenerated from its data/ alone (a bench run's from its bench.json).
 
 Why figures come from `data/` alone: a figure in a paper must be rebuildable years later without engines,
 GPUs or training - only the archived parquet files and the plotting function (the same one the notebook
@@ -30,6 +30,14 @@ def draw_figures(run_dir: str | os.PathLike, style: str = "notebook") -> Iterato
     from rlwb.registry import NOTEBOOKS
 
     nb = notebook_of(run_dir)
+    if nb == archive.BENCH:  # `rlwb bench`: its figures are drawn from its numbers
+        from rlwb.bench.throughput import draw_figures as bench_figures
+
+        res = archive.read_json(run_dir / "bench.json")
+        if res is None:
+            raise FileNotFoundError(f"{run_dir / 'bench.json'} is missing or unreadable: cannot rebuild its figures")
+        yield from bench_figures(res, style)
+        return
     if nb not in NOTEBOOKS:
         raise ValueError(f"no figure recipes for notebook {nb!r}")
     plots.set_style(style)

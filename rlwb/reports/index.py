@@ -59,7 +59,8 @@ def trend_sections(root: Path, runs: list[dict]) -> list[dict]:
         plots.save_figure(fig, root / "trends" / nb)
         plt.close(fig)
         rows = [{"started": (p["run"].get("started_at") or "")[:16].replace("T", " "),
-                 "rel": os.path.relpath(p["run"]["dir"], root), "run_id": p["run"]["run_id"], "status": p["status"],
+                 "rel": os.path.relpath(p["run"]["dir"], root), "page": run_page(p["run"]["dir"]),
+                 "run_id": p["run"]["run_id"], "status": p["status"],
                  "commit": (p["run"].get("git_commit") or "")[:10], "versions": p["versions"],
                  "verdict": "" if p["drift"] is None else "DRIFT" if p["drift"] else "no drift",
                  "values": [metric(m, p["values"][m], ".3g") for m in metrics]}
@@ -71,6 +72,21 @@ def trend_sections(root: Path, runs: list[dict]) -> list[dict]:
 
 
 NO_ANSWER = "(no answer recorded: a run made before answers were archived)"
+PAGES = ("report.html", "bench.md")  # a run's page, the first it has: a notebook's report, a bench run's table
+
+
+def run_page(run_dir: str | os.PathLike) -> str:
+    """The file the index links a run by: its report.html, or, for an `rlwb bench` run (no notebook, no report), its
+    bench.md (a Markdown table a browser shows as text)."""
+    return next((f for f in PAGES if (Path(run_dir) / f).exists()), PAGES[0])
+
+
+def run_files(root: Path, run: dict) -> list[dict]:
+    """What the index links beside a run's page and figures: its params.yaml and, for a bench run, the bench.json
+    its numbers and figures come from (those it has)."""
+    d = Path(run["dir"])
+    return [{"href": os.path.relpath(d / f, root), "name": name}
+            for f, name in (("params.yaml", "params"), ("bench.json", "bench.json")) if (d / f).exists()]
 
 
 def latest_rows(root: Path, runs: list[dict]) -> list[dict]:
@@ -87,8 +103,8 @@ def latest_rows(root: Path, runs: list[dict]) -> list[dict]:
     for nb in order:
         r = newest[nb]
         build = (r.get("model") or {}).get("weights_sha256_16") or ""
-        rows.append({"notebook": nb, "question": NOTEBOOKS[nb].question if nb in NOTEBOOKS else "",
-                     "rel": os.path.relpath(r["dir"], root), "run_id": r["run_id"],
+        rows.append({"notebook": nb, "question": NOTEBOOKS[nb].question if nb in NOTEBOOKS else r.get("question") or "",
+                     "rel": os.path.relpath(r["dir"], root), "page": run_page(r["dir"]), "run_id": r["run_id"],
                      "started": (r.get("started_at") or "")[:16].replace("T", " "), "build": build,
                      "model_name": (run_model_name(r) or "") if build else "",
                      "answer": r.get("answer") or NO_ANSWER})
@@ -104,7 +120,8 @@ def run_rows(root: Path, runs: list[dict]) -> list[dict]:
         engines = r.get("engines") or {}
         status = r.get("status", "?")
         rows.append({
-            "notebook": r["notebook"], "rel": os.path.relpath(r["dir"], root), "run_id": r["run_id"],
+            "notebook": r["notebook"], "rel": os.path.relpath(r["dir"], root), "page": run_page(r["dir"]),
+            "run_id": r["run_id"],
             "started": (r.get("started_at") or "")[:19].replace("T", " "), "status": status,
             "error": (r.get("error") or "")[:200], "duration": number(r.get("duration_s"), ".4g"),
             "commit": (r.get("git_commit") or "")[:10] + (" (dirty)" if r.get("git_dirty") else ""),
@@ -113,7 +130,8 @@ def run_rows(root: Path, runs: list[dict]) -> list[dict]:
             "headline": [{"key": k, "value": metric(k, r["metrics"].get(k), ".4g")}
                          for k in headline(r["notebook"])[:3]],
             "figures": [{"href": os.path.relpath(f, root), "name": f.stem}
-                        for f in sorted(Path(r["dir"], "figures").glob("*.png"))]})
+                        for f in sorted(Path(r["dir"], "figures").glob("*.png"))],
+            "files": run_files(root, r)})
     return rows
 
 

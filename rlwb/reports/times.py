@@ -6,12 +6,15 @@ from __future__ import annotations
 def time_table(runs: list[dict], since: str | None = None) -> list[dict]:
     """The latest finished run of each notebook (started at or after `since`, an ISO UTC time, when given):
     its wall time split by phase (`time_s` in run.json; runs archived before the split have the total only),
-    then a total row. Rows are dicts: notebook, run_id, then the phases of `rlwb.timing`, other and total."""
+    then a total row. Rows are dicts: notebook, run_id, then the phases of `rlwb.timing`, other and total. Bench runs
+    (`rlwb bench`) are not notebooks: the total is what the notebooks' runs took (`make reports`)."""
+    from rlwb.archive import BENCH
     from rlwb.timing import PHASES
 
     latest: dict[str, dict] = {}
     for r in runs:  # newest first
-        if r.get("status") != "ok" or r["notebook"] in latest or (since and (r.get("started_at") or "") < since):
+        if r["notebook"] == BENCH or r.get("status") != "ok" or r["notebook"] in latest or \
+                (since and (r.get("started_at") or "") < since):
             continue
         latest[r["notebook"]] = r
     cols = [*PHASES, "other", "total"]
