@@ -22,7 +22,7 @@ import yaml
 from rlwb import archive, timing
 from rlwb import params as params_mod
 from rlwb.errors import RunFailed
-from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
+from rlwb.paths import NOTEBOOKS_DIR, REPO_ROOT, outputs_dir
 from rlwb.progress import PROGRESS_LOG
 
 
@@ -98,6 +98,14 @@ class _Interrupted(BaseException):
     pass
 
 
+def kernel_pythonpath(repo: Path, current: str | None) -> str:
+    """PYTHONPATH for the notebook's kernel: `repo` first, so the kernel imports the rlwb that launched it.
+
+    Why: `pip install -e` maps `rlwb` to one checkout. A second clone or a git worktree using the same .venv would
+    otherwise execute the installed checkout's code in the kernel while run.json names this checkout's commit."""
+    return os.pathsep.join([str(repo), *([current] if current else [])])
+
+
 def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | None = None,
         outputs: str | os.PathLike | None = None, log_output: bool = False) -> Path:
     """Execute and archive; returns the run dir. Raises ParamError (before compute) or RunFailed."""
@@ -125,6 +133,8 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_env = os.environ.get("RLWB_RUN_DIR")
     os.environ["RLWB_RUN_DIR"] = str(tmp)
+    old_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = kernel_pythonpath(REPO_ROOT, old_path)
     error = None
     echo = ProgressEcho(tmp / PROGRESS_LOG)
     try:
@@ -145,10 +155,11 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         signal.signal(signal.SIGINT, old_int)
         if stop and error is None:
             error = "interrupted"
-        if old_env is None:
-            os.environ.pop("RLWB_RUN_DIR", None)
-        else:
-            os.environ["RLWB_RUN_DIR"] = old_env
+        for name, value in (("RLWB_RUN_DIR", old_env), ("PYTHONPATH", old_path)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     # Finish: provenance, HTML, atomic rename. The notebook's own run.json updates (engines, model) stay.
     record = archive.finish_record(archive.read_json(tmp / "run.json", record), started, error)
     archive.write_json(tmp / "run.json", record)

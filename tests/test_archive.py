@@ -143,3 +143,21 @@ def test_git_dirty_counts_untracked_source_but_not_ignored_outputs(tmp_path):
     assert archive.git_info(repo)["git_dirty"] is True
     _git(repo, "add", "mod.py")
     assert archive.git_info(repo)["git_dirty"] is True
+
+
+def test_the_kernel_imports_the_rlwb_of_the_checkout_that_runs_it(tmp_path):
+    """A worktree or second clone sharing one .venv: `pip install -e` points `rlwb` at another checkout. The kernel's
+    PYTHONPATH (runner.kernel_pythonpath) must win over that, or run.json names one commit while another's code ran.
+    A stand-in checkout (a package named rlwb in tmp_path) shows which one a fresh interpreter imports."""
+    import sys
+
+    from rlwb.runner import kernel_pythonpath
+
+    other = tmp_path / "other-checkout"
+    (other / "rlwb").mkdir(parents=True)
+    (other / "rlwb" / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": kernel_pythonpath(other, os.environ.get("PYTHONPATH"))}
+    out = subprocess.run([sys.executable, "-c", "import rlwb; print(rlwb.__file__)"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(out) == other / "rlwb" / "__init__.py"
+    assert kernel_pythonpath(other, "/x").split(os.pathsep) == [str(other), "/x"]  # the caller's path kept, after
