@@ -46,6 +46,9 @@ def test_engines_check_passes_a_correct_install_and_fails_a_broken_preset(defaul
         "vllm-v1": ("ok", "raw gap"), "vllm-v1-bf16": ("ok", "low-precision band"),
         "vllm-v1-fixed": ("ok", "float floor"), "not-installed": ("not installed", None)}
     assert rows["vllm-v1"]["max_abs_dlogp_T0.7"] > 1e-4 > rows["vllm-v1-fixed"]["max_abs_dlogp_T0.7"]
-    r = rlwb("engines", "check", "vllm-v1-fixed", "cannot-start", env=env)
+    # one preset that cannot start fails the call beside one that does not fail it (not installed: a row, no engine
+    # start; the passing engines' rows are the call above's)
+    r = rlwb("engines", "check", "not-installed", "cannot-start", env=env)
     assert r.returncode == 1
     assert "cannot-start" in r.stdout and "FAILED" in r.stdout and "max_model_len" in r.stdout
+    assert "not-installed" in r.stdout and "not installed" in r.stdout

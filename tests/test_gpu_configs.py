@@ -13,7 +13,12 @@ resolves it (`rlwb.notebook.use_model`), the experiment run as the notebook runs
 (`Run.save_result`: metrics checked flat, every frame to Parquet, the answer), its conclusion and summary worded,
 every figure drawn from the archived data (`rlwb figures`' path), and 10's provenance recorded. What papermill adds
 (a kernel, the parameters cell, the HTML report) is every notebook's smoke run's (tests/test_notebooks.py); a
-kernel start and a report render per GPU file bought nothing those do not check."""
+kernel start and a report render per GPU file bought nothing those do not check.
+
+Where the shrunk GPU file runs nothing its notebook's smoke run does not (`SMOKE_HOLDS`: same model, dtype and every
+other setting, lists within the smoke run's, sizes no larger; asserted here key by key), the run itself is that smoke
+run's (test_notebooks' `test_notebook_smoke`, with its checks, archive and figures in every style): here the file is
+loaded, its settings checked as written, the containment asserted and the memory plan made, and no engine starts."""
 
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ SHRINK = {
                     "prompts_per_step": 2, "group_size": 4, "max_tokens": 24},
     "04_determinism_and_staleness": {"engines": ["vllm-v1-fixed"], "prompts": 4, "batch_sizes": [1, 8],
                                      "prefix_tokens": 600, "max_tokens": 8},
-    "05_equivalence_and_stress": {"engines": ["vllm-v1-fixed"], "validate_cases": 4, "pressure_prompts": 8,
+    "05_equivalence_and_stress": {"engines": ["vllm-v1-fixed"], "validate_cases": 2, "pressure_prompts": 4,
                                   "max_tokens": 16, "longctx_lengths": [128, 1024], "longctx_prompts": 1,
                                   "longctx_max_tokens": 8, "validate_max_context": 1024},
     "06_engine_knobs": {"knobs": ["bf16"], "versions": [], "prompts": 4, "max_tokens": 16, "moe_prompts": 2,
@@ -41,9 +46,10 @@ SHRINK = {
     "07_which_correction": {"engines": ["vllm-v1-fixed", "vllm-v1-bf16"], "race_on_baseline": False,
                             "corrections": ["none", "verl.geo_rs", "trl.opsm"], "num_seeds": 1, "steps": 2,
                             "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
+    # the placebo is the clean run on another seed stream (its path: the smoke run's); 2 seeds: the least 08 takes
     "08_mismatch_cost": {"arms": ["none@engine"], "ratio_k3": [0.01], "weight_noise": [], "stale_steps": [],
-                         "engine_points": [], "point_arms": ["none@engine"], "num_seeds": 2, "steps": 2,
-                         "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
+                         "engine_points": [], "point_arms": ["none@engine"], "placebo_arms": [], "num_seeds": 2,
+                         "steps": 2, "prompts_per_step": 2, "group_size": 2, "max_tokens": 16, "policy_samples": 1},
     # compile and flex attention compile for ~20 s a shape on CPU (tests/test_trainer_settings.py measures them)
     "09_trainer_settings": {"prompts": 2, "max_tokens": 8, "settings": ["bf16+mb4+grad", "flash3"],
                             "grid_engines": ["vllm-v1-fixed@bf16-head-native"]},
@@ -78,6 +84,28 @@ def check_trainer_settings(frames: dict, m: dict, phases: dict) -> None:
     assert m["fp64/abs_dlogp_max"] == 0 and "grid/vllm-v1-fixed@bf16-head-native/fp32/k3_mean" in m
 
 
+# notebook 06: its smoke run is on the same chat model (and its MoE build) at the same fp32 dtype, with every knob and
+# version the shrunk GPU file keeps (`bf16`, none) and more prompts
+SMOKE_HOLDS = {"06_engine_knobs"}
+
+
+def beyond_smoke(stem: str, ran: dict) -> list[str]:
+    """The settings of the shrunk GPU file (`ran`) that `params/<stem>/smoke.yaml` does not cover: equal, a list
+    within the smoke run's list, or a size `SHRINK` sets no larger than the smoke run's."""
+    from rlwb import params
+
+    smoke = params.load(stem, [REPO / "params" / stem / "smoke.yaml"]).to_dict()
+    out = []
+    for k, v in ran.items():
+        s = smoke.get(k)
+        if v == s or (isinstance(v, list) and isinstance(s, list) and all(x in s for x in v)):
+            continue
+        if k in SHRINK[stem] and type(v) in (int, float) and type(s) in (int, float) and v <= s:
+            continue
+        out.append(f"{k}: {v!r} (smoke: {s!r})")
+    return out
+
+
 CHECKS = {"03_toy_grpo": check_toy_grpo, "07_which_correction": check_which_correction,
           "09_trainer_settings": check_trainer_settings}
 
@@ -103,6 +131,10 @@ def test_gpu_config_dry_run_on_the_chat_model(stem, chat_smoke_model, outputs, t
     assert ran.get("chat_template", "auto") == "auto"  # 10_audit has none: its chat rows always take the template
     record = notebook(stem)
     assert plan_for_run(stem, record.needs, p)["device"] == "cpu"
+    if stem in SMOKE_HOLDS:  # the run is the smoke run's (tests/test_notebooks.py::test_notebook_smoke)
+        assert not beyond_smoke(stem, ran), f"{stem}'s smoke run no longer covers its shrunk GPU file: " \
+                                            f"{beyond_smoke(stem, ran)}; take it out of SMOKE_HOLDS"
+        return
     run = archive.Run(outputs / stem / "dry-run", p)  # `outputs`: RLWB_OUTPUTS is a fresh archive (09 reads it)
     model_path = rlwb.notebook.use_model(run, p.model)
     info = json.loads((run.dir / "run.json").read_text())
