@@ -265,3 +265,110 @@ def test_the_dose_answer_reads_the_first_regime_at_the_studys_horizon():
     t = pd.DataFrame({"label": ["clean", "ratio@1", "ratio@1+ppo4", "ratio@1+long", "clean+ppo4"],
                       "dose": [0.0, 1.0, 1.0, 1.0, 0.0]})
     assert mc.first_regime(t)["label"].tolist() == ["clean", "ratio@1"]
+
+
+def study_params(**kw):
+    from rlwb.params.validation import load
+
+    return load("08_mismatch_cost", ["params/08_mismatch_cost/study.yaml"], kw)
+
+
+def test_the_study_trains_v1s_point_with_every_arm_and_the_length_scaled_geo_rs():
+    """Issue 46: V1's real point with every arm of `arms` (`point_arms` is all of them), the length-scaled Geo-RS
+    among the arms, and `row_arms` trimming only the rows the study.yaml header names."""
+    p = study_params()
+    js = mc.jobs(p)
+    assert "geo_rs_len@trainer" in p.arm_labels and set(p.point_arm_labels) == set(p.arm_labels)
+    arms_at = lambda label: {j.arm for j in js if j.label == label}  # noqa: E731
+    assert arms_at("vllm-v1") == set(p.arm_labels)
+    assert arms_at("vllm-v1@T1") == {"none@engine"} and arms_at("clean@T1") == {"none@engine"}
+    assert "icepop@trainer" not in arms_at("ratio@0.01") and "none@trainer" in arms_at("ratio@1")
+    assert "geo_rs_len@trainer" not in arms_at("stale@4") and arms_at("weights@0.1") == set(p.arm_labels)
+    assert arms_at("clean") == set(p.arm_labels)
+    # every dosed or point row has its clean twin (same arm, temperature, regime, horizon)
+    twins = {j.twin for j in js if j.kind == "clean"}
+    assert all(j.twin in twins for j in js if j.kind != "clean")
+    assert {(j.label, j.arm) for j in js if j.updates > 1} == {
+        (lab, a) for lab in ("clean+ppo4", "weights@0.1+ppo4") for a in ("none@engine", "none@trainer")}
+
+
+def test_row_arms_restricts_a_row_and_refuses_what_is_not_a_row_or_an_arm():
+    from rlwb.errors import ParamError
+
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer", "tis@trainer"], num_seeds=2,
+                                   engine_points=["vllm-v1", "vllm-v1@T1.0"],
+                                   point_arms=["none@engine", "tis@trainer"],
+                                   row_arms=["ratio@0.1 tis@trainer", "vllm-v1@T1.0 none@engine",
+                                             "ratio@5 tis@trainer"])
+    js = mc.jobs(p)
+    assert {j.arm for j in js if j.label == "ratio@0.1"} == {"tis@trainer"}
+    assert {j.arm for j in js if j.label == "ratio@1"} == set(p.arm_labels)  # unlisted: every arm
+    assert {j.arm for j in js if j.label == "vllm-v1"} == {"none@engine", "tis@trainer"}  # point_arms
+    assert {j.arm for j in js if j.label == "vllm-v1@T1"} == {"none@engine"}
+    assert {j.arm for j in js if j.label == "clean@T1"} == {"none@engine"}  # no twin nobody pairs with
+    with pytest.raises(ParamError, match="neither a dose row"):
+        schemas.MismatchCostParams(row_arms=["vllm-v2 none@engine"])
+    with pytest.raises(ParamError, match="not in 'arms'"):
+        schemas.MismatchCostParams(row_arms=["ratio@0.1 icepop@trainer"])
+    with pytest.raises(ParamError, match="twice"):
+        schemas.MismatchCostParams(row_arms=["ratio@0.1 none@engine", "ratio@0.1 none@trainer"])
+    with pytest.raises(ParamError, match="row_arms"):
+        schemas.MismatchCostParams(row_arms=["ratio@0.1"])
+
+
+class FakeEngine:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_temperature(monkeypatch):
+    """Issue 46: an engine point's trained policy is scored by a base-preset engine (not its own bf16 / raw-logprob
+    engine) at the study's temperature (not the point's); a base-preset run by its own lane engine, the same
+    preset. The scorer's engine starts once, on the first point run, and closes."""
+    import rlwb.engines.worker as worker
+
+    started, calls = [], []
+
+    class Worker(FakeEngine):
+        def __init__(self, preset, model, dtype="float32"):
+            super().__init__(f"scorer:{preset}:{dtype}")
+            started.append(self)
+            self.closed = False
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(worker, "EngineWorker", Worker)
+    monkeypatch.setattr(mc, "policy_reward", lambda m, engine, codec, probs, p, t: calls.append((engine.name, t))
+                        or 0.5)
+    p = schemas.MismatchCostParams(engine_points=["vllm-v1-fixed@bf16", "vllm-v1@T1.0"], temperature=0.7)
+    scorer = mc.CleanScorer(p.engines[0], "model", p.dtype)
+    base_job = mc.Job("ratio", 0.1, "none@engine", 0, p.engines[0], 0.7, "ratio@0.1")
+    point = mc.Job("engine", float("nan"), "none@engine", 0, "vllm-v1-fixed@bf16", 0.7, "vllm-v1-fixed@bf16")
+    t1 = mc.Job("engine", float("nan"), "none@engine", 0, "vllm-v1", 1.0, "vllm-v1@T1")
+    clean_t1 = mc.Job("clean", 0.0, "none@engine", 0, p.engines[0], 1.0, "clean@T1")
+    for job, lane in ((base_job, "lane"), (point, "bf16 lane"), (t1, "v1 lane"), (clean_t1, "lane")):
+        scorer.policy_reward(None, job, FakeEngine(lane), None, [], p)
+    assert calls == [("lane", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7),
+                     ("lane", 0.7)]
+    assert len(started) == 1
+    scorer.close()
+    assert started[0].closed
+
+
+def test_the_analysis_is_a_function_of_the_archived_curves():
+    """`analyze` redoes the study's tables from the curves alone: `kl_to_clean` is a column of them, so an
+    archived run's analysis needs no retraining (and gives what a KL dict gave)."""
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("weights@0.1", "none@trainer"): 0.05})
+    kl = {k: 0.01 * (1 + k.seed) for k in kl_zero(c)}
+    c["kl_to_clean"] = [kl.get((lab, a, s), 0.0) if lab != "clean" else 0.0
+                        for lab, a, s in zip(c["label"], c["arm"], c["seed"])]
+    c["policy_reward"] = 0.7 - c["label"].map({"clean": 0.0, "ratio@0.1": 0.2, "weights@0.1": 0.05})
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], engine_points=[], num_seeds=6)
+    res = mc.analyze(c, p)
+    old = mc.dose_table(c.drop(columns="kl_to_clean"), p, kl)
+    pd.testing.assert_frame_equal(res.doses.drop(columns="kl_to_clean"), old.drop(columns="kl_to_clean"))
+    assert res.doses.set_index(["label", "arm"]).loc[("ratio@0.1", "none@engine"), "kl_to_clean"] == pytest.approx(
+        0.035)
+    assert res.doses.set_index(["label", "arm"])["kl_to_clean"].drop("clean").tolist() == pytest.approx(
+        old.set_index(["label", "arm"])["kl_to_clean"].drop("clean").tolist())

@@ -327,6 +327,16 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     t1 = doses.loc[("vllm-v1@T1", "none@engine")]
     assert t1["control"] == "T=1" and t1["raw_logprobs"] and t1["k3_achieved"] <= 1e-8 and np.isnan(t1["p_holm"])
     assert t1["verdict"] == "null (passes)" and m["control/vllm-v1@T1/none@engine"] == 1.0
+    # every outcome sampled by the clean base engine at the notebook's T (0.7), the T = 1 point's too (by the
+    # scorer's own engine): a point that trained bitwise as its clean twin scores exactly as it
+    assert (curves["outcome_engine"] == "vllm-v1-fixed").all() and (curves["outcome_temperature"] == 0.7).all()
+    assert not t1["identical"] or t1["gap"] == 0
+    assert curves["kl_to_clean"].notna().all()  # each run's KL is in the curves: the analysis needs them alone
+    from rlwb.experiments import mismatch_cost as mc
+
+    again = mc.reanalyze(d)  # the archived run's analysis redone from params.yaml and curves.parquet alone
+    assert again.metrics.keys() <= m.keys()
+    assert all(m[k] == v or (m[k] is None or np.isnan(m[k])) and np.isnan(v) for k, v in again.metrics.items())
     for key in ("gap", "gap_ci_low", "gap_ci_high", "mde"):  # paired over the 2 seeds: every interval exists
         assert np.isfinite(m[f"ratio@0.01/none@engine/{key}"]), key
     assert m["ratio@0.01/none@engine/gap_ci_low"] <= m["ratio@0.01/none@engine/gap"] <= m[

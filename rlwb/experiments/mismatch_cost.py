@@ -122,29 +122,34 @@ class CostResult(Result):
 
 
 def jobs(p) -> list[Job]:
-    """Every run: each arm clean (dose 0) at the notebook's temperature (the point arms also at every other
-    temperature a point uses), at every dose of each kind, each point engine with `point_arms`, the placebo arms'
-    clean runs again on an independent sampling-seed stream (same prompts), and the first clean run again (the
-    reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); each further regime trains
-    `regime_arms` (every arm if empty) clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed
-    runs find their twins' policies ready."""
+    """Every run: each arm clean (dose 0) at the notebook's temperature (and at every other temperature a point
+    uses, the arms of the points there), at every dose of each kind, each point engine with `point_arms`, the
+    placebo arms' clean runs again on an independent sampling-seed stream (same prompts), and the first clean run
+    again (the reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); a row named in
+    `row_arms` trains only the arms listed there. Each further regime trains `regime_arms` (every arm if empty)
+    clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed runs find their twins' policies
+    ready."""
     base, T = p.engines[0], p.temperature
     u0, further = p.updates_per_batch[0], p.updates_per_batch[1:]
     doses = [(kind, float(d), f"{kind}@{d:g}") for kind, values in (("ratio", p.ratio_k3),
                                                                   ("weights", p.weight_noise),
                                                                   ("stale", p.stale_steps)) for d in values]
+    points = [(e, t, p.arms_of(entry, p.point_arm_labels)) for entry, (e, t) in zip(p.engine_points, p.points)]
     out = [Job("clean", 0.0, a, s, base, T, "clean", u0) for a in p.arm_labels for s in p.seeds]
-    for t in dict.fromkeys(t for _, t in p.points if t != T):  # the points' own temperatures: their arms only
-        out += [Job("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in p.point_arm_labels for s in p.seeds]
+    for t in dict.fromkeys(t for _, t, _ in points if t != T):  # the points' own temperatures: their arms only
+        used = {a for _, pt, arms in points if pt == t for a in arms}
+        out += [Job("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in p.arm_labels if a in used
+                for s in p.seeds]
     regime_arms = [a for a in p.arm_labels if not p.regime_arms or a in {p._label(r) for r in p.regime_arms}]
     out += [Job("clean", 0.0, a, s, base, T, "clean" + regime_suffix(u, u0), u) for u in further
             for a in regime_arms for s in p.seeds]
-    out += [Job(kind, d, a, s, base, T, label, u0) for kind, d, label in doses for a in p.arm_labels for s in p.seeds]
+    out += [Job(kind, d, a, s, base, T, label, u0) for kind, d, label in doses
+            for a in p.arms_of(label, p.arm_labels) for s in p.seeds]
     out += [Job(kind, d, a, s, base, T, label + regime_suffix(u, u0), u) for u in further
             for kind, d, label in doses if not p.regime_doses or label in p.regime_doses
             for a in regime_arms for s in p.seeds]
-    out += [Job("engine", float("nan"), a, s, e, t, point_label(e, t, T), u0) for e, t in p.points
-            for a in p.point_arm_labels for s in p.seeds]
+    out += [Job("engine", float("nan"), a, s, e, t, point_label(e, t, T), u0) for e, t, arms in points
+            for a in arms for s in p.seeds]
     out += [Job("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in p.placebo_arm_labels
             for s in p.seeds]
     if p.long_steps:  # the long horizon: its own clean twins, first regime only
@@ -193,13 +198,15 @@ def config(p, job: Job) -> GRPOConfig:
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         data_dir: str | Path | None = None) -> CostResult:
     """Every job from the same initial weights (`grpo_grid.run_grid`): the base engine's jobs first, then each
-    point engine's."""
+    point engine's. Every run's tested outcome is sampled by a clean engine (`CleanScorer`). The analysis is
+    `analyze`, a function of the curves alone (every per-run number it needs is a column of them)."""
     p = params
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
     todo = jobs(p)
     kl, raw = TwinKL(todo), {}
+    scorer = CleanScorer(p.engines[0], model_path, p.dtype)
 
     def one_run(m, engine, job: Job, initial, should_stop) -> pd.DataFrame:
         df = train(m, engine, config(p, job), initial, progress=progress,
@@ -209,22 +216,38 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         kl.add(job, full)
         df["heldout_greedy_acc"] = float(greedy_rewards(m, codec, heldout, p.max_tokens).mean())
         if p.policy_samples:
-            df["policy_reward"] = policy_reward(m, engine, codec, heldout, p, job.temperature)
+            df["policy_reward"] = scorer.policy_reward(m, job, engine, codec, heldout, p)
+            df["outcome_engine"], df["outcome_temperature"] = scorer.preset, p.temperature
         for i, (k, v) in enumerate((("kind", job.kind), ("label", job.label), ("dose", job.dose),
                                     ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature),
                                     ("updates", job.updates))):
             df.insert(1 + i, k, v)
-        return df.assign(engine=job.engine)
+        return df.assign(engine=job.engine, stream=job.stream)
 
     def plan(w):
         raw[w.preset.name] = reports_raw_logprobs(w.info())
         return one_phase([j for j in todo if j.engine == w.preset.name])
 
     engines = list(dict.fromkeys(j.engine for j in todo))
-    curves = pd.concat(run_grid(p, model_path, engines, plan, one_run, on_start=on_start, progress=progress),
-                       ignore_index=True)
+    try:
+        curves = pd.concat(run_grid(p, model_path, engines, plan, one_run, on_start=on_start, progress=progress),
+                           ignore_index=True)
+    finally:
+        scorer.close()
     curves["raw_logprobs"] = curves["engine"].map(raw).astype(bool)
-    table = dose_table(curves, p, kl.values)
+    # each run's KL to its clean twin, known once both finished: a column of the curves, so `analyze` needs no more
+    by_run = {(j.label, j.arm, j.seed): v for j, v in kl.values.items()}
+    curves["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(curves["label"], curves["arm"],
+                                                                        curves["seed"])]
+    return analyze(curves, p)
+
+
+def analyze(curves: pd.DataFrame, p) -> CostResult:
+    """Every table, metric and verdict of the study from its curves (`data/curves.parquet` of an archived run)
+    and its params: what `run` returns, so an archived run's analysis can be redone without retraining (a
+    changed test, a changed BMR). The trained policies are not kept: an outcome not measured in the run (another
+    held-out set, another temperature) needs the runs again."""
+    table = dose_table(curves, p)
     metrics = dose_metrics(table, curves)
     bench = benchmark_table(table, curves, metrics, p.bmr_fraction)
     metrics.update(benchmark_metrics(bench))
@@ -235,16 +258,56 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     return CostResult(p, metrics, curves, table, bench, con, hz)
 
 
+def reanalyze(run_dir: str | Path) -> CostResult:
+    """An archived run's analysis redone from its `params.yaml` and `data/curves.parquet` (`analyze`): what the run
+    would report under today's tests, without retraining. Runs archived before `kl_to_clean` was a column of the
+    curves come back without it (NaN), and before the clean scorer with their own engines' outcomes."""
+    from rlwb.params.validation import load
+
+    run_dir = Path(run_dir)
+    return analyze(pd.read_parquet(run_dir / "data" / "curves.parquet"),
+                   load("08_mismatch_cost", [run_dir / "params.yaml"]))
+
+
 POLICY_SEED = 999_961
+
+
+class CleanScorer:
+    """Where every run's tested outcome is sampled: the study's base preset (`engines[0]`, fp32 at `dtype`: the
+    trainer's distribution to the float floor) at the study's temperature, holding the trained weights
+    unperturbed, whatever engine and temperature the run trained with. A run on the base preset is scored by its
+    own engine (the same preset); an engine point's run by a base-preset engine of the scorer's own, started on
+    first use and shared by the lanes (a lock): a point is a way of *training*, and its trained policy is scored as
+    every other row's is, so each row's outcome is comparable with its clean run's (a bf16 point scored by its
+    bf16 engine, or V1 at T 1 scored at T 1, would mix the engine's sampling into the outcome)."""
+
+    def __init__(self, preset: str, model_path, dtype: str):
+        self.preset, self._model, self._dtype = preset, model_path, dtype
+        self._own = None
+        self._lock = threading.Lock()
+
+    def policy_reward(self, model, job: Job, engine, codec, problems, p) -> float:
+        if job.engine == self.preset:
+            return policy_reward(model, engine, codec, problems, p, p.temperature)
+        with self._lock:
+            if self._own is None:
+                from rlwb.engines.worker import EngineWorker
+
+                self._own = EngineWorker(self.preset, self._model, dtype=self._dtype)
+            return policy_reward(model, self._own, codec, problems, p, p.temperature)
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None
 
 
 def policy_reward(model, engine, codec, problems, p, temperature: float) -> float:
     """The trained policy's mean task reward on `problems` (`p.policy_samples` completions each at `temperature`,
-    one fixed sampling seed for every run: paired), sampled by the run's engine after the trained weights are
-    loaded into it unperturbed: no dose between the policy and its reward. Under a distribution dose the training
-    reward is what the perturbed or stale engine sampled; this is what the run trained. The run's engine is the
-    base preset for every dosed row (fp32, the trainer's distribution to the float floor); an engine point is
-    scored by its own engine, as it would be deployed."""
+    one fixed sampling seed for every run: paired), sampled by `engine` after the trained weights are loaded into
+    it unperturbed: no dose between the policy and its reward. Under a distribution dose the training reward is
+    what the perturbed or stale engine sampled; this is what the run trained. `CleanScorer` picks the engine (the
+    base preset) and the temperature (the study's) for every run."""
     from rlwb.core.data import tasks as task_mod
     from rlwb.engines.worker import Sampling
 
@@ -365,7 +428,8 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
                         "raw_logprobs": g["raw_logprobs"].first(),
                         # runs archived before the held-out score have no such column: they recompute without it
                         "heldout_acc": g["heldout_greedy_acc"].first() if "heldout_greedy_acc" in curves else np.nan,
-                        "policy_reward": g["policy_reward"].first()})
+                        "policy_reward": g["policy_reward"].first(),
+                        "kl_to_clean": g["kl_to_clean"].first() if "kl_to_clean" in curves else np.nan})
     fin = final.groupby(KEYS, sort=False, dropna=False)
     out["reward_final"] = fin["reward_mean"].mean()
     out["entropy"] = fin["entropy"].mean()
@@ -431,9 +495,9 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     (passes)" / "**fails**"."""
     curves = with_defaults(curves)
     s = per_seed(curves)
-    kl = kl or {}
-    s["kl_to_clean"] = [next((v for j, v in kl.items() if (j.label, j.arm, j.seed) == (lab, a, sd)), float("nan"))
-                        for lab, a, sd in zip(s["label"], s["arm"], s["seed"])]
+    if kl:  # KL values by job (runs archived before `kl_to_clean` was a column of the curves)
+        by_run = {(j.label, j.arm, j.seed): v for j, v in kl.items()}
+        s["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(s["label"], s["arm"], s["seed"])]
     outcome = outcome_of(s)
     gaps = seed_gaps(s)
     slope = {k: late_slope(d) for k, d in
@@ -808,8 +872,10 @@ def outcome_text(outcome: str, p) -> str:
     """The tested outcome in words."""
     if outcome == "policy_reward":
         return (f"the trained policy's reward on {held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[1]}, "
-                f"{p.policy_samples} sample{'s' if p.policy_samples != 1 else ''} each from the run's engine "
-                f"holding the trained weights unperturbed (no dose between the policy and its reward)")
+                f"{p.policy_samples} sample{'s' if p.policy_samples != 1 else ''} each at T={p.temperature:g} from "
+                f"the clean base engine `{p.engines[0]}` ({p.dtype}) holding the trained weights unperturbed, for "
+                f"every row, engine points and other temperatures included (no dose between the policy and its "
+                f"reward)")
     return f"the final training reward (last {FINAL_FRAC:.0%} of steps)"
 
 
