@@ -331,6 +331,10 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     # scorer's own engine): a point that trained bitwise as its clean twin scores exactly as it
     assert (curves["outcome_engine"] == "vllm-v1-fixed").all() and (curves["outcome_temperature"] == 0.7).all()
     assert not t1["identical"] or t1["gap"] == 0
+    # the initial policy scored as the trained ones (one value for the whole study): the clean gain's baseline
+    assert curves["initial_policy_reward"].between(0, 1).all() and curves["initial_policy_reward"].nunique() == 1
+    acc0 = curves["initial_heldout_greedy_acc"]
+    assert acc0.between(0, 1).all() and acc0.nunique() == 1
     assert curves["kl_to_clean"].notna().all()  # each run's KL is in the curves: the analysis needs them alone
     from rlwb.experiments import mismatch_cost as mc
 

@@ -207,8 +207,13 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     todo = jobs(p)
     kl, raw = TwinKL(todo), {}
     scorer = CleanScorer(p.engines[0], model_path, p.dtype)
+    start: dict[str, float] = {}  # the initial policy's outcomes, measured once (`initial_outcomes`)
+    start_lock = threading.Lock()
 
     def one_run(m, engine, job: Job, initial, should_stop) -> pd.DataFrame:
+        with start_lock:
+            if not start and job.engine == scorer.preset:
+                start.update(initial_outcomes(m, engine, initial, codec, heldout, p))
         df = train(m, engine, config(p, job), initial, progress=progress,
                    desc=f"{job.label} {job.arm} seed {job.seed}", codec=codec, on_step=lambda _res: should_stop())
         with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe
@@ -222,7 +227,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
                                     ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature),
                                     ("updates", job.updates))):
             df.insert(1 + i, k, v)
-        return df.assign(engine=job.engine, stream=job.stream)
+        return df.assign(engine=job.engine, stream=job.stream, **start)
 
     def plan(w):
         raw[w.preset.name] = reports_raw_logprobs(w.info())
@@ -270,6 +275,18 @@ def reanalyze(run_dir: str | Path) -> CostResult:
 
 
 POLICY_SEED = 999_961
+
+
+def initial_outcomes(model, engine, initial: dict, codec, problems, p) -> dict[str, float]:
+    """The tested outcomes of the *initial* policy, as every trained one is scored (`initial_policy_reward`: sampled
+    by the base engine at the study's T with the same fixed seed; `initial_heldout_greedy_acc`: greedy, no engine):
+    what a clean run's gain in the tested outcome is measured from (the benchmark response). `model` and `engine`
+    are a lane's trainer and base engine before its run; `train` reloads the initial weights into both after."""
+    model.load_state_dict(initial)
+    out = {"initial_heldout_greedy_acc": float(greedy_rewards(model, codec, problems, p.max_tokens).mean())}
+    if p.policy_samples:
+        out["initial_policy_reward"] = policy_reward(model, engine, codec, problems, p, p.temperature)
+    return out
 
 
 class CleanScorer:
