@@ -348,10 +348,17 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     family = doses[(doses["control"] == "") & ~doses["kind"].isin(["clean", "rerun"])]
     # ratio, weights, stale x 2 arms, minus the control, plus the placebo: one Holm family
     assert len(family) == 6 and family["p_holm"].notna().all() and ("placebo", "none@engine") in family.index
-    assert 0 <= m["placebo/false_positive_rate"] <= 1 and m["placebo/rows"] == 1
-    # the placebo is the clean run on another sampling-seed stream: same prompts, other completions
+    # the placebo is the clean run on another sampling-seed stream: same prompts, other completions; its gap is
+    # exactly its own outcome minus the clean run's, seed by seed, and the reported false-positive rates are its
+    # own test's rejections (recomputed here, so a rate that is not the placebo's fails)
     plc, cln = (curves[(curves["label"] == lab) & (curves["arm"] == "none@engine")] for lab in ("placebo", "clean"))
+    assert (plc["stream"] == 1).all() and (cln["stream"] == 0).all()
     assert not np.array_equal(plc["reward_mean"].to_numpy(), cln["reward_mean"].to_numpy())
+    per = [d.groupby("seed")["policy_reward"].first() for d in (plc, cln)]
+    prow = doses.loc[("placebo", "none@engine")]
+    assert prow["gap"] == pytest.approx((per[0] - per[1]).mean(), abs=1e-12) and prow["control"] == ""
+    assert m["placebo/rows"] == 1 and m["placebo/false_positive_rate"] == float(prow["p"] < 0.05)
+    assert m["placebo/false_positive_rate_holm"] == float(prow["p_holm"] < 0.05)
     # the tested outcome: the trained policy sampled from a clean engine; the training reward is secondary
     assert (doses["outcome"] == "policy_reward").all() and doses["policy_reward"].between(0, 1).all()
     assert doses["train_gap"].notna().sum() >= 6 and (doses.loc[doses["kind"] == "stale", "lag_bias"].notna()).all()

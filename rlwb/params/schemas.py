@@ -347,7 +347,8 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                                    "the run trained with) holding the trained weights unperturbed: the tested outcome "
                                    "(0: the training reward is)", ge=0)
     bmr_fraction: float = param(0.25, "benchmark response: the cost that matters, as this fraction of the clean "
-                                      "run's reward gain (the benchmark dose is where the fitted cost reaches it)",
+                                      "run's gain in the tested outcome (its trained policy's minus the initial "
+                                      "policy's; the benchmark dose is where the fitted cost reaches it)",
                                 gt=0, le=1)
     concurrent_runs: int = concurrent_runs_param()
 
