@@ -156,9 +156,13 @@ def horizon_gaps(horizon, style: str = "notebook"):
     and the step any collapse starts (gradient-norm spikes: dashed; entropy collapse: dotted), or a note that none
     was seen. Empty axes with a note where the run has no long rows."""
     fig, ax = plt.subplots(figsize=figsize(style, 0.9))
+    ax.set_xlabel("GRPO step (middle of each block)")
+    ax.set_ylabel("training-reward gap to the long clean run")
+    ax.set_title("Long horizon: the gap per block of steps\n(95% t interval over seeds)", fontsize="medium")
     if horizon is None or len(horizon) == 0:
-        ax.text(0.5, 0.5, "no long-horizon rows in this run", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no long-horizon rows in this run\n(long_steps 0: the study's horizon only)", ha="center",
+                va="center", transform=ax.transAxes)
+        fig.tight_layout()
         return fig
     notes = []
     for i, ((label, arm), d) in enumerate(horizon.groupby(["label", "arm"], sort=False)):
@@ -174,9 +178,6 @@ def horizon_gaps(horizon, style: str = "notebook"):
             else:
                 notes.append(f"{label}: no {what}")
     ax.axhline(0, color="0.5", lw=0.8)
-    ax.set_xlabel("GRPO step (middle of each block)")
-    ax.set_ylabel("training-reward gap to the long clean run")
-    ax.set_title("Long horizon: the gap per block of steps\n(95% t interval over seeds)", fontsize="medium")
     if notes:
         ax.text(0.01, 0.01, "; ".join(dict.fromkeys(notes)), transform=ax.transAxes, fontsize="x-small", va="bottom")
     ax.legend(fontsize="x-small")
