@@ -76,9 +76,10 @@ NOTEBOOKS: dict[str, Notebook] = {n.stem: n for n in (
     # notebook 03's loop, one mismatch level's engine at a time
     Notebook(S.CorrectionRaceParams, "which peer's off-policy correction recovers the no-mismatch baseline, per "
              "mismatch level", Needs(1, "train")),
-    # notebook 03's loop, one engine; the doses change what it reports or the weights it samples with
+    # notebook 03's loop, one engine; the doses change what it reports or the weights it samples with; an engine
+    # point's run beside a base-preset engine that scores its trained policy (mismatch_cost.CleanScorer)
     Notebook(S.MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
-             "seed, per kind of mismatch and correction", Needs(1, "train")),
+             "seed, per kind of mismatch and correction", Needs(2, "train")),
     # the fp32 master, its float64 reference and one setting's copy at a time; one engine at a time
     Notebook(S.TrainerSettingsParams, "how far the trainer's own settings (dtype, attention, batching, micro-batch, "
              "checkpointing, compile, fp32 head) move its logprobs, beside the engine's", Needs(1, "settings")),

@@ -400,3 +400,63 @@ def test_rlwb_loss_aggregates_icepop_as_openrlhfs():
         assert (C.apply("icepop", lr, mask).weights[mask] == 0).sum() > 0  # the band zeroes some tokens
         assert_same_loss(ours, openrlhf(True), cur, f"icepop (seed {seed})")
         assert ours.item() != pytest.approx(openrlhf(False).item(), rel=1e-4)
+
+
+# ---- rlwb's length-scaled Geo-RS (notebook 08) ---------------------------------------------------------------
+
+
+def test_length_scaled_geo_rs_is_verls_geo_rs_at_the_reference_length():
+    """At L = ref_len the band is verl's own: the same kept sequences as verl's Geo-RS preset (run by verl's code)
+    on a batch whose every completion is ref_len tokens long, with kept and rejected sequences in it."""
+    rc = peers.verl_rollout_corr()
+    g = torch.Generator().manual_seed(3)
+    L = 16
+    lr = (torch.randn(64, L, generator=g, dtype=torch.float64) * torch.logspace(-5, -1, 64, dtype=torch.float64)
+          .view(-1, 1))
+    mask = torch.ones_like(lr, dtype=torch.bool)
+    _, verl_mask, _ = rc.compute_rollout_correction_and_rejection_mask(
+        lr, torch.zeros_like(lr), mask.double(), rollout_rs="seq_mean_k1", rollout_rs_threshold="0.999_1.001")
+    ours = C.sequence_reject_geometric_scaled(lr, mask, ref_len=L)
+    assert 0 < (~ours.keep[:, 0]).sum() < 64, "the check must see kept and rejected sequences"
+    assert torch.equal(ours.keep & mask, verl_mask.bool())
+
+
+@pytest.mark.parametrize("L", [1, 4, 25, 400])
+def test_length_scaled_geo_rs_band_widens_by_sqrt_of_ref_len_over_length(L):
+    """A completion of L tokens whose mean log r sits just inside (0.99 x) the scaled bound is kept, just outside
+    (1.01 x) rejected, on both sides; the catalogue's entry is this rule at `GEO_RS_REF_LEN`."""
+    s = math.sqrt(C.GEO_RS_REF_LEN / L)
+    lo, hi = math.log(1 / 1.001) * s, math.log(1 / 0.999) * s
+    g = torch.tensor([0.99 * hi, 1.01 * hi, 0.99 * lo, 1.01 * lo, 0.0], dtype=torch.float64)
+    lr = g.view(-1, 1).expand(-1, L + 3).clone()
+    mask = (torch.arange(L + 3).view(1, -1) < L).expand(5, -1)  # three padding tokens of any value change nothing
+    lr[:, L:] = 7.0
+    out = C.apply("geo_rs_len", lr, mask)
+    assert out.keep[:, 0].tolist() == [True, False, True, False, True]
+    assert not (out.keep[1] & mask[0]).any() and (out.weights[mask] == 1).all()  # leaves the count
+    assert cat.CATALOG["geo_rs_len"].parts[0].kwargs["ref_len"] == C.GEO_RS_REF_LEN
+    assert cat.modes("geo_rs_len") == ("trainer", "engine")  # rejection only: defined in both modes
+    counted = C.sequence_reject_geometric_scaled(lr, mask, keep_in_count=True)
+    assert counted.keep.all() and (counted.weights[1] == 0).all() and (counted.weights[0][:L] == 1).all()
+
+
+def test_length_scaled_geo_rs_keeps_the_same_share_at_every_length():
+    """Under i.i.d. per-token log-ratio noise the length-scaled band keeps about the same share of 4-token and
+    256-token completions (it bounds a z-score), while verl's fixed band keeps far fewer short ones than long
+    ones: the scaling is what the rule claims, not a constant widening."""
+    g = torch.Generator().manual_seed(0)
+    sigma = 0.001 * math.sqrt(C.GEO_RS_REF_LEN) / 1.0  # the scaled bound is 1 sd of the mean: keeps ~68%
+    kept = {}
+    for L in (4, 256):
+        lr = torch.randn(20_000, L, generator=g, dtype=torch.float64) * sigma
+        mask = torch.ones_like(lr, dtype=torch.bool)
+        kept[L] = (C.apply("geo_rs_len", lr, mask).keep[:, 0].double().mean().item(),
+                   C.apply("verl.geo_rs", lr, mask).keep[:, 0].double().mean().item())
+    assert abs(kept[4][0] - 0.683) < 0.02 and abs(kept[256][0] - 0.683) < 0.02, kept
+    assert kept[256][1] > 5 * kept[4][1], kept  # verl's band: the short completions rejected far more often
+
+
+def test_length_scaled_geo_rs_refuses_a_bad_reference_length():
+    lr, mask = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="ref_len"):
+        C.sequence_reject_geometric_scaled(lr, mask, ref_len=0)

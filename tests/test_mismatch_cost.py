@@ -265,3 +265,285 @@ def test_the_dose_answer_reads_the_first_regime_at_the_studys_horizon():
     t = pd.DataFrame({"label": ["clean", "ratio@1", "ratio@1+ppo4", "ratio@1+long", "clean+ppo4"],
                       "dose": [0.0, 1.0, 1.0, 1.0, 0.0]})
     assert mc.first_regime(t)["label"].tolist() == ["clean", "ratio@1"]
+
+
+def study_params(**kw):
+    from rlwb.params.validation import load
+
+    return load("08_mismatch_cost", ["params/08_mismatch_cost/study.yaml"], kw)
+
+
+def test_the_study_trains_v1s_point_with_every_arm_and_the_length_scaled_geo_rs():
+    """Issue 46: V1's real point with every arm of `arms` (`point_arms` is all of them), the length-scaled Geo-RS
+    among the arms, and `row_arms` trimming only the rows the study.yaml header names."""
+    p = study_params()
+    js = mc.jobs(p)
+    assert "geo_rs_len@trainer" in p.arm_labels and set(p.point_arm_labels) == set(p.arm_labels)
+    arms_at = lambda label: {j.arm for j in js if j.label == label}  # noqa: E731
+    assert arms_at("vllm-v1") == set(p.arm_labels)
+    assert arms_at("vllm-v1@T1") == {"none@engine"} and arms_at("clean@T1") == {"none@engine"}
+    assert "icepop@trainer" not in arms_at("ratio@0.01") and "none@trainer" in arms_at("ratio@1")
+    assert "geo_rs_len@trainer" not in arms_at("stale@4") and arms_at("weights@0.1") == set(p.arm_labels)
+    assert arms_at("clean") == set(p.arm_labels)
+    # every dosed or point row has its clean twin (same arm, temperature, regime, horizon)
+    twins = {j.twin for j in js if j.kind == "clean"}
+    assert all(j.twin in twins for j in js if j.kind != "clean")
+    assert {(j.label, j.arm) for j in js if j.updates > 1} == {
+        (lab, a) for lab in ("clean+ppo4", "weights@0.1+ppo4") for a in ("none@engine", "none@trainer")}
+
+
+def test_row_arms_restricts_a_row_and_refuses_what_is_not_a_row_or_an_arm():
+    from rlwb.errors import ParamError
+
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer", "tis@trainer"], num_seeds=2,
+                                   engine_points=["vllm-v1", "vllm-v1@T1.0"],
+                                   point_arms=["none@engine", "tis@trainer"],
+                                   row_arms=["ratio@0.1 tis@trainer", "vllm-v1@T1.0 none@engine",
+                                             "ratio@5 tis@trainer"])
+    js = mc.jobs(p)
+    assert {j.arm for j in js if j.label == "ratio@0.1"} == {"tis@trainer"}
+    assert {j.arm for j in js if j.label == "ratio@1"} == set(p.arm_labels)  # unlisted: every arm
+    assert {j.arm for j in js if j.label == "vllm-v1"} == {"none@engine", "tis@trainer"}  # point_arms
+    assert {j.arm for j in js if j.label == "vllm-v1@T1"} == {"none@engine"}
+    assert {j.arm for j in js if j.label == "clean@T1"} == {"none@engine"}  # no twin nobody pairs with
+    with pytest.raises(ParamError, match="neither a dose row"):
+        schemas.MismatchCostParams(row_arms=["vllm-v2 none@engine"])
+    with pytest.raises(ParamError, match="not in 'arms'"):
+        schemas.MismatchCostParams(row_arms=["ratio@0.1 icepop@trainer"])
+    with pytest.raises(ParamError, match="twice"):
+        schemas.MismatchCostParams(row_arms=["ratio@0.1 none@engine", "ratio@0.1 none@trainer"])
+    with pytest.raises(ParamError, match="row_arms"):
+        schemas.MismatchCostParams(row_arms=["ratio@0.1"])
+
+
+class FakeEngine:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_temperature(monkeypatch):
+    """Issue 46: an engine point's trained policy is scored by a base-preset engine (not its own bf16 / raw-logprob
+    engine) at the study's temperature (not the point's); a base-preset run by its own lane engine, the same
+    preset. The scorer's engine starts once, on the first point run, and closes."""
+    import rlwb.engines.worker as worker
+
+    started, calls = [], []
+
+    class Worker(FakeEngine):
+        def __init__(self, preset, model, dtype="float32"):
+            super().__init__(f"scorer:{preset}:{dtype}")
+            started.append(self)
+            self.closed = False
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(worker, "EngineWorker", Worker)
+    monkeypatch.setattr(mc, "policy_reward", lambda m, engine, codec, probs, p, t: calls.append((engine.name, t))
+                        or 0.5)
+    p = schemas.MismatchCostParams(engine_points=["vllm-v1-fixed@bf16", "vllm-v1@T1.0"], temperature=0.7)
+    scorer = mc.CleanScorer(p.engines[0], "model", p.dtype)
+    base_job = mc.Job("ratio", 0.1, "none@engine", 0, p.engines[0], 0.7, "ratio@0.1")
+    point = mc.Job("engine", float("nan"), "none@engine", 0, "vllm-v1-fixed@bf16", 0.7, "vllm-v1-fixed@bf16")
+    t1 = mc.Job("engine", float("nan"), "none@engine", 0, "vllm-v1", 1.0, "vllm-v1@T1")
+    clean_t1 = mc.Job("clean", 0.0, "none@engine", 0, p.engines[0], 1.0, "clean@T1")
+    for job, lane in ((base_job, "lane"), (point, "bf16 lane"), (t1, "v1 lane"), (clean_t1, "lane")):
+        scorer.policy_reward(None, job, FakeEngine(lane), None, [], p)
+    assert calls == [("lane", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7),
+                     ("lane", 0.7)]
+    assert len(started) == 1
+    scorer.close()
+    assert started[0].closed
+
+
+def test_the_analysis_is_a_function_of_the_archived_curves():
+    """`analyze` redoes the study's tables from the curves alone: `kl_to_clean` is a column of them, so an
+    archived run's analysis needs no retraining (and gives what a KL dict gave)."""
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("weights@0.1", "none@trainer"): 0.05})
+    kl = {k: 0.01 * (1 + k.seed) for k in kl_zero(c)}
+    c["kl_to_clean"] = [kl.get((lab, a, s), 0.0) if lab != "clean" else 0.0
+                        for lab, a, s in zip(c["label"], c["arm"], c["seed"])]
+    c["policy_reward"] = 0.7 - c["label"].map({"clean": 0.0, "ratio@0.1": 0.2, "weights@0.1": 0.05})
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], engine_points=[], num_seeds=6)
+    res = mc.analyze(c, p)
+    old = mc.dose_table(c.drop(columns="kl_to_clean"), p, kl)
+    pd.testing.assert_frame_equal(res.doses.drop(columns="kl_to_clean"), old.drop(columns="kl_to_clean"))
+    assert res.doses.set_index(["label", "arm"]).loc[("ratio@0.1", "none@engine"), "kl_to_clean"] == pytest.approx(
+        0.035)
+    assert res.doses.set_index(["label", "arm"])["kl_to_clean"].drop("clean").tolist() == pytest.approx(
+        old.set_index(["label", "arm"])["kl_to_clean"].drop("clean").tolist())
+
+
+def with_policy(c: pd.DataFrame, pr: dict, initial: float = 0.3) -> pd.DataFrame:
+    """The tested outcome on hand-made curves: each run's `policy_reward` = pr[(label, arm)] + a per-seed offset
+    (shared by every row of that seed: paired) + a small per-(row, seed) wobble; the initial policy's one value."""
+    c = c.copy()
+    wob = {k: 0.004 * np.sin(1.7 * i + 1) for i, k in enumerate(pr)}
+    c["policy_reward"] = [pr[(lab, a)] + 0.01 * s + (wob[(lab, a)] * np.cos(s) if lab != "clean" else 0.0)
+                          for lab, a, s in zip(c["label"], c["arm"], c["seed"])]
+    c["initial_policy_reward"] = initial
+    return c
+
+
+def test_the_benchmark_response_is_a_fraction_of_the_clean_gain_in_the_tested_outcome():
+    """Issue 46 (a): the gaps are policy-reward gaps, so the BMR is 25% of the clean run's policy-reward gain over
+    the initial policy (0.6 + mean seed offset - 0.3), not of its training-reward gain (0.27)."""
+    c = ratio_curves(0.1)
+    labels = c[["label", "arm"]].drop_duplicates().itertuples(index=False)
+    c = with_policy(c, {(lab, a): 0.6 - (0.0 if lab == "clean" else 0.05 * (np.log10(float(lab[6:])) + 2))
+                        for lab, a in labels})
+    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[])
+    res = mc.analyze(c, p)
+    gain = 0.6 + 0.01 * np.mean(SEEDS) - 0.3
+    assert res.metrics["clean/none@engine/outcome_gain"] == pytest.approx(gain)
+    assert res.metrics["clean/none@engine/reward_gain"] == pytest.approx(0.27)  # the training reward's: not used
+    b = res.benchmarks.iloc[0]
+    assert b["bmr"] == pytest.approx(0.25 * gain) and b["clean_gain"] == pytest.approx(gain)
+    # the fitted policy-reward cost (0.05 per decade above k3 0.01) reaches 0.25 x gain at 10^(bmr / 0.05 - 2)
+    assert b["bmd"] == pytest.approx(10 ** (0.25 * gain / 0.05 - 2), rel=0.1)
+    # an archived run without the initial policy's outcome has no benchmark response in that outcome: said so
+    old = mc.analyze(c.drop(columns="initial_policy_reward"), p)
+    assert np.isnan(old.benchmarks["bmr"].iloc[0]) and old.benchmarks["status"].iloc[0] == "no benchmark"
+
+
+def family_curves() -> pd.DataFrame:
+    """Two arms x three ratio doses (a trend each), weights@0.1 in two PPO regimes (a mode contrast in each, and the
+    regime contrast between them), a placebo row: every kind of test the study's family holds."""
+    arms = ("none@engine", "none@trainer")
+    costs = {("clean", a): 0.0 for a in arms} | {("clean+ppo4", a): 0.0 for a in arms}
+    costs |= {(f"ratio@{d:g}", "none@engine"): 0.05 * (np.log10(d) + 2) + 0.01 for d in (0.01, 0.1, 1.0)}
+    costs |= {("weights@0.1", "none@engine"): 0.2, ("weights@0.1", "none@trainer"): 0.02,
+              ("weights@0.1+ppo4", "none@engine"): 0.05, ("weights@0.1+ppo4", "none@trainer"): 0.03,
+              ("placebo", "none@engine"): 0.0}
+    c = curves(costs)
+    c["updates"] = np.where(c["label"].str.contains("ppo4"), 4, 1)
+    c["kind"] = c["kind"].str.replace("+ppo4", "", regex=False)
+    c["dose"] = [float(lab.split("@")[1].split("+")[0]) if "@" in lab else 0.0 for lab in c["label"]]
+    c["mismatch_k3"] = c["dose"]  # the achieved k3: distinct per dose, as the trend needs
+    plc = c["label"] == "placebo"
+    c.loc[plc, "reward_mean"] += 0.003 * np.cos(c.loc[plc, "seed"] * 2.1)
+    return with_policy(c, {k: 0.6 - v for k, v in costs.items()} | {("placebo", "none@engine"): 0.6})
+
+
+def test_every_test_of_the_study_is_in_one_holm_family():
+    """Issue 46 (b): dosed rows (placebo included, controls not), trend tests, contrasts and the horizon test are
+    adjusted together: each p_holm is Holm over all m p's at once, and the MDE is at alpha / m."""
+    from rlwb.core.measure import stats
+
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=["none@engine"],
+                                   weight_noise=[0.1], updates_per_batch=[1, 4], regime_doses=["weights@0.1"],
+                                   num_seeds=6)
+    res = mc.analyze(family_curves(), p)
+    t, b, con, m = res.doses, res.benchmarks, res.contrasts, res.metrics
+    rows = t[t["p_holm"].notna()]
+    assert ("placebo" in set(rows["label"])) and not (rows["control"] != "").any()
+    assert "ratio@0.1" not in set(rows.loc[rows["arm"] == "none@trainer", "label"])  # the blind control: apart
+    trends = b[b["trend_p"].notna()]
+    ps = np.concatenate([rows["p"], trends["trend_p"], con["p"]])
+    assert m["family/tests"] == len(ps) == m["family/rows"] + m["family/trends"] + m["family/contrasts"]
+    assert m["family/trends"] >= 1 and m["family/contrasts"] >= 3
+    adj = stats.holm(ps)
+    assert np.allclose(np.concatenate([rows["p_holm"], trends["trend_p_holm"], con["p_holm"]]), adj)
+    r = rows.iloc[0]
+    assert r["mde"] == pytest.approx(stats.minimal_detectable_gap(r["gap_sd"], r["seeds"], 0.05 / len(ps)))
+    assert "one family" in res.conclusion() and f"{len(ps)} tests" in res.conclusion()
+
+
+def test_the_regime_contrast_is_the_bypass_vs_decoupled_contrast_across_ppo_regimes():
+    """Issue 46 (c): at weights@0.1 bypass loses 0.18 more than decoupled with one update per batch, 0.02 more with
+    four: the regime contrast (four minus one, seed by seed) is +0.16, with its interval, in the family."""
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=["none@engine"],
+                                   weight_noise=[0.1], updates_per_batch=[1, 4], regime_doses=["weights@0.1"],
+                                   num_seeds=6)
+    con = mc.analyze(family_curves(), p).contrasts.set_index(["contrast", "label"])
+    mode1 = con.loc[("mode", "weights@0.1")]
+    mode4 = con.loc[("mode", "weights@0.1+ppo4")]
+    reg = con.loc[("regime", "weights@0.1+ppo4")]
+    assert mode1["diff"] == pytest.approx(-0.18, abs=0.01) and mode4["diff"] == pytest.approx(-0.02, abs=0.01)
+    assert reg["diff"] == pytest.approx(mode4["diff"] - mode1["diff"]) and reg["ci_low"] > 0
+    assert reg["verdict"] == "differs" and "minus at weights@0.1" in reg["what"]
+
+
+def test_the_pipeline_is_calibrated_where_the_null_holds():
+    """Issue 46 (e): rows whose runs differ from their clean twins by noise alone (as a placebo: an independent
+    sampling stream) are called a cost or gain at the unadjusted 5% level about 5% of the time (400 rows through
+    dose_table's test; the binomial 3-sd band), and after the study's Holm almost never."""
+    rng = np.random.default_rng(46)
+    n_rows, seeds = 400, range(6)
+    rows = []
+    for s in seeds:
+        base = 0.5 + 0.02 * s
+        rows.append({"label": "clean", "kind": "clean", "seed": s, "pr": base})
+        rows += [{"label": f"placebo{i}", "kind": "placebo", "seed": s, "pr": base + rng.normal(0, 0.03)}
+                 for i in range(n_rows)]
+    c = pd.DataFrame([{**r, "step": t, "dose": 0.0, "temperature": 0.7, "arm": "none@engine",
+                       "reward_mean": r["pr"], "grad_norm": 1.0, "clip_frac": 0.0, "mismatch_k3": 0.0,
+                       "mismatch_k1": 0.0, "entropy": 0.5, "raw_logprobs": False, "heldout_greedy_acc": 0.5,
+                       "engine": "vllm-v1-fixed", "policy_reward": r["pr"], "initial_policy_reward": 0.3}
+                      for r in rows for t in range(2)])
+    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[], engine_points=[], num_seeds=6)
+    t = mc.dose_table(c, p)
+    plc = t[t["kind"] == "placebo"]
+    assert len(plc) == n_rows
+    rate = float((plc["p"] < 0.05).mean())
+    assert abs(rate - 0.05) < 3 * np.sqrt(0.05 * 0.95 / n_rows), rate
+    assert (plc["p_holm"] < 0.05).mean() <= 0.01
+
+
+def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_path):
+    """Issue 46 (i): `rlwb audit`'s report puts a raw-logprob engine's k3 against the ratio kind's BMDLs and another
+    engine's against the distribution kinds', from the newest study run of record per model, as a multiple of each
+    BMDL, saying they were measured on small embedded models; without a run of record it says so."""
+    from rlwb.core.measure import dose_response
+    from rlwb.experiments import audit
+    from rlwb.experiments.wording import audit as wording
+
+    assert (wording.BMD_BOUNDED, wording.BMD_BELOW, wording.BMD_NOT_BOUNDED) == (
+        dose_response.BOUNDED, dose_response.BELOW_RANGE, dose_response.NOT_BOUNDED)
+    metrics = {"raw-engine/k3_mean": 0.01, "bf16-engine/k3_mean": 2e-4}
+    none = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "nothing")
+    assert none["runs"] == [] and "no study run of record yet" in "\n".join(wording.study_lines(none))
+    for run_id, bmdl in (("20261101-000000-aaaa", 0.5), ("20261201-000000-bbbb", 0.05)):  # the newer one counts
+        d = tmp_path / run_id
+        (d / "data").mkdir(parents=True)
+        (d / "params.yaml").write_text("model: default\n")
+        pd.DataFrame([
+            {"kind": "ratio", "arm": "none@engine", "name": "ratio", "status": "bounded", "bmdl": bmdl,
+             "k3_min": 0.01, "k3_max": 1.0},
+            {"kind": "ratio", "arm": "none@engine", "name": "ratio+ppo4", "status": "bounded", "bmdl": 9.0,
+             "k3_min": 0.01, "k3_max": 1.0},
+            {"kind": "weights", "arm": "none@engine", "name": "weights", "status": "below the tested range",
+             "bmdl": 1e-3, "k3_min": 1e-3, "k3_max": 0.02},
+            {"kind": "stale", "arm": "tis@trainer", "name": "stale", "status": "not bounded", "bmdl": np.nan,
+             "k3_min": 5e-3, "k3_max": 0.03}]).to_parquet(d / "data" / "benchmarks.parquet")
+    ctx = audit.study_context(metrics, {"raw-engine": True, "bf16-engine": False}, runs_dir=tmp_path)
+    assert ctx["runs"] == ["20261201-000000-bbbb"]
+    raw, dist = ctx["engines"]
+    assert [x["kind"] for x in raw["runs"][0]["rows"]] == ["ratio"]  # the first regime's row only
+    assert {x["kind"] for x in dist["runs"][0]["rows"]} == {"weights", "stale"}
+    text = "\n".join(wording.study_lines(ctx))
+    assert "small embedded models" in text and "ratio `none@engine` keep k3 below 5.0e-02 (yours is 0.2x it)" in text
+    assert "weights `none@engine` a cost already at the smallest tested k3 1.0e-03 (yours is 0.2x it)" in text
+    assert "stale `tis@trainer` no bound up to k3 3.0e-02" in text and "model `default`" in text
+
+
+def test_the_horizon_figure_draws_each_blocks_gap_with_its_interval_and_the_collapse_step():
+    """Issue 46 (h): one error-bar series per long row (block gaps with their 95% intervals) and a vertical line at
+    the step its collapse starts; a run without long rows says so."""
+    import matplotlib.pyplot as plt
+
+    from rlwb.plots import mismatch_cost as plots
+
+    hz = pd.DataFrame({"label": ["ratio@1+long"] * 2, "arm": ["none@engine"] * 2, "block_start": [0, 30],
+                       "block_end": [29, 59], "gap": [-0.01, -0.05], "ci_low": [-0.03, -0.09],
+                       "ci_high": [0.01, -0.01], "seeds": [8, 8], "grad_spike_step": [41.0] * 2,
+                       "entropy_collapse_step": [np.nan] * 2})
+    fig = plots.horizon_gaps(hz)
+    ax = fig.axes[0]
+    assert len(ax.containers) == 1 and list(ax.containers[0].lines[0].get_ydata()) == [-0.01, -0.05]
+    assert any(list(ln.get_xdata()) == [41.0, 41.0] for ln in ax.get_lines())
+    assert "no entropy collapse" in " ".join(t.get_text() for t in ax.texts)
+    empty = plots.horizon_gaps(hz.iloc[:0])
+    assert "no long-horizon rows" in empty.axes[0].texts[0].get_text()
+    plt.close("all")
+    assert plots.FIGURES["horizon_gaps"][0] == "horizon"

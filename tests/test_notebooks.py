@@ -327,6 +327,20 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     t1 = doses.loc[("vllm-v1@T1", "none@engine")]
     assert t1["control"] == "T=1" and t1["raw_logprobs"] and t1["k3_achieved"] <= 1e-8 and np.isnan(t1["p_holm"])
     assert t1["verdict"] == "null (passes)" and m["control/vllm-v1@T1/none@engine"] == 1.0
+    # every outcome sampled by the clean base engine at the notebook's T (0.7), the T = 1 point's too (by the
+    # scorer's own engine): a point that trained bitwise as its clean twin scores exactly as it
+    assert (curves["outcome_engine"] == "vllm-v1-fixed").all() and (curves["outcome_temperature"] == 0.7).all()
+    assert not t1["identical"] or t1["gap"] == 0
+    # the initial policy scored as the trained ones (one value for the whole study): the clean gain's baseline
+    assert curves["initial_policy_reward"].between(0, 1).all() and curves["initial_policy_reward"].nunique() == 1
+    acc0 = curves["initial_heldout_greedy_acc"]
+    assert acc0.between(0, 1).all() and acc0.nunique() == 1
+    assert curves["kl_to_clean"].notna().all()  # each run's KL is in the curves: the analysis needs them alone
+    from rlwb.experiments import mismatch_cost as mc
+
+    again = mc.reanalyze(d)  # the archived run's analysis redone from params.yaml and curves.parquet alone
+    assert again.metrics.keys() <= m.keys()
+    assert all(m[k] == v or (m[k] is None or np.isnan(m[k])) and np.isnan(v) for k, v in again.metrics.items())
     for key in ("gap", "gap_ci_low", "gap_ci_high", "mde"):  # paired over the 2 seeds: every interval exists
         assert np.isfinite(m[f"ratio@0.01/none@engine/{key}"]), key
     assert m["ratio@0.01/none@engine/gap_ci_low"] <= m["ratio@0.01/none@engine/gap"] <= m[
@@ -334,10 +348,17 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     family = doses[(doses["control"] == "") & ~doses["kind"].isin(["clean", "rerun"])]
     # ratio, weights, stale x 2 arms, minus the control, plus the placebo: one Holm family
     assert len(family) == 6 and family["p_holm"].notna().all() and ("placebo", "none@engine") in family.index
-    assert 0 <= m["placebo/false_positive_rate"] <= 1 and m["placebo/rows"] == 1
-    # the placebo is the clean run on another sampling-seed stream: same prompts, other completions
+    # the placebo is the clean run on another sampling-seed stream: same prompts, other completions; its gap is
+    # exactly its own outcome minus the clean run's, seed by seed, and the reported false-positive rates are its
+    # own test's rejections (recomputed here, so a rate that is not the placebo's fails)
     plc, cln = (curves[(curves["label"] == lab) & (curves["arm"] == "none@engine")] for lab in ("placebo", "clean"))
+    assert (plc["stream"] == 1).all() and (cln["stream"] == 0).all()
     assert not np.array_equal(plc["reward_mean"].to_numpy(), cln["reward_mean"].to_numpy())
+    per = [d.groupby("seed")["policy_reward"].first() for d in (plc, cln)]
+    prow = doses.loc[("placebo", "none@engine")]
+    assert prow["gap"] == pytest.approx((per[0] - per[1]).mean(), abs=1e-12) and prow["control"] == ""
+    assert m["placebo/rows"] == 1 and m["placebo/false_positive_rate"] == float(prow["p"] < 0.05)
+    assert m["placebo/false_positive_rate_holm"] == float(prow["p_holm"] < 0.05)
     # the tested outcome: the trained policy sampled from a clean engine; the training reward is secondary
     assert (doses["outcome"] == "policy_reward").all() and doses["policy_reward"].between(0, 1).all()
     assert doses["train_gap"].notna().sum() >= 6 and (doses.loc[doses["kind"] == "stale", "lag_bias"].notna()).all()

@@ -309,3 +309,29 @@ def test_a_common_nonzero_gap_is_tested_by_sign_flips_not_called_certain():
     assert stats.paired_gap_test([0.0, 0.0], 1.0).p_diff == 1.0
     assert stats.paired_gap_test([0.023, 0.023], 1.0).p_diff == 0.5
     assert stats.paired_gap_test([-0.1] * 8, 1.0).p_diff == 1 / 128
+
+
+def test_paired_gap_test_is_continuous_through_ties_of_a_discrete_outcome():
+    """Issue 46 (d): with the outcome's resolution q, a tie and a near-tie get nearby p's (no jump from the sign-flip
+    p to the t test's ~0), a tie is never read as infinite precision (p_equiv > 0), and the tie's p is the t test
+    with sd^2 = q^2 / 6 (Sheppard's rounding variance of a difference)."""
+    from scipy import stats as st
+
+    q = 1 / 256
+    tie = stats.paired_gap_test([0.023] * 8, 1.0, resolution=q)
+    near = stats.paired_gap_test([0.023] * 7 + [0.0231], 1.0, resolution=q)
+    assert abs(tie.p_diff - near.p_diff) < 1e-6 and tie.p_diff > 0
+    t = 0.023 / np.sqrt(q * q / 6 / 8)
+    assert tie.p_diff == pytest.approx(2 * st.t.sf(t, 7), rel=1e-9)
+    small = stats.paired_gap_test([0.001, 0.001], 0.01, resolution=q)
+    assert 0 < small.p_equiv < 1 and small.p_equiv == pytest.approx(
+        stats.paired_gap_test([0.001, 0.0010001], 0.01, resolution=q).p_equiv, abs=1e-4)
+    # far from ties the resolution changes nothing measurable
+    g = np.array([0.05, -0.02, 0.11, 0.03, 0.07, -0.01])
+    assert stats.paired_gap_test(g, 0.1, resolution=q).p_diff == pytest.approx(st.ttest_1samp(g, 0).pvalue,
+                                                                                rel=2e-3)
+    # without a resolution a tie gets the sign-flip p's, never 0
+    assert stats.paired_gap_test([0.001] * 4, 0.01).p_equiv == 1 / 16
+    assert stats.paired_gap_test([0.5] * 4, 0.01).p_equiv == 1.0
+    with pytest.raises(ValueError, match="resolution"):
+        stats.paired_gap_test([0.1, 0.2], 1.0, resolution=-1)

@@ -223,4 +223,32 @@ def conclusion(metrics: dict, p, engines: list[str], panels: pd.DataFrame, sourc
              # an engine without metrics is in neither list; one at exactly 0 (bitwise the trainer's) is at the floor
              "at_floor": [e for e in engines if g(e, "abs_dlogp_max") is not None and g(e, "abs_dlogp_max") <= FLOOR],
              "off_floor": [e for e in engines if g(e, "abs_dlogp_max") is not None and g(e, "abs_dlogp_max") > FLOOR]}
+    setup["study"] = study_context(metrics, {e: v["reports_raw"] for e, v in verdicts.items()})
     return wording_10.conclusion(metrics, setup)
+
+
+def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) -> dict:
+    """Each audited engine's measured k3 beside notebook 08's benchmark doses of its kind of mismatch (issue 46):
+    the ratio kind for an engine that reports raw logprobs (it samples right, reports wrong), the distribution
+    kinds (perturbed weights, stale weights) otherwise, per arm: the BMDL and its status, from the study's runs of
+    record (`mismatch_cost.study_benchmarks`, measured on rlwb's small embedded models). `runs` empty: no study run
+    of record yet."""
+    from rlwb.experiments import mismatch_cost as mc
+
+    runs = mc.study_benchmarks(runs_dir)
+    engines = []
+    for e, raw in reports_raw.items():
+        k3 = metrics.get(f"{e}/k3_mean")
+        if k3 is None:
+            continue
+        kinds = ["ratio"] if raw else ["weights", "stale"]
+        per_run = []
+        for r in runs:
+            b = r["benchmarks"]
+            rows = b[b["kind"].isin(kinds)]
+            per_run.append({"run": r["run"], "model": r["model"],
+                            "rows": [{"kind": x.kind, "arm": x.arm, "status": x.status, "bmdl": float(x.bmdl),
+                                      "k3_min": float(x.k3_min), "k3_max": float(x.k3_max)}
+                                     for x in rows.itertuples()]})
+        engines.append({"engine": e, "k3": float(k3), "raw": bool(raw), "kinds": kinds, "runs": per_run})
+    return {"dir": f"docs/runs/{mc.STUDY_DIR}", "runs": [r["run"] for r in runs], "engines": engines}

@@ -18,6 +18,7 @@ Controls that must come out null (a failed control says the design, not the engi
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -122,29 +123,34 @@ class CostResult(Result):
 
 
 def jobs(p) -> list[Job]:
-    """Every run: each arm clean (dose 0) at the notebook's temperature (the point arms also at every other
-    temperature a point uses), at every dose of each kind, each point engine with `point_arms`, the placebo arms'
-    clean runs again on an independent sampling-seed stream (same prompts), and the first clean run again (the
-    reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); each further regime trains
-    `regime_arms` (every arm if empty) clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed
-    runs find their twins' policies ready."""
+    """Every run: each arm clean (dose 0) at the notebook's temperature (and at every other temperature a point
+    uses, the arms of the points there), at every dose of each kind, each point engine with `point_arms`, the
+    placebo arms' clean runs again on an independent sampling-seed stream (same prompts), and the first clean run
+    again (the reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); a row named in
+    `row_arms` trains only the arms listed there. Each further regime trains `regime_arms` (every arm if empty)
+    clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed runs find their twins' policies
+    ready."""
     base, T = p.engines[0], p.temperature
     u0, further = p.updates_per_batch[0], p.updates_per_batch[1:]
     doses = [(kind, float(d), f"{kind}@{d:g}") for kind, values in (("ratio", p.ratio_k3),
                                                                   ("weights", p.weight_noise),
                                                                   ("stale", p.stale_steps)) for d in values]
+    points = [(e, t, p.arms_of(entry, p.point_arm_labels)) for entry, (e, t) in zip(p.engine_points, p.points)]
     out = [Job("clean", 0.0, a, s, base, T, "clean", u0) for a in p.arm_labels for s in p.seeds]
-    for t in dict.fromkeys(t for _, t in p.points if t != T):  # the points' own temperatures: their arms only
-        out += [Job("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in p.point_arm_labels for s in p.seeds]
+    for t in dict.fromkeys(t for _, t, _ in points if t != T):  # the points' own temperatures: their arms only
+        used = {a for _, pt, arms in points if pt == t for a in arms}
+        out += [Job("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in p.arm_labels if a in used
+                for s in p.seeds]
     regime_arms = [a for a in p.arm_labels if not p.regime_arms or a in {p._label(r) for r in p.regime_arms}]
     out += [Job("clean", 0.0, a, s, base, T, "clean" + regime_suffix(u, u0), u) for u in further
             for a in regime_arms for s in p.seeds]
-    out += [Job(kind, d, a, s, base, T, label, u0) for kind, d, label in doses for a in p.arm_labels for s in p.seeds]
+    out += [Job(kind, d, a, s, base, T, label, u0) for kind, d, label in doses
+            for a in p.arms_of(label, p.arm_labels) for s in p.seeds]
     out += [Job(kind, d, a, s, base, T, label + regime_suffix(u, u0), u) for u in further
             for kind, d, label in doses if not p.regime_doses or label in p.regime_doses
             for a in regime_arms for s in p.seeds]
-    out += [Job("engine", float("nan"), a, s, e, t, point_label(e, t, T), u0) for e, t in p.points
-            for a in p.point_arm_labels for s in p.seeds]
+    out += [Job("engine", float("nan"), a, s, e, t, point_label(e, t, T), u0) for e, t, arms in points
+            for a in arms for s in p.seeds]
     out += [Job("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in p.placebo_arm_labels
             for s in p.seeds]
     if p.long_steps:  # the long horizon: its own clean twins, first regime only
@@ -193,15 +199,22 @@ def config(p, job: Job) -> GRPOConfig:
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         data_dir: str | Path | None = None) -> CostResult:
     """Every job from the same initial weights (`grpo_grid.run_grid`): the base engine's jobs first, then each
-    point engine's."""
+    point engine's. Every run's tested outcome is sampled by a clean engine (`CleanScorer`). The analysis is
+    `analyze`, a function of the curves alone (every per-run number it needs is a column of them)."""
     p = params
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
     todo = jobs(p)
     kl, raw = TwinKL(todo), {}
+    scorer = CleanScorer(p.engines[0], model_path, p.dtype)
+    start: dict[str, float] = {}  # the initial policy's outcomes, measured once (`initial_outcomes`)
+    start_lock = threading.Lock()
 
     def one_run(m, engine, job: Job, initial, should_stop) -> pd.DataFrame:
+        with start_lock:
+            if not start and job.engine == scorer.preset:
+                start.update(initial_outcomes(m, engine, initial, codec, heldout, p))
         df = train(m, engine, config(p, job), initial, progress=progress,
                    desc=f"{job.label} {job.arm} seed {job.seed}", codec=codec, on_step=lambda _res: should_stop())
         with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe
@@ -209,42 +222,180 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         kl.add(job, full)
         df["heldout_greedy_acc"] = float(greedy_rewards(m, codec, heldout, p.max_tokens).mean())
         if p.policy_samples:
-            df["policy_reward"] = policy_reward(m, engine, codec, heldout, p, job.temperature)
+            df["policy_reward"] = scorer.policy_reward(m, job, engine, codec, heldout, p)
+            df["outcome_engine"], df["outcome_temperature"] = scorer.preset, p.temperature
         for i, (k, v) in enumerate((("kind", job.kind), ("label", job.label), ("dose", job.dose),
                                     ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature),
                                     ("updates", job.updates))):
             df.insert(1 + i, k, v)
-        return df.assign(engine=job.engine)
+        return df.assign(engine=job.engine, stream=job.stream, **start)
 
     def plan(w):
         raw[w.preset.name] = reports_raw_logprobs(w.info())
         return one_phase([j for j in todo if j.engine == w.preset.name])
 
     engines = list(dict.fromkeys(j.engine for j in todo))
-    curves = pd.concat(run_grid(p, model_path, engines, plan, one_run, on_start=on_start, progress=progress),
-                       ignore_index=True)
+    try:
+        curves = pd.concat(run_grid(p, model_path, engines, plan, one_run, on_start=on_start, progress=progress),
+                           ignore_index=True)
+    finally:
+        scorer.close()
     curves["raw_logprobs"] = curves["engine"].map(raw).astype(bool)
-    table = dose_table(curves, p, kl.values)
-    metrics = dose_metrics(table, curves)
-    bench = benchmark_table(table, curves, metrics, p.bmr_fraction)
+    # each run's KL to its clean twin, known once both finished: a column of the curves, so `analyze` needs no more
+    by_run = {(j.label, j.arm, j.seed): v for j, v in kl.values.items()}
+    curves["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(curves["label"], curves["arm"],
+                                                                        curves["seed"])]
+    return analyze(curves, p)
+
+
+def analyze(curves: pd.DataFrame, p) -> CostResult:
+    """Every table, metric and verdict of the study from its curves (`data/curves.parquet` of an archived run)
+    and its params: what `run` returns, so an archived run's analysis can be redone without retraining (a
+    changed test, a changed BMR). The trained policies are not kept: an outcome not measured in the run (another
+    held-out set, another temperature) needs the runs again. Every test of the study is in one Holm family
+    (`one_family`)."""
+    table = dose_table(curves, p)
+    q = outcome_resolution(p, table["outcome"].iloc[0]) if len(table) else 0.0
+    bench = benchmark_table(table, curves, dose_metrics(table, curves), p.bmr_fraction)
+    con = contrast_table(table, curves, q)
+    hz, hm = horizon_table(curves, p.steps, 1.0 / (p.prompts_per_step * p.group_size * p.steps))
+    family = one_family(table, bench, con, hm)
+    metrics = dose_metrics(table, curves)  # after the family: the rows' verdicts and the placebo's rate are final
     metrics.update(benchmark_metrics(bench))
-    con = contrast_table(table, curves)
     metrics.update(contrast_metrics(con))
-    hz, hm = horizon_table(curves, p.steps)
     metrics.update(hm)
+    metrics.update(family)
     return CostResult(p, metrics, curves, table, bench, con, hz)
+
+
+def one_family(table: pd.DataFrame, bench: pd.DataFrame, con: pd.DataFrame, hm: dict) -> dict[str, float]:
+    """One Holm family per study (issue 46): every dosed row and engine point that is not a control (the placebo
+    rows included), every trend test across doses, every paired contrast and every long-horizon change test, Holm
+    over all m of them at once; a row's or contrast's MDE at alpha / m, the family's strictest level (noncentral t).
+    Why one: the conclusion reads them together, and a reader cannot tell which of several families a claim was
+    adjusted in; separate families each at 5% would let the study as a whole call a false cost with a probability
+    that grows with the number of families. Controls stay outside, tested alone unadjusted (the stricter test for a
+    null). Sets `p_holm`, `mde` and `verdict` in `table` and `con`, `trend_p_holm` in `bench` and `<label>/<arm>/
+    gap_change_p_holm` in `hm`, in place; returns the family's size by part (`family/...`)."""
+    rows = (~table["kind"].isin(["clean", "rerun"]) & table["p"].notna() & (table["control"] == "")).to_numpy()
+    trends = bench["trend_p"].notna().to_numpy() if len(bench) else np.zeros(0, bool)
+    hz_keys = [k for k, v in hm.items() if k.endswith("/gap_change_p") and np.isfinite(v)]
+    ps = np.concatenate([table.loc[rows, "p"].to_numpy(float), bench.loc[trends, "trend_p"].to_numpy(float)
+                         if len(bench) else [], con["p"].to_numpy(float), [hm[k] for k in hz_keys]])
+    m = len(ps)
+    adj = np.asarray(stats.holm(ps)) if m else np.zeros(0)
+    n_rows, n_trends, n_con = int(rows.sum()), int(trends.sum()), len(con)
+    level = stats.ALPHA / max(m, 1)
+    if n_rows:
+        t = table.loc[rows]
+        table.loc[rows, "p_holm"] = adj[:n_rows]
+        table.loc[rows, "mde"] = [stats.minimal_detectable_gap(sd, n, level) for sd, n in zip(t["gap_sd"], t["seeds"])]
+        table.loc[rows, "verdict"] = ["costs" if ph < stats.ALPHA and g < 0 else "gains" if ph < stats.ALPHA
+                                      else "no cost shown" for ph, g in zip(adj[:n_rows], t["gap"])]
+    if len(bench):
+        bench["trend_p_holm"] = np.nan
+        bench.loc[trends, "trend_p_holm"] = adj[n_rows:n_rows + n_trends]
+    if n_con:
+        c = adj[n_rows + n_trends:n_rows + n_trends + n_con]
+        con["p_holm"] = c
+        con["mde"] = [stats.minimal_detectable_gap(sd, n, level) for sd, n in zip(con["sd"], con["seeds"])]
+        con["verdict"] = ["differs" if ph < stats.ALPHA else "no difference shown" for ph in c]
+    for k, ph in zip(hz_keys, adj[n_rows + n_trends + n_con:]):
+        hm[k + "_holm"] = float(ph)
+    return {"family/tests": float(m), "family/rows": float(n_rows), "family/trends": float(n_trends),
+            "family/contrasts": float(n_con), "family/horizon": float(len(hz_keys))}
+
+
+STUDY_DIR = "08_mismatch_cost"  # the study's runs of record: `rlwb publish` puts them in RUNS_OF_RECORD/<this>/
+
+
+def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
+    """The benchmark doses of notebook 08's study runs of record, newest run per model: for each, `run` (its id),
+    `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
+    from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
+    run counts as the study's only if it has a benchmark table (the study's design: several doses per kind).
+    Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
+    import yaml
+
+    from rlwb.paths import RUNS_OF_RECORD
+
+    root = Path(runs_dir) if runs_dir is not None else RUNS_OF_RECORD / STUDY_DIR
+    newest: dict[str, dict] = {}
+    for d in sorted(root.glob("*/")) if root.is_dir() else []:
+        bench_file, params_file = d / "data" / "benchmarks.parquet", d / "params.yaml"
+        if not (bench_file.exists() and params_file.exists()):
+            continue
+        bench = pd.read_parquet(bench_file)
+        if bench.empty or "bmdl" not in bench:
+            continue
+        bench = bench[~bench["name"].astype(str).str.contains("+", regex=False)]  # first regime, study horizon
+        model = str((yaml.safe_load(params_file.read_text()) or {}).get("model", "?"))
+        newest[model] = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench}  # sorted: newest last
+    return list(newest.values())
+
+
+def reanalyze(run_dir: str | Path) -> CostResult:
+    """An archived run's analysis redone from its `params.yaml` and `data/curves.parquet` (`analyze`): what the run
+    would report under today's tests, without retraining. Runs archived before `kl_to_clean` was a column of the
+    curves come back without it (NaN), and before the clean scorer with their own engines' outcomes."""
+    from rlwb.params.validation import load
+
+    run_dir = Path(run_dir)
+    return analyze(pd.read_parquet(run_dir / "data" / "curves.parquet"),
+                   load("08_mismatch_cost", [run_dir / "params.yaml"]))
 
 
 POLICY_SEED = 999_961
 
 
+def initial_outcomes(model, engine, initial: dict, codec, problems, p) -> dict[str, float]:
+    """The tested outcomes of the *initial* policy, as every trained one is scored (`initial_policy_reward`: sampled
+    by the base engine at the study's T with the same fixed seed; `initial_heldout_greedy_acc`: greedy, no engine):
+    what a clean run's gain in the tested outcome is measured from (the benchmark response). `model` and `engine`
+    are a lane's trainer and base engine before its run; `train` reloads the initial weights into both after."""
+    model.load_state_dict(initial)
+    out = {"initial_heldout_greedy_acc": float(greedy_rewards(model, codec, problems, p.max_tokens).mean())}
+    if p.policy_samples:
+        out["initial_policy_reward"] = policy_reward(model, engine, codec, problems, p, p.temperature)
+    return out
+
+
+class CleanScorer:
+    """Where every run's tested outcome is sampled: the study's base preset (`engines[0]`, fp32 at `dtype`: the
+    trainer's distribution to the float floor) at the study's temperature, holding the trained weights
+    unperturbed, whatever engine and temperature the run trained with. A run on the base preset is scored by its
+    own engine (the same preset); an engine point's run by a base-preset engine of the scorer's own, started on
+    first use and shared by the lanes (a lock): a point is a way of *training*, and its trained policy is scored as
+    every other row's is, so each row's outcome is comparable with its clean run's (a bf16 point scored by its
+    bf16 engine, or V1 at T 1 scored at T 1, would mix the engine's sampling into the outcome)."""
+
+    def __init__(self, preset: str, model_path, dtype: str):
+        self.preset, self._model, self._dtype = preset, model_path, dtype
+        self._own = None
+        self._lock = threading.Lock()
+
+    def policy_reward(self, model, job: Job, engine, codec, problems, p) -> float:
+        if job.engine == self.preset:
+            return policy_reward(model, engine, codec, problems, p, p.temperature)
+        with self._lock:
+            if self._own is None:
+                from rlwb.engines.worker import EngineWorker
+
+                self._own = EngineWorker(self.preset, self._model, dtype=self._dtype)
+            return policy_reward(model, self._own, codec, problems, p, p.temperature)
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+
+
 def policy_reward(model, engine, codec, problems, p, temperature: float) -> float:
     """The trained policy's mean task reward on `problems` (`p.policy_samples` completions each at `temperature`,
-    one fixed sampling seed for every run: paired), sampled by the run's engine after the trained weights are
-    loaded into it unperturbed: no dose between the policy and its reward. Under a distribution dose the training
-    reward is what the perturbed or stale engine sampled; this is what the run trained. The run's engine is the
-    base preset for every dosed row (fp32, the trainer's distribution to the float floor); an engine point is
-    scored by its own engine, as it would be deployed."""
+    one fixed sampling seed for every run: paired), sampled by `engine` after the trained weights are loaded into
+    it unperturbed: no dose between the policy and its reward. Under a distribution dose the training reward is
+    what the perturbed or stale engine sampled; this is what the run trained. `CleanScorer` picks the engine (the
+    base preset) and the temperature (the study's) for every run."""
     from rlwb.core.data import tasks as task_mod
     from rlwb.engines.worker import Sampling
 
@@ -365,7 +516,8 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
                         "raw_logprobs": g["raw_logprobs"].first(),
                         # runs archived before the held-out score have no such column: they recompute without it
                         "heldout_acc": g["heldout_greedy_acc"].first() if "heldout_greedy_acc" in curves else np.nan,
-                        "policy_reward": g["policy_reward"].first()})
+                        "policy_reward": g["policy_reward"].first(),
+                        "kl_to_clean": g["kl_to_clean"].first() if "kl_to_clean" in curves else np.nan})
     fin = final.groupby(KEYS, sort=False, dropna=False)
     out["reward_final"] = fin["reward_mean"].mean()
     out["entropy"] = fin["entropy"].mean()
@@ -405,6 +557,15 @@ def late_slope(curves: pd.DataFrame) -> float:
     return float(np.polyfit(c.index.to_numpy(dtype=float), c.to_numpy(), 1)[0])
 
 
+def outcome_resolution(p, outcome: str) -> float:
+    """The step of the tested outcome (`stats.paired_gap_test`'s `resolution`): the trained policy's reward is a mean
+    of held-out problems x `policy_samples` rewards of 0 or 1; the final training reward a mean over the last
+    FINAL_FRAC of steps of prompts x group rewards."""
+    if outcome == "policy_reward":
+        return 1.0 / (len(held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[0]) * max(1, p.policy_samples))
+    return 1.0 / (p.prompts_per_step * p.group_size * len(edge_steps(range(p.steps), FINAL_FRAC)))
+
+
 def seed_gaps(s: pd.DataFrame) -> pd.DataFrame:
     """Per run that is not a clean run: its outcomes minus its clean twin's (same temperature, PPO regime, arm and
     seed): `gap` (the tested outcome, `outcome_of`), `train_gap` (final training reward) and `heldout_gap` (own
@@ -431,10 +592,11 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     (passes)" / "**fails**"."""
     curves = with_defaults(curves)
     s = per_seed(curves)
-    kl = kl or {}
-    s["kl_to_clean"] = [next((v for j, v in kl.items() if (j.label, j.arm, j.seed) == (lab, a, sd)), float("nan"))
-                        for lab, a, sd in zip(s["label"], s["arm"], s["seed"])]
+    if kl:  # KL values by job (runs archived before `kl_to_clean` was a column of the curves)
+        by_run = {(j.label, j.arm, j.seed): v for j, v in kl.items()}
+        s["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(s["label"], s["arm"], s["seed"])]
     outcome = outcome_of(s)
+    q = outcome_resolution(p, outcome)
     gaps = seed_gaps(s)
     slope = {k: late_slope(d) for k, d in
              curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "horizon", "arm"])}
@@ -470,7 +632,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                  & (s["horizon"] == horizon) & (s["arm"] == arm)].set_index("seed")
         for col in ("auc", "entropy", "grad_norm", "clip_frac"):
             row[f"{col}_gap"] = float((d[col] - base[col]).mean()) if kind != "clean" else 0.0
-        row["p"] = stats.paired_gap_test(gap, margin=1.0).p_diff if kind != "clean" else float("nan")
+        row["p"] = stats.paired_gap_test(gap, margin=1.0, resolution=q).p_diff if kind != "clean" else float("nan")
         rows.append(row)
     t = pd.DataFrame(rows)
     # rewards are multiples of 1/(completions x steps averaged): a difference's last bits are rounding, not signal
@@ -517,10 +679,12 @@ def identical_curves(curves: pd.DataFrame, label: str, arm: str, temperature: fl
 
 def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     """`<label>/<arm>/<outcome>` for every row (`clean/<arm>/...` for the clean runs), the clean arms' learning
-    (`clean/<arm>/reward_gain` with its interval: last minus first 10% of steps, paired by seed), per dosed kind
-    and arm the gap at its largest dose (`max_dose_gap`) and the smallest dose from which every larger dose
-    measurably costs reward (`threshold_k3`, NaN: none did), and the controls (`control/...`: 1 passes, 0 fails)."""
+    (`clean/<arm>/reward_gain` with its interval: last minus first 10% of steps, paired by seed; `outcome_gain`, the
+    same in the tested outcome, `outcome_gain`), per dosed kind
+    and arm the gap at its largest dose (`max_dose_gap`; the tolerable k3 is the benchmark dose's, `benchmark_table`),
+    and the controls (`control/...`: 1 passes, 0 fails)."""
     out = {}
+    outcome = table["outcome"].iloc[0] if "outcome" in table and len(table) else "reward_final"
     for r in table.itertuples():
         for col in ("k3_achieved", "reward_final", "auc", "gap", "gap_ci_low", "gap_ci_high", "mde", "entropy_gap",
                     "clip_frac", "grad_norm_gap", "kl_to_clean", "heldout_acc", "heldout_gap", "heldout_gap_ci_low",
@@ -534,14 +698,13 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         gain = (last - first).to_numpy()
         out[f"{label}/{arm}/reward_gain"] = float(gain.mean())
         out[f"{label}/{arm}/reward_gain_ci_low"], out[f"{label}/{arm}/reward_gain_ci_high"] = stats.seed_ci(gain)
+        og = outcome_gain(d, outcome)
+        out[f"{label}/{arm}/outcome_gain"] = float(og.mean()) if og.size else float("nan")
+        out[f"{label}/{arm}/outcome_gain_ci_low"], out[f"{label}/{arm}/outcome_gain_ci_high"] = stats.seed_ci(og)
     for (kind, arm), d in table[table["kind"].isin(DOSED) & ~table["label"].str.contains("+ppo", regex=False)
                                 & ~table["label"].str.endswith(LONG)].groupby(["kind", "arm"], sort=False):
         d = d.sort_values("dose")
         out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
-        # the smallest dose from which every larger dose measurably costs too (one noisy row is not a threshold)
-        costs = (d["verdict"] == "costs").to_numpy()
-        from_here = [i for i in range(len(d)) if costs[i:].all()]
-        out[f"{kind}/{arm}/threshold_k3"] = float(d["k3_achieved"].iloc[from_here[0]]) if from_here else float("nan")
     out.update(rejection_metrics(curves))
     placebo = table[table["kind"] == "placebo"]
     if len(placebo):  # the clean run again on independent sampling: every rejection is a false positive
@@ -553,6 +716,26 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         out["control/rerun/identical"] = float(rerun["identical"].iloc[0])
     out.update(floor_breaches(curves[curves["kind"].isin(["clean", "rerun"])]))  # the doses leave it on purpose
     return out
+
+
+INITIAL = {"policy_reward": "initial_policy_reward", "heldout_acc": "initial_heldout_greedy_acc"}
+
+
+def outcome_gain(clean: pd.DataFrame, outcome: str) -> np.ndarray:
+    """One clean configuration's gain in the tested outcome, per seed: its trained policy's outcome minus the initial
+    policy's, scored the same way (`initial_outcomes`; one value for the study). The benchmark response is a fraction
+    of it, so the BMR and the gaps it is compared with are in the same outcome. For the training reward (runs
+    with `policy_samples` 0, or archived before the policy outcome) the training reward's gain, last minus first
+    GAIN_FRAC of steps; for a policy outcome without the initial policy's (archived before it was measured),
+    empty: no benchmark response, said so."""
+    if outcome == "reward_final":
+        first, last = reward_gain(clean)
+        return (last - first).to_numpy()
+    col = INITIAL["policy_reward"]
+    if col not in clean or clean[col].isna().all():
+        return np.array([])
+    per = clean.groupby("seed")[["policy_reward", col]].first()
+    return (per["policy_reward"] - per[col]).to_numpy()
 
 
 def rejection_metrics(curves: pd.DataFrame) -> dict[str, float]:
@@ -580,10 +763,11 @@ def kind_label(kind: str, updates: int, first: int) -> str:
 
 def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bmr_fraction: float) -> pd.DataFrame:
     """Per dosed kind x PPO regime x arm (rows that are not controls): the trend of the tested outcome's paired gap
-    across doses (`dose_response.dose_trend`, per-seed slope per decade of k3; Holm over these trend tests, a family
-    of their own: a question apart from each dose's) and the benchmark dose in measured k3 (`dose_response.
-    benchmark_dose`) at BMR = `bmr_fraction` x that arm's clean reward gain in that regime (`<clean label>/<arm>/
-    reward_gain`; no benchmark where the clean run gained nothing). Doses are the rows' mean achieved k3."""
+    across doses (`dose_response.dose_trend`, per-seed slope per decade of k3; `trend_p_holm` here is Holm over
+    these trend tests alone, `analyze` puts them in the study's one family) and the benchmark dose in measured k3
+    (`dose_response.benchmark_dose`) at BMR = `bmr_fraction` x that arm's clean gain *in the tested outcome* in that
+    regime (`<clean label>/<arm>/outcome_gain`, `outcome_gain`: the same outcome as the gaps; no benchmark where the
+    clean run gained nothing). Doses are the rows' mean achieved k3."""
     curves = with_defaults(curves)
     gaps = seed_gaps(per_seed(curves))
     first = int(table["updates"].iloc[0]) if len(table) else 1
@@ -596,7 +780,7 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bm
                                                                                values="gap")[list(d["label"])]
         g = g.dropna()
         clean = "clean" + regime_suffix(int(updates), first) + (LONG if long else "")
-        gain = metrics.get(f"{clean}/{arm}/reward_gain", float("nan"))
+        gain = metrics.get(f"{clean}/{arm}/outcome_gain", float("nan"))
         bmr = bmr_fraction * gain if np.isfinite(gain) and gain > 0 else float("nan")
         x = d["k3_achieved"].to_numpy()
         row = {"kind": kind, "updates": int(updates), "arm": arm,
@@ -635,7 +819,7 @@ def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
 SPIKE, ENTROPY_DROP = 3.0, 0.5  # a gradient-norm spike: > 3 x the clean run's median; entropy collapse: < half
 
 
-def horizon_table(curves: pd.DataFrame, block: int) -> tuple[pd.DataFrame, dict[str, float]]:
+def horizon_table(curves: pd.DataFrame, block: int, resolution: float = 0.0) -> tuple[pd.DataFrame, dict[str, float]]:
     """The long-horizon rows (label ending `+long`): per dosed row and arm, the gap of the mean training reward to
     the long clean twin (same arm and seed) per block of `block` steps, with a 95% t interval over seeds, and
     whether it changes from the first block to the last (a paired t test of each seed's last-block minus
@@ -643,13 +827,15 @@ def horizon_table(curves: pd.DataFrame, block: int) -> tuple[pd.DataFrame, dict[
     collapse starts, if any: the first step whose seed-mean gradient norm exceeds `SPIKE` x the long clean run's
     median (`grad_spike_step`), or whose seed-mean entropy falls below `ENTROPY_DROP` x the clean run's first-step
     entropy (`entropy_collapse_step`); NaN: none. The training reward, because it is the only outcome measured per
-    step (under a stale dose it carries the lag bias, `lag_bias`)."""
+    step (under a stale dose it carries the lag bias, `lag_bias`). `resolution`: the step of one block's mean
+    training reward (`stats.paired_gap_test`; the change is a difference of four such means). `gap_change_p` is
+    unadjusted here; `analyze` puts it in the study's one Holm family (`gap_change_p_holm`)."""
     curves = with_defaults(curves)
     long = curves[curves["label"].str.endswith(LONG)]
     rows, out = [], {}
     if long.empty:
         return pd.DataFrame(columns=["label", "arm", "block_start", "block_end", "gap", "ci_low", "ci_high",
-                                     "seeds"]), out
+                                     "seeds", "grad_spike_step", "entropy_collapse_step"]), out
     for (label, arm), d in long.groupby(["label", "arm"], sort=False):
         clean = long[(long["kind"] == "clean") & (long["arm"] == arm)]
         gm = clean.groupby("step")["grad_norm"].mean()
@@ -669,45 +855,62 @@ def horizon_table(curves: pd.DataFrame, block: int) -> tuple[pd.DataFrame, dict[
             lo, hi = stats.seed_ci(v)
             rows.append({"label": label, "arm": arm, "block_start": int(b * block),
                          "block_end": int(min((b + 1) * block, d["step"].max() + 1) - 1), "gap": float(v.mean()),
-                         "ci_low": lo, "ci_high": hi, "seeds": int(v.size)})
+                         "ci_low": lo, "ci_high": hi, "seeds": int(v.size),
+                         "grad_spike_step": out[f"{label}/{arm}/grad_spike_step"],
+                         "entropy_collapse_step": out[f"{label}/{arm}/entropy_collapse_step"]})
         change = (wide[wide.columns[-1]] - wide[wide.columns[0]]).dropna().to_numpy()
         out[f"{label}/{arm}/gap_change"] = float(change.mean()) if change.size else float("nan")
-        out[f"{label}/{arm}/gap_change_p"] = stats.paired_gap_test(change, margin=1.0).p_diff
+        out[f"{label}/{arm}/gap_change_p"] = stats.paired_gap_test(change, margin=1.0,
+                                                                  resolution=resolution * np.sqrt(2)).p_diff
     return pd.DataFrame(rows), out
 
 
 UNCORRECTED = "none@trainer"  # the decoupled arm a correction is compared with: same mode, no correction
+SCALED_BAND, VERL_BAND = "geo_rs_len@trainer", "verl.geo_rs@trainer"  # the `band` contrast
+REGIME = re.compile(r"\+ppo\d+")  # a further PPO regime's label suffix
 MATCHED_K3 = 2.0  # a symmetric dose matches a point's k3 when within this factor (as `dose_achieved`)
 
 
-def contrast_table(table: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+def contrast_table(table: pd.DataFrame, curves: pd.DataFrame, resolution: float = 0.0) -> pd.DataFrame:
     """The paired contrasts the conclusion's sentences rest on, each a per-seed difference of two rows' gaps (same
-    seeds, prompts, sampling seeds and noise), with a 95% t interval and a t test, Holm over all of them (a family
-    of its own: each compares two rows, the dose family compares each row with its clean run). MDE at the family's
-    strictest level (noncentral t).
+    seeds, prompts, sampling seeds and noise), with a 95% t interval and a t test (`resolution`: the tested
+    outcome's step, `outcome_resolution`). `p_holm` and `mde` here are over these contrasts alone; `analyze` puts
+    them in the study's one Holm family with every row, trend and horizon test.
 
     - `correction`: a correction arm in the decoupled mode minus the uncorrected decoupled arm `none@trainer` at the
       same dosed row or engine point (what the correction adds, not what the mode does: bypass is another mode);
     - `mode`: `none@engine` (bypass) minus `none@trainer` (decoupled) at the same row;
     - `one-sided vs symmetric`: an engine point reporting raw logprobs (a one-sided error) minus the symmetric ratio
-      dose of matched k3 (within a factor `MATCHED_K3`) at the same temperature, PPO regime and arm.
+      dose of matched k3 (within a factor `MATCHED_K3`) at the same temperature, PPO regime and arm;
+    - `band`: the length-scaled Geo-RS band (`geo_rs_len@trainer`) minus verl's (`verl.geo_rs@trainer`) at the
+      same row: what scaling the band by the completion length changes;
+    - `regime`: the `mode` contrast at a dose in a further PPO regime (`<label>+ppo<k>`) minus the same contrast at
+      that dose in the first regime, seed by seed (a difference of differences): does bypass-vs-decoupled hold
+      when several updates per batch let the clip act in both modes?
     Rows that are controls (`none@trainer` under ratio doses is bitwise its clean run) are not contrasted."""
     curves = with_defaults(curves)
     g = seed_gaps(per_seed(curves)).set_index(["label", "arm", "seed"])["gap"].sort_index()
     rows = []
 
-    def add(kind: str, label: str, a: str, label_b: str, b: str, what: str):
+    def seeds_of(label: str, a: str):
+        return g.loc[(label, a)]
+
+    def add(kind: str, label: str, a: str, label_b: str, b: str, what: str, minus: tuple | None = None):
         try:
-            x, y = g.loc[(label, a)], g.loc[(label_b, b)]
+            x, y = seeds_of(label, a), seeds_of(label_b, b)
+            d = x - y
+            if minus:  # a difference of differences: (label a - label b) - (minus[0] a - minus[0] b)
+                d = d - (seeds_of(minus[0], a) - seeds_of(minus[0], b))
         except KeyError:
             return
-        d = (x - y).dropna().to_numpy()
+        d = d.dropna().to_numpy()
         if d.size < 2:
             return
         lo, hi = stats.seed_ci(d)
+        q = resolution * (2.0 if minus else np.sqrt(2))  # 4 (or 8) scored outcomes in each seed's difference
         rows.append({"contrast": kind, "label": label, "arm": a, "vs_label": label_b, "vs_arm": b, "what": what,
                      "diff": float(d.mean()), "ci_low": lo, "ci_high": hi, "sd": float(d.std(ddof=1)),
-                     "seeds": int(d.size), "p": stats.paired_gap_test(d, margin=1.0).p_diff})
+                     "seeds": int(d.size), "p": stats.paired_gap_test(d, margin=1.0, resolution=q).p_diff})
 
     dosed = table[~table["kind"].isin(["clean", "rerun", "placebo"])]
     for label, d in dosed.groupby("label", sort=False):
@@ -717,6 +920,15 @@ def contrast_table(table: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
                 add("correction", label, a, label, UNCORRECTED, f"`{a}` vs `{UNCORRECTED}` at {label}")
             if "none@engine" in arms:
                 add("mode", label, "none@engine", label, UNCORRECTED, f"bypass vs decoupled at {label}")
+        ok = set(d.loc[d["control"] == "", "arm"])
+        if {SCALED_BAND, VERL_BAND} <= ok:
+            add("band", label, SCALED_BAND, label, VERL_BAND, f"`{SCALED_BAND}` vs `{VERL_BAND}` at {label}")
+        base = REGIME.sub("", label)
+        if base != label and {"none@engine", UNCORRECTED} <= ok:
+            b_ok = set(dosed.loc[(dosed["label"] == base) & (dosed["control"] == ""), "arm"])
+            if {"none@engine", UNCORRECTED} <= b_ok:
+                add("regime", label, "none@engine", label, UNCORRECTED,
+                    f"bypass vs decoupled at {label} minus at {base}", minus=(base,))
     ratio = table[table["kind"] == "ratio"]
     for r in table[(table["kind"] == "engine") & table["raw_logprobs"] & (table["control"] == "")].itertuples():
         cand = ratio[(ratio["temperature"] == r.temperature) & (ratio["updates"] == r.updates)
@@ -759,18 +971,19 @@ def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None
              + f", lr={p.lr:g}, {p.num_seeds} seeds paired across every arm and dose (same initial weights, prompts, "
              f"sampling seeds and noise). Cost = {outcome_text(outcome, p)} minus the same arm's "
              f"clean run at the same temperature, seed by seed, with a 95% t interval; a cost is a t test of that gap "
-             f"Holm-corrected over every dosed row that is not a control (placebo rows included); MDE = the smallest "
-             f"cost these seeds detect with 80% power at α/m, the strictest level of Holm's family of m rows "
-             f"(noncentral t). "
+             f"(the outcome's rounding step in its variance), Holm-corrected in **one family** of "
+             f"{family_text(metrics)} (controls apart, tested alone); MDE = the smallest cost these seeds detect "
+             f"with 80% power at α/m, the family's strictest level (noncentral t). "
              f"{timing_note(p, sorted(set(table['engine'])))}"]
     lines += floor_lines(metrics)
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
                  + "\n".join(dose_answer_lines(metrics, first_regime(table), DOSED, p.arm_labels)))
     if bench is not None and len(bench):
         lines.append(f"**Tolerable mismatch** (benchmark dose: per kind and arm, a line in log k3 fitted to the "
-                     f"paired gaps of every dose, seed by seed; BMR = {p.bmr_fraction:.0%} of the arm's clean reward "
-                     f"gain; the BMDL is the lower 95% bound of the k3 where the cost reaches it, inside the tested "
-                     f"doses only):\n"
+                     f"paired gaps of every dose, seed by seed; BMR = {p.bmr_fraction:.0%} of the arm's clean gain "
+                     f"in the tested outcome, its trained policy's minus the initial policy's; the BMDL is the "
+                     f"lower 95% bound of the k3 where the cost reaches it, a Fieller-type inversion, inside the "
+                     f"tested doses only; trend p's are Holm-adjusted in the study's one family):\n"
                      + "\n".join(benchmark_line(r, p.bmr_fraction) for r in bench.itertuples()))
     plc = placebo_line(metrics)
     if plc:
@@ -779,13 +992,14 @@ def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None
     if reg:
         lines.append(reg)
     if con is not None and len(con):
-        lines.append("**Contrasts** (each a per-seed difference of two rows' gaps, 95% t interval, Holm over these "
-                     "contrasts; corrections against the uncorrected decoupled arm `none@trainer`, not against "
-                     "bypass):\n" + "\n".join(contrast_lines(con)))
+        lines.append("**Contrasts** (each a per-seed difference of two rows' gaps, 95% t interval, Holm p in the "
+                     "study's one family; corrections against the uncorrected decoupled arm `none@trainer`, not "
+                     "against bypass; `regime`: the bypass-vs-decoupled contrast under several updates per batch "
+                     "minus under one, seed by seed):\n" + "\n".join(contrast_lines(con)))
     if hz is not None and len(hz):
         lines.append(f"**Horizon** ({p.long_steps} steps; the training reward's gap to the long clean run per block "
-                     f"of {p.steps} steps, 95% interval over seeds; change = last block minus first, paired t test):\n"
-                     + "\n".join(horizon_lines(hz, metrics)))
+                     f"of {p.steps} steps, 95% interval over seeds; change = last block minus first, paired t test, "
+                     f"Holm p in the study's one family):\n" + "\n".join(horizon_lines(hz, metrics)))
     pts = engine_point_lines(table)
     if pts:
         lines.append("**Real engines on the same axes** (paired to the clean run at their temperature):\n"
@@ -804,12 +1018,24 @@ def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None
     return "\n\n".join(lines)
 
 
+def family_text(metrics: dict) -> str:
+    """The study's one Holm family in words: how many tests of each part."""
+    if "family/tests" not in metrics:
+        return "every dosed row that is not a control (placebo rows included)"
+    parts = [(metrics.get(f"family/{k}", 0), w) for k, w in (("rows", "dosed rows and points (placebo rows "
+                                                                       "included)"), ("trends", "trend tests"),
+                                                              ("contrasts", "contrasts"), ("horizon", "horizon tests"))]
+    return f"{int(metrics['family/tests'])} tests: " + ", ".join(f"{int(n)} {w}" for n, w in parts if n)
+
+
 def outcome_text(outcome: str, p) -> str:
     """The tested outcome in words."""
     if outcome == "policy_reward":
         return (f"the trained policy's reward on {held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[1]}, "
-                f"{p.policy_samples} sample{'s' if p.policy_samples != 1 else ''} each from the run's engine "
-                f"holding the trained weights unperturbed (no dose between the policy and its reward)")
+                f"{p.policy_samples} sample{'s' if p.policy_samples != 1 else ''} each at T={p.temperature:g} from "
+                f"the clean base engine `{p.engines[0]}` ({p.dtype}) holding the trained weights unperturbed, for "
+                f"every row, engine points and other temperatures included (no dose between the policy and its "
+                f"reward)")
     return f"the final training reward (last {FINAL_FRAC:.0%} of steps)"
 
 

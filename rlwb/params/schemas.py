@@ -264,6 +264,18 @@ def check_arm(arm: str) -> str | None:
     return None
 
 
+DOSE_ROW = re.compile(r"(ratio|weights|stale)@\d+(\.\d*)?(e-?\d+)?")
+
+
+def check_row_arms(entry: str) -> str | None:
+    """'<row> <arm> [<arm> ...]': a row name and at least one arm (`MismatchCostParams.__post_init__` checks the
+    row exists and the arms are arms of the study)."""
+    parts = entry.split()
+    if len(parts) < 2:
+        return f"row_arms entry {entry!r} must be '<row> <arm> [<arm> ...]' (e.g. 'ratio@0.01 none@engine tis@trainer')"
+    return next((check_arm(a) for a in parts[1:] if check_arm(a)), None)
+
+
 POINT_T = re.compile(r"@T(\d+(?:\.\d*)?)$")  # `vllm-v1@T0.5`: an engine point at its own temperature
 
 
@@ -307,6 +319,10 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                                      check=check_point, allow_empty=True)
     point_arms: list[str] = param(["none@engine"], "the arms each engine point trains (a subset of arms)",
                                   check=check_arm)
+    row_arms: list[str] = param([], "rows trained with fewer arms, each '<row> <arm> <arm> ...': a dose row "
+                                    "(<kind>@<dose>, e.g. ratio@0.01) or an engine point (as in engine_points) "
+                                    "trains only the arms listed (a subset of arms; unlisted rows train every arm, "
+                                    "points point_arms)", check=check_row_arms, allow_empty=True)
     steps: int = param(30, "GRPO steps per run", ge=1)
     num_seeds: int = param(4, "seeds per arm and dose, paired across them: seed, seed+1, ...", ge=2)
     placebo_arms: list[str] = param(["none@engine"], "arms whose clean run is trained again with an independent "
@@ -326,11 +342,13 @@ class MismatchCostParams(GRPOSettings, EngineParams):
     long_doses: list[str] = param([], "dose rows (<kind>@<dose>) trained at long_steps too", allow_empty=True)
     long_arms: list[str] = param([], "arms of the long-horizon rows (empty: every arm)", check=check_arm,
                                  allow_empty=True)
-    policy_samples: int = param(2, "completions per held-out problem sampled, after training, from the run's engine "
-                                   "holding the trained weights unperturbed: the tested outcome (0: the training "
-                                   "reward is)", ge=0)
+    policy_samples: int = param(2, "completions per held-out problem sampled, after training, from a clean engine "
+                                   "(the base preset at the notebook's temperature, whatever engine and temperature "
+                                   "the run trained with) holding the trained weights unperturbed: the tested outcome "
+                                   "(0: the training reward is)", ge=0)
     bmr_fraction: float = param(0.25, "benchmark response: the cost that matters, as this fraction of the clean "
-                                      "run's reward gain (the benchmark dose is where the fitted cost reaches it)",
+                                      "run's gain in the tested outcome (its trained policy's minus the initial "
+                                      "policy's; the benchmark dose is where the fitted cost reaches it)",
                                 gt=0, le=1)
     concurrent_runs: int = concurrent_runs_param()
 
@@ -380,6 +398,21 @@ class MismatchCostParams(GRPOSettings, EngineParams):
             raise ParamError("parameters 'long_doses' / 'long_arms' need 'long_steps' > 0")
         if not {self._label(a) for a in self.long_arms} <= set(self.arm_labels):
             raise ParamError(f"parameter 'long_arms' must be a subset of 'arms', got {self.long_arms}")
+        rows = {}
+        for entry in self.row_arms:
+            row, *arms = entry.split() or [""]
+            if not arms:
+                raise ParamError(f"parameter 'row_arms': entry {entry!r} must be '<row> <arm> [<arm> ...]'")
+            if row in rows:
+                raise ParamError(f"parameter 'row_arms' lists row {row!r} twice")
+            if row not in self.engine_points and not DOSE_ROW.fullmatch(row):  # a dose row this grid cell
+                # lacks (a sweep's smaller ratio_k3) is allowed: the entry applies where the row exists
+                raise ParamError(f"parameter 'row_arms': {row!r} is neither a dose row (<kind>@<dose>, e.g. "
+                                 f"{sorted(labels)[:2]}) nor an engine point ({self.engine_points})")
+            bad = [a for a in arms if self._label(a) not in self.arm_labels]
+            if bad:
+                raise ParamError(f"parameter 'row_arms': row {row!r} names arms not in 'arms': {bad}")
+            rows[row] = arms
         if not set(self.regime_doses) <= labels:
             raise ParamError(f"parameter 'regime_doses' names rows no dose list has: "
                              f"{sorted(set(self.regime_doses) - labels)} (the doses are {sorted(labels)})")
@@ -399,6 +432,16 @@ class MismatchCostParams(GRPOSettings, EngineParams):
 
     def _label(self, arm: str) -> str:
         return arm if "@" in arm else f"{arm}@{self.old_logprobs}"
+
+    def arms_of(self, row: str, default: list[str]) -> list[str]:
+        """The arm labels row `row` (a dose label, or an engine point as `engine_points` writes it) trains:
+        its `row_arms` entry in the order of `arms`, else `default`."""
+        for entry in self.row_arms:
+            name, *arms = entry.split()
+            if name == row:
+                listed = {self._label(a) for a in arms}
+                return [a for a in self.arm_labels if a in listed]
+        return list(default)
 
     @property
     def points(self) -> list[tuple[str, float]]:

@@ -148,3 +148,41 @@ def geo_rs_survivors(curves, style: str = "notebook"):
 
 
 FIGURES["geo_rs_survivors"] = ("curves", geo_rs_survivors)
+
+
+def horizon_gaps(horizon, style: str = "notebook"):
+    """The long-horizon rows (`mismatch_cost.horizon_table`): per dosed row and arm, the training reward's gap to
+    the long clean run per block of steps (mean over seeds at the block's middle, 95% t interval as error bars),
+    and the step any collapse starts (gradient-norm spikes: dashed; entropy collapse: dotted), or a note that none
+    was seen. Empty axes with a note where the run has no long rows."""
+    fig, ax = plt.subplots(figsize=figsize(style, 0.9))
+    ax.set_xlabel("GRPO step (middle of each block)")
+    ax.set_ylabel("training-reward gap to the long clean run")
+    ax.set_title("Long horizon: the gap per block of steps\n(95% t interval over seeds)", fontsize="medium")
+    if horizon is None or len(horizon) == 0:
+        ax.text(0.5, 0.5, "no long-horizon rows in this run\n(long_steps 0: the study's horizon only)", ha="center",
+                va="center", transform=ax.transAxes)
+        fig.tight_layout()
+        return fig
+    notes = []
+    for i, ((label, arm), d) in enumerate(horizon.groupby(["label", "arm"], sort=False)):
+        color = OKABE_ITO[i % len(OKABE_ITO)]
+        mid = (d["block_start"] + d["block_end"]) / 2
+        ax.errorbar(mid, d["gap"], yerr=[d["gap"] - d["ci_low"], d["ci_high"] - d["gap"]], color=color,
+                    marker=MARKERS[i % len(MARKERS)], capsize=3, label=f"{label}, {arm}")
+        for col, ls, what in (("grad_spike_step", "--", "grad-norm spikes"), ("entropy_collapse_step", ":",
+                                                                              "entropy collapse")):
+            step = d[col].iloc[0] if col in d else np.nan
+            if np.isfinite(step):
+                ax.axvline(step, color=color, ls=ls, lw=1, label=f"{what} from step {int(step)}")
+            else:
+                notes.append(f"{label}: no {what}")
+    ax.axhline(0, color="0.5", lw=0.8)
+    if notes:
+        ax.text(0.01, 0.01, "; ".join(dict.fromkeys(notes)), transform=ax.transAxes, fontsize="x-small", va="bottom")
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    return fig
+
+
+FIGURES["horizon_gaps"] = ("horizon", horizon_gaps)

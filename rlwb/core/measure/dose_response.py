@@ -20,10 +20,16 @@ BMJ 300:230, https://doi.org/10.1136/bmj.300.6719.230):
   never a higher one.
 
 The model is the same line in log10 dose per seed that the trend test fits (gap = a + b log10 dose). The BMDL is the
-smallest dose in the tested range where the one-sided upper 95% confidence limit of the mean cost reaches the BMR
-(the inverse-regression bound, EPA 2012 sec. 2.1.2; with the seed as the unit the limit at each dose is a one-sample
-t limit of the seeds' fitted costs there, so it is exact under normal seed-to-seed spread). Nothing is extrapolated
-beyond the tested doses: where the data cannot place the BMDL inside them, the result says so (`status`).
+smallest dose in the tested range where the one-sided upper 95% confidence limit of the mean cost reaches the BMR: a
+Fieller-type inversion of pointwise confidence limits (the doses whose upper limit stays below the BMR form the
+confidence set of the BMD's lower side; for a straight line this is Fieller's theorem for the x at which a fitted line
+reaches a given y, Fieller 1954, J. R. Stat. Soc. B 16:175, https://doi.org/10.1111/j.2517-6161.1954.tb00159.x; the
+calibration or inverse-prediction interval of regression). It is not the profile-likelihood BMDL that EPA's BMDS
+reports by default. With the seed as the unit the limit at each dose is a one-sample t limit of the seeds' fitted
+costs there, so it is exact under normal seed-to-seed spread, and P(BMDL <= true BMD) >= 95% whenever the line is the
+true curve (at the true BMD the upper limit exceeds the true cost, the BMR, with probability 95%;
+tests/test_dose_response.py checks the coverage in a simulation). Nothing is extrapolated beyond the tested doses:
+where the data cannot place the BMDL inside them, the result says so (`status`).
 
 Limits: one model (linear in log dose), no model averaging; a cost that is flat and then drops sharply is fitted by
 a line that crosses the BMR early, which errs towards a lower (more conservative) BMDL.
@@ -128,8 +134,9 @@ def benchmark_dose(doses, gaps, bmr: float, alpha: float = ALPHA, grid: int = 51
 
     Model: each seed's line gap = a + b log10(dose) (as `dose_trend`); the mean cost at dose x is the mean of the
     seeds' fitted costs there, its upper one-sided (1 - alpha) limit a one-sample t limit of them. BMD: where the
-    mean crosses `bmr`; BMDL: the smallest dose where the upper limit reaches `bmr` (inverse regression, US EPA
-    Benchmark Dose Technical Guidance 2012, https://www.epa.gov/risk/benchmark-dose-technical-guidance; EFSA 2022,
+    mean crosses `bmr`; BMDL: the smallest dose where the upper limit reaches `bmr` (a Fieller-type inversion of the
+    pointwise limits, Fieller 1954, https://doi.org/10.1111/j.2517-6161.1954.tb00159.x; the benchmark dose and BMR
+    themselves as US EPA's Benchmark Dose Technical Guidance 2012 and EFSA 2022 define them,
     https://doi.org/10.2903/j.efsa.2022.7584). Both are searched on `grid` log-spaced doses across the tested
     range and refined by bisection; nothing is extrapolated outside it (`BenchmarkDose.status` says where the data
     cannot bound it)."""

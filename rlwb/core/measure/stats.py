@@ -249,26 +249,40 @@ class PairedGapTest:
     sd: float
 
 
-def paired_gap_test(gaps: Sequence[float], margin: float) -> PairedGapTest:
+def paired_gap_test(gaps: Sequence[float], margin: float, resolution: float = 0.0) -> PairedGapTest:
     """Difference and equivalence (two one-sided tests, Schuirmann 1987; https://doi.org/10.1007/BF01068419)
-    t tests of per-seed gaps. Zero spread (every seed's gap the same) has no t statistic: p_equiv is then 0 or 1 by
-    whether the common gap is inside the margin; p_diff is 1 for a common gap of 0 (bitwise twins) and otherwise
-    the exact sign-flip (randomization) test's 2 / 2^n (Fisher 1935, The Design of Experiments, sec. 21: n gaps all
-    of one sign), not 0: on a discrete outcome two seeds can share a gap by chance (notebook 08's placebo rows, 2
-    seeds, both +0.023, were called a gain at p = 0 before)."""
+    t tests of per-seed gaps.
+
+    `resolution`: the step of the discrete outcome each gap is a difference of (a mean of N rewards of 0 or 1: 1 / N).
+    Rounding a continuous quantity to a grid of step q adds an error of variance q^2 / 12 to each measurement
+    (Sheppard 1898, Proc. London Math. Soc. 29:353), q^2 / 6 to a difference of two, which the seeds' spread cannot
+    show when they tie: the t tests use sd^2 + q^2 / 6. So p is continuous in the gaps through ties (two seeds both
+    +0.023 and two at +0.023 / +0.0231 get nearby p's), and a tie is never read as infinite precision (p_diff and
+    p_equiv -> 0). Where the spread is far above q (the usual case) the term changes nothing measurable.
+
+    Without a resolution (0: a continuous outcome) zero spread has no t statistic: p_diff is 1 for a common gap of 0
+    (bitwise twins) and otherwise the exact sign-flip (randomization) test's 2 / 2^n (Fisher 1935, The Design of
+    Experiments, sec. 21: n gaps all of one sign), and p_equiv inside the margin the sign-flip p of each one-sided
+    test, 1 / 2^n (1 outside): the smallest p n seeds can give without a spread, never 0."""
     from scipy import stats as st
 
+    if not (np.isfinite(resolution) and resolution >= 0):
+        raise ValueError(f"resolution must be finite and >= 0, got {resolution}")
     g = np.asarray(gaps, dtype=np.float64)
     n = g.size
     if n < 2:
         return PairedGapTest(n, float(g.mean()) if n else float("nan"), float("nan"), float("nan"), float("nan"))
     m, sd = float(g.mean()), float(g.std(ddof=1))
-    if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's gap the same (to rounding): no t statistic
+    if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's gap the same (to rounding)
         sd = 0.0
-        return PairedGapTest(n, m, 1.0 if m == 0 else min(1.0, 2.0 ** (1 - n)), float(not abs(m) < margin), 0.0)
-    p_diff = float(st.ttest_1samp(g, 0.0).pvalue)
-    p_lo = float(st.ttest_1samp(g, -margin, alternative="greater").pvalue)
-    p_hi = float(st.ttest_1samp(g, margin, alternative="less").pvalue)
+    se = float(np.sqrt((sd * sd + resolution * resolution / 6) / n))
+    if se == 0:  # a tie of a continuous outcome: the exact sign-flip p's
+        return PairedGapTest(n, m, 1.0 if m == 0 else min(1.0, 2.0 ** (1 - n)),
+                             2.0 ** -n if abs(m) < margin else 1.0, 0.0)
+    df = n - 1
+    p_diff = float(2 * st.t.sf(abs(m) / se, df))
+    p_lo = float(st.t.sf((m + margin) / se, df))  # H0: mean <= -margin
+    p_hi = float(st.t.cdf((m - margin) / se, df))  # H0: mean >= +margin
     return PairedGapTest(n, m, p_diff, max(p_lo, p_hi), sd)
 
 

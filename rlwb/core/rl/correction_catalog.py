@@ -95,6 +95,14 @@ CATALOG: dict[str, CatalogEntry] = {
     "verl.geo_rs": _e([("sequence_reject_geometric", {"lo": 1 / 1.001, "hi": 1 / 0.999})],
                       "verl decoupled_geo_rs() (Geo-RS, 0.999_1.001); with engine logprobs bypass_ppo_clip_geo_rs()",
                       "sequences whose geometric-mean r is off 1 by more than 0.1% rejected", VERL_PRESETS),
+    # rlwb's length-scaled Geo-RS (notebook 08, issue 46): verl's band widened by sqrt(4096 / L) on an L-token
+    # completion, so short completions face the rejection rate verl's band has at 4096 tokens
+    "geo_rs_len": _e([("sequence_reject_geometric_scaled", {"lo": 1 / 1.001, "hi": 1 / 0.999, "ref_len": 4096})],
+                     "rlwb (verl Geo-RS's band scaled by sqrt(4096 / length))",
+                     "sequences whose geometric-mean r is off 1 by more than 0.1% x sqrt(4096 / length) rejected",
+                     VERL, reading="verl's Geo-RS (decoupled_geo_rs(), 0.999_1.001) with its band scaled by the "
+                                   "standard error of a mean of L log-ratios, sqrt(4096 / L): equal to verl's at "
+                                   "4096 tokens; no peer ships a length-aware band"),
     "verl.k3_rs": _e([("sequence_reject_k3", {"threshold": 0.01})],
                      "verl decoupled_k3_rs(); with engine logprobs bypass_ppo_clip_k3_rs()",
                      "sequences whose mean k3 exceeds 0.01 rejected", VERL_PRESETS),

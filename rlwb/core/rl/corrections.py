@@ -189,6 +189,40 @@ def sequence_reject_geometric(log_ratio: torch.Tensor, mask: torch.Tensor, lo: f
     return _rejection((g >= math.log(lo)) & (g <= math.log(hi)), m, log_ratio.dtype, keep_in_count)
 
 
+GEO_RS_REF_LEN = 4096  # tokens: the completion length at which `geo_rs_len` equals verl's Geo-RS band (see below)
+
+
+def sequence_reject_geometric_scaled(log_ratio: torch.Tensor, mask: torch.Tensor, lo: float = 1 / 1.001,
+                                     hi: float = 1 / 0.999, ref_len: int = GEO_RS_REF_LEN,
+                                     keep_in_count: bool = False) -> Correction:
+    """Geo-RS with a length-scaled band (rlwb's `geo_rs_len`): a sequence of L completion tokens is kept when its
+    mean log-ratio g = mean_t log r_t lies in [log(lo) s, log(hi) s] with s = sqrt(ref_len / L); otherwise it
+    leaves the loss (and its token count, as verl's rejection does).
+
+    Why: verl's Geo-RS (`sequence_reject_geometric`, `rollout_rs="seq_mean_k1"`, band 0.999_1.001 on 1/r; verl
+    v0.9.1 rollout_corr_helper.py, https://github.com/volcengine/verl/blob/v0.9.1/verl/trainer/ppo/
+    rollout_corr_helper.py; introduced by Liu, Li et al. 2025, "When Speed Kills Stability", for long reasoning
+    and tool-use completions) bounds the *mean* of L per-token log-ratios. Under per-token log-ratio noise of
+    spread sigma that mean spreads as sigma / sqrt(L) (the standard error of a mean of L independent terms), so a
+    fixed band rejects most short completions at a mismatch that long ones pass: on notebook 08's <= 32-token
+    completions verl's band keeps 0.2-3% of sequences. Scaling the band by sqrt(ref_len / L) makes the statistic
+    |g| sqrt(L) (a z-score of the sequence's log-ratio sum) face a fixed bound, so the kept fraction under such
+    noise no longer depends on L, and equals verl's band's at L = ref_len (at L = ref_len this *is* verl's rule;
+    longer completions face a narrower band). No peer ships a length-aware band (verl 0.9.1's rollout_corr_helper
+    has none; SkyRL 0.3.0's geometric mask is fixed too): this is rlwb's reading, and `ref_len` (4096 tokens,
+    `GEO_RS_REF_LEN`: a long reasoning completion, the setting verl's band was introduced for) is an assumption,
+    stated. With `keep_in_count` rejected tokens weigh 0 and still count (`_rejection`)."""
+    _check_band(lo, hi, "length-scaled geometric sequence rejection")
+    if not ref_len >= 1:
+        raise ValueError(f"length-scaled Geo-RS needs ref_len >= 1 token, got {ref_len}")
+    m = mask.bool()
+    length = m.sum(-1, keepdim=True).clamp(min=1).to(torch.float64)
+    g = _seq_mean(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND).to(torch.float64), m)
+    s = torch.sqrt(ref_len / length)
+    keep = (g >= math.log(lo) * s) & (g <= math.log(hi) * s)
+    return _rejection(keep, m, log_ratio.dtype, keep_in_count)
+
+
 def sequence_reject_k3(log_ratio: torch.Tensor, mask: torch.Tensor, threshold: float = 0.01) -> Correction:
     """Whole sequences whose mean k3 = r - 1 - log r (Schulman's estimator of KL(engine || trainer)) exceeds
     `threshold` leave the loss. verl `rollout_rs="seq_mean_k3"` (0.01, `decoupled_k3_rs()`)."""
@@ -227,7 +261,8 @@ def off_policy_sequence_mask(log_ratio: torch.Tensor, mask: torch.Tensor, advant
 
 
 PARTS = {f.__name__: f for f in (token_tis, sequence_tis, token_band, sequence_band, token_reject,
-                                 sequence_reject_product, sequence_reject_geometric, sequence_reject_k3,
+                                 sequence_reject_product, sequence_reject_geometric, sequence_reject_geometric_scaled,
+                                 sequence_reject_k3,
                                  outlier_token_reject, off_policy_sequence_mask)}
 
 

@@ -56,8 +56,9 @@ def paired_gap_text(r) -> str:
 
 
 def dose_answer_lines(metrics: dict, table, dosed, arms) -> list[str]:
-    """One bullet per (dosed kind, arm) of notebook 08: the smallest measured k3 that costs reward, or the null with
-    its MDE."""
+    """One bullet per (dosed kind, arm) of notebook 08: the doses at which a cost is shown (each row's own test, Holm
+    in the study's family), or the null with its MDE. Which k3 is tolerable is the benchmark dose's answer (its BMDL),
+    not the first dose that showed a cost (a NOAEL-style threshold depends on which doses were tried)."""
     out = []
     for kind in dosed:
         d = table[table["kind"] == kind]
@@ -65,11 +66,12 @@ def dose_answer_lines(metrics: dict, table, dosed, arms) -> list[str]:
             a = d[(d["arm"] == arm) & (d["control"] == "")].sort_values("dose")
             if a.empty:
                 continue
-            thr = metrics.get(f"{kind}/{arm}/threshold_k3", float("nan"))
             top = a.iloc[-1]
-            if np.isfinite(thr):
-                out.append(f"- {kind} mismatch, `{arm}`: measurably costs reward from k3 {metric('k3', thr, '.1e')} "
-                           f"per token on, at every larger dose too (largest dose: {paired_gap_text(top)}).")
+            costs = a[a["verdict"] == "costs"]
+            if len(costs):
+                at = ", ".join(f"k3 {metric('k3', r.k3_achieved, '.1e')} ({r.gap:+.3f})" for r in costs.itertuples())
+                out.append(f"- {kind} mismatch, `{arm}`: a cost shown at {at} of {len(a)} dose(s) tested (largest "
+                           f"dose: {paired_gap_text(top)}).")
             else:
                 out.append(f"- {kind} mismatch, `{arm}`: no dose up to k3 {metric('k3', top.k3_achieved, '.1e')} "
                            f"measurably cost reward (largest dose: {paired_gap_text(top)}; MDE {top.mde:.3f}): a cost "

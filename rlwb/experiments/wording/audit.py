@@ -94,5 +94,44 @@ def conclusion(metrics: dict, setup: dict) -> str:
     for e, verdict in s["engines"].items():
         lines += engine_lines(metrics, e, s["temperature"], **verdict)
     lines += floor_lines(s["at_floor"], s["off_floor"], s["floor"])
+    if "study" in s:
+        lines += study_lines(s["study"])
     lines.append("\nIntervals: 95%, bootstrap over completions.")
     return "\n".join(lines)
+
+
+BMD_BOUNDED, BMD_BELOW, BMD_NOT_BOUNDED = "bounded", "below the tested range", "not bounded"  # as dose_response's
+
+
+def study_lines(study: dict) -> list[str]:
+    """Where each audited engine's measured k3 sits against notebook 08's benchmark doses (issue 46): per study run
+    of record and arm, the BMDL of the engine's kind of mismatch (ratio for raw logprobs, distribution otherwise)
+    and the engine's k3 as a multiple of it; said to be measured on small embedded models. Without a run of record,
+    says so and where one would be read from."""
+    head = "\n**Against the mismatch-cost study (notebook 08)**"
+    if not study["runs"]:
+        return [f"{head}: no study run of record yet (`{study['dir']}/` holds none with benchmark doses; run "
+                f"`rlwb sweep params/sweeps/mismatch_cost.yaml` and `rlwb publish` its runs), so this k3 cannot be "
+                f"placed against a tolerable one."]
+    out = [f"{head}: the benchmark doses below were measured on rlwb's small embedded models (a 30-step GRPO run "
+           f"on sums), not on your model or task: read them as an order of magnitude, not a limit for your run. "
+           f"BMDL: the lower 95% bound of the k3 at which the cost reaches the study's benchmark response."]
+    for eng in study["engines"]:
+        kind = ("ratio mismatch (your engine reports raw logprobs: it samples right, reports wrong)" if eng["raw"]
+                else "distribution mismatch (perturbed or stale weights: your engine samples another policy)")
+        out.append(f"- `{eng['engine']}`, k3 {eng['k3']:.2e}, against {kind}:")
+        for r in eng["runs"]:
+            parts = []
+            for x in r["rows"]:
+                if x["status"] == BMD_BOUNDED:
+                    parts.append(f"{x['kind']} `{x['arm']}` keep k3 below {x['bmdl']:.1e} (yours is "
+                                 f"{eng['k3'] / x['bmdl']:.2g}x it)")
+                elif x["status"] == BMD_BELOW:
+                    parts.append(f"{x['kind']} `{x['arm']}` a cost already at the smallest tested k3 "
+                                 f"{x['k3_min']:.1e} (yours is {eng['k3'] / x['k3_min']:.2g}x it)")
+                elif x["status"] == BMD_NOT_BOUNDED:
+                    parts.append(f"{x['kind']} `{x['arm']}` no bound up to k3 {x['k3_max']:.1e} (yours is "
+                                 f"{eng['k3'] / x['k3_max']:.2g}x it)")
+            out.append(f"  - run `{r['run']}` (model `{r['model']}`): "
+                       + ("; ".join(parts) if parts else "no benchmark dose of this kind") + ".")
+    return out

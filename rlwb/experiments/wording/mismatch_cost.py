@@ -17,7 +17,7 @@ def benchmark_line(r, bmr_fraction: float) -> str:
     """One bullet for a (kind, PPO regime, arm) benchmark row of notebook 08 (`mismatch_cost.benchmark_table`):
     "keep k3 below X" where the data bound X (the BMDL inside the tested doses), "the data cannot bound X" where
     they do not, with the trend across doses beside it (slope of the paired gap per decade of k3, 95% interval,
-    Holm-adjusted p over the trend tests)."""
+    Holm-adjusted p in the study's one family)."""
     head = f"- {r.name}, `{r.arm}`: "
     trend = (f"trend {r.trend_slope:+.3f} per decade of k3 [{r.trend_ci_low:+.3f}, {r.trend_ci_high:+.3f}], "
              f"Holm p {r.trend_p_holm:.2g}" if np.isfinite(r.trend_slope) else "no trend test (fewer than 2 doses "
@@ -99,13 +99,16 @@ def horizon_lines(hz, metrics: dict) -> list[str]:
     for (label, arm), d in hz.groupby(["label", "arm"], sort=False):
         blocks = "; ".join(f"steps {r.block_start}-{r.block_end} {r.gap:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
                            for r in d.itertuples())
-        ch, pv = metrics.get(f"{label}/{arm}/gap_change", np.nan), metrics.get(f"{label}/{arm}/gap_change_p", np.nan)
+        ch = metrics.get(f"{label}/{arm}/gap_change", np.nan)
+        # Holm-adjusted in the study's family where it was (notebook 08's `one_family`), else unadjusted
+        pv = metrics.get(f"{label}/{arm}/gap_change_p_holm", metrics.get(f"{label}/{arm}/gap_change_p", np.nan))
         verdict = ("no change shown" if not (np.isfinite(pv) and pv < 0.05) else
                    "the cost grows" if ch < 0 else "the gap closes")
         events = [f"{what} from step {int(metrics[k])}" for what, k in
                   (("gradient-norm spikes", f"{label}/{arm}/grad_spike_step"),
                    ("entropy collapse", f"{label}/{arm}/entropy_collapse_step"))
                   if np.isfinite(metrics.get(k, np.nan))]
-        out.append(f"- {label} `{arm}`: {blocks}; {verdict} (change {ch:+.3f}, p {pv:.2g})"
+        which = "Holm p" if f"{label}/{arm}/gap_change_p_holm" in metrics else "p"
+        out.append(f"- {label} `{arm}`: {blocks}; {verdict} (change {ch:+.3f}, {which} {pv:.2g})"
                    + (f"; {', '.join(events)}" if events else "; no collapse seen") + ".")
     return out
