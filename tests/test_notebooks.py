@@ -337,8 +337,9 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     assert acc0.between(0, 1).all() and acc0.nunique() == 1
     assert curves["kl_to_clean"].notna().all()  # each run's KL is in the curves: the analysis needs them alone
     from rlwb.experiments import mismatch_cost as mc
+    from rlwb.params import load
 
-    again = mc.reanalyze(d)  # the archived run's analysis redone from params.yaml and curves.parquet alone
+    again = mc.reanalyze(d, load("08_mismatch_cost", [d / "params.yaml"]))  # redone from params and curves alone
     assert again.metrics.keys() <= m.keys()
     assert all(m[k] == v or (m[k] is None or np.isnan(m[k])) and np.isnan(v) for k, v in again.metrics.items())
     for key in ("gap", "gap_ci_low", "gap_ci_high", "mde"):  # paired over the 2 seeds: every interval exists

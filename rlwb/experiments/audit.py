@@ -231,11 +231,11 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
     """Each audited engine's measured k3 beside notebook 08's benchmark doses of its kind of mismatch (issue 46):
     the ratio kind for an engine that reports raw logprobs (it samples right, reports wrong), the distribution
     kinds (perturbed weights, stale weights) otherwise, per arm: the BMDL and its status, from the study's runs of
-    record (`mismatch_cost.study_benchmarks`, measured on rlwb's small embedded models). `runs` empty: no study run
+    record (`dose_response.study_benchmarks`, measured on rlwb's small embedded models). `runs` empty: no study run
     of record yet."""
-    from rlwb.experiments import mismatch_cost as mc
+    from rlwb.core.measure import dose_response
 
-    runs = mc.study_benchmarks(runs_dir)
+    runs = dose_response.study_benchmarks(runs_dir)
     engines = []
     for e, raw in reports_raw.items():
         k3 = metrics.get(f"{e}/k3_mean")
@@ -251,4 +251,4 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
                                       "k3_min": float(x.k3_min), "k3_max": float(x.k3_max)}
                                      for x in rows.itertuples()]})
         engines.append({"engine": e, "k3": float(k3), "raw": bool(raw), "kinds": kinds, "runs": per_run})
-    return {"dir": f"docs/runs/{mc.STUDY_DIR}", "runs": [r["run"] for r in runs], "engines": engines}
+    return {"dir": f"docs/runs/{dose_response.STUDY_DIR}", "runs": [r["run"] for r in runs], "engines": engines}

@@ -306,43 +306,13 @@ def one_family(table: pd.DataFrame, bench: pd.DataFrame, con: pd.DataFrame, hm: 
             "family/contrasts": float(n_con), "family/horizon": float(len(hz_keys))}
 
 
-STUDY_DIR = "08_mismatch_cost"  # the study's runs of record: `rlwb publish` puts them in RUNS_OF_RECORD/<this>/
-
-
-def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
-    """The benchmark doses of notebook 08's study runs of record, newest run per model: for each, `run` (its id),
-    `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
-    from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
-    run counts as the study's only if it has a benchmark table (the study's design: several doses per kind).
-    Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
-    import yaml
-
-    from rlwb.paths import RUNS_OF_RECORD
-
-    root = Path(runs_dir) if runs_dir is not None else RUNS_OF_RECORD / STUDY_DIR
-    newest: dict[str, dict] = {}
-    for d in sorted(root.glob("*/")) if root.is_dir() else []:
-        bench_file, params_file = d / "data" / "benchmarks.parquet", d / "params.yaml"
-        if not (bench_file.exists() and params_file.exists()):
-            continue
-        bench = pd.read_parquet(bench_file)
-        if bench.empty or "bmdl" not in bench:
-            continue
-        bench = bench[~bench["name"].astype(str).str.contains("+", regex=False)]  # first regime, study horizon
-        model = str((yaml.safe_load(params_file.read_text()) or {}).get("model", "?"))
-        newest[model] = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench}  # sorted: newest last
-    return list(newest.values())
-
-
-def reanalyze(run_dir: str | Path) -> CostResult:
-    """An archived run's analysis redone from its `params.yaml` and `data/curves.parquet` (`analyze`): what the run
-    would report under today's tests, without retraining. Runs archived before `kl_to_clean` was a column of the
-    curves come back without it (NaN), and before the clean scorer with their own engines' outcomes."""
-    from rlwb.params.validation import load
-
-    run_dir = Path(run_dir)
-    return analyze(pd.read_parquet(run_dir / "data" / "curves.parquet"),
-                   load("08_mismatch_cost", [run_dir / "params.yaml"]))
+def reanalyze(run_dir: str | Path, params) -> CostResult:
+    """An archived run's analysis redone from its `data/curves.parquet` (`analyze`) and its params (the caller loads
+    the run's `params.yaml`: `rlwb.params.load("08_mismatch_cost", [run_dir / "params.yaml"])`, infrastructure this
+    layer does not import): what the run would report under today's tests, without retraining. Runs archived before
+    `kl_to_clean` was a column of the curves come back without it (NaN), and before the clean scorer with their own
+    engines' outcomes."""
+    return analyze(pd.read_parquet(Path(run_dir) / "data" / "curves.parquet"), params)
 
 
 POLICY_SEED = 999_961

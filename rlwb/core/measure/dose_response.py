@@ -40,6 +40,7 @@ Pure numpy/scipy functions of arrays; nothing here touches an engine or a model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -177,3 +178,32 @@ def benchmark_dose(doses, gaps, bmr: float, alpha: float = ALPHA, grid: int = 51
     if x_bmdl == xs[0]:
         return BenchmarkDose(bmd, lo_d, float(bmr), BELOW_RANGE, lo_d, hi_d, n)
     return BenchmarkDose(bmd, float(10 ** x_bmdl), float(bmr), BOUNDED, lo_d, hi_d, n)
+
+
+STUDY_DIR = "08_mismatch_cost"  # the study's runs of record: `rlwb publish` puts them in RUNS_OF_RECORD/<this>/
+
+
+def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
+    """The benchmark doses of notebook 08's study runs of record, newest run per model: for each, `run` (its id),
+    `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
+    from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
+    run counts as the study's only if it has a benchmark table (the study's design: several doses per kind).
+    Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
+    import pandas as pd
+    import yaml
+
+    from rlwb.paths import RUNS_OF_RECORD
+
+    root = Path(runs_dir) if runs_dir is not None else RUNS_OF_RECORD / STUDY_DIR
+    newest: dict[str, dict] = {}
+    for d in sorted(root.glob("*/")) if root.is_dir() else []:
+        bench_file, params_file = d / "data" / "benchmarks.parquet", d / "params.yaml"
+        if not (bench_file.exists() and params_file.exists()):
+            continue
+        bench = pd.read_parquet(bench_file)
+        if bench.empty or "bmdl" not in bench:
+            continue
+        bench = bench[~bench["name"].astype(str).str.contains("+", regex=False)]  # first regime, study horizon
+        model = str((yaml.safe_load(params_file.read_text()) or {}).get("model", "?"))
+        newest[model] = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench}  # sorted: newest last
+    return list(newest.values())
