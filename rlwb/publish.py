@@ -95,6 +95,9 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
     drawn = {data for data, _ in NOTEBOOKS[notebook].figures().values()} if notebook in NOTEBOOKS else None
     out = [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "the run's logs: no figure or number")
            for f in sorted((run_dir / "logs").rglob("*")) if f.is_file()]
+    out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "a job kept for a resume (notebook 08's "
+                    "data/jobs/: every row is in data/curves.parquet, its provenance in run.json)")
+            for f in sorted((run_dir / "data" / "jobs").rglob("*")) if f.is_file()]
     if drawn is not None:  # an unknown notebook: every table may be needed
         unused = [f for f in (run_dir / "data").glob("*.parquet") if f.stem not in drawn]
         out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size,
@@ -106,10 +109,10 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
 
 
 def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[LeftOut], int]:
-    """(left out, bytes of the copy): the logs always stay out; then optional files, in order, until the copy is at
-    most `limit` bytes. `PublishRefused` when even the needed files are over it."""
+    """(left out, bytes of the copy): the logs and the jobs kept for a resume always stay out; then optional files,
+    in order, until the copy is at most `limit` bytes. `PublishRefused` when even the needed files are over it."""
     candidates = optional_files(run_dir, notebook)
-    left = [c for c in candidates if c.path.startswith("logs/")]
+    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/"))]
     size = tree_bytes(run_dir) - sum(c.bytes for c in left)
     for c in candidates:
         if size <= limit:

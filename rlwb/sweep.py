@@ -4,8 +4,9 @@ Why cells are ordinary runs: a paper figure is usually a grid (engines x dtypes 
 outgrows one notebook loop. Running each cell through `rlwb run` keeps every cell a reproducible report of its
 own (provenance, `rlwb compare`, the index and its trends), and makes the sweep restartable: the sweep's state
 (`sweep.json`) records each cell's run directory as it finishes, so after an interruption
-`rlwb sweep GRID.yaml --resume` runs only the cells without a successful run. The summary (`summary.parquet`,
-`figures/summary.png`, `report.html`) is built from the cells' archived metrics alone.
+`rlwb sweep GRID.yaml --resume` runs only the cells without a successful run; a notebook that takes `resume_from`
+(08) resumes each such cell's unfinished run job by job (`unfinished_run`) instead of starting it again. The
+summary (`summary.parquet`, `figures/summary.png`, `report.html`) is built from the cells' archived metrics alone.
 
 A grid file:
 
@@ -25,6 +26,7 @@ CPUs and GPUs its engines need (`cell_resources`); the outputs directory must th
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import itertools
@@ -159,6 +161,66 @@ def pending(state: dict) -> list[dict]:
     return [c for c in state["cells"] if c["status"] != "ok"]
 
 
+RESUME_PARAM = "resume_from"  # a notebook whose params have it resumes a cell's unfinished run job by job (08)
+
+
+def unfinished_run(notebook: str, files: list[str], overrides: dict, outputs: Path,
+                   say=lambda msg: None) -> str | None:
+    """The unfinished run of a cell its rerun can resume from, when the notebook takes `resume_from`: a run of the
+    notebook under `outputs` that did not finish (archived as failed or interrupted, or a `.tmp-*` directory a
+    killed `rlwb run` left, its process gone) with the cell's params (bar `resume_from` and `concurrent_runs`),
+    the current git commit on a clean tree in both, and at least one kept job (`data/jobs/*.parquet`); of several,
+    the one with the most kept jobs, then the newest. None otherwise (`say` tells why a candidate is passed over).
+    The run itself checks again, the model build too (`mismatch_cost.resume_check`)."""
+    if RESUME_PARAM not in {f.name for f in dataclasses.fields(params_mod.schema_for(notebook))}:
+        return None
+    want = params_mod.load(notebook, files, overrides).to_dict()
+    loose = {RESUME_PARAM, "concurrent_runs"}
+    here = archive.git_info()
+    best, best_key = None, None
+    base = Path(outputs) / notebook
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        rec = archive.read_json(d / "run.json", None)
+        jobs = list((d / "data" / "jobs").glob("*.parquet")) if rec else []
+        if not jobs or rec.get("status") == "ok" or not (d / "params.yaml").is_file():
+            continue
+        if d.name.startswith(".tmp-") and _alive(d.name.rsplit("-", 1)[-1]):
+            continue  # a run still going
+        theirs = params_mod.read_yaml(d / "params.yaml")
+        if {k: v for k, v in theirs.items() if k not in loose} != {k: v for k, v in want.items() if k not in loose}:
+            continue
+        if rec.get("git_commit") != here["git_commit"] or rec.get("git_dirty") is not False or here["git_dirty"]:
+            say(f"  not resuming from {d} ({len(jobs)} finished jobs): commit {rec.get('git_commit')} "
+                f"(dirty: {rec.get('git_dirty')}) there, {here['git_commit']} (dirty: {here['git_dirty']}) here")
+            continue
+        key = (len(jobs), rec.get("started_at") or "", d.name)
+        if best_key is None or key > best_key:
+            best, best_key = d, key
+    return str(best) if best else None
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cell_overrides(g: Grid, cell: dict, outputs: Path, resume: bool, say) -> dict:
+    """What a cell runs with: its overrides, plus `resume_from` its unfinished run on a resumed sweep (the cell's
+    id and recorded overrides stay the grid's)."""
+    if not resume:
+        return cell["overrides"]
+    src = unfinished_run(g.notebook, g.files, cell["overrides"], outputs, say)
+    if src is None:
+        return cell["overrides"]
+    say(f"  cell {cell['id']}: resuming the finished jobs of {src}")
+    return {**cell["overrides"], RESUME_PARAM: src}
+
+
 # -- running ----------------------------------------------------------------------------------------
 def _run_cell_cli(notebook: str, files: list[str], overrides: dict, outputs: str, cwd: str) -> dict:
     """One cell as `rlwb run` in its own process (what a Ray task executes; also usable sequentially)."""
@@ -205,13 +267,14 @@ def run_sweep(grid_path: str | os.PathLike, outputs: Path, *, resume: Path | Non
             + (f" ({cell['error']})" if cell["error"] else f" -> {cell['run_dir']}"))
 
     if ray_address:
-        _run_on_ray(g, todo, outputs, ray_address, record)
+        _run_on_ray(g, todo, outputs, ray_address, record, resume is not None, say)
     else:
         from rlwb import runner
 
         for cell in todo:
             try:
-                run_dir = runner.run(g.notebook, g.files, cell["overrides"], outputs)
+                run_dir = runner.run(g.notebook, g.files, cell_overrides(g, cell, outputs, resume is not None, say),
+                                     outputs)
                 record(cell, {"status": "ok", "run_dir": str(run_dir), "error": None})
             except RunFailed as e:
                 record(cell, {"status": "failed", "run_dir": str(e.run_dir), "error": e.error})
@@ -223,7 +286,8 @@ def run_sweep(grid_path: str | os.PathLike, outputs: Path, *, resume: Path | Non
     return sweep_dir
 
 
-def _run_on_ray(g: Grid, todo: list[dict], outputs: Path, address: str, record) -> None:
+def _run_on_ray(g: Grid, todo: list[dict], outputs: Path, address: str, record, resume: bool = False,
+                say=lambda msg: None) -> None:
     import ray
 
     ray.init(address=address, log_to_driver=False, logging_level="ERROR")
@@ -233,7 +297,8 @@ def _run_on_ray(g: Grid, todo: list[dict], outputs: Path, address: str, record) 
         futures = {}
         for cell in todo:
             res = cell_resources(g.notebook, g.files, cell["overrides"], cuda)
-            ref = task.options(**res).remote(g.notebook, g.files, cell["overrides"], str(outputs), str(REPO_ROOT))
+            over = cell_overrides(g, cell, outputs, resume, say)
+            ref = task.options(**res).remote(g.notebook, g.files, over, str(outputs), str(REPO_ROOT))
             futures[ref] = cell
         while futures:
             done, _ = ray.wait(list(futures), num_returns=1)

@@ -304,6 +304,13 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
                                           for a in arms] + [("vllm-v1@T1", "none@engine"), ("placebo", "none@engine"),
                                                             ("clean@T1", "none@engine"), ("rerun", "none@engine")])
     assert len(curves) == (4 * 2 * 2 + 2 * 2 + 2 + 1) * 3  # runs x steps
+    # every job kept the moment it finished (issue 46's resume), its probe dropped once the study finished; run.json
+    # says which run trained them
+    assert len(list((d / "data" / "jobs").glob("*.parquet"))) == 4 * 2 * 2 + 2 * 2 + 2 + 1
+    assert not list((d / "data" / "jobs").glob("*.probe.pt")) and (d / "data" / "jobs" / "start.json").exists()
+    resume = json.loads((d / "run.json").read_text())["resume"]
+    assert resume["reused_jobs"] == 0 and resume["parts"] == {d.name: resume["parts"][d.name]}
+    assert resume["parts"][d.name]["jobs"] == resume["jobs"] == 4 * 2 * 2 + 2 * 2 + 2 + 1
     for a in arms:
         assert doses.loc[("clean", a), "k3_achieved"] <= 1e-8  # fp32 V1-fixed: the float floor at dose 0
         # the ratio dose reaches the reported logprobs at its intended k3, as noise (mean log r near 0, not a bias)

@@ -83,8 +83,11 @@ def load_trainer(model_path) -> tuple[torch.nn.Module, dict]:
 
 
 def run_grid(p, model_path, engines: list[str], plan: Plan, one_run: OneRun, *, on_start: OnStart = None,
-             progress: bool = True) -> list[pd.DataFrame]:
-    """Every job `plan` gives each engine, in order; curves in job order, engine by engine.
+             progress: bool = True, on_done: Callable[[Any, pd.DataFrame], pd.DataFrame] | None = None
+             ) -> list[pd.DataFrame]:
+    """Every job `plan` gives each engine, in order; curves in job order, engine by engine. `on_done(job, curve)`,
+    if given, gets each job's finished curve as soon as its lane returns it (in that lane's thread) and returns
+    what the grid keeps: notebook 08 persists each job there, so an interrupted study keeps its finished jobs.
 
     `p.concurrent_runs` runs train at once (where `lanes_for` allows), each in a thread with its own trainer
     copy and its own engine process of the same preset. Why: on a small CPU box a run alternates between the
@@ -105,10 +108,12 @@ def run_grid(p, model_path, engines: list[str], plan: Plan, one_run: OneRun, *, 
         extra = [EngineWorker(w.preset, model_path, dtype=p.dtype, wait=False) for _ in range(n - 1)]
         try:
             models += [copy.deepcopy(model) for _ in range(n - len(models))]
+            def lane_run(lane, job, stop, n=n, expects=expects):
+                df = one_run(lane[0], lane[1], job, initial, stop).assign(concurrent_runs=n, engine_expects=expects)
+                return on_done(job, df) if on_done else df
+
             for jobs in phases:
-                frames += [df.assign(concurrent_runs=n, engine_expects=expects) for df in run_in_lanes(
-                    jobs, list(zip(models[:n], [w, *extra])),
-                    lambda lane, job, stop: one_run(lane[0], lane[1], job, initial, stop))]
+                frames += run_in_lanes(jobs, list(zip(models[:n], [w, *extra])), lane_run)
         finally:
             for e in extra:
                 e.close()

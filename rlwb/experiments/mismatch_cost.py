@@ -18,9 +18,14 @@ Controls that must come out null (a failed control says the design, not the engi
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import shutil
 import threading
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +39,7 @@ from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.rl.mismatch_doses import logprob_noise_sigma
 from rlwb.core.scoring.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
+from rlwb.errors import ParamError
 from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import (
     FINAL_FRAC,
@@ -200,21 +206,49 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         data_dir: str | Path | None = None) -> CostResult:
     """Every job from the same initial weights (`grpo_grid.run_grid`): the base engine's jobs first, then each
     point engine's. Every run's tested outcome is sampled by a clean engine (`CleanScorer`). The analysis is
-    `analyze`, a function of the curves alone (every per-run number it needs is a column of them)."""
+    `analyze`, a function of the curves alone (every per-run number it needs is a column of them).
+
+    With `data_dir` each job is kept the moment it finishes (`JobStore`, under `data_dir/jobs/`), so an
+    interrupted study keeps its finished jobs; `params.resume_from` (an archived run of the same computation,
+    `resume_check`) reuses that run's finished jobs instead of training them again. Jobs are seeded and
+    independent, so a resumed study's curves are the uninterrupted study's, bar the wall-time columns."""
     p = params
+    resume_from = getattr(p, "resume_from", "") or ""
+    if resume_from and data_dir is None:
+        raise ParamError("resume_from needs a run directory to copy the reused jobs into (data_dir)")
+    here = run_record(data_dir, model_path)
+    source = resume_check(resume_from, p, here) if resume_from else None  # before any compute
+    todo = jobs(p)
+    engines = list(dict.fromkeys(j.engine for j in todo))
+    order = [j for e in engines for j in todo if j.engine == e]  # run_grid's order: engine by engine
+    store = JobStore(Path(data_dir) / JOBS_DIR, here.get("run_id")) if data_dir is not None else None
+    kl, raw = TwinKL(todo, store), {}
+    start: dict[str, float] = {}  # the initial policy's outcomes, measured once (`initial_outcomes`)
+    done: dict[Job, pd.DataFrame] = {}
+    reused = store.reuse(Path(resume_from), todo, kl, start, done) if source is not None else []
+    if store is not None:
+        store.record(here, source, resume_from, reused, len(todo))
+    if on_start and source is not None:  # engines no job of this run needs: their record from the run reused
+        for e in dict.fromkeys(j.engine for j in reused):
+            if all(j in done for j in todo if j.engine == e) and e in (source.get("engines") or {}):
+                on_start(source["engines"][e])
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
-    todo = jobs(p)
-    kl, raw = TwinKL(todo), {}
     scorer = CleanScorer(p.engines[0], model_path, p.dtype)
-    start: dict[str, float] = {}  # the initial policy's outcomes, measured once (`initial_outcomes`)
-    start_lock = threading.Lock()
+    start_lock, done_lock = threading.Lock(), threading.Lock()
+    from rlwb.progress import progress_bar
+
+    bar = progress_bar(total=len(todo), initial=len(done), desc="jobs (reused: done)" if done else "jobs",
+                       disable=not progress)
 
     def one_run(m, engine, job: Job, initial, should_stop) -> pd.DataFrame:
+        t0 = time.time()
         with start_lock:
             if not start and job.engine == scorer.preset:
                 start.update(initial_outcomes(m, engine, initial, codec, heldout, p))
+                if store is not None:
+                    store.save_start(start)
         df = train(m, engine, config(p, job), initial, progress=progress,
                    desc=f"{job.label} {job.arm} seed {job.seed}", codec=codec, on_step=lambda _res: should_stop())
         with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe
@@ -228,24 +262,224 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
                                     ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature),
                                     ("updates", job.updates))):
             df.insert(1 + i, k, v)
-        return df.assign(engine=job.engine, stream=job.stream, **start)
+        return df.assign(engine=job.engine, stream=job.stream, **start).assign(_wall_s=time.time() - t0)
+
+    def finished(job: Job, df: pd.DataFrame) -> pd.DataFrame:
+        wall = float(df.pop("_wall_s").iloc[0])
+        df = df.assign(raw_logprobs=raw[job.engine])
+        if store is not None:
+            df = store.save(job, df, wall)  # read back: a fresh job's frame is what a reused one's is
+        with done_lock:
+            done[job] = df
+            bar.update(1)
+        return df
 
     def plan(w):
         raw[w.preset.name] = reports_raw_logprobs(w.info())
-        return one_phase([j for j in todo if j.engine == w.preset.name])
+        return one_phase([j for j in todo if j.engine == w.preset.name and j not in done])
 
-    engines = list(dict.fromkeys(j.engine for j in todo))
+    left = list(dict.fromkeys(j.engine for j in todo if j not in done))
     try:
-        curves = pd.concat(run_grid(p, model_path, engines, plan, one_run, on_start=on_start, progress=progress),
-                           ignore_index=True)
+        if left:
+            run_grid(p, model_path, left, plan, one_run, on_start=on_start, progress=progress, on_done=finished)
     finally:
         scorer.close()
-    curves["raw_logprobs"] = curves["engine"].map(raw).astype(bool)
+        bar.close()
+    curves = pd.concat([done[j] for j in order], ignore_index=True)
+    curves["raw_logprobs"] = curves["raw_logprobs"].astype(bool)
     # each run's KL to its clean twin, known once both finished: a column of the curves, so `analyze` needs no more
     by_run = {(j.label, j.arm, j.seed): v for j, v in kl.values.items()}
     curves["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(curves["label"], curves["arm"],
                                                                         curves["seed"])]
-    return analyze(curves, p)
+    if store is not None:
+        store.finish(here)
+    result = analyze(curves, p)
+    result.metrics.update({"resume/reused_jobs": float(len(reused)),
+                           "resume/trained_jobs": float(len(todo) - len(reused))})
+    return result
+
+
+# -- job-level resume (issue 46): every finished job kept at once, an interrupted study resumed from them ---------
+JOBS_DIR = "jobs"  # under the run's data dir: <key>.parquet, <key>.json, <key>.kl.json, <key>.probe.pt, start.json
+# params a resumed study may change: where it resumes from, and how many runs train at once (the curves are
+# bitwise the same one at a time or in lanes, tests/test_grpo.py; its `concurrent_runs` column says how each ran)
+NON_COMPUTATIONAL = ("resume_from", "concurrent_runs")
+
+
+def job_key(job: Job) -> str:
+    """A job's file stem under `data/jobs/`: its label, arm and seed to read, and a hash of every field of the
+    `Job` (kind, dose, engine, temperature, PPO regime, stream, steps ...), so no other job passes for it."""
+    h = hashlib.sha256(json.dumps(asdict(job), sort_keys=True).encode()).hexdigest()[:10]
+    return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", f"{job.label}.{job.arm}.s{job.seed}") + f"-{h}"
+
+
+def run_record(data_dir, model_path) -> dict:
+    """This run's record (run.json beside `data_dir`, where `rlwb run` and `use_model` wrote its commit and model
+    build); what it lacks (a run outside the archive) from the working tree and the model's card."""
+    from rlwb import archive
+    from rlwb.core.models import store as model_store
+
+    rec = dict(archive.read_json(Path(data_dir).parent / "run.json", {}) or {}) if data_dir is not None else {}
+    if "git_commit" not in rec:
+        rec.update(archive.git_info())
+    if not (rec.get("model") or {}).get("weights_sha256_16"):
+        card = model_store.model_card(model_path) or {}
+        rec["model"] = {**(rec.get("model") or {}), "weights_sha256_16": card.get("weights_sha256_16")}
+    return rec
+
+
+def resume_check(source: str | Path, p, here: dict) -> dict:
+    """`source`'s run.json if its finished jobs are this run's computation, else a `ParamError` naming every
+    difference, before any compute: the same params (bar `NON_COMPUTATIONAL`), the same git commit with a clean
+    tree in both runs, and the same model build (weights checksum). Its jobs are then what this run would train."""
+    import yaml
+
+    from rlwb import archive
+
+    src = Path(source)
+    rec = archive.read_json(src / "run.json", None) if src.is_dir() else None
+    if rec is None or not (src / "params.yaml").exists() or not (src / "data" / JOBS_DIR).is_dir():
+        raise ParamError(f"resume_from {str(source)!r}: not a run of notebook 08 with kept jobs (needs run.json, "
+                         f"params.yaml and data/{JOBS_DIR}/)")
+    theirs, mine = yaml.safe_load((src / "params.yaml").read_text()) or {}, p.to_dict()
+    missing = object()
+    why = [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
+           for k in sorted(set(theirs) | set(mine))
+           if k not in NON_COMPUTATIONAL and theirs.get(k, missing) != mine.get(k, missing)]
+    if rec.get("notebook", NOTEBOOK) != NOTEBOOK:
+        why.append(f"notebook {rec.get('notebook')!r} there")
+    if rec.get("git_commit") != here.get("git_commit") or not here.get("git_commit"):
+        why.append(f"git commit {rec.get('git_commit')} there, {here.get('git_commit')} here")
+    for who, r in (("there", rec), ("here", here)):
+        if r.get("git_dirty") is not False:
+            why.append(f"the working tree was {'dirty' if r.get('git_dirty') else 'unknown'} {who} (uncommitted "
+                       f"changes may change the computation)")
+    sums = [(r.get("model") or {}).get("weights_sha256_16") for r in (rec, here)]
+    if sums[0] != sums[1] or not sums[0]:
+        why.append(f"model weights checksum {sums[0]} there, {sums[1]} here")
+    if why:
+        raise ParamError(f"resume_from {str(source)!r} refused: not the same computation ({'; '.join(why)}). "
+                         f"Run without resume_from to train every job.")
+    return rec
+
+
+NOTEBOOK = "08_mismatch_cost"
+
+
+class JobStore:
+    """Each finished job of a run under `root` (`data/jobs/`), written the moment it finishes, each file
+    atomically (a temporary file renamed): `<key>.json` (the job, the run that trained it and its wall time), the
+    trained policy's probe distribution `<key>.probe.pt` while `TwinKL` still needs it (a clean run's, until the
+    study ends; a dosed run's until its clean twin's arrives), `<key>.kl.json` (its KL to its clean twin, once
+    known), then `<key>.parquet` (its curve): a job is finished when its parquet exists. `start.json`: the initial
+    policy's outcomes. A finished study drops the probes (every KL is in its curves)."""
+
+    def __init__(self, root: Path, run_id: str | None):
+        self.root, self.run_id = Path(root), run_id
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, name: str, write) -> Path:
+        path = self.root / name
+        tmp = self.root / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        write(tmp)
+        os.replace(tmp, path)
+        return path
+
+    def _json(self, name: str, data) -> None:
+        self._write(name, lambda t: t.write_text(json.dumps(data, indent=1, sort_keys=True)))
+
+    def save_start(self, start: dict) -> None:
+        self._json("start.json", start)
+
+    def save_probe(self, job: Job, full: torch.Tensor) -> None:
+        if not (self.root / f"{job_key(job)}.probe.pt").exists():
+            self._write(f"{job_key(job)}.probe.pt", lambda t: torch.save(full, t))
+
+    def drop_probe(self, job: Job) -> None:
+        (self.root / f"{job_key(job)}.probe.pt").unlink(missing_ok=True)
+
+    def save_kl(self, job: Job, value: float) -> None:
+        self._json(f"{job_key(job)}.kl.json", {"kl_to_clean": value})
+
+    def save(self, job: Job, df: pd.DataFrame, wall_s: float) -> pd.DataFrame:
+        key = job_key(job)
+        self._json(f"{key}.json", {"job": asdict(job), "run_id": self.run_id, "wall_s": round(wall_s, 3),
+                                   "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        return pd.read_parquet(self._write(f"{key}.parquet", lambda t: df.to_parquet(t, index=False)))
+
+    def reuse(self, source: Path, todo: list[Job], kl: TwinKL, start: dict, done: dict) -> list[Job]:
+        """Copy (hard-link where it can) every job of `todo` that `source` finished into this store, and take it
+        as done: its curve into `done`, its KL or probe into `kl`, the initial outcomes into `start`. Returns the
+        jobs reused."""
+        src = source / "data" / JOBS_DIR
+        if (src / "start.json").exists():
+            self._copy(src / "start.json")
+            start.update(json.loads((src / "start.json").read_text()))
+        reused = []
+        for job in sorted(todo, key=lambda j: j.kind != "clean"):  # clean first: their twins' KLs need them
+            key = job_key(job)
+            have_kl, have_probe = (src / f"{key}.kl.json").exists(), (src / f"{key}.probe.pt").exists()
+            # a clean run's probe is what its twins' KLs need (a finished study dropped them: retrained)
+            usable = have_probe if job.kind == "clean" else have_kl or have_probe
+            if not (src / f"{key}.parquet").exists() or not usable or not start:
+                continue
+            for suffix in (".json", ".kl.json", ".probe.pt", ".parquet"):
+                if (src / f"{key}{suffix}").exists():
+                    self._copy(src / f"{key}{suffix}")
+            if have_kl and job.kind != "clean":
+                kl.known(job, json.loads((self.root / f"{key}.kl.json").read_text())["kl_to_clean"])
+            else:
+                kl.add(job, torch.load(self.root / f"{key}.probe.pt"))
+            done[job] = pd.read_parquet(self.root / f"{key}.parquet")
+            reused.append(job)
+        return reused
+
+    def _copy(self, f: Path) -> None:
+        dest = self.root / f.name
+        if dest.exists():
+            return
+        tmp = self.root / f".{f.name}.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(f, tmp)
+        except OSError:
+            shutil.copy2(f, tmp)
+        os.replace(tmp, dest)
+
+    def provenance(self, todo_n: int) -> dict:
+        """Which run trained each kept job, and the wall time of each part (sum of its jobs' wall times)."""
+        parts: dict = {}
+        for f in sorted(self.root.glob("*.json")):
+            if f.name.endswith(".kl.json") or f.name == "start.json":
+                continue
+            meta = json.loads(f.read_text())
+            part = parts.setdefault(meta.get("run_id") or "?", {"jobs": 0, "wall_s": 0.0})
+            part["jobs"] += 1
+            part["wall_s"] = round(part["wall_s"] + float(meta.get("wall_s") or 0.0), 2)
+        return {"jobs": todo_n, "parts": parts}
+
+    def record(self, here: dict, source: dict | None, resume_from: str, reused: list[Job], todo_n: int) -> None:
+        """run.json's `resume` (beside the data dir): the run resumed from, and the jobs reused from it."""
+        self._todo_n = todo_n
+        self._resume = {"from": str(resume_from), "from_run_id": (source or {}).get("run_id"),
+                        "from_status": (source or {}).get("status"), "reused_jobs": len(reused),
+                        "reused": [job_key(j) for j in reused]} if source is not None else {"from": None,
+                                                                                            "reused_jobs": 0}
+        self._update(here)
+
+    def _update(self, here: dict) -> None:
+        from rlwb import archive
+
+        run_json = self.root.parent.parent / "run.json"
+        if run_json.exists():
+            archive.write_json(run_json, {**archive.read_json(run_json, {}),
+                                          "resume": {**self._resume, **self.provenance(self._todo_n)}})
+
+    def finish(self, here: dict) -> None:
+        """The study finished: every KL is in its curves, the probes go; run.json's provenance is final."""
+        for f in self.root.glob("*.probe.pt"):
+            f.unlink()
+        self._update(here)
 
 
 def analyze(curves: pd.DataFrame, p) -> CostResult:
@@ -380,9 +614,11 @@ def policy_reward(model, engine, codec, problems, p, temperature: float) -> floa
 class TwinKL:
     """KL from each run's clean twin's trained policy to its own, on the probe, computed as soon as both exist.
     Only clean policies still awaited by a run and runs still awaiting their twin are held (on a real vocabulary
-    each [tokens, V] tensor is tens of MB). Two lanes finish runs in their own threads, hence the lock."""
+    each [tokens, V] tensor is tens of MB). Two lanes finish runs in their own threads, hence the lock. With a
+    `JobStore` each value is kept as soon as it is known, and each probe a later value needs (a clean run's; a
+    run's whose twin has not finished) until then, so a resumed study computes the same KLs."""
 
-    def __init__(self, todo: list[Job]):
+    def __init__(self, todo: list[Job], store: JobStore | None = None):
         self.values: dict[Job, float] = {}
         self._users = {}
         for j in todo:
@@ -391,21 +627,40 @@ class TwinKL:
         self._clean: dict = {}
         self._pending: dict[Job, torch.Tensor] = {}
         self._lock = threading.Lock()
+        self._store = store
 
     def add(self, job: Job, full: torch.Tensor) -> None:
         with self._lock:
             if job.kind == "clean":
                 self.values[job] = 0.0
+                if self._store is not None:
+                    self._store.save_probe(job, full)
+                    self._store.save_kl(job, 0.0)
                 self._clean[job.twin] = full
                 for other in [o for o in self._pending if o.twin == job.twin]:
                     self._use(other, self._pending.pop(other))
+                if not self._users.get(job.twin):  # no run left that needs it
+                    self._clean.pop(job.twin, None)
             elif job.twin in self._clean:
                 self._use(job, full)
             else:
                 self._pending[job] = full
+                if self._store is not None:
+                    self._store.save_probe(job, full)
+
+    def known(self, job: Job, value: float) -> None:
+        """A run whose KL a resumed study reuses (`JobStore.reuse`): its twin's probe is one user less needed."""
+        with self._lock:
+            self.values[job] = value
+            self._users[job.twin] -= 1
+            if not self._users[job.twin]:
+                self._clean.pop(job.twin, None)
 
     def _use(self, job: Job, full: torch.Tensor) -> None:
         self.values[job] = kl_divergence(self._clean[job.twin], full)
+        if self._store is not None:
+            self._store.save_kl(job, self.values[job])
+            self._store.drop_probe(job)
         self._users[job.twin] -= 1
         if not self._users[job.twin]:
             del self._clean[job.twin]

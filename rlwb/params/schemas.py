@@ -293,6 +293,18 @@ def check_point(entry: str) -> str | None:
     return check_engine(engine)
 
 
+def check_resume_from(value: str) -> str | None:
+    """'' or a run directory with the files a resume reads (`mismatch_cost.resume_check` compares them, before any
+    compute, in the run)."""
+    if not value:
+        return None
+    d = Path(value).expanduser()
+    missing = [f for f in ("run.json", "params.yaml") if not (d / f).is_file()]
+    if not d.is_dir() or missing:
+        return f"resume_from {value!r} is not an archived run directory (missing: {missing or [value]})"
+    return None
+
+
 @dataclass
 class MismatchCostParams(GRPOSettings, EngineParams):
     """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
@@ -351,6 +363,10 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                                       "policy's; the benchmark dose is where the fitted cost reaches it)",
                                 gt=0, le=1)
     concurrent_runs: int = concurrent_runs_param()
+    resume_from: str = param("", "an archived run of this notebook (interrupted or failed) whose finished jobs are "
+                                 "reused, not retrained: only the same computation (same params bar resume_from and "
+                                 "concurrent_runs, same clean git commit, same model build), else refused before "
+                                 "compute; '' trains every job (rlwb sweep --resume sets it)", check=check_resume_from)
 
     @property
     def seeds(self) -> list[int]:

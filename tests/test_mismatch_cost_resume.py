@@ -1,0 +1,206 @@
+"""Issue 46: notebook 08's study resumes job by job. Each finished job is kept at once (`mismatch_cost.JobStore`),
+a run with `resume_from` reuses the finished jobs of an interrupted run of the same computation and refuses any
+other, and `rlwb sweep --resume` finds a cell's unfinished run. The slow test interrupts a tiny study on the real
+engines and checks the resumed study equals an uninterrupted one."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from rlwb import sweep
+from rlwb.errors import ParamError
+from rlwb.experiments import mismatch_cost as mc
+from rlwb.params import schemas
+
+COMMIT = "c0ffee" * 6 + "c0ff"
+
+
+def run_dir(root: Path, name: str, p, status: str = "failed", **rec) -> Path:
+    """An archived run's directory as `rlwb run` and `use_model` write it: run.json, params.yaml, data/."""
+    d = root / "08_mismatch_cost" / name
+    (d / "data").mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"status": status, "notebook": "08_mismatch_cost", "run_id": name,
+                                            "started_at": name, "git_commit": COMMIT, "git_dirty": False,
+                                            "model": {"weights_sha256_16": "ab12"}, **rec}))
+    (d / "params.yaml").write_text(yaml.safe_dump(p.to_dict(), sort_keys=False))
+    return d
+
+
+def tiny(**kw) -> schemas.MismatchCostParams:
+    return schemas.MismatchCostParams(**{"arms": ["none@engine", "none@trainer"], "ratio_k3": [0.01],
+                                         "weight_noise": [], "stale_steps": [], "engine_points": [],
+                                         "placebo_arms": [], "num_seeds": 2, "steps": 2, "prompts_per_step": 2,
+                                         "group_size": 2, "max_tokens": 8, "policy_samples": 1,
+                                         "concurrent_runs": 1, **kw})
+
+
+def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
+    """Each difference is named, before any compute: params (bar resume_from and concurrent_runs), the commit, a
+    dirty tree on either side, the model build. Catches a check that lets any of them through."""
+    p = tiny()
+    src = run_dir(tmp_path, "src", p)
+    (src / "data" / "jobs").mkdir()
+    here = {"git_commit": COMMIT, "git_dirty": False, "model": {"weights_sha256_16": "ab12"}}
+    assert mc.resume_check(src, replace(p, resume_from=str(src), concurrent_runs=2), here)["run_id"] == "src"
+    for other, what in ((replace(p, lr=1e-4), "param lr"), (replace(p, ratio_k3=[0.1]), "param ratio_k3")):
+        with pytest.raises(ParamError, match=what):
+            mc.resume_check(src, other, here)
+    for change, what in (({"git_commit": "f" * 40}, "git commit"), ({"git_dirty": True}, "dirty here"),
+                         ({"git_dirty": None}, "unknown here"), ({"model": {"weights_sha256_16": "cd34"}},
+                                                                  "model weights checksum")):
+        with pytest.raises(ParamError, match=what):
+            mc.resume_check(src, p, {**here, **change})
+    dirty = run_dir(tmp_path, "dirty", p, git_dirty=True)
+    (dirty / "data" / "jobs").mkdir()
+    with pytest.raises(ParamError, match="dirty there"):
+        mc.resume_check(dirty, p, here)
+    with pytest.raises(ParamError, match="not a run of notebook 08 with kept jobs"):
+        mc.resume_check(tmp_path, p, here)
+    assert "not an archived run directory" in schemas.check_resume_from(str(tmp_path))
+    assert schemas.check_resume_from("") is None and schemas.check_resume_from(str(src)) is None
+
+
+def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resume(tmp_path):
+    """Two lanes can finish a dosed run before its clean twin: its probe is kept until the twin's arrives, so the
+    resumed study computes its KL to the twin exactly as an uninterrupted one; a KL already known is reused as a
+    number (its probe dropped). Catches a store that keeps only KL values (the pending run's KL lost: NaN) or
+    keys jobs by less than every field (the rerun taken for the first clean run)."""
+    p = tiny()
+    todo = mc.jobs(p)
+    clean, dosed = todo[0], next(j for j in todo if j.kind == "ratio" and j.twin == todo[0].twin)
+    rerun = todo[-1]
+    assert rerun.kind == "rerun" and rerun.twin == clean.twin and mc.job_key(rerun) != mc.job_key(clean)
+    assert len({mc.job_key(j) for j in todo}) == len(todo)
+    g = torch.Generator().manual_seed(0)
+    probe = {j: torch.log_softmax(torch.randn(5, 7, generator=g), -1) for j in (clean, dosed, rerun)}
+    src = run_dir(tmp_path, "src", p)
+    store = mc.JobStore(src / "data" / "jobs", "src")
+    kl = mc.TwinKL(todo, store)
+    store.save_start({"initial_heldout_greedy_acc": 0.25})
+    for j in (dosed, rerun):  # finished before their twin (the interrupted run never finishes it)
+        kl.add(j, probe[j])
+        store.save(j, pd.DataFrame({"step": [0, 1], "label": j.label, "t_step": [1.0, 2.0]}), 3.0)
+    assert (src / "data" / "jobs" / f"{mc.job_key(dosed)}.probe.pt").exists()
+    # the resume: the two reused, the clean twin trained now
+    new = run_dir(tmp_path, "new", p)
+    store2 = mc.JobStore(new / "data" / "jobs", "new")
+    kl2, start, done = mc.TwinKL(todo, store2), {}, {}
+    assert set(store2.reuse(src, todo, kl2, start, done)) == {dosed, rerun}
+    assert start == {"initial_heldout_greedy_acc": 0.25} and done[dosed]["t_step"].tolist() == [1.0, 2.0]
+    kl2.add(clean, probe[clean])
+    want = mc.kl_divergence(probe[clean], probe[dosed])
+    assert kl2.values[dosed] == want and kl2.values[rerun] == mc.kl_divergence(probe[clean], probe[rerun])
+    kept = new / "data" / "jobs"
+    assert json.loads((kept / f"{mc.job_key(dosed)}.kl.json").read_text())["kl_to_clean"] == want
+    assert not (kept / f"{mc.job_key(dosed)}.probe.pt").exists()  # known now: its probe went
+    assert (src / "data" / "jobs" / f"{mc.job_key(dosed)}.probe.pt").exists()  # the source untouched
+    # a resume of the resumed run reuses the KL as a number, and the clean run with its probe
+    kl2.add(clean, probe[clean])
+    store2.save(clean, pd.DataFrame({"step": [0, 1], "label": clean.label, "t_step": [1.0, 2.0]}), 1.0)
+    kl3, done3 = mc.TwinKL(todo, mc.JobStore(tmp_path / "third" / "data" / "jobs", "third")), {}
+    assert set(mc.JobStore(tmp_path / "third" / "data" / "jobs", "third").reuse(new, todo, kl3, {}, done3)) == {
+        clean, dosed, rerun}
+    assert kl3.values[dosed] == want
+    assert store2.provenance(len(todo))["parts"] == {"src": {"jobs": 2, "wall_s": 6.0},
+                                                     "new": {"jobs": 1, "wall_s": 1.0}}
+
+
+def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
+    """`rlwb sweep --resume` passes `resume_from` for notebook 08: the cell's unfinished run (failed, or a killed
+    run's .tmp dir) with its params, on the current clean commit, with the most kept jobs. Catches a sweep that
+    resumes from a finished run, another cell's run or another commit's, or from nothing."""
+    monkeypatch.setattr(sweep.archive, "git_info", lambda: {"git_commit": COMMIT, "git_dirty": False})
+    cell = {"num_seeds": 2, "steps": 2}
+    p = mc_params = schemas.MismatchCostParams(**cell)
+
+    def with_jobs(d: Path, n: int) -> Path:
+        (d / "data" / "jobs").mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            (d / "data" / "jobs" / f"j{i}.parquet").write_bytes(b"")
+        return d
+
+    assert sweep.unfinished_run("08_mismatch_cost", [], cell, tmp_path) is None
+    with_jobs(run_dir(tmp_path, "20260101-000000-ok", p, status="ok"), 9)
+    with_jobs(run_dir(tmp_path, "20260101-000001-other", replace(p, lr=1e-3)), 9)
+    with_jobs(run_dir(tmp_path, "20260101-000002-oldcommit", p, git_commit="f" * 40), 9)
+    with_jobs(run_dir(tmp_path, "20260101-000003-few", replace(p, resume_from="x", concurrent_runs=1)), 2)
+    assert sweep.unfinished_run("08_mismatch_cost", [], cell, tmp_path).endswith("few")
+    killed = with_jobs(run_dir(tmp_path, ".tmp-20260101-000004-abc-999999999", mc_params, status="running"), 5)
+    assert sweep.unfinished_run("08_mismatch_cost", [], cell, tmp_path) == str(killed)
+    assert sweep.unfinished_run("01_logprob_mismatch", [], {}, tmp_path) is None  # takes no resume_from
+    g = sweep.Grid(notebook="08_mismatch_cost")
+    c = {"id": "x", "overrides": cell}
+    assert sweep.cell_overrides(g, c, tmp_path, True, print) == {**cell, "resume_from": str(killed)}
+    assert sweep.cell_overrides(g, c, tmp_path, False, print) == cell
+
+
+@pytest.mark.slow
+def test_a_resumed_study_equals_an_uninterrupted_one(default_model, tmp_path, monkeypatch):
+    """A tiny study run whole, run again and interrupted after 5 of its 9 jobs (the 6th run's training raises, as
+    a Ctrl-C would), then resumed from that interrupted run: the resumed run trains only the 4 jobs left, and its
+    curves are the whole run's bar the wall-time columns (`t_*`), its analysis the same metrics. Catches a
+    resume that loses the initial policy's outcomes (start.json), a reused run's KL to its twin, or reuses the
+    wrong job's curve; the kept files make the resumed run self-contained and say which run trained which jobs."""
+    p = tiny()
+    card = json.loads((Path(default_model.path) / "model.json").read_text())
+    rec = {"model": {"weights_sha256_16": card.get("weights_sha256_16")}}
+    whole_dir, cut_dir, resumed_dir = (run_dir(tmp_path, n, p, **rec) for n in ("whole", "cut", "resumed"))
+    real, trained = mc.train, []
+
+    def counting(*a, **k):
+        trained.append(a[2])
+        return real(*a, **k)
+
+    monkeypatch.setattr(mc, "train", counting)
+    whole = mc.run(p, default_model.path, progress=False, data_dir=whole_dir / "data")
+    assert len(trained) == len(mc.jobs(p)) == 9
+
+    def cut_after_5(*a, **k):
+        if len(trained) == 9 + 5:
+            raise KeyboardInterrupt
+        return counting(*a, **k)
+
+    monkeypatch.setattr(mc, "train", cut_after_5)
+    with pytest.raises(KeyboardInterrupt):
+        mc.run(p, default_model.path, progress=False, data_dir=cut_dir / "data")
+    kept = cut_dir / "data" / "jobs"
+    assert len(list(kept.glob("*.parquet"))) == 5 and (kept / "start.json").exists()
+    assert len(list(kept.glob("*.probe.pt"))) == 4  # the 4 clean runs' probes: their twins' KLs need them
+    monkeypatch.setattr(mc, "train", counting)
+    del trained[:]
+    resumed = mc.run(replace(p, resume_from=str(cut_dir)), default_model.path, progress=False,
+                     data_dir=resumed_dir / "data")
+    assert len(trained) == 4
+    wall = [c for c in whole.curves if c.startswith("t_")]
+    assert wall
+    pd.testing.assert_frame_equal(resumed.curves.drop(columns=wall), whole.curves.drop(columns=wall))
+    assert resumed.curves["kl_to_clean"].notna().all()
+    m_whole = {k: v for k, v in whole.metrics.items() if not k.startswith("resume/")}
+    m_res = {k: v for k, v in resumed.metrics.items() if not k.startswith("resume/")}
+    assert m_res.keys() == m_whole.keys()
+    assert all(m_res[k] == v or (pd.isna(v) and pd.isna(m_res[k])) for k, v in m_whole.items())
+    assert resumed.metrics["resume/reused_jobs"] == 5 and resumed.metrics["resume/trained_jobs"] == 4
+    info = json.loads((resumed_dir / "run.json").read_text())["resume"]
+    assert info["from"] == str(cut_dir) and info["reused_jobs"] == 5 and len(info["reused"]) == 5
+    assert {k: v["jobs"] for k, v in info["parts"].items()} == {"cut": 5, "resumed": 4}
+    assert all(v["wall_s"] > 0 for v in info["parts"].values())
+    done = resumed_dir / "data" / "jobs"
+    assert len(list(done.glob("*.parquet"))) == 9 and not list(done.glob("*.probe.pt"))  # finished: probes gone
+
+
+def test_a_run_of_record_is_published_without_its_kept_jobs(tmp_path):
+    """`rlwb publish` always leaves data/jobs/ out (every row is in curves.parquet): the study's hundreds of job
+    files never count against a run of record's size. Catches a publish that copies them."""
+    from rlwb import publish
+
+    d = run_dir(tmp_path, "20260101-000000-ok", tiny(), status="ok")
+    (d / "data" / "jobs").mkdir()
+    (d / "data" / "jobs" / "clean.none_engine.s0-abc.parquet").write_bytes(b"x" * 1000)
+    (d / "data" / "curves.parquet").write_bytes(b"x" * 10)
+    left, size = publish.plan(d, "08_mismatch_cost", limit=10**9)
+    assert [c.path for c in left] == ["data/jobs/clean.none_engine.s0-abc.parquet"] and size < 1000
