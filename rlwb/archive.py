@@ -16,7 +16,6 @@ Ctrl-C never leaves a directory that looks like a finished run; failed runs are 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -28,6 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from rlwb import timing
+from rlwb.jsonfile import read_json, write_json  # noqa: F401  (re-exported: archive.read_json, archive.write_json)
 from rlwb.paths import REPO_ROOT, outputs_dir
 
 BENCH = "bench"  # the archive folder of `rlwb bench` runs (outputs/bench/<run id>/, docs/runs/bench/<run id>/)
@@ -40,20 +40,6 @@ PACKAGES = ("rlwb", "torch", "transformers", "tokenizers", "numpy", "pandas", "p
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def write_json(path: Path, obj) -> None:
-    """Atomic: write a sibling temp file, then rename over the target."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    tmp.replace(path)
-
-
-def read_json(path: Path, default=None):
-    try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return default
 
 
 def git_info(repo: str | os.PathLike = REPO_ROOT) -> dict:

@@ -65,6 +65,7 @@ from rlwb.experiments.wording.mismatch_cost import (
     regime_line,
 )
 from rlwb.formatting import metric
+from rlwb.jsonfile import read_json, write_json
 
 DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
 KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
@@ -315,13 +316,11 @@ def job_key(job: Job) -> str:
 
 def run_record(data_dir, model_path) -> dict:
     """This run's record (run.json beside `data_dir`, where `rlwb run` and `use_model` wrote its commit and model
-    build); what it lacks (a run outside the archive) from the working tree and the model's card."""
-    from rlwb import archive
+    build); the model build, when run.json lacks it, from the model's card."""
     from rlwb.core.models import store as model_store
 
-    rec = dict(archive.read_json(Path(data_dir).parent / "run.json", {}) or {}) if data_dir is not None else {}
-    if "git_commit" not in rec:
-        rec.update(archive.git_info())
+    # outside the archive (no run.json) the commit is unknown: `resume_check` then refuses to resume
+    rec = dict(read_json(Path(data_dir).parent / "run.json", {}) or {}) if data_dir is not None else {}
     if not (rec.get("model") or {}).get("weights_sha256_16"):
         card = model_store.model_card(model_path) or {}
         rec["model"] = {**(rec.get("model") or {}), "weights_sha256_16": card.get("weights_sha256_16")}
@@ -334,10 +333,8 @@ def resume_check(source: str | Path, p, here: dict) -> dict:
     tree in both runs, and the same model build (weights checksum). Its jobs are then what this run would train."""
     import yaml
 
-    from rlwb import archive
-
     src = Path(source)
-    rec = archive.read_json(src / "run.json", None) if src.is_dir() else None
+    rec = read_json(src / "run.json", None) if src.is_dir() else None
     if rec is None or not (src / "params.yaml").exists() or not (src / "data" / JOBS_DIR).is_dir():
         raise ParamError(f"resume_from {str(source)!r}: not a run of notebook 08 with kept jobs (needs run.json, "
                          f"params.yaml and data/{JOBS_DIR}/)")
@@ -468,11 +465,9 @@ class JobStore:
         self._update(here)
 
     def _update(self, here: dict) -> None:
-        from rlwb import archive
-
         run_json = self.root.parent.parent / "run.json"
         if run_json.exists():
-            archive.write_json(run_json, {**archive.read_json(run_json, {}),
+            write_json(run_json, {**read_json(run_json, {}),
                                           "resume": {**self._resume, **self.provenance(self._todo_n)}})
 
     def finish(self, here: dict) -> None:

@@ -1,0 +1,27 @@
+"""JSON files written atomically and read forgivingly: a leaf utility that every layer may import (the archive's
+run.json and metrics.json, an experiment's kept jobs). Why atomic: a run killed mid-write must leave the previous
+file or the new one, never half of one, because a later resume or report reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+__all__ = ["read_json", "write_json"]
+
+
+def write_json(path: Path, obj) -> None:
+    """Atomic: write a sibling temp file, then rename over the target."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    tmp.replace(path)
+
+
+def read_json(path: Path, default=None):
+    """The file's JSON, or `default` when it is missing or not valid JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
