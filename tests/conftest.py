@@ -70,6 +70,19 @@ def bench_run(tmp_path_factory, engine) -> tuple[Path, dict]:
     return bench.run(out, progress=False, measure=small, cfg={**bench.settings(quick=True), **BENCH_SIZES}), measured
 
 
+@pytest.fixture(scope="session")
+def audit_smoke_run(tmp_path_factory, default_model) -> Path:
+    """`rlwb audit -f params/10_audit/smoke.yaml` once (notebook 10 through papermill, archived and reported like
+    every notebook), shared by test_notebooks' smoke of 10 and test_audit's re-scoring (its source run).
+    Read-only."""
+    out = tmp_path_factory.mktemp("audit-archive")
+    r = rlwb("audit", "-f", "params/10_audit/smoke.yaml", "--outputs", str(out), timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run_dir = Path(r.stdout.strip().splitlines()[-1])
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
+    return run_dir
+
+
 def copy_archive(root: Path, dest: Path) -> tuple[Path, dict[str, Path]]:
     """A writable copy of an archive (links kept); returns it and a map run name -> its copy."""
     shutil.copytree(root, dest, symlinks=True)

@@ -22,12 +22,11 @@ def _run_dir(r) -> Path:
 
 
 @pytest.fixture(scope="module")
-def archived(tmp_path_factory):
-    """One smoke audit of the vllm-v1-processed preset, archived: what `rescore` re-scores."""
-    out = tmp_path_factory.mktemp("audit-out")
-    r = rlwb("audit", *SMOKE, "--outputs", str(out), timeout=1200)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return _run_dir(r), out
+def archived(audit_smoke_run):
+    """One smoke audit of the vllm-v1-processed preset, archived: what `rescore` re-scores. The session's
+    (tests/conftest.py `audit_smoke_run`: `rlwb audit -f params/10_audit/smoke.yaml`), which test_notebooks' smoke
+    of notebook 10 checks."""
+    return audit_smoke_run, audit_smoke_run.parents[1]
 
 
 def test_a_served_engine_audited_by_url(vllm_server, tmp_path):

@@ -491,8 +491,11 @@ SMOKE = [pytest.param(stem, marks=[pytest.mark.slow]
 
 @pytest.mark.parametrize("stem", SMOKE)
 def test_notebook_smoke(stem, outputs, default_model, request):
-    # notebook 00's smoke run is the session's shared one (tests/conftest.py `notebook00_runs`)
-    d = request.getfixturevalue("notebook00_runs")[1][0] if stem == "00_default_policy" else run_notebook(stem)
+    # notebook 00's and 10's smoke runs are the session's shared ones (tests/conftest.py `notebook00_runs`,
+    # `audit_smoke_run`: 10's through `rlwb audit -f params/10_audit/smoke.yaml`, which is `rlwb run` of notebook 10)
+    shared = {"00_default_policy": lambda: request.getfixturevalue("notebook00_runs")[1][0],
+              "10_audit": lambda: request.getfixturevalue("audit_smoke_run")}
+    d = shared[stem]() if stem in shared else run_notebook(stem)
     CHECKS[stem](d, json.loads((d / "metrics.json").read_text()))
     # time to report, split by phase (rlwb.timing): the phases and `other` add up to the run's wall time
     info = json.loads((d / "run.json").read_text())

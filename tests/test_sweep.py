@@ -122,18 +122,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_ray_head(ray: str, port: int, num_cpus: int, env: dict, timeout: float = 300) -> subprocess.Popen:
+    """`ray start --head --block` in a session of its own, returned once Ray says it started: every Ray process it
+    starts is in that process group, and `os.killpg` ends exactly them, at once. (`ray stop` kills every process
+    whose command line contains one of Ray's names, "monitor.py" among them: a `pytest tests/test_monitor.py ...`
+    beside this test was killed, why that file is test_drift_monitoring.py; and it took ~9 s.)"""
+    import threading
+
+    proc = subprocess.Popen([ray, "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
+                             "--include-dashboard=false", "--disable-usage-stats", "--block"], text=True, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    seen: list[str] = []
+    started = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            seen.append(line)
+            if "Ray runtime started" in line:
+                started.set()
+        started.set()  # the process ended: `ray start` failed
+
+    threading.Thread(target=read, daemon=True).start()
+    if not started.wait(timeout) or not any("Ray runtime started" in x for x in seen):
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("".join(seen)[-2000:])
+    return proc
+
+
 @pytest.mark.slow
 @pytest.mark.engines
 def test_sweep_on_a_local_ray_cluster(outputs, default_model, tmp_path):
-    """`ray start --head` here, then `rlwb sweep --ray ADDRESS`: two notebook-01 cells as Ray tasks. V1's raw
-    logprobs give a k3 gap at T = 0.7 and none at T = 1, cell by cell."""
+    """`ray start --head` here, then `rlwb sweep --ray ADDRESS`: two notebook-01 cells as Ray tasks, at once (the
+    head declares 4 CPUs; each cell reserves 2). V1's raw logprobs give a k3 gap at T = 0.7 and none at T = 1,
+    cell by cell."""
     ray = str(Path(sys.executable).parent / "ray")
     port = free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    start = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
-                            "--include-dashboard=false", "--disable-usage-stats"], capture_output=True, text=True,
-                           env=env, timeout=300)
-    assert start.returncode == 0, start.stderr[-2000:]
+    head = start_ray_head(ray, port, 4, {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     try:
         grid = write_grid(tmp_path, notebook="01_logprob_mismatch", files=["params/01_logprob_mismatch/smoke.yaml"],
                           params={"engines": ["vllm-v1"], "reward_samples": 0},
@@ -145,12 +169,13 @@ def test_sweep_on_a_local_ray_cluster(outputs, default_model, tmp_path):
         df = pd.read_parquet(sweep_dir / "summary.parquet")
         k3 = df[df.metric == "vllm-v1/k3_mean"].set_index("temperature")["value"]
         assert k3[0.7] > 1e-5 and k3[1.0] < 1e-8
-        assert len(ok_runs(outputs, "01_logprob_mismatch")) == 2
+        runs = [json.loads((d / "run.json").read_text()) for d in ok_runs(outputs, "01_logprob_mismatch")]
+        assert len(runs) == 2
+        assert max(r["started_at"] for r in runs) < min(r["finished_at"] for r in runs)  # side by side
         assert (sweep_dir / "figures" / "summary.png").exists()
     finally:
-        # `ray stop` kills every process whose command line contains one of Ray's names, "monitor.py" among them:
-        # a `pytest tests/test_monitor.py ...` beside this test was killed (why that file is test_drift_monitoring.py)
-        subprocess.run([ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(60)
 
 
 @pytest.mark.parametrize("grid", sorted((REPO / "params" / "sweeps").glob("*.yaml")), ids=lambda p: p.stem)

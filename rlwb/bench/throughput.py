@@ -83,9 +83,11 @@ _DIRECT = textwrap.dedent("""
 """)
 
 
-def _engine_script(preset, code: list[str], cfg: dict, timeout: float = 1800, python=None) -> dict | str:
+def _engine_script(preset, code: list[str], cfg: dict, timeout: float = 1800, python=None,
+                   every: bool = False) -> dict | str | tuple[list[dict], str]:
     """Run `code` under the preset's own interpreter (or `python`) and environment with `cfg` as a JSON file;
-    the parsed `RLWB_RESULT` line, or the end of its stderr when there is none."""
+    the parsed `RLWB_RESULT` line, or the end of its stderr when there is none. `every`: all `RLWB_RESULT` lines
+    parsed, in order, and the end of its stderr."""
     import os
     import tempfile
 
@@ -102,6 +104,8 @@ def _engine_script(preset, code: list[str], cfg: dict, timeout: float = 1800, py
     finally:
         os.unlink(f.name)
     line = [x for x in out.stdout.splitlines() if x.startswith("RLWB_RESULT ")]
+    if every:
+        return [json.loads(x.split(" ", 1)[1]) for x in line], out.stderr[-800:]
     return json.loads(line[0].split(" ", 1)[1]) if line else out.stderr[-800:]
 
 
@@ -216,8 +220,9 @@ def trl_vllm(model_path, steps: int, sizes=SCALING_PROMPTS) -> dict:
     (`rlwb.bench.trl_vllm_peer`, `TRL_ARMS`). First stock TRL, to record whether and why it fails here. Then, at
     each scaling size, both loops with TRL's default correction; at notebook 03's shape also both without it, and
     TRL once more with the thread count vLLM leaves it (`trl_vllm/vllm_threads/*`: what that reset costs a stock
-    TRL user). TRL's updates otherwise run with the trainer's threads, as rlwb's do (patch 3). Medians after the
-    first step; speedups are TRL's step time over rlwb's (> 1: rlwb faster)."""
+    TRL user). TRL's updates otherwise run with the trainer's threads, as rlwb's do (patch 3). TRL's runs share one
+    process (one import) and, at one size, one engine: each run's first step syncs its fresh weights into it.
+    Medians after the first step; speedups are TRL's step time over rlwb's (> 1: rlwb faster)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -234,13 +239,8 @@ def trl_vllm(model_path, steps: int, sizes=SCALING_PROMPTS) -> dict:
     kwargs = {**worker_spec(preset, model_path)["vllm_kwargs"], "dtype": "float32"}
     threads = torch.get_num_threads()
     base = {"model": str(model_path), "engine_kwargs": kwargs, "trainer_threads": threads, **GRPO_SHAPE}
-    code = ["-m", "rlwb.bench.trl_vllm_peer"]
     at = GRPO_SHAPE["prompts_per_step"]
     res: dict = {"trl_vllm/engine_kwargs": kwargs, "trl_vllm/arms": TRL_ARMS, "trl_vllm/differences": TRL_DIFFERENCES}
-    stock = _engine_script(preset, code, {**base, "steps": 1, "patch": False}, python=python)
-    res["trl_vllm/stock"] = "runs" if isinstance(stock, dict) else (
-        [ln for ln in stock.splitlines() if "Error" in ln][-1:] or [stock[-300:]])[0].strip()
-    res["trl_vllm/stock_reason"] = None if isinstance(stock, dict) else trl_vllm_peer.STOCK_FAILURE
     runs = [("correction", n) for n in sizes] + ([("no_correction", at)] if at in sizes else [])
 
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
@@ -255,35 +255,48 @@ def trl_vllm(model_path, steps: int, sizes=SCALING_PROMPTS) -> dict:
             res[f"{key}/tok_s"] = float((df["completion_tokens"] * c / df["t_step"]).median())
             res[f"{key}/is_weight_mean"] = float(df["is_weight_mean"].mean())
 
-    def trl(arm: str, n: int, restore: bool = True) -> dict | None:
-        r = _engine_script(preset, code, {**base, "steps": steps + 1, "prompts_per_step": n,
-                                          "correction": arm == "correction", "restore_threads": restore},
-                           python=python)
+    # TRL's runs, in one process (`trl_vllm_peer.main`: one import; the patched arms at one size share one engine):
+    # stock TRL first, then each run with the correction or without, then at notebook 03's shape with the threads
+    # as vLLM leaves them (what a stock TRL user gets)
+    trl_runs = [{"arm": arm, "n": n, "restore": True} for arm, n in runs]
+    if at in sizes:
+        trl_runs.append({"arm": "correction", "n": at, "restore": False})
+    arms = [{"patch": False, "steps": 1}] + [
+        {"steps": steps + 1, "prompts_per_step": r["n"], "correction": r["arm"] == "correction",
+         "restore_threads": r["restore"]} for r in trl_runs]
+    outs, tail = _engine_script(preset, ["-m", "rlwb.bench.trl_vllm_peer"], {**base, "arms": arms}, python=python,
+                                every=True)
+    outs = [o.get("error", o) if isinstance(o, dict) else o for o in outs] + [tail] * (len(arms) - len(outs))
+    stock = outs[0]
+    res["trl_vllm/stock"] = "runs" if isinstance(stock, dict) else (
+        [ln for ln in stock.splitlines() if "Error" in ln][-1:] or [stock[-300:]])[0].strip()
+    res["trl_vllm/stock_reason"] = None if isinstance(stock, dict) else trl_vllm_peer.STOCK_FAILURE
+
+    def trl(run: dict, r: dict | str) -> dict | None:
         if isinstance(r, str):
-            res["trl_vllm/reason"] = f"patched TRL failed ({arm}, {n} prompts): {r[-400:]}"
+            res["trl_vllm/reason"] = f"patched TRL failed ({run['arm']}, {run['n']} prompts): {r[-400:]}"
             return None
-        c = n * GRPO_SHAPE["group_size"]
+        c = run["n"] * GRPO_SHAPE["group_size"]
         return {"step_s": statistics.median(r["step_s"][1:]), "torch_threads": r["torch_threads"],
                 "tok_s": statistics.median([t * c / s for t, s in zip(r["completion_tokens"][1:], r["step_s"][1:])]),
                 "correction_mode": r["correction_mode"], "patches": r["patches"], "engine_dtype": r["engine_dtype"],
                 "is_ratio_logged": any(x is not None for x in r["is_ratio_mean"])}
 
-    for arm, n in runs:
-        r = trl(arm, n)
+    c = at * GRPO_SHAPE["group_size"]
+    for run, out in zip(trl_runs, outs[1:]):
+        r = trl(run, out)
         if r is None:
             break
-        c = n * GRPO_SHAPE["group_size"]
-        key = f"scaling/trl_vllm/n{c}" if arm == "correction" else "trl_vllm/no_correction/trl"
-        res.update({f"{key}/{k}": r[k] for k in ("step_s", "tok_s", "torch_threads", "correction_mode",
-                                                 "is_ratio_logged")})
-        res["trl_vllm/patches"], res["trl_vllm/engine_dtype"] = r["patches"], r["engine_dtype"]
-    c = at * GRPO_SHAPE["group_size"]
-    if f"scaling/trl_vllm/n{c}/step_s" in res and "trl_vllm/reason" not in res:
-        r = trl("correction", at, restore=False)  # threads as vLLM leaves them: what a stock TRL user gets
-        if r is not None:
+        if not run["restore"]:  # threads as vLLM leaves them
             res.update({"trl_vllm/vllm_threads/step_s": r["step_s"], "trl_vllm/vllm_threads/torch_threads":
                         r["torch_threads"], "trl_vllm/vllm_threads/patches": r["patches"]})
             res["trl_vllm/thread_reset_cost"] = r["step_s"] / res[f"scaling/trl_vllm/n{c}/step_s"]
+            continue
+        n = run["n"] * GRPO_SHAPE["group_size"]
+        key = f"scaling/trl_vllm/n{n}" if run["arm"] == "correction" else "trl_vllm/no_correction/trl"
+        res.update({f"{key}/{k}": r[k] for k in ("step_s", "tok_s", "torch_threads", "correction_mode",
+                                                 "is_ratio_logged")})
+        res["trl_vllm/patches"], res["trl_vllm/engine_dtype"] = r["patches"], r["engine_dtype"]
     # the ratios pair the two loops' measurements at notebook 03's shape from this section, taken back to back
     # with the same number of steps (grpo/step_s, measured minutes earlier, differed from its scaling twin by
     # up to 25% on 2 shared cores)
