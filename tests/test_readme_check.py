@@ -149,9 +149,6 @@ def test_a_clean_clone_fails_on_a_drifted_number_and_on_a_run_not_shipped(tmp_pa
     assert verdicts[0].detail == "00_default_policy/20261125-235959 is not archived under <clone>/docs/runs"
 
 
-@pytest.mark.xfail(strict=True, reason="as of 2026-11-26, performance.md's bench runs and results/10_audit.md's runs "
-                                       "are cited, not shipped in docs/runs yet (issue #48); remove this mark once "
-                                       "`rlwb readme-check --clean-clone` reports 0 missing")
 def test_every_quoted_number_checks_on_a_clean_clone_of_this_repository():
     """README.md and every docs/**/*.md of a fresh clone of this repository (its committed HEAD), against the runs
     of record it ships: 0 mismatch and 0 missing."""
