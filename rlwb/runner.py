@@ -21,7 +21,8 @@ import yaml
 
 from rlwb import archive, timing
 from rlwb import params as params_mod
-from rlwb.errors import RunFailed
+from rlwb.archive import RESUME_ENV
+from rlwb.errors import ParamError, RunFailed
 from rlwb.paths import NOTEBOOKS_DIR, REPO_ROOT, outputs_dir
 from rlwb.progress import PROGRESS_LOG
 
@@ -106,17 +107,35 @@ def kernel_pythonpath(repo: Path, current: str | None) -> str:
     return os.pathsep.join([str(repo), *([current] if current else [])])
 
 
+RESUMABLE = ("08_mismatch_cost",)  # notebooks that resume an archived run job by job (`resume_from`)
+
+
 def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | None = None,
-        outputs: str | os.PathLike | None = None, log_output: bool = False) -> Path:
-    """Execute and archive; returns the run dir. Raises ParamError (before compute) or RunFailed."""
+        outputs: str | os.PathLike | None = None, log_output: bool = False,
+        resume_from: str | os.PathLike | None = None) -> Path:
+    """Execute and archive; returns the run dir. Raises ParamError (before compute) or RunFailed.
+
+    `resume_from` (a resumable notebook's archived run, `RESUMABLE`) is a run option, not a param: the kernel reads
+    it (`rlwb.notebook.resume_from`), run.json's `resume` records it; params.yaml and the params hash never hold
+    it, so a resumed run is the same configuration as the study run whole, reloadable once its source is gone."""
     nb = resolve_notebook(notebook)
     params = params_mod.load(nb.stem, files, overrides)
+    resume = str(Path(resume_from).expanduser().resolve()) if resume_from else ""
+    if resume:
+        if nb.stem not in RESUMABLE:
+            raise ParamError(f"{nb.stem} does not resume (only {', '.join(RESUMABLE)} does)")
+        from rlwb.params.schemas import check_resume_from
+
+        if why := check_resume_from(resume):
+            raise ParamError(why)
     root = outputs_dir(outputs)
     archive.check_writable(root)
     tmp, final = archive.new_run_dir(root, nb.stem, params.hash())
     (tmp / "params.yaml").write_text(yaml.safe_dump(params.to_dict(), sort_keys=False))
     started = time.time()
     record = archive.start_record(nb.stem, final.name, params)
+    if resume:
+        record["resume"] = {"from": resume}
     archive.write_json(tmp / "run.json", record)
     archive.write_json(tmp / "metrics.json", {})
 
@@ -135,6 +154,9 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     os.environ["RLWB_RUN_DIR"] = str(tmp)
     old_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = kernel_pythonpath(REPO_ROOT, old_path)
+    old_resume = os.environ.pop(RESUME_ENV, None)  # only this run's option: never one inherited from a caller
+    if resume:
+        os.environ[RESUME_ENV] = resume
     error = None
     echo = ProgressEcho(tmp / PROGRESS_LOG)
     try:
@@ -155,7 +177,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         signal.signal(signal.SIGINT, old_int)
         if stop and error is None:
             error = "interrupted"
-        for name, value in (("RLWB_RUN_DIR", old_env), ("PYTHONPATH", old_path)):
+        for name, value in (("RLWB_RUN_DIR", old_env), ("PYTHONPATH", old_path), (RESUME_ENV, old_resume)):
             if value is None:
                 os.environ.pop(name, None)
             else:

@@ -4,9 +4,10 @@ Why cells are ordinary runs: a paper figure is usually a grid (engines x dtypes 
 outgrows one notebook loop. Running each cell through `rlwb run` keeps every cell a reproducible report of its
 own (provenance, `rlwb compare`, the index and its trends), and makes the sweep restartable: the sweep's state
 (`sweep.json`) records each cell's run directory as it finishes, so after an interruption
-`rlwb sweep GRID.yaml --resume` runs only the cells without a successful run; a notebook that takes `resume_from`
-(08) resumes each such cell's unfinished run job by job (`unfinished_run`) instead of starting it again. The
-summary (`summary.parquet`, `figures/summary.png`, `report.html`) is built from the cells' archived metrics alone.
+`rlwb sweep GRID.yaml --resume` runs only the cells without a successful run; a notebook that resumes (08,
+`runner.RESUMABLE`) resumes each such cell's unfinished run job by job (`unfinished_run`, passed as the run option
+`resume_from`, never a param) instead of starting it again. The summary (`summary.parquet`,
+`figures/summary.png`, `report.html`) is built from the cells' archived metrics alone.
 
 A grid file:
 
@@ -26,7 +27,6 @@ CPUs and GPUs its engines need (`cell_resources`); the outputs directory must th
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import hashlib
 import itertools
@@ -161,21 +161,20 @@ def pending(state: dict) -> list[dict]:
     return [c for c in state["cells"] if c["status"] != "ok"]
 
 
-RESUME_PARAM = "resume_from"  # a notebook whose params have it resumes a cell's unfinished run job by job (08)
-
-
 def unfinished_run(notebook: str, files: list[str], overrides: dict, outputs: Path,
                    say=lambda msg: None) -> str | None:
-    """The unfinished run of a cell its rerun can resume from, when the notebook takes `resume_from`: a run of the
-    notebook under `outputs` that did not finish (archived as failed or interrupted, or a `.tmp-*` directory a
-    killed `rlwb run` left, its process gone) with the cell's params (bar `resume_from` and `concurrent_runs`),
+    """The unfinished run of a cell its rerun can resume from, when the notebook resumes (`runner.RESUMABLE`): a run
+    of the notebook under `outputs` that did not finish (archived as failed or interrupted, or a `.tmp-*` directory
+    a killed `rlwb run` left, its process gone) with the cell's params (bar `concurrent_runs`),
     the current git commit on a clean tree in both, and at least one kept job (`data/jobs/*.parquet`); of several,
     the one with the most kept jobs, then the newest. None otherwise (`say` tells why a candidate is passed over).
     The run itself checks again, the model build too (`mismatch_cost.resume_check`)."""
-    if RESUME_PARAM not in {f.name for f in dataclasses.fields(params_mod.schema_for(notebook))}:
+    from rlwb.runner import RESUMABLE
+
+    if notebook not in RESUMABLE:
         return None
     want = params_mod.load(notebook, files, overrides).to_dict()
-    loose = {RESUME_PARAM, "concurrent_runs"}
+    loose = {"resume_from", "concurrent_runs"}  # resume_from: a param in runs archived before it became an option
     here = archive.git_info()
     best, best_key = None, None
     base = Path(outputs) / notebook
@@ -209,22 +208,24 @@ def _alive(pid: str) -> bool:
     return True
 
 
-def cell_overrides(g: Grid, cell: dict, outputs: Path, resume: bool, say) -> dict:
-    """What a cell runs with: its overrides, plus `resume_from` its unfinished run on a resumed sweep (the cell's
-    id and recorded overrides stay the grid's)."""
+def cell_resume(g: Grid, cell: dict, outputs: Path, resume: bool, say) -> str | None:
+    """The run a cell resumes from on a resumed sweep (its unfinished run, `unfinished_run`), else None: a run option
+    (`runner.run(resume_from=)`, `rlwb run --resume-from`), never one of the cell's params."""
     if not resume:
-        return cell["overrides"]
+        return None
     src = unfinished_run(g.notebook, g.files, cell["overrides"], outputs, say)
-    if src is None:
-        return cell["overrides"]
-    say(f"  cell {cell['id']}: resuming the finished jobs of {src}")
-    return {**cell["overrides"], RESUME_PARAM: src}
+    if src is not None:
+        say(f"  cell {cell['id']}: resuming the finished jobs of {src}")
+    return src
 
 
 # -- running ----------------------------------------------------------------------------------------
-def _run_cell_cli(notebook: str, files: list[str], overrides: dict, outputs: str, cwd: str) -> dict:
+def _run_cell_cli(notebook: str, files: list[str], overrides: dict, outputs: str, cwd: str,
+                  resume_from: str | None = None) -> dict:
     """One cell as `rlwb run` in its own process (what a Ray task executes; also usable sequentially)."""
     args = [sys.executable, "-m", "rlwb.cli", "run", notebook, "--outputs", outputs]
+    if resume_from:
+        args += ["--resume-from", resume_from]
     for f in files:
         args += ["-f", f]
     for k, v in overrides.items():
@@ -273,8 +274,8 @@ def run_sweep(grid_path: str | os.PathLike, outputs: Path, *, resume: Path | Non
 
         for cell in todo:
             try:
-                run_dir = runner.run(g.notebook, g.files, cell_overrides(g, cell, outputs, resume is not None, say),
-                                     outputs)
+                run_dir = runner.run(g.notebook, g.files, cell["overrides"], outputs,
+                                     resume_from=cell_resume(g, cell, outputs, resume is not None, say))
                 record(cell, {"status": "ok", "run_dir": str(run_dir), "error": None})
             except RunFailed as e:
                 record(cell, {"status": "failed", "run_dir": str(e.run_dir), "error": e.error})
@@ -297,8 +298,9 @@ def _run_on_ray(g: Grid, todo: list[dict], outputs: Path, address: str, record, 
         futures = {}
         for cell in todo:
             res = cell_resources(g.notebook, g.files, cell["overrides"], cuda)
-            over = cell_overrides(g, cell, outputs, resume, say)
-            ref = task.options(**res).remote(g.notebook, g.files, over, str(outputs), str(REPO_ROOT))
+            src = cell_resume(g, cell, outputs, resume, say)
+            ref = task.options(**res).remote(g.notebook, g.files, cell["overrides"], str(outputs), str(REPO_ROOT),
+                                             src)
             futures[ref] = cell
         while futures:
             done, _ = ray.wait(list(futures), num_returns=1)

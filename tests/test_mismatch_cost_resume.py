@@ -1,7 +1,8 @@
 """Issue 46: notebook 08's study resumes job by job. Each finished job is kept at once (`mismatch_cost.JobStore`),
-a run with `resume_from` reuses the finished jobs of an interrupted run of the same computation and refuses any
-other, and `rlwb sweep --resume` finds a cell's unfinished run. The slow test interrupts a tiny study on the real
-engines and checks the resumed study equals an uninterrupted one."""
+a run with `resume_from` (a run option, `rlwb run --resume-from`, never a param) reuses the finished jobs of an
+interrupted run of the same computation and refuses any other, and `rlwb sweep --resume` finds a cell's unfinished
+run. The slow test interrupts a tiny study on the real engines and checks the resumed study equals an
+uninterrupted one."""
 
 import json
 from dataclasses import replace
@@ -40,13 +41,13 @@ def tiny(**kw) -> schemas.MismatchCostParams:
 
 
 def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
-    """Each difference is named, before any compute: params (bar resume_from and concurrent_runs), the commit, a
+    """Each difference is named, before any compute: params (bar concurrent_runs), the commit, a
     dirty tree on either side, the model build. Catches a check that lets any of them through."""
     p = tiny()
     src = run_dir(tmp_path, "src", p)
     (src / "data" / "jobs").mkdir()
     here = {"git_commit": COMMIT, "git_dirty": False, "model": {"weights_sha256_16": "ab12"}}
-    assert mc.resume_check(src, replace(p, resume_from=str(src), concurrent_runs=2), here)["run_id"] == "src"
+    assert mc.resume_check(src, replace(p, concurrent_runs=2), here)["run_id"] == "src"
     for other, what in ((replace(p, lr=1e-4), "param lr"), (replace(p, ratio_k3=[0.1]), "param ratio_k3")):
         with pytest.raises(ParamError, match=what):
             mc.resume_check(src, other, here)
@@ -111,9 +112,10 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
 
 
 def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
-    """`rlwb sweep --resume` passes `resume_from` for notebook 08: the cell's unfinished run (failed, or a killed
-    run's .tmp dir) with its params, on the current clean commit, with the most kept jobs. Catches a sweep that
-    resumes from a finished run, another cell's run or another commit's, or from nothing."""
+    """`rlwb sweep --resume` passes the run option `resume_from` for notebook 08 (never a cell param): the cell's
+    unfinished run (failed, or a killed run's .tmp dir) with its params, on the current clean commit, with the most
+    kept jobs. Catches a sweep that resumes from a finished run, another cell's run or another commit's, or from
+    nothing, or puts resume_from among the cell's params."""
     monkeypatch.setattr(sweep.archive, "git_info", lambda: {"git_commit": COMMIT, "git_dirty": False})
     cell = {"num_seeds": 2, "steps": 2}
     p = mc_params = schemas.MismatchCostParams(**cell)
@@ -128,15 +130,62 @@ def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
     with_jobs(run_dir(tmp_path, "20260101-000000-ok", p, status="ok"), 9)
     with_jobs(run_dir(tmp_path, "20260101-000001-other", replace(p, lr=1e-3)), 9)
     with_jobs(run_dir(tmp_path, "20260101-000002-oldcommit", p, git_commit="f" * 40), 9)
-    with_jobs(run_dir(tmp_path, "20260101-000003-few", replace(p, resume_from="x", concurrent_runs=1)), 2)
+    few = with_jobs(run_dir(tmp_path, "20260101-000003-few", replace(p, concurrent_runs=1)), 2)
+    # a run archived when resume_from was a param: its params.yaml still holds it
+    (few / "params.yaml").write_text(yaml.safe_dump({**replace(p, concurrent_runs=1).to_dict(), "resume_from": "x"}))
     assert sweep.unfinished_run("08_mismatch_cost", [], cell, tmp_path).endswith("few")
     killed = with_jobs(run_dir(tmp_path, ".tmp-20260101-000004-abc-999999999", mc_params, status="running"), 5)
     assert sweep.unfinished_run("08_mismatch_cost", [], cell, tmp_path) == str(killed)
-    assert sweep.unfinished_run("01_logprob_mismatch", [], {}, tmp_path) is None  # takes no resume_from
+    assert sweep.unfinished_run("01_logprob_mismatch", [], {}, tmp_path) is None  # does not resume
     g = sweep.Grid(notebook="08_mismatch_cost")
-    c = {"id": "x", "overrides": cell}
-    assert sweep.cell_overrides(g, c, tmp_path, True, print) == {**cell, "resume_from": str(killed)}
-    assert sweep.cell_overrides(g, c, tmp_path, False, print) == cell
+    c = {"id": "x", "overrides": dict(cell)}
+    assert sweep.cell_resume(g, c, tmp_path, True, print) == str(killed)
+    assert sweep.cell_resume(g, c, tmp_path, False, print) is None and c["overrides"] == cell
+
+
+def test_resume_is_a_run_option_never_a_param(tmp_path, monkeypatch):
+    """`rlwb run --resume-from` (runner.run's `resume_from`) reaches the kernel as a run setting and run.json's
+    `resume`, never params.yaml or the params hash: a resumed run has the whole run's hash (one configuration for
+    index, trends and compare), its params.yaml reloads after its source is deleted, and a rerun from it (what
+    `rlwb rerun` does) does not resume. A params.yaml of a run archived when resume_from was a param still loads.
+    Catches resume_from back among the params (hashed, archived, validated for existence on reload), an option
+    leaking from the caller's environment into a run not asked to resume, or a non-resumable notebook taking it."""
+    import shutil
+
+    import papermill
+
+    from rlwb import archive, runner
+    from rlwb import params as params_mod
+
+    seen = []
+    monkeypatch.setattr(papermill, "execute_notebook",  # the kernel: what it would be given
+                        lambda *a, **k: seen.append((k["parameters"], archive.os.environ.get(archive.RESUME_ENV))))
+    monkeypatch.setenv(archive.RESUME_ENV, "/somewhere/else")  # a caller's: never inherited
+    src = run_dir(tmp_path / "old", "src", tiny())
+    over, out = {"num_seeds": 2, "steps": 2}, tmp_path / "out"
+    whole = runner.run("08_mismatch_cost", [], over, out)
+    resumed = runner.run("08_mismatch_cost", [], over, out, resume_from=src)
+    assert seen[0][1] is None and seen[1][1] == str(src.resolve())
+    assert all("resume_from" not in params for params, _ in seen)
+    rec = {d: json.loads((d / "run.json").read_text()) for d in (whole, resumed)}
+    assert rec[resumed]["params_hash"] == rec[whole]["params_hash"] and rec[whole]["params_hash"] in resumed.name
+    assert rec[resumed]["resume"] == {"from": str(src.resolve())} and "resume" not in rec[whole]
+    assert "resume_from" not in yaml.safe_load((resumed / "params.yaml").read_text())
+    shutil.rmtree(src)
+    again = params_mod.load("08_mismatch_cost", [resumed / "params.yaml"])
+    assert again.hash() == rec[whole]["params_hash"]
+    rerun = runner.run("08_mismatch_cost", [str(resumed / "params.yaml")], None, out)  # `rlwb rerun`'s call
+    assert seen[-1][1] is None and "resume" not in json.loads((rerun / "run.json").read_text())
+    legacy = tmp_path / "legacy.yaml"
+    legacy.write_text(yaml.safe_dump({**again.to_dict(), "resume_from": str(src)}))
+    assert params_mod.load("08_mismatch_cost", [legacy]).hash() == again.hash()
+    with pytest.raises(ParamError, match="--resume-from"):
+        params_mod.load("08_mismatch_cost", [], {"resume_from": str(whole)})
+    with pytest.raises(ParamError, match="not an archived run directory"):
+        runner.run("08_mismatch_cost", [], over, out, resume_from=src)
+    with pytest.raises(ParamError, match="does not resume"):
+        runner.run("01_logprob_mismatch", [], {}, out, resume_from=whole)
+    assert len(seen) == 3
 
 
 @pytest.mark.slow
@@ -173,8 +222,8 @@ def test_a_resumed_study_equals_an_uninterrupted_one(default_model, tmp_path, mo
     assert len(list(kept.glob("*.probe.pt"))) == 4  # the 4 clean runs' probes: their twins' KLs need them
     monkeypatch.setattr(mc, "train", counting)
     del trained[:]
-    resumed = mc.run(replace(p, resume_from=str(cut_dir)), default_model.path, progress=False,
-                     data_dir=resumed_dir / "data")
+    resumed = mc.run(p, default_model.path, progress=False, data_dir=resumed_dir / "data",
+                     resume_from=str(cut_dir))
     assert len(trained) == 4
     wall = [c for c in whole.curves if c.startswith("t_")]
     assert wall

@@ -16,7 +16,8 @@ def _archived_run(notebook: str, a, overrides: dict, cmd: str) -> int:
     from rlwb import runner
 
     try:
-        run_dir = runner.run(notebook, a.file or [], overrides, a.outputs, log_output=a.log_output)
+        run_dir = runner.run(notebook, a.file or [], overrides, a.outputs, log_output=a.log_output,
+                             resume_from=getattr(a, "resume_from", None))
     except RunFailed as e:
         print(f"rlwb {cmd}: {e.error}", file=sys.stderr)
         print(e.run_dir)

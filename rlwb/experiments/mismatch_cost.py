@@ -204,21 +204,22 @@ def config(p, job: Job) -> GRPOConfig:
 
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
-        data_dir: str | Path | None = None) -> CostResult:
+        data_dir: str | Path | None = None, resume_from: str | Path | None = None) -> CostResult:
     """Every job from the same initial weights (`grpo_grid.run_grid`): the base engine's jobs first, then each
     point engine's. Every run's tested outcome is sampled by a clean engine (`CleanScorer`). The analysis is
     `analyze`, a function of the curves alone (every per-run number it needs is a column of them).
 
     With `data_dir` each job is kept the moment it finishes (`JobStore`, under `data_dir/jobs/`), so an
-    interrupted study keeps its finished jobs; `params.resume_from` (an archived run of the same computation,
-    `resume_check`) reuses that run's finished jobs instead of training them again. Jobs are seeded and
-    independent, so a resumed study's curves are the uninterrupted study's, bar the wall-time columns."""
+    interrupted study keeps its finished jobs; `resume_from` (an archived run of the same computation,
+    `resume_check`; a run option, `rlwb run --resume-from`, never a param) reuses that run's finished jobs instead
+    of training them again. Jobs are seeded and independent, so a resumed study's curves are the uninterrupted
+    study's, bar the wall-time columns."""
     p = params
-    resume_from = getattr(p, "resume_from", "") or ""
+    resume_from = str(resume_from or "")
     if resume_from and data_dir is None:
         raise ParamError("resume_from needs a run directory to copy the reused jobs into (data_dir)")
     here = run_record(data_dir, model_path)
-    source = resume_check(resume_from, p, here) if resume_from else None  # before any compute
+    source = resume_check(resume_from, p, here) if resume_from else None  # exists, same computation: before compute
     todo = jobs(p)
     engines = list(dict.fromkeys(j.engine for j in todo))
     order = [j for e in engines for j in todo if j.engine == e]  # run_grid's order: engine by engine
@@ -302,8 +303,9 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
 
 # -- job-level resume (issue 46): every finished job kept at once, an interrupted study resumed from them ---------
 JOBS_DIR = "jobs"  # under the run's data dir: <key>.parquet, <key>.json, <key>.kl.json, <key>.probe.pt, start.json
-# params a resumed study may change: where it resumes from, and how many runs train at once (the curves are
-# bitwise the same one at a time or in lanes, tests/test_grpo.py; its `concurrent_runs` column says how each ran)
+# params a resumed study may change: how many runs train at once (the curves are bitwise the same one at a time or
+# in lanes, tests/test_grpo.py; its `concurrent_runs` column says how each ran); resume_from was a param of runs
+# archived before it became a run option (`rlwb run --resume-from`): their params.yaml may still hold it
 NON_COMPUTATIONAL = ("resume_from", "concurrent_runs")
 
 

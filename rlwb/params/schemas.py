@@ -88,6 +88,9 @@ class Params:
 
     NOTEBOOK: typing.ClassVar[str] = ""
     HEADLINE: typing.ClassVar[list[str]] = []  # metric keys shown by `rlwb runs` / the index
+    # former params an older run's params.yaml may hold: dropped when a params file is read (`load`), an error as an
+    # override; each maps to what replaced it
+    RETIRED: typing.ClassVar[dict[str, str]] = {}
 
     seed: int = param(0, "base random seed (prompts, sampling, training)", ge=0)
 
@@ -295,7 +298,9 @@ def check_point(entry: str) -> str | None:
 
 def check_resume_from(value: str) -> str | None:
     """'' or a run directory with the files a resume reads (`mismatch_cost.resume_check` compares them, before any
-    compute, in the run)."""
+    compute, in the run). A resume is a run option (`rlwb run --resume-from`, `rlwb sweep --resume`), never a param:
+    it is not hashed, not in params.yaml, so a resumed run is the same configuration as the study run whole and its
+    params reload once its source is gone."""
     if not value:
         return None
     d = Path(value).expanduser()
@@ -308,6 +313,8 @@ def check_resume_from(value: str) -> str | None:
 @dataclass
 class MismatchCostParams(GRPOSettings, EngineParams):
     """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
+    RETIRED: typing.ClassVar[dict[str, str]] = {
+        "resume_from": "a run option now, not a param: `rlwb run --resume-from RUN_DIR` (`rlwb sweep --resume`)"}
 
     NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
     HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final", "ratio/none@engine/max_dose_gap",
@@ -363,10 +370,6 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                                       "policy's; the benchmark dose is where the fitted cost reaches it)",
                                 gt=0, le=1)
     concurrent_runs: int = concurrent_runs_param()
-    resume_from: str = param("", "an archived run of this notebook (interrupted or failed) whose finished jobs are "
-                                 "reused, not retrained: only the same computation (same params bar resume_from and "
-                                 "concurrent_runs, same clean git commit, same model build), else refused before "
-                                 "compute; '' trains every job (rlwb sweep --resume sets it)", check=check_resume_from)
 
     @property
     def seeds(self) -> list[int]:

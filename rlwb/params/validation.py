@@ -121,11 +121,14 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def load(notebook: str, files: list[str | Path] = (), overrides: dict | None = None) -> Params:
-    """defaults <- each file in order <- overrides, then validate."""
+    """defaults <- each file in order <- overrides, then validate. A retired param (`Params.RETIRED`) an older
+    run's params.yaml holds is dropped; as an override it is an error naming what replaced it."""
     schema = schema_for(notebook)
     merged: dict = {}
     for f in files:
-        merged.update(read_yaml(f))
+        merged.update({k: v for k, v in read_yaml(f).items() if k not in schema.RETIRED})
+    for k in set(overrides or {}) & set(schema.RETIRED):
+        raise ParamError(f"parameter {k!r} of {schema.NOTEBOOK}: {schema.RETIRED[k]}")
     merged.update(overrides or {})
     return validate(schema, merged)
 
