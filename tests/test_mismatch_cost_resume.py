@@ -19,6 +19,8 @@ from rlwb.experiments import mismatch_cost as mc
 from rlwb.params import schemas
 
 COMMIT = "c0ffee" * 6 + "c0ff"
+ENV = {"python": "3.12.3", "packages": {"rlwb": "0.1", "torch": "2.9.0", "vllm": "0.11.0"},
+       "host": {"cpu": "AMD EPYC 9654", "cores": 2, "gpu": None, "platform": "Linux"}}  # run.json's environment
 
 
 def run_dir(root: Path, name: str, p, status: str = "failed", **rec) -> Path:
@@ -27,7 +29,7 @@ def run_dir(root: Path, name: str, p, status: str = "failed", **rec) -> Path:
     (d / "data").mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"status": status, "notebook": "08_mismatch_cost", "run_id": name,
                                             "started_at": name, "git_commit": COMMIT, "git_dirty": False,
-                                            "model": {"weights_sha256_16": "ab12"}, **rec}))
+                                            "model": {"weights_sha256_16": "ab12"}, **ENV, **rec}))
     (d / "params.yaml").write_text(yaml.safe_dump(p.to_dict(), sort_keys=False))
     return d
 
@@ -41,12 +43,36 @@ def tiny(**kw) -> schemas.MismatchCostParams:
 
 
 def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
-    """Each difference is named, before any compute: params (bar concurrent_runs), the commit, a
-    dirty tree on either side, the model build. Catches a check that lets any of them through."""
+    """Each difference is named, before any compute: params (bar concurrent_runs), the commit, a dirty tree on
+    either side, the model build, the environment (python, each package, the host's CPU model and GPU, an
+    environment either run did not record); an engine's versions as it starts, before any of its jobs trains.
+    Catches a check that lets any of them through (a study resumed on another machine or after an upgrade would
+    mix jobs of two computations), or one that refuses a mere change of host core count or platform string."""
     p = tiny()
     src = run_dir(tmp_path, "src", p)
     (src / "data" / "jobs").mkdir()
-    here = {"git_commit": COMMIT, "git_dirty": False, "model": {"weights_sha256_16": "ab12"}}
+    here = {"git_commit": COMMIT, "git_dirty": False, "model": {"weights_sha256_16": "ab12"}, **ENV}
+    assert mc.resume_check(src, p, {**here, "host": {**ENV["host"], "cores": 64, "platform": "Linux-6"}})
+    for change, what in (({"python": "3.12.4"}, "python '3.12.3' there, '3.12.4' here"),
+                         ({"packages": {**ENV["packages"], "torch": "2.9.1"}}, "package torch 2.9.0 there, 2.9.1"),
+                         ({"packages": {**ENV["packages"], "scipy": "1.16"}}, "package scipy \\(none\\) there"),
+                         ({"packages": {}}, "packages recorded there, unrecorded here"),
+                         ({"host": {**ENV["host"], "cpu": "Intel Xeon"}}, "host cpu 'AMD EPYC 9654' there"),
+                         ({"host": {**ENV["host"], "gpu": "NVIDIA H100"}}, "host gpu None there, 'NVIDIA H100'"),
+                         ({"host": None}, "host cpu 'AMD EPYC 9654' there, None here")):
+        with pytest.raises(ParamError, match=what):
+            mc.resume_check(src, p, {**here, **change})
+    started = []
+    vllm = {"preset": "vllm-v1-fixed", "vllm_version": "0.11.0", "torch_version": "2.9.0", "dtype": "float32"}
+    check = mc.same_engines(started.append, {"vllm-v1-fixed": vllm}, str(src))
+    check({**vllm, "dtype": "float32", "gpu_memory_utilization": 0.3})  # settings are the params' business
+    check({"preset": "hf", "torch_version": "2.0"})  # no record there: none of its jobs reused
+    assert len(started) == 2
+    for other, what in (({"vllm_version": "0.11.1"}, "engine vllm-v1-fixed vllm_version '0.11.0' there, '0.11.1'"),
+                        ({"torch_version": None}, "torch_version '2.9.0' there, None here")):
+        with pytest.raises(ParamError, match=what):
+            check({**vllm, **other})
+    assert len(started) == 2  # a refused engine is not recorded as this run's
     assert mc.resume_check(src, replace(p, concurrent_runs=2), here)["run_id"] == "src"
     for other, what in ((replace(p, lr=1e-4), "param lr"), (replace(p, ratio_k3=[0.1]), "param ratio_k3")):
         with pytest.raises(ParamError, match=what):
@@ -107,8 +133,9 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
     assert set(mc.JobStore(tmp_path / "third" / "data" / "jobs", "third").reuse(new, todo, kl3, {}, done3)) == {
         clean, dosed, rerun}
     assert kl3.values[dosed] == want
-    assert store2.provenance(len(todo))["parts"] == {"src": {"jobs": 2, "wall_s": 6.0},
-                                                     "new": {"jobs": 1, "wall_s": 1.0}}
+    nowhere = {"cpu": None, "gpu": None}
+    assert store2.provenance(len(todo))["parts"] == {"src": {"jobs": 2, "wall_s": 6.0, "host": nowhere},
+                                                     "new": {"jobs": 1, "wall_s": 1.0, "host": nowhere}}
 
 
 def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
@@ -237,7 +264,8 @@ def test_a_resumed_study_equals_an_uninterrupted_one(default_model, tmp_path, mo
     info = json.loads((resumed_dir / "run.json").read_text())["resume"]
     assert info["from"] == str(cut_dir) and info["reused_jobs"] == 5 and len(info["reused"]) == 5
     assert {k: v["jobs"] for k, v in info["parts"].items()} == {"cut": 5, "resumed": 4}
-    assert all(v["wall_s"] > 0 for v in info["parts"].values())
+    assert all(v["wall_s"] > 0 and v["host"] == {"cpu": ENV["host"]["cpu"], "gpu": None}
+               for v in info["parts"].values())
     done = resumed_dir / "data" / "jobs"
     assert len(list(done.glob("*.parquet"))) == 9 and not list(done.glob("*.probe.pt"))  # finished: probes gone
 

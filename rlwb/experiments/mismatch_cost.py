@@ -223,7 +223,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     todo = jobs(p)
     engines = list(dict.fromkeys(j.engine for j in todo))
     order = [j for e in engines for j in todo if j.engine == e]  # run_grid's order: engine by engine
-    store = JobStore(Path(data_dir) / JOBS_DIR, here.get("run_id")) if data_dir is not None else None
+    store = JobStore(Path(data_dir) / JOBS_DIR, here.get("run_id"), here.get("host")) if data_dir is not None else None
     kl, raw = TwinKL(todo, store), {}
     start: dict[str, float] = {}  # the initial policy's outcomes, measured once (`initial_outcomes`)
     done: dict[Job, pd.DataFrame] = {}
@@ -234,6 +234,8 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
         for e in dict.fromkeys(j.engine for j in reused):
             if all(j in done for j in todo if j.engine == e) and e in (source.get("engines") or {}):
                 on_start(source["engines"][e])
+    if source is not None:  # an engine this run starts must be the one the reused jobs ran on
+        on_start = same_engines(on_start, source.get("engines") or {}, resume_from)
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
@@ -332,7 +334,9 @@ def run_record(data_dir, model_path) -> dict:
 def resume_check(source: str | Path, p, here: dict) -> dict:
     """`source`'s run.json if its finished jobs are this run's computation, else a `ParamError` naming every
     difference, before any compute: the same params (bar `NON_COMPUTATIONAL`), the same git commit with a clean
-    tree in both runs, and the same model build (weights checksum). Its jobs are then what this run would train."""
+    tree in both runs, the same model build (weights checksum) and the same environment (`environment_differences`:
+    python, packages, CPU model, GPU). Its jobs are then what this run would train. Each engine's own versions are
+    known once it starts: `engine_differences`, checked then, before any of its jobs trains."""
     import yaml
 
     src = Path(source)
@@ -356,6 +360,7 @@ def resume_check(source: str | Path, p, here: dict) -> dict:
     sums = [(r.get("model") or {}).get("weights_sha256_16") for r in (rec, here)]
     if sums[0] != sums[1] or not sums[0]:
         why.append(f"model weights checksum {sums[0]} there, {sums[1]} here")
+    why += environment_differences(rec, here)
     if why:
         raise ParamError(f"resume_from {str(source)!r} refused: not the same computation ({'; '.join(why)}). "
                          f"Run without resume_from to train every job.")
@@ -363,6 +368,48 @@ def resume_check(source: str | Path, p, here: dict) -> dict:
 
 
 NOTEBOOK = "08_mismatch_cost"
+
+
+def same_engines(on_start: OnStart, theirs: dict, resume_from: str) -> OnStart:
+    """`on_start` that first refuses an engine whose versions differ from its record in the run resumed from
+    (`engine_differences`): raised as it starts, before any of its jobs trains, so no job mixes versions."""
+    def check(info: dict) -> None:
+        why = engine_differences(theirs.get(info.get("preset", info.get("engine", "?"))), info)
+        if why:
+            raise ParamError(f"resume_from {resume_from!r} refused: not the same computation ({'; '.join(why)}). "
+                             f"Run without resume_from to train every job.")
+        if on_start:
+            on_start(info)
+    return check
+
+
+def environment_differences(there: dict, here: dict) -> list[str]:
+    """What differs between two runs' environments (run.json's python, packages, host CPU model and GPU), each
+    named; a part either run did not record counts as differing (unknown is not the same)."""
+    why = []
+    for name, get in (("python", lambda r: r.get("python")),
+                      ("host cpu", lambda r: (r.get("host") or {}).get("cpu")),
+                      ("host gpu", lambda r: (r.get("host") or {}).get("gpu", "(unrecorded)"))):
+        a, b = get(there), get(here)
+        if a != b or a is None and name != "host gpu":
+            why.append(f"{name} {a!r} there, {b!r} here")
+    pa, pb = there.get("packages"), here.get("packages")
+    if not pa or not pb:
+        why.append(f"packages {'recorded' if pa else 'unrecorded'} there, {'recorded' if pb else 'unrecorded'} here")
+    else:
+        why += [f"package {k} {pa.get(k, '(none)')} there, {pb.get(k, '(none)')} here"
+                for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
+    return why
+
+
+def engine_differences(there: dict | None, here: dict) -> list[str]:
+    """What differs between an engine's record in the run resumed from (`there`, None: it did not start there)
+    and the same preset's record in this run: its versions (`*_version`) and python."""
+    if not there:
+        return []
+    keys = sorted(k for k in set(there) | set(here) if k.endswith("_version") or k == "python")
+    return [f"engine {here.get('preset', '?')} {k} {there.get(k)!r} there, {here.get(k)!r} here"
+            for k in keys if there.get(k) != here.get(k)]
 
 
 class JobStore:
@@ -373,8 +420,9 @@ class JobStore:
     known), then `<key>.parquet` (its curve): a job is finished when its parquet exists. `start.json`: the initial
     policy's outcomes. A finished study drops the probes (every KL is in its curves)."""
 
-    def __init__(self, root: Path, run_id: str | None):
+    def __init__(self, root: Path, run_id: str | None, host: dict | None = None):
         self.root, self.run_id = Path(root), run_id
+        self.host = {k: (host or {}).get(k) for k in ("cpu", "gpu")}  # where its jobs trained: each part's record
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _write(self, name: str, write) -> Path:
@@ -402,7 +450,8 @@ class JobStore:
 
     def save(self, job: Job, df: pd.DataFrame, wall_s: float) -> pd.DataFrame:
         key = job_key(job)
-        self._json(f"{key}.json", {"job": asdict(job), "run_id": self.run_id, "wall_s": round(wall_s, 3),
+        self._json(f"{key}.json", {"job": asdict(job), "run_id": self.run_id, "host": self.host,
+                                   "wall_s": round(wall_s, 3),
                                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         return pd.read_parquet(self._write(f"{key}.parquet", lambda t: df.to_parquet(t, index=False)))
 
@@ -446,13 +495,14 @@ class JobStore:
         os.replace(tmp, dest)
 
     def provenance(self, todo_n: int) -> dict:
-        """Which run trained each kept job, and the wall time of each part (sum of its jobs' wall times)."""
+        """Which run trained each kept job, on which host (CPU model, GPU), and the wall time of each part (sum of
+        its jobs' wall times)."""
         parts: dict = {}
         for f in sorted(self.root.glob("*.json")):
             if f.name.endswith(".kl.json") or f.name == "start.json":
                 continue
             meta = json.loads(f.read_text())
-            part = parts.setdefault(meta.get("run_id") or "?", {"jobs": 0, "wall_s": 0.0})
+            part = parts.setdefault(meta.get("run_id") or "?", {"jobs": 0, "wall_s": 0.0, "host": meta.get("host")})
             part["jobs"] += 1
             part["wall_s"] = round(part["wall_s"] + float(meta.get("wall_s") or 0.0), 2)
         return {"jobs": todo_n, "parts": parts}
