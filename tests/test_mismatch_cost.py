@@ -444,9 +444,37 @@ def test_every_test_of_the_study_is_in_one_holm_family():
     assert m["family/trends"] >= 1 and m["family/contrasts"] >= 3
     adj = stats.holm(ps)
     assert np.allclose(np.concatenate([rows["p_holm"], trends["trend_p_holm"], con["p_holm"]]), adj)
-    r = rows.iloc[0]
-    assert r["mde"] == pytest.approx(stats.minimal_detectable_gap(r["gap_sd"], r["seeds"], 0.05 / len(ps)))
+    for r in rows.itertuples():  # the MDE of the test each p comes from: the spread floored by the outcome's step
+        assert r.q_eff > 0 and r.mde == pytest.approx(stats.minimal_detectable_gap(
+            stats.floored_sd(r.gap_sd, r.q_eff), r.seeds, 0.05 / len(ps)))
+    for r in con.itertuples():
+        assert r.q_eff > rows["q_eff"].iloc[0] and r.mde == pytest.approx(stats.minimal_detectable_gap(
+            stats.floored_sd(r.sd, r.q_eff), r.seeds, 0.05 / len(ps)))
     assert "one family" in res.conclusion() and f"{len(ps)} tests" in res.conclusion()
+
+
+def test_a_row_whose_seeds_tie_reports_the_mde_of_its_test_not_zero():
+    """Review S1: a dosed row whose seeds' gaps tie (sd 0) is tested with the spread floored by the outcome's step
+    (`stats.floored_sd`); its MDE is that test's, > 0, in the study's family and in `dose_table` alone. Catches an
+    MDE from the raw spread (a tie read as "MDE 0": any cost would have been detected)."""
+    from rlwb.core.measure import stats
+
+    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], weight_noise=[0.1], num_seeds=6)
+    costs = {**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("ratio@0.1", "none@trainer"): 0.0,
+             ("weights@0.1", "none@engine"): 0.0, ("weights@0.1", "none@trainer"): 0.05}
+    c = with_policy(curves(costs), {k: 0.6 - v for k, v in costs.items()})
+    tie = c["label"] == "weights@0.1"
+    twin = c[c["label"] == "clean"].set_index(["arm", "seed", "step"])["policy_reward"]
+    c.loc[tie, "policy_reward"] = [twin[(a, s_, t)] - 0.05 for a, s_, t in zip(c.loc[tie, "arm"], c.loc[tie, "seed"],
+                                                                                c.loc[tie, "step"])]
+    res, alone = mc.analyze(c, p), mc.dose_table(c, p)
+    for t, m in ((res.doses, res.metrics["family/tests"]), (alone, int(alone["p_holm"].notna().sum()))):
+        t = t.set_index(["label", "arm"])
+        for arm in ("none@engine", "none@trainer"):
+            r = t.loc[("weights@0.1", arm)]
+            assert r["gap_sd"] == 0 and r["gap"] == pytest.approx(-0.05) and r["q_eff"] > 0 and m >= 3
+            assert r["mde"] > 0 and r["mde"] == pytest.approx(stats.minimal_detectable_gap(
+                stats.floored_sd(0.0, r["q_eff"]), 6, 0.05 / m))
 
 
 def test_the_regime_contrast_is_the_bypass_vs_decoupled_contrast_across_ppo_regimes():

@@ -570,7 +570,7 @@ def one_family(table: pd.DataFrame, bench: pd.DataFrame, con: pd.DataFrame, hm: 
     if n_rows:
         t = table.loc[rows]
         table.loc[rows, "p_holm"] = adj[:n_rows]
-        table.loc[rows, "mde"] = [stats.minimal_detectable_gap(sd, n, level) for sd, n in zip(t["gap_sd"], t["seeds"])]
+        table.loc[rows, "mde"] = mdes(t, "gap_sd", level)
         table.loc[rows, "verdict"] = ["costs" if ph < stats.ALPHA and g < 0 else "gains" if ph < stats.ALPHA
                                       else "no cost shown" for ph, g in zip(adj[:n_rows], t["gap"])]
     if len(bench):
@@ -579,12 +579,20 @@ def one_family(table: pd.DataFrame, bench: pd.DataFrame, con: pd.DataFrame, hm: 
     if n_con:
         c = adj[n_rows + n_trends:n_rows + n_trends + n_con]
         con["p_holm"] = c
-        con["mde"] = [stats.minimal_detectable_gap(sd, n, level) for sd, n in zip(con["sd"], con["seeds"])]
+        con["mde"] = mdes(con, "sd", level)
         con["verdict"] = ["differs" if ph < stats.ALPHA else "no difference shown" for ph in c]
     for k, ph in zip(hz_keys, adj[n_rows + n_trends + n_con:]):
         hm[k + "_holm"] = float(ph)
     return {"family/tests": float(m), "family/rows": float(n_rows), "family/trends": float(n_trends),
             "family/contrasts": float(n_con), "family/horizon": float(len(hz_keys))}
+
+
+def mdes(t: pd.DataFrame, sd: str, level: float) -> list[float]:
+    """Each row's MDE at `level` for the test its p comes from: its seeds' spread (column `sd`) floored by its
+    outcome's step (`q_eff`, `stats.floored_sd`), so a row whose seeds tie reads the MDE of that test, not 0."""
+    q = t["q_eff"] if "q_eff" in t else pd.Series(0.0, index=t.index)
+    return [stats.minimal_detectable_gap(stats.floored_sd(s, qe), n, level)
+            for s, qe, n in zip(t[sd], q, t["seeds"])]
 
 
 def reanalyze(run_dir: str | Path, params) -> CostResult:
@@ -899,6 +907,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                            else float("nan"))
         row["identical"] = identical_curves(curves, label, arm, temp, d.index, updates, horizon)
         row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
+        row["q_eff"] = q  # the step of the tested outcome its test floors the spread with (`stats.floored_sd`)
         row["mde"] = float("nan")  # set below, at the Holm family's level
         base = s[(s["kind"] == "clean") & (s["temperature"] == temp) & (s["updates"] == updates)
                  & (s["horizon"] == horizon) & (s["arm"] == arm)].set_index("seed")
@@ -917,14 +926,12 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     m = int(family.sum())
     if m:  # every dosed row that is not a control is a test: Holm over all of them, the MDE at the strictest level
         t.loc[family, "p_holm"] = stats.holm(t.loc[family, "p"])
-        t.loc[family, "mde"] = [stats.minimal_detectable_gap(sd, n, stats.ALPHA / m) for sd, n in
-                                zip(t.loc[family, "gap_sd"], t.loc[family, "seeds"])]
+        t.loc[family, "mde"] = mdes(t.loc[family], "gap_sd", stats.ALPHA / m)
         t.loc[family, "verdict"] = ["costs" if ph < stats.ALPHA and g < 0 else "gains" if ph < stats.ALPHA
                                     else "no cost shown" for ph, g in zip(t.loc[family, "p_holm"],
                                                                           t.loc[family, "gap"])]
     if ctl.any():
-        t.loc[ctl, "mde"] = [stats.minimal_detectable_gap(sd, n) for sd, n in
-                             zip(t.loc[ctl, "gap_sd"], t.loc[ctl, "seeds"])]
+        t.loc[ctl, "mde"] = mdes(t.loc[ctl], "gap_sd", stats.ALPHA)
         t.loc[ctl, "verdict"] = ["null (passes)" if control_passes(r) else "fails" for r in t[ctl].itertuples()]
     return t
 
@@ -1182,7 +1189,8 @@ def contrast_table(table: pd.DataFrame, curves: pd.DataFrame, resolution: float 
         q = resolution * (2.0 if minus else np.sqrt(2))  # 4 (or 8) scored outcomes in each seed's difference
         rows.append({"contrast": kind, "label": label, "arm": a, "vs_label": label_b, "vs_arm": b, "what": what,
                      "diff": float(d.mean()), "ci_low": lo, "ci_high": hi, "sd": float(d.std(ddof=1)),
-                     "seeds": int(d.size), "p": stats.paired_gap_test(d, margin=1.0, resolution=q).p_diff})
+                     "seeds": int(d.size), "q_eff": q,
+                     "p": stats.paired_gap_test(d, margin=1.0, resolution=q).p_diff})
 
     dosed = table[~table["kind"].isin(["clean", "rerun", "placebo"])]
     for label, d in dosed.groupby("label", sort=False):
@@ -1211,10 +1219,10 @@ def contrast_table(table: pd.DataFrame, curves: pd.DataFrame, resolution: float 
             add("one-sided vs symmetric", r.label, r.arm, m["label"], r.arm,
                 f"`{r.label}` (one-sided, k3 {r.k3_achieved:.1e}) vs {m['label']} (symmetric) `{r.arm}`")
     c = pd.DataFrame(rows, columns=["contrast", "label", "arm", "vs_label", "vs_arm", "what", "diff", "ci_low",
-                                    "ci_high", "sd", "seeds", "p"])
+                                    "ci_high", "sd", "seeds", "q_eff", "p"])
     c["p_holm"] = stats.holm(c["p"]) if len(c) else []
     m = max(len(c), 1)
-    c["mde"] = [stats.minimal_detectable_gap(sd, n, stats.ALPHA / m) for sd, n in zip(c["sd"], c["seeds"])]
+    c["mde"] = mdes(c, "sd", stats.ALPHA / m)
     c["verdict"] = ["differs" if ph < stats.ALPHA else "no difference shown" for ph in c["p_holm"]]
     return c
 

@@ -275,7 +275,7 @@ def paired_gap_test(gaps: Sequence[float], margin: float, resolution: float = 0.
     m, sd = float(g.mean()), float(g.std(ddof=1))
     if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's gap the same (to rounding)
         sd = 0.0
-    se = float(np.sqrt((sd * sd + resolution * resolution / 6) / n))
+    se = floored_sd(sd, resolution) / float(np.sqrt(n))
     if se == 0:  # a tie of a continuous outcome: the exact sign-flip p's
         return PairedGapTest(n, m, 1.0 if m == 0 else min(1.0, 2.0 ** (1 - n)),
                              2.0 ** -n if abs(m) < margin else 1.0, 0.0)
@@ -284,6 +284,13 @@ def paired_gap_test(gaps: Sequence[float], margin: float, resolution: float = 0.
     p_lo = float(st.t.sf((m + margin) / se, df))  # H0: mean <= -margin
     p_hi = float(st.t.cdf((m - margin) / se, df))  # H0: mean >= +margin
     return PairedGapTest(n, m, p_diff, max(p_lo, p_hi), sd)
+
+
+def floored_sd(sd: float, resolution: float = 0.0) -> float:
+    """The per-seed spread `paired_gap_test` tests with: sqrt(sd^2 + q^2 / 6) for gaps of an outcome quantised at
+    step q = `resolution` (a floor: n seeds that tie cannot show zero variance). What `minimal_detectable_gap` takes,
+    so a row's MDE is that of the test its p comes from (a tie's is not 0)."""
+    return float(np.sqrt(sd * sd + resolution * resolution / 6))
 
 
 def paired_t_power(gap: float, sd: float, n: int, alpha: float = ALPHA) -> float:
