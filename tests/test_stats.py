@@ -314,7 +314,8 @@ def test_a_common_nonzero_gap_is_tested_by_sign_flips_not_called_certain():
 def test_paired_gap_test_is_continuous_through_ties_of_a_discrete_outcome():
     """Issue 46 (d): with the outcome's resolution q, a tie and a near-tie get nearby p's (no jump from the sign-flip
     p to the t test's ~0), a tie is never read as infinite precision (p_equiv > 0), and the tie's p is the t test
-    with sd^2 = q^2 / 6 (Sheppard's rounding variance of a difference)."""
+    with sd^2 = q^2 / 6 (a variance floor for outcomes quantised at step q: a tie of n seeds cannot give zero
+    variance; not Sheppard's correction, which subtracts h^2 / 12 from grouped-data variances)."""
     from scipy import stats as st
 
     q = 1 / 256

@@ -253,12 +253,14 @@ def paired_gap_test(gaps: Sequence[float], margin: float, resolution: float = 0.
     """Difference and equivalence (two one-sided tests, Schuirmann 1987; https://doi.org/10.1007/BF01068419)
     t tests of per-seed gaps.
 
-    `resolution`: the step of the discrete outcome each gap is a difference of (a mean of N rewards of 0 or 1: 1 / N).
-    Rounding a continuous quantity to a grid of step q adds an error of variance q^2 / 12 to each measurement
-    (Sheppard 1898, Proc. London Math. Soc. 29:353), q^2 / 6 to a difference of two, which the seeds' spread cannot
-    show when they tie: the t tests use sd^2 + q^2 / 6. So p is continuous in the gaps through ties (two seeds both
-    +0.023 and two at +0.023 / +0.0231 get nearby p's), and a tie is never read as infinite precision (p_diff and
-    p_equiv -> 0). Where the spread is far above q (the usual case) the term changes nothing measurable.
+    `resolution`: the step q of the discrete outcome each gap is a difference of (a mean of N rewards of 0 or 1:
+    1 / N). A variance floor, not a correction: outcomes quantised at step q cannot resolve differences finer than
+    q, so n seeds that tie do not show zero variance; the t tests use sd^2 + q^2 / 6 (`floored_sd`: the variance
+    of a difference of two uniform errors of width q, q^2 / 12 each, added as a floor, where Sheppard's correction
+    would instead subtract h^2 / 12 from a grouped-data variance). So p is continuous in the gaps through ties (two
+    seeds both +0.023 and two at +0.023 / +0.0231 get nearby p's), and a tie is never read as infinite precision
+    (p_diff and p_equiv -> 0). Where the spread is far above q (the usual case) the floor changes nothing
+    measurable; it makes the test a little conservative near ties, never anti-conservative.
 
     Without a resolution (0: a continuous outcome) zero spread has no t statistic: p_diff is 1 for a common gap of 0
     (bitwise twins) and otherwise the exact sign-flip (randomization) test's 2 / 2^n (Fisher 1935, The Design of
