@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 __all__ = ["read_json", "write_json"]
 
 
 def write_json(path: Path, obj) -> None:
-    """Atomic: write a sibling temp file, then rename over the target."""
+    """Atomic: write a sibling temp file, then rename over the target. The temp file is the writer's own (process
+    and thread): threads of one process writing one file (a study's lanes updating run.json) never share one."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
     tmp.replace(path)
 

@@ -138,6 +138,52 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
                                                      "new": {"jobs": 1, "wall_s": 1.0, "host": nowhere}}
 
 
+def test_a_job_counts_as_kept_only_once_its_curve_is(tmp_path, monkeypatch):
+    """Review S7: `JobStore.save` writes the job's meta after its curve, and the provenance counts only metas with a
+    curve: a run killed between the two files (or a curve that failed to write) counts no job it has not kept.
+    Catches the meta written first, or a provenance that counts every meta."""
+    todo = mc.jobs(tiny())
+    store = mc.JobStore(tmp_path / "jobs", "run", {"cpu": "x", "gpu": None, "cores": 2})
+    df = pd.DataFrame({"step": [0, 1], "t_step": [1.0, 2.0]})
+    store.save(todo[0], df, 2.0)
+
+    def broken(self, *a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", broken)
+    with pytest.raises(OSError):
+        store.save(todo[1], df, 5.0)
+    assert not (tmp_path / "jobs" / f"{mc.job_key(todo[1])}.json").exists()
+    (tmp_path / "jobs" / f"{mc.job_key(todo[2])}.json").write_text(json.dumps({"run_id": "run", "wall_s": 9.0}))
+    assert store.provenance(len(todo))["parts"] == {"run": {"jobs": 1, "wall_s": 2.0,
+                                                            "host": {"cpu": "x", "gpu": None}}}
+
+
+def test_threads_of_one_process_write_one_json_file_safely(tmp_path):
+    """Review S7: `write_json`'s temporary file is its writer's own (process and thread), so threads updating one
+    file (lanes recording run.json) never rename each other's half-written file or find theirs gone. Catches a
+    temporary name shared by every thread of a process."""
+    import threading
+
+    from rlwb.jsonfile import read_json, write_json
+
+    path, errors = tmp_path / "run.json", []
+
+    def writer(i: int) -> None:
+        try:
+            for j in range(100):
+                write_json(path, {"writer": i, "n": j, "pad": "x" * 20000})
+        except Exception as e:  # noqa: BLE001 - any failure of a writer is the finding
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and read_json(path)["n"] == 99 and not list(tmp_path.glob(".*.tmp"))
+
+
 def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
     """`rlwb sweep --resume` passes the run option `resume_from` for notebook 08 (never a cell param): the cell's
     unfinished run (failed, or a killed run's .tmp dir) with its params, on the current clean commit, with the most

@@ -414,11 +414,11 @@ def engine_differences(there: dict | None, here: dict) -> list[str]:
 
 class JobStore:
     """Each finished job of a run under `root` (`data/jobs/`), written the moment it finishes, each file
-    atomically (a temporary file renamed): `<key>.json` (the job, the run that trained it and its wall time), the
-    trained policy's probe distribution `<key>.probe.pt` while `TwinKL` still needs it (a clean run's, until the
-    study ends; a dosed run's until its clean twin's arrives), `<key>.kl.json` (its KL to its clean twin, once
-    known), then `<key>.parquet` (its curve): a job is finished when its parquet exists. `start.json`: the initial
-    policy's outcomes. A finished study drops the probes (every KL is in its curves)."""
+    atomically (a temporary file renamed): the trained policy's probe distribution `<key>.probe.pt` while `TwinKL`
+    still needs it (a clean run's, until the study ends; a dosed run's until its clean twin's arrives),
+    `<key>.kl.json` (its KL to its clean twin, once known), `<key>.parquet` (its curve), then `<key>.json` (the job,
+    the run and host that trained it, its wall time): a job is finished when its parquet exists. `start.json`: the
+    initial policy's outcomes. A finished study drops the probes (every KL is in its curves)."""
 
     def __init__(self, root: Path, run_id: str | None, host: dict | None = None):
         self.root, self.run_id = Path(root), run_id
@@ -450,10 +450,12 @@ class JobStore:
 
     def save(self, job: Job, df: pd.DataFrame, wall_s: float) -> pd.DataFrame:
         key = job_key(job)
+        out = pd.read_parquet(self._write(f"{key}.parquet", lambda t: df.to_parquet(t, index=False)))
+        # the meta after the curve: a meta names a finished job (`provenance` counts only those with a parquet)
         self._json(f"{key}.json", {"job": asdict(job), "run_id": self.run_id, "host": self.host,
                                    "wall_s": round(wall_s, 3),
                                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        return pd.read_parquet(self._write(f"{key}.parquet", lambda t: df.to_parquet(t, index=False)))
+        return out
 
     def reuse(self, source: Path, todo: list[Job], kl: TwinKL, start: dict, done: dict) -> list[Job]:
         """Copy (hard-link where it can) every job of `todo` that `source` finished into this store, and take it
@@ -486,7 +488,7 @@ class JobStore:
         dest = self.root / f.name
         if dest.exists():
             return
-        tmp = self.root / f".{f.name}.{os.getpid()}.tmp"
+        tmp = self.root / f".{f.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         tmp.unlink(missing_ok=True)
         try:
             os.link(f, tmp)
@@ -499,8 +501,8 @@ class JobStore:
         its jobs' wall times)."""
         parts: dict = {}
         for f in sorted(self.root.glob("*.json")):
-            if f.name.endswith(".kl.json") or f.name == "start.json":
-                continue
+            if f.name.endswith(".kl.json") or f.name == "start.json" or not f.with_suffix(".parquet").exists():
+                continue  # a meta without its curve: not a finished job
             meta = json.loads(f.read_text())
             part = parts.setdefault(meta.get("run_id") or "?", {"jobs": 0, "wall_s": 0.0, "host": meta.get("host")})
             part["jobs"] += 1
