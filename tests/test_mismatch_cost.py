@@ -324,7 +324,8 @@ class FakeEngine:
 def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_temperature(monkeypatch):
     """Issue 46: an engine point's trained policy is scored by a base-preset engine (not its own bf16 / raw-logprob
     engine) at the study's temperature (not the point's); a base-preset run by its own lane engine, the same
-    preset. The scorer's engine starts once, on the first point run, and closes."""
+    preset. The scorer's engine starts once, on the first point run, is recorded (`on_start`: run.json's engines)
+    under its own key beside the base engine's, and closes. Catches a scorer engine missing from run.json."""
     import rlwb.engines.worker as worker
 
     started, calls = [], []
@@ -338,11 +339,15 @@ def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_tempera
         def close(self):
             self.closed = True
 
+        def info(self):
+            return {"preset": "vllm-v1-fixed", "vllm_version": "0.11.0"}
+
     monkeypatch.setattr(worker, "EngineWorker", Worker)
     monkeypatch.setattr(mc, "policy_reward", lambda m, engine, codec, probs, p, t: calls.append((engine.name, t))
                         or 0.5)
     p = schemas.MismatchCostParams(engine_points=["vllm-v1-fixed@bf16", "vllm-v1@T1.0"], temperature=0.7)
-    scorer = mc.CleanScorer(p.engines[0], "model", p.dtype)
+    recorded = []
+    scorer = mc.CleanScorer(p.engines[0], "model", p.dtype, recorded.append)
     base_job = mc.Job("ratio", 0.1, "none@engine", 0, p.engines[0], 0.7, "ratio@0.1")
     point = mc.Job("engine", float("nan"), "none@engine", 0, "vllm-v1-fixed@bf16", 0.7, "vllm-v1-fixed@bf16")
     t1 = mc.Job("engine", float("nan"), "none@engine", 0, "vllm-v1", 1.0, "vllm-v1@T1")
@@ -351,7 +356,8 @@ def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_tempera
         scorer.policy_reward(None, job, FakeEngine(lane), None, [], p)
     assert calls == [("lane", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7),
                      ("lane", 0.7)]
-    assert len(started) == 1
+    assert len(started) == 1 and [(r["preset"], r["role"]) for r in recorded] == [
+        ("vllm-v1-fixed#clean-scorer", "clean scorer")]
     scorer.close()
     assert started[0].closed
 

@@ -73,6 +73,11 @@ def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
         with pytest.raises(ParamError, match=what):
             check({**vllm, **other})
     assert len(started) == 2  # a refused engine is not recorded as this run's
+    # an engine none of whose jobs is left: its record comes from the run resumed from, tagged as that run's
+    todo = mc.jobs(p)
+    rec = {"run_id": "src", "engines": {"vllm-v1-fixed": vllm}}
+    assert mc.reused_engines(rec, todo, dict.fromkeys(todo), str(src)) == [{**vllm, "from_run": "src"}]
+    assert mc.reused_engines(rec, todo, dict.fromkeys(todo[:-1]), str(src)) == []  # one job left: started here
     assert mc.resume_check(src, replace(p, concurrent_runs=2), here)["run_id"] == "src"
     for other, what in ((replace(p, lr=1e-4), "param lr"), (replace(p, ratio_k3=[0.1]), "param ratio_k3")):
         with pytest.raises(ParamError, match=what):

@@ -230,16 +230,15 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     reused = store.reuse(Path(resume_from), todo, kl, start, done) if source is not None else []
     if store is not None:
         store.record(here, source, resume_from, reused, len(todo))
-    if on_start and source is not None:  # engines no job of this run needs: their record from the run reused
-        for e in dict.fromkeys(j.engine for j in reused):
-            if all(j in done for j in todo if j.engine == e) and e in (source.get("engines") or {}):
-                on_start(source["engines"][e])
+    if on_start and source is not None:
+        for info in reused_engines(source, todo, done, resume_from):
+            on_start(info)
     if source is not None:  # an engine this run starts must be the one the reused jobs ran on
         on_start = same_engines(on_start, source.get("engines") or {}, resume_from)
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
-    scorer = CleanScorer(p.engines[0], model_path, p.dtype)
+    scorer = CleanScorer(p.engines[0], model_path, p.dtype, on_start)
     start_lock, done_lock = threading.Lock(), threading.Lock()
     from rlwb.progress import progress_bar
 
@@ -368,6 +367,16 @@ def resume_check(source: str | Path, p, here: dict) -> dict:
 
 
 NOTEBOOK = "08_mismatch_cost"
+
+
+def reused_engines(source: dict, todo: list[Job], done: dict, resume_from: str) -> list[dict]:
+    """The engines no job of this run needs (every job of theirs reused): their records in the run resumed from,
+    each tagged `from_run` (run.json's engines then say which were started here and which were not)."""
+    out = []
+    for e in dict.fromkeys(j.engine for j in todo if j in done):
+        if all(j in done for j in todo if j.engine == e) and e in (source.get("engines") or {}):
+            out.append({**source["engines"][e], "from_run": source.get("run_id") or str(resume_from)})
+    return out
 
 
 def same_engines(on_start: OnStart, theirs: dict, resume_from: str) -> OnStart:
@@ -630,8 +639,8 @@ class CleanScorer:
     every other row's is, so each row's outcome is comparable with its clean run's (a bf16 point scored by its
     bf16 engine, or V1 at T 1 scored at T 1, would mix the engine's sampling into the outcome)."""
 
-    def __init__(self, preset: str, model_path, dtype: str):
-        self.preset, self._model, self._dtype = preset, model_path, dtype
+    def __init__(self, preset: str, model_path, dtype: str, on_start: OnStart = None):
+        self.preset, self._model, self._dtype, self._on_start = preset, model_path, dtype, on_start
         self._own = None
         self._lock = threading.Lock()
 
@@ -643,7 +652,13 @@ class CleanScorer:
                 from rlwb.engines.worker import EngineWorker
 
                 self._own = EngineWorker(self.preset, self._model, dtype=self._dtype)
+                if self._on_start:  # run.json's record of it, beside the base engine's (the same preset)
+                    self._on_start({**self._own.info(), "preset": self.scorer_key, "role": "clean scorer"})
             return policy_reward(model, self._own, codec, problems, p, p.temperature)
+
+    @property
+    def scorer_key(self) -> str:
+        return f"{self.preset}#clean-scorer"
 
     def close(self) -> None:
         if self._own is not None:
