@@ -111,3 +111,24 @@ def test_an_equal_aspect_panel_keeps_its_size_through_tidy():
     tidy(fig)
     assert overlapping_text(fig) == []
     assert ax.get_window_extent().width >= 0.7 * fig.dpi
+
+
+def test_the_dose_response_legend_names_an_arm_trained_at_some_kinds_only():
+    """The study trims rows (`row_arms`): the length-scaled Geo-RS arm has no stale doses, so it has no line in the
+    last panel, where the legend sits. Seen on the 2026-11-26 study: its line was drawn, its name was missing."""
+    import pandas as pd
+
+    from rlwb.plots.mismatch_cost import dose_response
+
+    rows = []
+    for kind, dose, k3 in (("clean", 0.0, 0.0), ("ratio", 0.1, 0.1), ("stale", 1.0, 0.01)):
+        for arm in ("none@engine", "geo_rs_len@trainer"):
+            if kind == "stale" and arm == "geo_rs_len@trainer":
+                continue
+            rows.append({"kind": kind, "dose": dose, "arm": arm, "k3_achieved": k3, "gap": -0.1 if dose else 0.0,
+                         "gap_ci_low": -0.2, "gap_ci_high": 0.0, "control": "", "label": f"{kind}@{dose:g}",
+                         "engine": "vllm-v1-fixed", "panel": kind})
+    fig = dose_response(pd.DataFrame(rows))
+    legend = fig.axes[-1].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["none@engine", "geo_rs_len@trainer"]
+    plt.close(fig)

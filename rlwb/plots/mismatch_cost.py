@@ -79,7 +79,12 @@ def dose_response(doses, style: str = "notebook"):
     fig.supxlabel("measured k3(engine ‖ trainer) per token" + ("\n" if narrow else " ")
                   + "(grey line: dose 0, the float floor; ★ real engines)", fontsize="medium")
     axes[0][0].set_ylabel("final reward − clean run (paired)")
-    axes[0][-1].legend(fontsize="small", title="arm", title_fontsize="small")
+    # every arm of the figure in the legend: an arm trained at some kinds only (row_arms) has no line in the last panel
+    seen: dict = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    axes[0][-1].legend(list(seen.values()), list(seen), fontsize="small", title="arm", title_fontsize="small")
     fig.suptitle("What mismatch costs a GRPO run" + ("\n" if narrow else " ") + "(95% CI over seeds, paired by seed)")
     fig.tight_layout()
     return fig
