@@ -9,16 +9,24 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["read_json", "write_json"]
+__all__ = ["atomic_write", "read_json", "write_json"]
+
+
+def atomic_write(path: Path, write) -> Path:
+    """`write(tmp)` fills a sibling temp file, then it is renamed over `path`. The temp file is the writer's own
+    (process and thread): threads of one process writing one file (a study's lanes updating run.json) never share
+    one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)
+    write(tmp)
+    os.replace(tmp, path)
+    return path
 
 
 def write_json(path: Path, obj) -> None:
-    """Atomic: write a sibling temp file, then rename over the target. The temp file is the writer's own (process
-    and thread): threads of one process writing one file (a study's lanes updating run.json) never share one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    tmp.replace(path)
+    """Atomic (`atomic_write`): the previous file or the new one, never half of one."""
+    atomic_write(path, lambda t: t.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"))
 
 
 def read_json(path: Path, default=None):

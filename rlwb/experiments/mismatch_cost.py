@@ -65,7 +65,7 @@ from rlwb.experiments.wording.mismatch_cost import (
     regime_line,
 )
 from rlwb.formatting import metric
-from rlwb.jsonfile import read_json, write_json
+from rlwb.jsonfile import atomic_write, read_json, write_json
 
 DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
 KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
@@ -435,11 +435,7 @@ class JobStore:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _write(self, name: str, write) -> Path:
-        path = self.root / name
-        tmp = self.root / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        write(tmp)
-        os.replace(tmp, path)
-        return path
+        return atomic_write(self.root / name, write)
 
     def _json(self, name: str, data) -> None:
         self._write(name, lambda t: t.write_text(json.dumps(data, indent=1, sort_keys=True)))
@@ -497,13 +493,14 @@ class JobStore:
         dest = self.root / f.name
         if dest.exists():
             return
-        tmp = self.root / f".{f.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(f, tmp)
-        except OSError:
-            shutil.copy2(f, tmp)
-        os.replace(tmp, dest)
+
+        def link_or_copy(tmp: Path) -> None:
+            try:
+                os.link(f, tmp)
+            except OSError:
+                shutil.copy2(f, tmp)
+
+        atomic_write(dest, link_or_copy)
 
     def provenance(self, todo_n: int) -> dict:
         """Which run trained each kept job, on which host (CPU model, GPU), and the wall time of each part (sum of
