@@ -42,7 +42,7 @@ def dose_response(doses, style: str = "notebook"):
     ncol = max(1, len(kinds))
     fig, axes = plt.subplots(1, ncol, figsize=figsize(style, 0.42 * ncol + 0.4, 1.15), sharey=True, squeeze=False)
     # dose 0 sits a decade left of the smallest dosed k3; anything below (the float floor) is drawn there too
-    measured = doses[~doses["kind"].isin(["clean", "rerun"]) & (doses["control"] == "")]["k3_achieved"]
+    measured = doses[~doses["kind"].isin(["clean", "rerun", "placebo"]) & (doses["control"] == "")]["k3_achieved"]
     lo_x = measured[measured > 0].min() / 10 if (measured > 0).any() else 1e-6
     for ax, kind in zip(axes[0], kinds):
         for j, a in enumerate(arms):
@@ -59,16 +59,19 @@ def dose_response(doses, style: str = "notebook"):
         pts = doses[(doses["kind"] == "engine") & (doses["panel"] == kind)]
         for r in pts.itertuples():
             color, marker = sty[r.arm]
-            hollow = bool(r.control)
             x = max(r.k3_achieved, lo_x)
             ax.errorbar([x], [r.gap], yerr=[[max(r.gap - r.gap_ci_low, 0)], [max(r.gap_ci_high - r.gap, 0)]],
-                        color=color, marker="*", ms=10, mfc="white" if hollow else color, capsize=3, lw=0, elinewidth=1)
-            # a point's name left of its lower whisker's end (points close in k3 have their own whiskers); the
-            # control, at dose 0, below right
-            below = r.gap if hollow or not np.isfinite(r.gap_ci_low) else min(r.gap, r.gap_ci_low)
-            ax.annotate(point_name(r.label, base) + (" (control)" if hollow else ""), (x, below),
-                        textcoords="offset points", xytext=(8, -12) if hollow else (-4, 0),
-                        va="top" if hollow else "center", ha="left" if hollow else "right", fontsize="x-small",
+                        color=color, marker="*", ms=10, mfc="white" if r.control else color, capsize=3, lw=0,
+                        elinewidth=1)
+        # one name per engine point (every arm trained there shares it), left of the group's lowest whisker end;
+        # the control, at dose 0, below right
+        for (label, control), g in pts.groupby(["label", "control"], sort=False):
+            x = max(g["k3_achieved"].min(), lo_x)
+            low = g["gap_ci_low"].where(np.isfinite(g["gap_ci_low"]), g["gap"])
+            below = g["gap"].min() if control else min(g["gap"].min(), low.min())
+            ax.annotate(point_name(label, base) + (" (control)" if control else ""), (x, below),
+                        textcoords="offset points", xytext=(8, -12) if control else (-6, 0),
+                        va="top" if control else "center", ha="left" if control else "right", fontsize="x-small",
                         color="0.25",
                         bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.6})
         ax.axhline(0, color="0.4", ls="--", lw=1)
@@ -84,7 +87,8 @@ def dose_response(doses, style: str = "notebook"):
     for ax in axes[0]:
         for h, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, h)
-    axes[0][-1].legend(list(seen.values()), list(seen), fontsize="small", title="arm", title_fontsize="small")
+    order = [a for a in arms if a in seen]  # the study's arm order, whichever panel drew the arm first
+    axes[0][-1].legend([seen[a] for a in order], order, fontsize="small", title="arm", title_fontsize="small")
     fig.suptitle("What mismatch costs a GRPO run" + ("\n" if narrow else " ") + "(95% CI over seeds, paired by seed)")
     fig.tight_layout()
     return fig
