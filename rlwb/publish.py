@@ -15,8 +15,8 @@ problem and what to do):
 - on a model build with a published checksum that its weights match (`rlwb.core.models.store.with_published`):
   anyone can get the same weights (`rlwb build-model`), so a rerun can be compared with it;
 - small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. When a run is larger, what no
-  figure and no number needs is left out (the run's logs, data tables no figure is drawn from, the figures' SVG
-  copies: `optional_files`) until it fits, and the copy's `run.json` says what was left out (`published`).
+  figure and no number needs is left out (the run's logs, the figures' SVG copies, the tables' wall-clock
+  columns, data tables no figure is drawn from: `optional_files`) until it fits, and the copy's `run.json` says what was left out (`published`).
 
 The copy holds the executed notebook, report.html, params.yaml, run.json (provenance: commit, model build and its
 checksum, engine versions, CPU/GPU), metrics.json, data/*.parquet and figures/.
@@ -36,7 +36,7 @@ from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
 PUBLISHED_RUNS = RUNS_OF_RECORD  # the one tracked folder of runs of record: <stem>/<run id>/
 RUN_LIMIT = 5_000_000  # bytes per run of record (issue #48)
 FOLDER_LIMIT = 50_000_000  # bytes for the whole folder
-__all__ = ["FOLDER_LIMIT", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused", "check_publishable", "plan",
+__all__ = ["FOLDER_LIMIT", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused", "check_publishable", "plan", "timing_columns",
            "publish", "tree_bytes"]
 
 
@@ -87,9 +87,11 @@ def check_publishable(run_dir: Path) -> dict:
 
 
 def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
-    """What a run of record may do without, in the order it is left out: its logs, the data tables no figure is
-    drawn from (largest first), then the SVG copy of each figure (the PNG and PDF stay). Each with its size and why
-    nothing needs it."""
+    """What a run of record may do without, in the order it is left out: its logs, the jobs kept for a resume, the
+    SVG copy of each figure (the PNG and PDF stay: an SVG holds nothing they do not), the wall-clock columns of the
+    data tables (`timing_columns`: the one value no rerun reproduces), then the tables no figure is drawn from
+    (largest first). Each with its size
+    and why nothing needs it."""
     from rlwb.registry import NOTEBOOKS
 
     drawn = {data for data, _ in NOTEBOOKS[notebook].figures().values()} if notebook in NOTEBOOKS else None
@@ -98,13 +100,42 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
     out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "a job kept for a resume (notebook 08's "
                     "data/jobs/: every row is in data/curves.parquet, its provenance in run.json)")
             for f in sorted((run_dir / "data" / "jobs").rglob("*")) if f.is_file()]
+    out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "an SVG copy of a figure (PNG and PDF kept)")
+            for f in sorted((run_dir / "figures").rglob("*.svg"))]
+    out += timing_columns(run_dir)
     if drawn is not None:  # an unknown notebook: every table may be needed
         unused = [f for f in (run_dir / "data").glob("*.parquet") if f.stem not in drawn]
         out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size,
                         "a data table no figure is drawn from (the quoted numbers are in metrics.json)")
                 for f in sorted(unused, key=lambda f: -f.stat().st_size)]
-    out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "an SVG copy of a figure (PNG and PDF kept)")
-            for f in sorted((run_dir / "figures").rglob("*.svg"))]
+    return out
+
+
+def timing_columns(run_dir: Path) -> list[LeftOut]:
+    """The per-step wall-clock columns (`t_*`: `rlwb.reports.drift.is_timing`) of each data table, largest first,
+    as `data/<table>.parquet#<column>` with their compressed bytes.
+    Why they may go: a wall-clock time is not reproducible (`rlwb compare` does not fail on it), no quoted number
+    is read from a table (those are in metrics.json), and `publish` redraws every figure from the copy's data, so a
+    figure that draws one (notebook 03's phase times) refuses the copy instead of losing it. A table that cannot be
+    read offers nothing."""
+    import pyarrow.parquet as pq
+
+    from rlwb.reports.drift import is_timing
+
+    out = []
+    for f in sorted((run_dir / "data").glob("*.parquet")):
+        try:
+            meta = pq.ParquetFile(f).metadata
+        except Exception:  # noqa: BLE001 - not a readable table: nothing to offer
+            continue
+        sizes: dict[str, int] = {}
+        for g in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                col = meta.row_group(g).column(c)
+                sizes[col.path_in_schema] = sizes.get(col.path_in_schema, 0) + col.total_compressed_size
+        out += [LeftOut(f"{f.relative_to(run_dir).as_posix()}#{name}", size,
+                        "a per-step wall-clock column: not reproducible, no quoted number or figure reads it")
+                for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]) if is_timing(name)]
     return out
 
 
@@ -146,7 +177,12 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
         raise PublishRefused(f"publishing {notebook}/{run_dir.name} ({size / 1e6:.1f} MB) would make {root} "
                              f"{(folder + size) / 1e6:.1f} MB (limit {folder_limit / 1e6:g} MB): remove a superseded "
                              f"run of record first (with the sentences citing it)")
-    skip = {c.path for c in left}
+    skip = {c.path for c in left if "#" not in c.path}
+    dropped: dict[str, list[str]] = {}  # table -> columns left out of it
+    for c in left:
+        if "#" in c.path:
+            table, column = c.path.split("#", 1)
+            dropped.setdefault(table, []).append(column)
     tmp = root / notebook / f".tmp-{run_dir.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -154,7 +190,14 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
             rel = f.relative_to(run_dir).as_posix()
             if f.is_file() and rel not in skip and not f.name.startswith("."):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(f, tmp / rel)
+                if rel in dropped:
+                    _write_without(f, tmp / rel, dropped[rel])
+                else:
+                    shutil.copy2(f, tmp / rel)
+        if tree_bytes(tmp) > run_limit:  # a column's share was estimated from its compressed size
+            raise PublishRefused(f"{notebook}/{run_dir.name} is {tree_bytes(tmp) / 1e6:.1f} MB without everything "
+                                 f"no figure or number needs (limit {run_limit / 1e6:g} MB per run of record)")
+        _check_figures_redraw(tmp, notebook, f"{notebook}/{run_dir.name}")
         record = archive.read_json(tmp / "run.json", {})
         source = run_dir.relative_to(REPO_ROOT).as_posix() if run_dir.is_relative_to(REPO_ROOT) else str(run_dir)
         record["published"] = {"from": source, "at": archive.utc_now(), "bytes": tree_bytes(tmp),
@@ -164,3 +207,29 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _write_without(src: Path, dst: Path, columns: list[str]) -> None:
+    """Table `src` less `columns`, written to `dst` (zstd: the rewrite is the chance to store it compactly; the
+    values are unchanged)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(src).drop_columns(columns), dst, compression="zstd", compression_level=19)
+
+
+def _check_figures_redraw(copy: Path, notebook: str, name: str) -> None:
+    """Every figure of the copy draws from the copy's data alone (`rlwb figures` on the run of record must work):
+    else `PublishRefused` naming the figure. A bench run's figures are drawn from bench.json, which is kept."""
+    import matplotlib.pyplot as plt
+
+    from rlwb.registry import NOTEBOOKS
+    from rlwb.reports.figures import draw_figures
+
+    if notebook not in NOTEBOOKS:
+        return
+    try:
+        for _, fig in draw_figures(copy, "notebook"):
+            plt.close(fig)
+    except Exception as e:  # noqa: BLE001 - any failure to draw means the shipped data does not suffice
+        raise PublishRefused(f"{name}: a figure does not redraw "
+                             f"from the data the copy keeps ({type(e).__name__}: {e}); publish a smaller run") from e

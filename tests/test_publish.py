@@ -115,6 +115,35 @@ def test_publish_leaves_out_what_nothing_needs_and_refuses_what_stays_too_large(
         publish.publish(run, full)
 
 
+def test_publish_leaves_out_wall_clock_columns_before_tables_and_refuses_a_copy_whose_figure_cannot_redraw(
+        notebook00_runs, tmp_path):
+    """Notebook 08's study is 5.5 MB without logs and SVGs, 0.8 MB of it per-step wall-clock columns: those go
+    before any table (the values no rerun reproduces), the rest of the table is kept value for value; and a copy
+    whose data no longer draws a figure is refused (here a drawn table lacking the column the figure reads)."""
+    import pandas as pd
+
+    run = _edit(_copy(notebook00_runs, tmp_path), _as_committed)
+    samples = pd.read_parquet(run / "data" / "samples.parquet")
+    timed = samples.assign(t_score=np.random.default_rng(0).random(len(samples)))
+    timed.to_parquet(run / "data" / "samples.parquet")
+    _, whole = publish.plan(run, "00_default_policy", publish.RUN_LIMIT)  # logs are always left out
+    svgs = sum(f.stat().st_size for f in (run / "figures").rglob("*.svg"))
+    left, size = publish.plan(run, "00_default_policy", whole - svgs - 1)  # one byte over without the SVGs
+    assert [c.path for c in left if "#" in c.path] == ["data/samples.parquet#t_score"]
+    assert not any(c.path.endswith(".parquet") for c in left), "a whole table left out before its timing column"
+    column = next(c.bytes for c in left if "#" in c.path)
+    copy = publish.publish(run, tmp_path / "runs", run_limit=size + column // 2)
+    shipped = pd.read_parquet(copy / "data" / "samples.parquet")
+    pd.testing.assert_frame_equal(shipped, samples)  # every other column, value for value
+    why = {c["path"]: c["why"] for c in json.loads((copy / "run.json").read_text())["published"]["left_out"]}
+    assert "wall-clock" in why["data/samples.parquet#t_score"]
+
+    samples.drop(columns=["reward"]).to_parquet(run / "data" / "samples.parquet")  # accuracy_by_digits reads it
+    with pytest.raises(publish.PublishRefused, match=r"a figure does not redraw from the data the copy keeps"):
+        publish.publish(run, tmp_path / "other-runs")
+    assert not (tmp_path / "other-runs" / "00_default_policy" / run.name).exists()
+
+
 def _published_runs() -> list[Path]:
     return sorted(d for d in RUNS_OF_RECORD.glob("*/*") if (d / "run.json").exists())
 
