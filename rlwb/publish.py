@@ -97,9 +97,11 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
     drawn = {data for data, _ in NOTEBOOKS[notebook].figures().values()} if notebook in NOTEBOOKS else None
     out = [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "the run's logs: no figure or number")
            for f in sorted((run_dir / "logs").rglob("*")) if f.is_file()]
-    out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "a job kept for a resume (notebook 08's "
-                    "data/jobs/: every row is in data/curves.parquet, its provenance in run.json)")
-            for f in sorted((run_dir / "data" / "jobs").rglob("*")) if f.is_file()]
+    jobs = [f for f in (run_dir / "data" / "jobs").rglob("*") if f.is_file()]
+    if jobs:  # one entry: a study keeps ~1,000 files there, and the list would weigh more than a figure
+        out.append(LeftOut("data/jobs/", sum(f.stat().st_size for f in jobs),
+                           f"the {len(jobs)} files of the jobs kept for a resume (notebook 08: every row is in "
+                           f"data/curves.parquet, its provenance in run.json)"))
     out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "an SVG copy of a figure (PNG and PDF kept)")
             for f in sorted((run_dir / "figures").rglob("*.svg"))]
     out += timing_columns(run_dir)
@@ -178,6 +180,7 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
                              f"{(folder + size) / 1e6:.1f} MB (limit {folder_limit / 1e6:g} MB): remove a superseded "
                              f"run of record first (with the sentences citing it)")
     skip = {c.path for c in left if "#" not in c.path}
+    folders = tuple(p for p in skip if p.endswith("/"))
     dropped: dict[str, list[str]] = {}  # table -> columns left out of it
     for c in left:
         if "#" in c.path:
@@ -188,7 +191,7 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
     try:
         for f in sorted(run_dir.rglob("*")):
             rel = f.relative_to(run_dir).as_posix()
-            if f.is_file() and rel not in skip and not f.name.startswith("."):
+            if f.is_file() and rel not in skip and not rel.startswith(folders) and not f.name.startswith("."):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 if rel in dropped:
                     _write_without(f, tmp / rel, dropped[rel])
@@ -203,6 +206,9 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
         record["published"] = {"from": source, "at": archive.utc_now(), "bytes": tree_bytes(tmp),
                                "left_out": [vars(c) for c in left]}
         archive.write_json(tmp / "run.json", record)
+        if tree_bytes(tmp) > run_limit:  # run.json grew by the list of what was left out
+            raise PublishRefused(f"{notebook}/{run_dir.name} is {tree_bytes(tmp) / 1e6:.2f} MB with its provenance "
+                                 f"(limit {run_limit / 1e6:g} MB per run of record)")
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
