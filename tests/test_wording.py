@@ -151,7 +151,7 @@ def test_stress_conclusion_says_when_there_is_no_paged_cache_or_no_preemption_co
          "hf/longctx_abs_dlogp_max": 1e-3, "hf/longctx_dist_abs_dlogp_max": NAN, "hf/longctx_max_near": 1e-4,
          "hf/longctx_max_far": 1e-3, "hf/longctx_abs_dlogp_mean": 1e-4, "hf/longctx_abs_dlogp_mean_ci_low": 5e-5,
          "hf/longctx_abs_dlogp_mean_ci_high": 2e-4}
-    text = W05.conclusion(m, ["hf", "not-run"], 0.01)
+    text = W05.conclusion(m, ["hf", "not-run"], 0.01).split("\n\n", 1)[1]
     assert text.startswith("- `hf`: validator 50% of 6 cases within 0.01 (95% CI 19%-81%)")
     assert "No paged KV cache, so no memory-pressure check." in text and "not-run" not in text
     assert "over the whole vocabulary n/a" in text
@@ -180,7 +180,7 @@ def test_determinism_line_per_engine_that_ran():
 
     m = {"v1/batch_invariant_frac": 0.5, "v1/prefix_caching": 1.0, "v1/batch_max_abs_dlogp": 0.01,
          "v1/rerun_identical_frac": 1.0, "v1/stale_cache_abs_dlogp_max": 0.2, "v1/after_reset_abs_dlogp_max": 1e-9}
-    (line,) = W04.conclusion(m, ["v1", "v0"], 8).splitlines()
+    (line,) = W04.conclusion(m, ["v1", "v0"], 8).splitlines()[2:]
     assert line.startswith("- `v1` (prefix caching on): 50% of greedy requests bitwise identical alone vs in a batch "
                            "of 8 (max |Δlogp| 1.0e-02); 100% of seeded reruns identical")
 
@@ -339,3 +339,89 @@ def test_the_audit_decides_raw_logprobs_and_the_floor_from_the_numbers():
     assert "*raw*" not in far  # the raw logprobs are as far from the engine's as the processed ones
     exact = E.conclusion({**m, "floor/abs_dlogp_max": 0.0}, p, ["raw", "floor"], panels, src, trainer)
     assert "(max |Δlogp| ≤ 0.0001): `floor`." in exact  # bitwise the trainer's logprobs: at the floor, not unlisted
+
+
+def test_the_02_answer_leads_with_the_engine_that_drifts_with_temperature_or_says_none_does():
+    from rlwb.experiments.wording import kl_vs_temperature as W02
+    from rlwb.experiments.wording import one_line
+
+    labels = {(T, tp): f"T={T:g}" + (f",top_p={tp:g}" if tp < 1 else "") for T in (0.5, 1.0, 1.5) for tp in (1, 0.9)}
+    m = {}
+    for T in (0.5, 1.0, 1.5):
+        for e, d in (("v1", 0.0 if T == 1 else 0.8 * T), ("hf", 2e-6)):
+            m |= {f"{e}/{labels[T, 1]}/abs_dlogp_max": d, f"{e}/{labels[T, 1]}/k3_mean": d / 100 or 1e-14,
+                  f"{e}/{labels[T, 1]}/analytic_abs_err_max": 3e-6}
+        m[f"hf+trainer_no_renorm/{labels[T, 0.9]}/k3_mean"] = 2e-4 * T
+    ans = one_line(W02.conclusion(m, ["hf", "v1"], [0.5, 1.0, 1.5], [1.0, 0.9], labels, off=["v1"],
+                                  explained=["v1"], floor=["hf"], truncation={0.9: ["hf"]}), limit=1000)
+    assert ans.startswith("v1 drifts with T: k3 4.0e-03 at T=0.5, 1.2e-02 at T=1.5 (max |Δlogp| 0.40, 1.20), "
+                          "matching raw logprobs' analytical log ratio to 3.0e-06; hf stays at the float floor")
+    assert "does not renormalise under top_p=0.9 is off by k3 up to 3.0e-04 (hf, T=1.5" in ans
+    none = one_line(W02.conclusion(m, ["hf", "v1"], [0.5, 1.0, 1.5], [1.0], labels, off=[], floor=["hf", "v1"]))
+    assert none.startswith("No engine drifts with T: hf, v1 stay at the float floor at every T (max |Δlogp| 1.2e+00")
+    odd = one_line(W02.conclusion(m, ["v1"], [0.5, 1.0, 1.5], [1.0], labels, off=["v1"], explained=[]))
+    assert odd.startswith("v1 is off the float floor") and "does not account for" in odd
+
+
+def test_the_04_answer_leads_with_the_stale_cache_and_batch_invariance_or_says_there_is_none():
+    from rlwb.experiments.wording import determinism_and_staleness as W04
+    from rlwb.experiments.wording import one_line
+
+    def eng(e, inv, stale, reset, rerun=1.0):
+        return {f"{e}/batch_invariant_frac": inv, f"{e}/prefix_caching": 1.0, f"{e}/batch_max_abs_dlogp": 0.0,
+                f"{e}/rerun_identical_frac": rerun, f"{e}/stale_cache_abs_dlogp_max": stale,
+                f"{e}/after_reset_abs_dlogp_max": reset}
+
+    m = eng("v1", 1.0, 0.25, 2e-6) | eng("v0", 0.5, 2e-6, 2e-6)
+    ans = one_line(W04.conclusion(m, ["v0", "v1"], 8, stale=["v1"], reset_fixes=["v1"], fresh=["v0"],
+                                  variant=["v0"], invariant=["v1"]))
+    assert ans.startswith("Stale prefix cache after an in-flight weight update: v1 max |Δlogp| vs the trainer 2.5e-01 "
+                          "without a reset, 2.0e-06 after reset_prefix_cache(). v0: no stale cache. Greedy requests "
+                          "bitwise identical alone vs in a batch of 8: v0 50%; v1 100%.")
+    m = eng("v1", 1.0, 0.25, 0.25, rerun=0.5)
+    worse = one_line(W04.conclusion(m, ["v1"], 8, stale=["v1"], fresh=[], invariant=["v1"], rerun_differs=["v1"]))
+    assert "(still off the float floor)" in worse and "100% for every engine" in worse
+    assert "Seeded reruns differ: v1 (50% identical)" in worse
+    m = eng("v1", 1.0, 3e-6, 3e-6)
+    assert one_line(W04.conclusion(m, ["v1"], 8, fresh=["v1"], invariant=["v1"])).startswith(
+        "No engine served a stale prefix cache after an in-flight weight update (max |Δlogp| vs the trainer 3.0e-06")
+
+
+def test_the_05_answer_leads_with_the_engines_that_fail_the_validator_or_says_every_one_passes():
+    from rlwb.experiments.wording import one_line
+
+    def eng(e, rate, press=None, long=1e-6):
+        return {f"{e}/validate_pass_rate": rate, f"{e}/validate_cases": 50, f"{e}/validate_pass_rate_ci_low": rate / 2,
+                f"{e}/validate_pass_rate_ci_high": 1.0, f"{e}/validate_worst_abs_dlogp": 1.0,
+                f"{e}/longctx_max_position": 99, f"{e}/longctx_abs_dlogp_max": long,
+                f"{e}/longctx_dist_abs_dlogp_max": NAN, f"{e}/longctx_max_near": 1e-6, f"{e}/longctx_max_far": 1e-6,
+                f"{e}/longctx_abs_dlogp_mean": 1e-7, f"{e}/longctx_abs_dlogp_mean_ci_low": 0.0,
+                f"{e}/longctx_abs_dlogp_mean_ci_high": 1e-7}
+
+    m = eng("v1", 0.5) | eng("hf", 1.0)
+    ans = one_line(W05.conclusion(m, ["hf", "v1"], 0.001, failing=["v1"], passing=["hf"], shrunk={"v1": "1 request"},
+                                  longctx_floor=["hf", "v1"]), limit=1000)
+    assert ans.startswith("Fail the validator: v1 50% of 50 cases within 0.001 (95% CI 25%-100%). Pass: hf. Long "
+                          "context keeps every engine checked at the float floor. v1's shrunk failing case: 1 request.")
+    m = eng("v1", 1.0, long=0.5) | eng("hf", 1.0)
+    ok = one_line(W05.conclusion(m, ["hf", "v1"], 0.001, passing=["hf", "v1"], longctx_off=["v1"],
+                                 longctx_floor=["hf"]))
+    assert ok.startswith("Every engine passes the validator (hf, v1: every case within 0.001). Off the float floor "
+                         "under long context: v1 (max |Δlogp| 5.0e-01).")
+
+
+def test_the_07_answer_leads_with_the_verdicts_per_level_or_says_none_could_be_tested():
+    import pandas as pd
+
+    from rlwb.experiments.wording import which_correction as W07
+
+    rank = pd.DataFrame({"level": ["raw", "raw", "raw", "bf16"], "correction": ["icepop", "geo", "none", "icepop"],
+                         "gap": [0.01, -0.25, -0.05, 0.0],
+                         "verdict": ["recovers", "falls short", "inconclusive", "inconclusive"]})
+    assert W07.finding(rank, ["raw", "bf16"], 0.05) == ("`raw`: recovers `icepop` (+0.010), falls short `geo` "
+                                                        "(-0.250), 1 inconclusive; `bf16`: 1 inconclusive.")
+    none = W07.finding(rank.assign(verdict=["inconclusive"] * 3 + ["falls short"]), ["raw", "bf16"], 0.05)
+    assert none.startswith("No correction is shown to recover the baseline (within ±0.05) at any mismatch level. "
+                           "`raw`: 3 inconclusive; `bf16`: falls short `icepop` (+0.000).")
+    assert W07.finding(rank.assign(verdict="n/a"), ["raw", "bf16"], 0.05).startswith("No correction could be tested")
+    assert W07.finding(rank, [], 0.05).startswith("No mismatch level ran")

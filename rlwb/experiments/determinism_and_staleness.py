@@ -23,6 +23,7 @@ from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling
 from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table
 from rlwb.experiments.wording import determinism_and_staleness as wording_04
+from rlwb.experiments.wording.logprob_mismatch import FLOAT_FLOOR
 
 
 def _identical(a: Completion, b: Completion) -> bool:
@@ -178,5 +179,17 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 
 
 def conclusion(metrics: dict, p) -> str:
-    """`wording.determinism_and_staleness`."""
-    return wording_04.conclusion(metrics, list(p.engines), max(p.batch_sizes))
+    """`wording.determinism_and_staleness`, with what its finding says decided here: a stale cache is max |Δlogp|
+    vs the trainer above FLOAT_FLOOR after an in-flight update without a reset (fixed where a reset brings it to the
+    floor); an engine is batch-invariant when every greedy request is bitwise identical alone and in the batch."""
+    ran = [e for e in p.engines if f"{e}/batch_invariant_frac" in metrics]
+    g = lambda e, k: metrics.get(f"{e}/{k}")
+    stale = [e for e in ran if (g(e, "stale_cache_abs_dlogp_max") or 0) > FLOAT_FLOOR]
+    return wording_04.conclusion(
+        metrics, list(p.engines), max(p.batch_sizes), stale=stale,
+        reset_fixes=[e for e in stale if (g(e, "after_reset_abs_dlogp_max") or 0) <= FLOAT_FLOOR],
+        fresh=[e for e in ran if e not in stale],
+        variant=[e for e in ran if g(e, "batch_invariant_frac") < 1.0],
+        invariant=[e for e in ran if g(e, "batch_invariant_frac") == 1.0],
+        rerun_differs=[e for e in ran if (g(e, "rerun_identical_frac") if g(e, "rerun_identical_frac") is not None
+                                          else 1.0) < 1.0])

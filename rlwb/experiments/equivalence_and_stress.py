@@ -33,6 +33,7 @@ from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Completion, EngineWorker, Sampling, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, iter_engines, measures_table, prefetch_engines, split_metrics
 from rlwb.experiments.wording import equivalence_and_stress as wording_05
+from rlwb.experiments.wording.logprob_mismatch import FLOAT_FLOOR
 
 
 def trainer_logp(scorer: TrainerScorer, comps: list[Completion], sampling: Sampling, raw: bool,
@@ -201,7 +202,8 @@ class StressResult(Result):
         return measures_table(self.measures, self.params.engines)
 
     def conclusion(self) -> str:
-        return conclusion(self.metrics, self.params)
+        shrunk = dict(zip(self.shrunk["engine"], self.shrunk["description"])) if len(self.shrunk) else {}
+        return conclusion(self.metrics, self.params, shrunk)
 
 
 def equivalence_metrics(rep: V.Report) -> dict[str, float]:
@@ -270,6 +272,20 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
                         pd.concat(long_rows, ignore_index=True))
 
 
-def conclusion(metrics: dict, p) -> str:
-    """Every statement with its interval (95%): `wording.equivalence_and_stress`."""
-    return wording_05.conclusion(metrics, list(p.engines), p.validate_tolerance)
+def conclusion(metrics: dict, p, shrunk: dict[str, str] | None = None) -> str:
+    """Every statement with its interval (95%): `wording.equivalence_and_stress`, with what its finding says decided
+    here: an engine fails the validator when a case fell outside the tolerance (pass rate < 1), and is off the float
+    floor under memory pressure or at long context when its max |Δlogp| there exceeds FLOAT_FLOOR. `shrunk`: engine
+    -> its minimal failing case in words (the `shrunk` frame)."""
+    g = lambda e, k: metrics.get(f"{e}/{k}")
+    ran = [e for e in p.engines if g(e, "validate_pass_rate") is not None]
+    pressed = [e for e in ran if g(e, "pressure_abs_dlogp_max") is not None]
+    long = [e for e in ran if g(e, "longctx_abs_dlogp_max") is not None]
+    return wording_05.conclusion(
+        metrics, list(p.engines), p.validate_tolerance, shrunk=shrunk,
+        failing=[e for e in ran if g(e, "validate_pass_rate") < 1.0],
+        passing=[e for e in ran if g(e, "validate_pass_rate") >= 1.0],
+        pressure_off=[e for e in pressed if g(e, "pressure_abs_dlogp_max") > FLOAT_FLOOR],
+        pressure_floor=[e for e in pressed if g(e, "pressure_abs_dlogp_max") <= FLOAT_FLOOR],
+        longctx_off=[e for e in long if g(e, "longctx_abs_dlogp_max") > FLOAT_FLOOR],
+        longctx_floor=[e for e in long if g(e, "longctx_abs_dlogp_max") <= FLOAT_FLOOR])

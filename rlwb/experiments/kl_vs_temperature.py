@@ -26,6 +26,8 @@ from rlwb.core.scoring.trainer import TrainerScorer
 from rlwb.engines.worker import Sampling, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, Result, iter_engines
 from rlwb.experiments.wording import kl_vs_temperature as wording_02
+from rlwb.experiments.wording.logprob_mismatch import FLOAT_FLOOR
+from rlwb.formatting import KL_FLOOR
 
 SWEEP_METRICS = ("k3_mean", "k1_mean", "abs_dlogp_mean", "abs_dlogp_max", "full_kl_mean", "n_tokens")
 SWEEP_CIS = tuple(f"{k}_ci_{s}" for k in stats.CI_METRICS for s in ("low", "high"))
@@ -120,7 +122,24 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True) 
 
 
 def conclusion(metrics: dict, p) -> str:
-    """`wording.kl_vs_temperature`, with the metric keys' labels of every (temperature, top_p) it may read."""
+    """`wording.kl_vs_temperature`, with the metric keys' labels of every (temperature, top_p) it may read and what
+    the finding says decided here: which engines leave the float floor (max |Δlogp| > FLOAT_FLOOR at some T), which
+    of those the analytical log ratio of raw logprobs accounts for (its error at the floor at every T: the engine
+    drifts with temperature), which stay at the floor, and, per top_p < 1, the engines at the floor whose tokens a
+    trainer that does not renormalise scores off the KL floor."""
     temps = sorted({*p.temperatures, 1.0})
     labels = {(T, tp): setting_label(T, tp) for T in temps for tp in (1.0, *p.top_p_values)}
-    return wording_02.conclusion(metrics, list(p.engines), list(p.temperatures), list(p.top_p_values), labels)
+
+    def at(e, T, tp, name, group=None):
+        return metrics.get(f"{group or e}/{labels[T, tp]}/{name}")
+
+    ran = [e for e in p.engines if any(at(e, T, 1.0, "abs_dlogp_max") is not None for T in p.temperatures)]
+    off = [e for e in ran if any((at(e, T, 1.0, "abs_dlogp_max") or 0) > FLOAT_FLOOR for T in p.temperatures)]
+    explained = [e for e in off if all((at(e, T, 1.0, "analytic_abs_err_max") or 0) <= FLOAT_FLOOR
+                                       for T in p.temperatures)]
+    floor = [e for e in ran if e not in off]
+    truncation = {tp: [e for e in floor if any((at(e, T, tp, "k3_mean", f"{e}+trainer_no_renorm") or 0) > KL_FLOOR
+                                               for T in p.temperatures)]
+                  for tp in p.top_p_values if tp < 1.0}
+    return wording_02.conclusion(metrics, list(p.engines), list(p.temperatures), list(p.top_p_values), labels,
+                                 off=off, explained=explained, floor=floor, truncation=truncation)

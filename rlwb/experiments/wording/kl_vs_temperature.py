@@ -9,10 +9,58 @@ from rlwb.experiments.wording import ci_text
 from rlwb.formatting import metric
 
 
+def _names(engines: list[str]) -> str:
+    return ", ".join(f"`{e}`" for e in engines)
+
+
+def finding(metrics: dict, temps: list[float], labels: dict[tuple[float, float], str], off: list[str],
+            explained: list[str], floor: list[str], truncation: dict[float, list[str]]) -> str:
+    """The paragraph the answer leads with: which engines leave the float floor (k3 and max |Δlogp| at the lowest
+    and highest T) and whether the analytical log ratio of raw logprobs accounts for it (then the engine drifts with
+    temperature), which stay at the floor, then what a trainer that does not renormalise under top-p costs the engines
+    at the floor. `off` (off the floor at some T), `explained` (those of `off` whose gap matches the raw-logprob
+    expectation), `floor` and `truncation` (top_p -> engines at the floor) are the experiment's decisions."""
+    lo, hi = temps[0], temps[-1]
+
+    def at(e, T, name, spec):
+        return metric(name, metrics.get(f"{e}/{labels[T, 1.0]}/{name}"), spec)
+
+    def worst(e, name):
+        return max((metrics.get(f"{e}/{labels[T, 1.0]}/{name}") or 0.0) for T in temps)
+
+    parts = []
+    for e in off:
+        err = worst(e, "analytic_abs_err_max")
+        parts.append(f"`{e}` " + ("drifts with T" if e in explained else "is off the float floor")
+                     + f": k3 {at(e, lo, 'k3_mean', '.1e')} at T={lo:g}, "
+                     f"{at(e, hi, 'k3_mean', '.1e')} at T={hi:g} (max |Δlogp| {at(e, lo, 'abs_dlogp_max', '.2f')}, "
+                     f"{at(e, hi, 'abs_dlogp_max', '.2f')})"
+                     + (f", matching raw logprobs' analytical log ratio to {err:.1e}" if e in explained
+                        else f", which the analytical log ratio does not account for (off by up to {err:.1e})"))
+    if floor:
+        top = max(worst(e, "abs_dlogp_max") for e in floor)
+        parts.append(f"{_names(floor)} {'stays' if len(floor) == 1 else 'stay'} at the float floor at every T "
+                     f"(max |Δlogp| {top:.1e})")
+    text = ("; ".join(parts) + "." if off else
+            "No engine drifts with T: " + (parts[0] if parts else "none ran") + ".")
+    for tp, es in truncation.items():
+        keys = [(e, T) for e in es for T in temps if f"{e}+trainer_no_renorm/{labels[T, tp]}/k3_mean" in metrics]
+        if not keys:
+            continue
+        e, T = max(keys, key=lambda k: metrics[f"{k[0]}+trainer_no_renorm/{labels[k[1], tp]}/k3_mean"])
+        text += (f" A trainer that does not renormalise under top_p={tp:g} is off by k3 up to "
+                 f"{metric('k3_mean', metrics[f'{e}+trainer_no_renorm/{labels[T, tp]}/k3_mean'], '.1e')} "
+                 f"(`{e}`, T={T:g}; TRL #6789).")
+    return text
+
+
 def conclusion(metrics: dict, engines: list[str], temperatures: list[float], top_p_values: list[float],
-               labels: dict[tuple[float, float], str]) -> str:
-    lines = []
+               labels: dict[tuple[float, float], str], off: list[str] = (), explained: list[str] = (),
+               floor: list[str] = (), truncation: dict[float, list[str]] | None = None) -> str:
+    """The finding (`finding`), then per engine its mismatch across temperatures, k3 at one temperature, and the
+    top-p renormalisation bias."""
     temps = sorted(temperatures)
+    lines = [finding(metrics, temps, labels, list(off), list(explained), list(floor), truncation or {}), ""]
     for e in engines:
         vals = [metrics.get(f"{e}/{labels[T, 1.0]}/abs_dlogp_max") for T in temps]
         if all(v is None for v in vals):

@@ -10,7 +10,36 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rlwb.experiments.wording import floor_lines, race_verdict_line
+from rlwb.experiments.wording import RACE_VERDICTS, floor_lines, race_verdict_line
+
+
+def finding(rank: pd.DataFrame, levels: list[str], margin: float) -> str:
+    """The paragraph the answer leads with: per mismatch level, the corrections shown to recover the baseline (within
+    ±margin), those shown to fall short or to beat it (with their paired gaps), and how many rows are inconclusive;
+    or that no row could be tested. The verdicts are the experiment's (the ranking's `verdict` column)."""
+    ran = [e for e in levels if (rank["level"] == e).any()]
+    if not ran:
+        return "No mismatch level ran: only the baseline, so no correction was raced."
+    if not rank["verdict"].isin(RACE_VERDICTS).any():
+        return ("No correction could be tested against the baseline (one seed gives no interval): "
+                + ", ".join(f"`{e}`" for e in ran) + " raced without a verdict.")
+    any_rec = (rank["verdict"] == "recovers").any()
+    parts = []
+    for e in ran:
+        d = rank[rank["level"] == e]
+        said = []
+        for v in ("recovers", "falls short", "above baseline"):
+            g = d[d["verdict"] == v]
+            if len(g):
+                said.append(f"{v} " + ", ".join(f"`{r.correction}` ({r.gap:+.3f})" for r in g.itertuples()))
+        n = int((d["verdict"] == "inconclusive").sum())
+        if n:
+            said.append(f"{n} inconclusive")
+        if said:
+            parts.append(f"`{e}`: " + ", ".join(said))
+    lead = ("" if any_rec else
+            f"No correction is shown to recover the baseline (within ±{margin:g}) at any mismatch level. ")
+    return lead + "; ".join(parts) + "."
 
 
 def conclusion(metrics: dict, rank: pd.DataFrame, setup: dict) -> str:
@@ -20,7 +49,8 @@ def conclusion(metrics: dict, rank: pd.DataFrame, setup: dict) -> str:
     blo, bhi = metrics[f"{base}/reward_final_ci_low"], metrics[f"{base}/reward_final_ci_high"]
     ci = f" [95% CI {blo:.3f}, {bhi:.3f}]" if np.isfinite(blo) else ""
     tested = rank[rank["p_diff_holm"].notna()]
-    lines = [f"**Baseline.** `{base}` (no mismatch) reaches a final reward of {b:.3f}{ci} "
+    lines = [finding(rank, s["engines"][1:], s["margin"]), "",
+             f"**Baseline.** `{base}` (no mismatch) reaches a final reward of {b:.3f}{ci} "
              f"(mean over the last {s['final_frac']:.0%} of {s['steps']} steps, {s['num_seeds']} seeds; behaviour "
              f"logprobs from the {s['old_logprobs']})."]
     lines += [f"\n{w}" for w in floor_lines(metrics)]
