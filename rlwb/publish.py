@@ -16,7 +16,9 @@ problem and what to do):
   anyone can get the same weights (`rlwb build-model`), so a rerun can be compared with it;
 - small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. When a run is larger, what no
   figure and no number needs is left out (the run's logs, the figures' SVG copies, the tables' wall-clock
-  columns, data tables no figure is drawn from: `optional_files`) until it fits, and the copy's `run.json` says what was left out (`published`).
+  columns, data tables that no figure is drawn from and nothing reads from a run of record: `optional_files`)
+  until it fits, and the copy's `run.json` says what was left out (`published`). Every figure must redraw from
+  the data the copy keeps, or the copy is refused.
 
 The copy holds the executed notebook, report.html, params.yaml, run.json (provenance: commit, model build and its
 checksum, engine versions, CPU/GPU), metrics.json, data/*.parquet and figures/.
@@ -36,8 +38,8 @@ from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
 PUBLISHED_RUNS = RUNS_OF_RECORD  # the one tracked folder of runs of record: <stem>/<run id>/
 RUN_LIMIT = 5_000_000  # bytes per run of record (issue #48)
 FOLDER_LIMIT = 50_000_000  # bytes for the whole folder
-__all__ = ["FOLDER_LIMIT", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused", "check_publishable", "plan", "timing_columns",
-           "publish", "tree_bytes"]
+__all__ = ["FOLDER_LIMIT", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused", "check_publishable", "plan",
+           "publish", "timing_columns", "tree_bytes"]
 
 
 @dataclass(frozen=True)
@@ -94,13 +96,14 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
     and why nothing needs it."""
     from rlwb.registry import NOTEBOOKS
 
-    drawn = {data for data, _ in NOTEBOOKS[notebook].figures().values()} if notebook in NOTEBOOKS else None
+    drawn = {data for data, _ in NOTEBOOKS[notebook].figures().values()} | set(NOTEBOOKS[notebook].reads) \
+        if notebook in NOTEBOOKS else None  # the tables a figure is drawn from, and those read from runs of record
     out = [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "the run's logs: no figure or number")
            for f in sorted((run_dir / "logs").rglob("*")) if f.is_file()]
     jobs = [f for f in (run_dir / "data" / "jobs").rglob("*") if f.is_file()]
     if jobs:  # one entry: a study keeps ~1,000 files there, and the list would weigh more than a figure
         out.append(LeftOut("data/jobs/", sum(f.stat().st_size for f in jobs),
-                           f"the {len(jobs)} files of the jobs kept for a resume (notebook 08: every row is in "
+                           f"the jobs kept for a resume, {len(jobs)} file(s) (notebook 08: every row is in "
                            f"data/curves.parquet, its provenance in run.json)"))
     out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "an SVG copy of a figure (PNG and PDF kept)")
             for f in sorted((run_dir / "figures").rglob("*.svg"))]
@@ -143,21 +146,32 @@ def timing_columns(run_dir: Path) -> list[LeftOut]:
 
 def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[LeftOut], int]:
     """(left out, bytes of the copy): the logs and the jobs kept for a resume always stay out; then optional files,
-    in order, until the copy is at most `limit` bytes. `PublishRefused` when even the needed files are over it."""
+    in order, until the copy is at most `limit` bytes. The copy's bytes include what its run.json grows by (the
+    `published` record listing what was left out). `PublishRefused` when even the needed files are over it."""
     candidates = optional_files(run_dir, notebook)
     left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/"))]
     size = tree_bytes(run_dir) - sum(c.bytes for c in left)
     for c in candidates:
-        if size <= limit:
+        if size + _record_bytes(left) <= limit:
             break
         if c not in left:
             left.append(c)
             size -= c.bytes
+    size += _record_bytes(left)
     if size > limit:
         raise PublishRefused(f"{run_dir.parent.name}/{run_dir.name} is {size / 1e6:.1f} MB without everything no "
                              f"figure or number needs (limit {limit / 1e6:g} MB per run of record): make the run "
                              f"smaller (fewer rollouts archived) or split what it quotes")
     return left, size
+
+
+def _record_bytes(left: list[LeftOut]) -> int:
+    """What run.json grows by with its `published` record (`publish`), at most: the list as written, indented."""
+    import json
+
+    entries = [{**vars(c), "bytes": 10**12} for c in left]  # the widest number each entry can hold
+    return len(json.dumps({"published": {"from": "/" * 400, "at": "2026-01-01T00:00:00+00:00", "bytes": 10**12,
+                                         "left_out": entries}}, indent=2)) + 40 * (len(left) + 1)
 
 
 def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *, run_limit: int = RUN_LIMIT,
@@ -203,9 +217,13 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
         _check_figures_redraw(tmp, notebook, f"{notebook}/{run_dir.name}")
         record = archive.read_json(tmp / "run.json", {})
         source = run_dir.relative_to(REPO_ROOT).as_posix() if run_dir.is_relative_to(REPO_ROOT) else str(run_dir)
-        record["published"] = {"from": source, "at": archive.utc_now(), "bytes": tree_bytes(tmp),
+        record["published"] = {"from": source, "at": archive.utc_now(), "bytes": 0,
                                "left_out": [vars(c) for c in left]}
-        archive.write_json(tmp / "run.json", record)
+        while True:  # the copy as shipped, its run.json included (whose size holds the number: a fixed point)
+            archive.write_json(tmp / "run.json", record)
+            if record["published"]["bytes"] == tree_bytes(tmp):
+                break
+            record["published"]["bytes"] = tree_bytes(tmp)
         if tree_bytes(tmp) > run_limit:  # run.json grew by the list of what was left out
             raise PublishRefused(f"{notebook}/{run_dir.name} is {tree_bytes(tmp) / 1e6:.2f} MB with its provenance "
                                  f"(limit {run_limit / 1e6:g} MB per run of record)")

@@ -30,6 +30,8 @@ class Notebook:
     schema: type[S.Params]  # its parameters; `schema.NOTEBOOK` is the stem
     question: str  # the one line its report answers (README's notebook table, the index)
     needs: Needs  # what one run holds on a GPU besides engine shares (rlwb.memory_plan)
+    # data tables read from its runs of record besides the ones its figures are drawn from: `rlwb publish` keeps them
+    reads: tuple[str, ...] = ()
 
     @property
     def stem(self) -> str:
@@ -79,7 +81,8 @@ NOTEBOOKS: dict[str, Notebook] = {n.stem: n for n in (
     # notebook 03's loop, one engine; the doses change what it reports or the weights it samples with; an engine
     # point's run beside a base-preset engine that scores its trained policy (mismatch_cost.CleanScorer)
     Notebook(S.MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
-             "seed, per kind of mismatch and correction", Needs(2, "train")),
+             "seed, per kind of mismatch and correction", Needs(2, "train"),
+             reads=("benchmarks",)),  # `rlwb audit` places an engine's k3 against them (dose_response.study_benchmarks)
     # the fp32 master, its float64 reference and one setting's copy at a time; one engine at a time
     Notebook(S.TrainerSettingsParams, "how far the trainer's own settings (dtype, attention, batching, micro-batch, "
              "checkpointing, compile, fp32 head) move its logprobs, beside the engine's", Needs(1, "settings")),

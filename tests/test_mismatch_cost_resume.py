@@ -328,7 +328,7 @@ def test_a_run_of_record_is_published_without_its_kept_jobs(tmp_path):
 
     d = run_dir(tmp_path, "20260101-000000-ok", tiny(), status="ok")
     (d / "data" / "jobs").mkdir()
-    (d / "data" / "jobs" / "clean.none_engine.s0-abc.parquet").write_bytes(b"x" * 1000)
+    (d / "data" / "jobs" / "clean.none_engine.s0-abc.parquet").write_bytes(b"x" * 100_000)
     (d / "data" / "curves.parquet").write_bytes(b"x" * 10)
     left, size = publish.plan(d, "08_mismatch_cost", limit=10**9)
-    assert [c.path for c in left] == ["data/jobs/"] and left[0].bytes == 1000 and size < 1000  # one entry
+    assert [c.path for c in left] == ["data/jobs/"] and left[0].bytes == 100_000 and size < 10_000  # one entry

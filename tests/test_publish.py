@@ -115,33 +115,59 @@ def test_publish_leaves_out_what_nothing_needs_and_refuses_what_stays_too_large(
         publish.publish(run, full)
 
 
+@pytest.mark.slow
 def test_publish_leaves_out_wall_clock_columns_before_tables_and_refuses_a_copy_whose_figure_cannot_redraw(
         notebook00_runs, tmp_path):
     """Notebook 08's study is 5.5 MB without logs and SVGs, 0.8 MB of it per-step wall-clock columns: those go
-    before any table (the values no rerun reproduces), the rest of the table is kept value for value; and a copy
-    whose data no longer draws a figure is refused (here a drawn table lacking the column the figure reads)."""
+    after the SVG copies and before any whole table (the values no rerun reproduces; here a table no figure is drawn
+    from stays), the rest of the table is kept value for value; the jobs kept for a resume never ship (one entry);
+    and a copy whose data no longer draws a figure is refused (a drawn table lacking the column the figure reads)."""
     import pandas as pd
 
     run = _edit(_copy(notebook00_runs, tmp_path), _as_committed)
     samples = pd.read_parquet(run / "data" / "samples.parquet")
     timed = samples.assign(t_score=np.random.default_rng(0).random(len(samples)))
     timed.to_parquet(run / "data" / "samples.parquet")
-    _, whole = publish.plan(run, "00_default_policy", publish.RUN_LIMIT)  # logs are always left out
+    pd.DataFrame({"x": np.arange(50)}).to_parquet(run / "data" / "unused.parquet")  # no figure is drawn from it
+    (run / "data" / "jobs").mkdir()
+    for i in range(3):
+        (run / "data" / "jobs" / f"job{i}.parquet").write_bytes(b"x" * 100)
+    _, whole = publish.plan(run, "00_default_policy", publish.RUN_LIMIT)  # logs and jobs are always left out
     svgs = sum(f.stat().st_size for f in (run / "figures").rglob("*.svg"))
     left, size = publish.plan(run, "00_default_policy", whole - svgs - 1)  # one byte over without the SVGs
-    assert [c.path for c in left if "#" in c.path] == ["data/samples.parquet#t_score"]
-    assert not any(c.path.endswith(".parquet") for c in left), "a whole table left out before its timing column"
+    optional = [c.path for c in left if not c.path.startswith(("logs/", "data/jobs/"))]
+    assert optional == sorted(p.relative_to(run).as_posix() for p in (run / "figures").rglob("*.svg")) \
+        + ["data/samples.parquet#t_score"], "SVGs, then the timing column, and no whole table"
     column = next(c.bytes for c in left if "#" in c.path)
     copy = publish.publish(run, tmp_path / "runs", run_limit=size + column // 2)
     shipped = pd.read_parquet(copy / "data" / "samples.parquet")
     pd.testing.assert_frame_equal(shipped, samples)  # every other column, value for value
-    why = {c["path"]: c["why"] for c in json.loads((copy / "run.json").read_text())["published"]["left_out"]}
-    assert "wall-clock" in why["data/samples.parquet#t_score"]
+    assert (copy / "data" / "unused.parquet").exists() and not (copy / "data" / "jobs").exists()
+    record = json.loads((copy / "run.json").read_text())["published"]
+    why = {c["path"]: c["why"] for c in record["left_out"]}
+    assert "wall-clock" in why["data/samples.parquet#t_score"] and "3 file(s)" in why["data/jobs/"]
+    assert record["bytes"] == publish.tree_bytes(copy) <= size + column // 2  # as shipped, run.json included
 
     samples.drop(columns=["reward"]).to_parquet(run / "data" / "samples.parquet")  # accuracy_by_digits reads it
     with pytest.raises(publish.PublishRefused, match=r"a figure does not redraw from the data the copy keeps"):
         publish.publish(run, tmp_path / "other-runs")
     assert not (tmp_path / "other-runs" / "00_default_policy" / run.name).exists()
+
+
+def test_a_table_read_from_runs_of_record_is_never_left_out(tmp_path):
+    """Notebook 08's benchmarks table is drawn by no figure, but `rlwb audit` reads it from the study's runs of
+    record (registry `reads`): a large run leaves out everything else first and refuses rather than drop it."""
+    from rlwb.registry import NOTEBOOKS
+
+    assert "benchmarks" in NOTEBOOKS["08_mismatch_cost"].reads
+    run = tmp_path / "08_mismatch_cost" / "20260101-000000-ok"
+    (run / "data").mkdir(parents=True)
+    (run / "data" / "benchmarks.parquet").write_bytes(b"x" * 100_000)
+    (run / "data" / "contrasts.parquet").write_bytes(b"x" * 100_000)
+    left, size = publish.plan(run, "08_mismatch_cost", limit=150_000)
+    assert [c.path for c in left] == ["data/contrasts.parquet"] and 100_000 < size < 150_000
+    with pytest.raises(publish.PublishRefused, match="without everything no figure or number needs"):
+        publish.plan(run, "08_mismatch_cost", limit=90_000)
 
 
 def _published_runs() -> list[Path]:
@@ -186,6 +212,9 @@ def test_a_shipped_figure_regenerates_from_its_shipped_data(tmp_path):
         assert shipped.shape == redrawn.shape, png.name
         assert np.abs(shipped - redrawn).mean() < 0.01 * 255, png.name
         assert figure_source(png) == figure_source(run / "figures" / png.name) == f"{run.parent.name}/{run.name}"
+    redrawn_by = json.loads((copy / "run.json").read_text())["figures_redrawn"][-1]  # the run's own figures/ changed
+    assert redrawn_by["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                                                  text=True).stdout.strip()
 
 
 def _bench_copy(bench_run, tmp_path) -> Path:

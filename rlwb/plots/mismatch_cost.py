@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from rlwb.plots.style import OKABE_ITO, figsize, seed_band
+from rlwb.plots.style import FLOOR_VALUE, OKABE_ITO, figsize, seed_band
 
 KIND_TITLE = {"ratio": "ratio mismatch\n(reported logprobs off, sampling right)",
               "weights": "distribution mismatch\n(engine samples perturbed weights)",
@@ -43,7 +43,8 @@ def dose_response(doses, style: str = "notebook"):
     fig, axes = plt.subplots(1, ncol, figsize=figsize(style, 0.42 * ncol + 0.4, 1.15), sharey=True, squeeze=False)
     # dose 0 sits a decade left of the smallest dosed k3; anything below (the float floor) is drawn there too
     measured = doses[~doses["kind"].isin(["clean", "rerun", "placebo"]) & (doses["control"] == "")]["k3_achieved"]
-    lo_x = measured[measured > 0].min() / 10 if (measured > 0).any() else 1e-6
+    measured = measured[measured > FLOOR_VALUE]  # an engine point at the float floor sits at dose 0, not below it
+    lo_x = measured.min() / 10 if len(measured) else 1e-6
     for ax, kind in zip(axes[0], kinds):
         for j, a in enumerate(arms):
             d = doses[(doses["kind"] == kind) & (doses["arm"] == a) & (doses["control"] == "")].sort_values("dose")

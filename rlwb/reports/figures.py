@@ -55,8 +55,9 @@ def draw_figures(run_dir: str | os.PathLike, style: str = "notebook") -> Iterato
 
 def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> list[Path]:
     """Rebuild every figure of a run from `data/*.parquet`. `notebook` style overwrites `figures/`
-    (reproducing the notebook's files); `paper` / `blog` write to `figures/<style>/`. Each file names the run
-    (`rlwb.plots.save_figure`'s `source`)."""
+    (reproducing the notebook's files; run.json's `figures_redrawn` records the commit that redrew them, since a
+    later commit's figure code may draw them otherwise than the run's); `paper` / `blog` write to
+    `figures/<style>/`. Each file names the run (`rlwb.plots.save_figure`'s `source`)."""
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
@@ -66,4 +67,9 @@ def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> l
     for name, fig in draw_figures(run_dir, style):
         written.append(plots.save_figure(fig, out_dir / name, source))
         plt.close(fig)
+    if style == "notebook" and written:  # the run's own figures/ now come from this code, not the run's commit
+        git = archive.git_info()
+        info.setdefault("figures_redrawn", []).append({"at": archive.utc_now(), "commit": git["git_commit"],
+                                                       "git_dirty": git["git_dirty"]})
+        archive.write_json(run_dir / "run.json", info)
     return written
