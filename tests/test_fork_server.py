@@ -49,11 +49,11 @@ def test_a_forked_worker_equals_a_fresh_one(default_model, prompts, monkeypatch)
             np.testing.assert_array_equal(a.full, b.full)
 
 
-def test_which_workers_are_forked(default_model, monkeypatch):
+def test_which_workers_are_forked(default_model, engine, monkeypatch):
     """Only single-threaded OpenMP environments: in the others (V0, HF) importing torch starts OpenMP's pool,
-    after which a forked child hangs in its first parallel region (GNU libgomp)."""
-    with EngineWorker("vllm-v0", default_model.path) as w:
-        assert isinstance(w.proc, subprocess.Popen)
+    after which a forked child hangs in its first parallel region (GNU libgomp). The session's V0 worker (the one
+    test_equivalence and test_stress use) is asked, rather than a V0 start of its own (~20 s)."""
+    assert isinstance(engine("vllm-v0").proc, subprocess.Popen)
     monkeypatch.setenv("RLWB_FORK_SERVER", "yes")
     with pytest.raises(ValueError, match="RLWB_FORK_SERVER='yes'"):
         EngineWorker(FORKED, default_model.path)
