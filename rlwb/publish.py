@@ -152,12 +152,12 @@ def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[Lef
     left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/"))]
     size = tree_bytes(run_dir) - sum(c.bytes for c in left)
     for c in candidates:
-        if size + _record_bytes(left) <= limit:
+        if size + _record_bytes(left, run_dir) <= limit:
             break
         if c not in left:
             left.append(c)
             size -= c.bytes
-    size += _record_bytes(left)
+    size += _record_bytes(left, run_dir)
     if size > limit:
         raise PublishRefused(f"{run_dir.parent.name}/{run_dir.name} is {size / 1e6:.1f} MB without everything no "
                              f"figure or number needs (limit {limit / 1e6:g} MB per run of record): make the run "
@@ -165,13 +165,16 @@ def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[Lef
     return left, size
 
 
-def _record_bytes(left: list[LeftOut]) -> int:
-    """What run.json grows by with its `published` record (`publish`), at most: the list as written, indented."""
+def _record_bytes(left: list[LeftOut], run_dir: Path | None = None) -> int:
+    """What the copy's run.json grows by with its `published` record (`publish`), at most: run.json rewritten
+    (`archive.write_json`) with the list of what was left out, every number at its widest."""
     import json
 
-    entries = [{**vars(c), "bytes": 10**12} for c in left]  # the widest number each entry can hold
-    return len(json.dumps({"published": {"from": "/" * 400, "at": "2026-01-01T00:00:00+00:00", "bytes": 10**12,
-                                         "left_out": entries}}, indent=2)) + 40 * (len(left) + 1)
+    record = (archive.read_json(run_dir / "run.json", {}) if run_dir is not None else None) or {}
+    before = (run_dir / "run.json").stat().st_size if run_dir is not None and (run_dir / "run.json").exists() else 0
+    record["published"] = {"from": "/" * 400, "at": "2026-01-01T00:00:00Z", "bytes": 10**12,
+                           "left_out": [{**vars(c), "bytes": 10**12} for c in left]}
+    return len((json.dumps(record, indent=2, default=str) + "\n").encode()) - before
 
 
 def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *, run_limit: int = RUN_LIMIT,
