@@ -185,3 +185,15 @@ def test_a_clean_clone_checks_numbers_quoted_from_a_bench_run_of_record(bench_ru
     verdicts = readme_check.check_clean_clone(repo)
     assert [(v.quote.key, v.status) for v in verdicts] == [("tput/hf/bs1", "match"), ("tput/hf/bs2", "mismatch")]
     assert verdicts[1].detail == f"the run says {bs2:.6g}"
+
+
+def test_a_metric_key_with_spaces_is_read_whole():
+    """Notebook 08's contrast keys hold spaces (`contrast/one-sided vs symmetric/...`): the annotation names the
+    whole key; a key cut at its first space would be a metric no run has (a mismatch)."""
+    from rlwb.readme_check import parse
+
+    text = ("<!-- rlwb:run 08_mismatch_cost/20261126-062300 -->\n"
+            "worse by −0.060<!--=contrast/one-sided vs symmetric/vllm-v1/none@engine/diff--> and 4<!--=family/tests-->\n")
+    quotes = parse(text)
+    assert [(q.key, q.value) for q in quotes] == [("contrast/one-sided vs symmetric/vllm-v1/none@engine/diff", -0.060),
+                                                 ("family/tests", 4.0)]
