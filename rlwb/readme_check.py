@@ -46,7 +46,8 @@ from rlwb import archive
 RUN = re.compile(r"<!--\s*rlwb:run\s+(?P<run>\S+)(?:\s+build\s+(?P<build>[0-9a-f]+))?\s*-->")
 # a number (sign, thousands separators, decimals, exponent), an optional unit, optional bold, then <!--=metric-->
 # a metric key may hold spaces (notebook 08's `contrast/one-sided vs symmetric/...`), not `<`, `>` or a line break
-QUOTE = re.compile(r"(?P<num>[−+-]?\d[\d,]*(?:\.\d+)?(?:e[+−-]?\d+)?)(?P<unit>%|×|\s?s)?\**<!--=(?P<key>[^\s<>](?:[^<>\n]*[^\s<>])?)-->")
+QUOTE = re.compile(r"(?P<num>[−+-]?\d[\d,]*(?:\.\d+)?(?:e[+−-]?\d+)?)(?P<unit>%|×|\s?s)?\**"
+                   r"<!--=(?P<key>[^\s<>](?:[^<>\n]*[^\s<>])?)-->")
 
 
 @dataclass(frozen=True)

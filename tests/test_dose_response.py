@@ -96,3 +96,25 @@ def test_the_bmdl_covers_the_true_benchmark_dose_in_a_simulation(n, sd_seed, sd_
     assert 0.95 - 3 * np.sqrt(0.95 * 0.05 / reps) <= cover <= 0.999, cover
     # a BMD the fitted mean never reaches inside the doses lies above them: it counts as +inf, not as missing
     assert np.median(np.nan_to_num(bmds, nan=np.inf)) == pytest.approx(true_bmd, rel=0.15)
+
+
+def test_the_audit_reads_the_study_not_a_newer_follow_up(tmp_path):
+    """`study_benchmarks` (what `rlwb audit` places an engine's k3 against): per model the newest run with a
+    benchmark dose. A newer follow-up run of one dose per kind (08's one-sided vs symmetric run: every row "no
+    benchmark") must not hide the study; a newer study replaces the older one. Hand-made tables, real file layout."""
+    import pandas as pd
+
+    def run(name: str, model: str, rows: list[tuple[str, str, float]]) -> None:
+        d = tmp_path / name
+        (d / "data").mkdir(parents=True)
+        (d / "params.yaml").write_text(f"model: {model}\n")
+        pd.DataFrame([{"name": n, "kind": n, "arm": "none@engine", "status": st, "bmdl": b} for n, st, b in rows]
+                     ).to_parquet(d / "data" / "benchmarks.parquet")
+
+    run("20260101-000000-study", "default", [("ratio", dr.BOUNDED, 0.14), ("weights+ppo4", dr.NO_BMR, np.nan)])
+    run("20260102-000000-followup", "default", [("ratio", dr.NO_BMR, np.nan)])
+    run("20260101-000000-chat", "qwen2-chat", [("ratio", dr.BELOW_RANGE, 0.1)])
+    got = {r["model"]: (r["run"], list(r["benchmarks"]["name"])) for r in dr.study_benchmarks(tmp_path)}
+    assert got == {"default": ("20260101-000000-study", ["ratio"]), "qwen2-chat": ("20260101-000000-chat", ["ratio"])}
+    run("20260103-000000-study2", "default", [("ratio", dr.NOT_BOUNDED, np.nan)])
+    assert {r["model"]: r["run"] for r in dr.study_benchmarks(tmp_path)}["default"] == "20260103-000000-study2"

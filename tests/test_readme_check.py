@@ -193,7 +193,8 @@ def test_a_metric_key_with_spaces_is_read_whole():
     from rlwb.readme_check import parse
 
     text = ("<!-- rlwb:run 08_mismatch_cost/20261126-062300 -->\n"
-            "worse by −0.060<!--=contrast/one-sided vs symmetric/vllm-v1/none@engine/diff--> and 4<!--=family/tests-->\n")
+            "worse by −0.060<!--=contrast/one-sided vs symmetric/vllm-v1/none@engine/diff-->"
+            " and 4<!--=family/tests-->\n")
     quotes = parse(text)
     assert [(q.key, q.value) for q in quotes] == [("contrast/one-sided vs symmetric/vllm-v1/none@engine/diff", -0.060),
                                                  ("family/tests", 4.0)]

@@ -187,7 +187,9 @@ def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
     """The benchmark doses of notebook 08's study runs of record, newest run per model: for each, `run` (its id),
     `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
     from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
-    run counts as the study's only if it has a benchmark table (the study's design: several doses per kind).
+    run counts as the study's only if its benchmark table has a benchmark dose (the study's design: several doses
+    per kind); a follow-up with one dose per kind (`params/08_mismatch_cost/one_sided.yaml`) has none, and a newer
+    such run must not hide the study.
     Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
     import pandas as pd
     import yaml
@@ -201,7 +203,7 @@ def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
         if not (bench_file.exists() and params_file.exists()):
             continue
         bench = pd.read_parquet(bench_file)
-        if bench.empty or "bmdl" not in bench:
+        if bench.empty or "bmdl" not in bench or ("status" in bench and (bench["status"] == NO_BMR).all()):
             continue
         bench = bench[~bench["name"].astype(str).str.contains("+", regex=False)]  # first regime, study horizon
         model = str((yaml.safe_load(params_file.read_text()) or {}).get("model", "?"))
