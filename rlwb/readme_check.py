@@ -18,7 +18,8 @@ fenced blocks) is not read, so the README can show the format.
 A quoted number matches when the metric rounds to it at the precision it is quoted with (3.7e-05 stands for
 anything in [3.65e-05, 3.75e-05]). Per number: `match`; `mismatch` (the run is here and says otherwise, or lacks
 the metric, failed, or used another model build); `missing` (the run is not archived on this machine: nothing to
-check against); `stale` (it matches its run, but the newest run of that notebook here says otherwise). The exit
+check against); `stale` (it matches its run, but the newest run of that notebook here says otherwise; never for a
+run of record, which `rlwb publish` keeps only while something cites it for its own question). The exit
 code is 1 only for a mismatch; a README annotation that names no run is bad input (ValueError: exit 2).
 
 By default the command reads `README.md` and every `docs/**/*.md` (`documents`): the README is a front page and
@@ -133,6 +134,8 @@ def _build(run_dir: Path) -> str | None:
 def _newest(run: str, cited: Path) -> Path | None:
     """The newest finished run of the same notebook on the same model build as the cited one (a run of another
     model answers another question: it cannot make a number stale); for the bench, its newest directory."""
+    if "published" in (archive.read_json(cited / "run.json", {}) or {}):
+        return None  # runs of record are curated: two of one notebook answer two questions (a study, its follow-up)
     stem, outputs = run.partition("/")[0], cited.parent.parent  # the archive the cited run is in
     if stem == archive.BENCH:  # a finished bench (one from before benches had a run.json: no status)
         runs = sorted(d for d in (outputs / stem).iterdir() if (d / "bench.json").exists()

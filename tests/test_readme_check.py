@@ -11,7 +11,7 @@ import pytest
 
 from rlwb import readme_check
 from rlwb.paths import REPO_ROOT
-from tests.conftest import rlwb
+from tests.conftest import copy_archive, rlwb
 
 
 def _run_id(run_dir: Path) -> str:
@@ -48,6 +48,14 @@ A number quoted without a metric is not checked: 12. Nor is code, so the README 
     verdicts = readme_check.check(readme, outputs)
     assert [(v.quote.line, v.status) for v in verdicts] == [
         (3, "match"), (3, "stale"), (4, "mismatch"), (6, "match"), (8, "mismatch"), (10, "missing")]
+    # a run of record is never stale: the runs of record are curated (a study and its follow-up answer two
+    # questions), so a newer published run of the notebook does not supersede it
+    published = tmp_path / "published"
+    _, copies = copy_archive(outputs, published)
+    for d in copies.values():
+        info = json.loads((d / "run.json").read_text())
+        (d / "run.json").write_text(json.dumps({**info, "published": {"from": "x", "left_out": []}}))
+    assert readme_check.check(readme, published)[1].status == "match"
     assert "the run says" in verdicts[2].detail and "0123456789abcdef" in verdicts[4].detail
     assert second.name in verdicts[1].detail  # stale: the newest run is named
 
