@@ -18,9 +18,10 @@ fenced blocks) is not read, so the README can show the format.
 A quoted number matches when the metric rounds to it at the precision it is quoted with (3.7e-05 stands for
 anything in [3.65e-05, 3.75e-05]). Per number: `match`; `mismatch` (the run is here and says otherwise, or lacks
 the metric, failed, or used another model build); `missing` (the run is not archived on this machine: nothing to
-check against); `stale` (it matches its run, but the newest run of that notebook here says otherwise; never for a
-run of record, which `rlwb publish` keeps only while something cites it for its own question). The exit
-code is 1 only for a mismatch; a README annotation that names no run is bad input (ValueError: exit 2).
+check against); `stale` (it matches its run, but the newest run of that notebook here says otherwise; for a run of
+record, the newest run of record of the same params hash: runs of record with other params answer other
+questions). The exit code is 1 only for a mismatch; a README annotation that names no run is bad input
+(ValueError: exit 2).
 
 By default the command reads `README.md` and every `docs/**/*.md` (`documents`): the README is a front page and
 the numbers live in `docs/results/`, so each page is read on its own (a run declared in one file does not hold in
@@ -134,8 +135,10 @@ def _build(run_dir: Path) -> str | None:
 def _newest(run: str, cited: Path) -> Path | None:
     """The newest finished run of the same notebook on the same model build as the cited one (a run of another
     model answers another question: it cannot make a number stale); for the bench, its newest directory."""
-    if "published" in (archive.read_json(cited / "run.json", {}) or {}):
-        return None  # runs of record are curated: two of one notebook answer two questions (a study, its follow-up)
+    info = archive.read_json(cited / "run.json", {}) or {}
+    # a run of record is superseded only by a newer run of record of the same computation (same params hash): two of
+    # one notebook with other params answer two questions (08's study and its one-sided follow-up)
+    same = info.get("params_hash") if "published" in info else None
     stem, outputs = run.partition("/")[0], cited.parent.parent  # the archive the cited run is in
     if stem == archive.BENCH:  # a finished bench (one from before benches had a run.json: no status)
         runs = sorted(d for d in (outputs / stem).iterdir() if (d / "bench.json").exists()
@@ -143,7 +146,8 @@ def _newest(run: str, cited: Path) -> Path | None:
     else:
         build = _build(cited)
         runs = sorted(d for d in (outputs / stem).iterdir() if d.is_dir() and not d.name.startswith(".")
-                      and archive.read_json(d / "run.json", {}).get("status") == "ok" and _build(d) == build)
+                      and archive.read_json(d / "run.json", {}).get("status") == "ok" and _build(d) == build
+                      and (same is None or archive.read_json(d / "run.json", {}).get("params_hash") == same))
     newest = runs[-1] if runs else None
     return None if newest is None or newest.resolve() == cited.resolve() else newest
 

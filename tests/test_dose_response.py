@@ -99,22 +99,23 @@ def test_the_bmdl_covers_the_true_benchmark_dose_in_a_simulation(n, sd_seed, sd_
 
 
 def test_the_audit_reads_the_study_not_a_newer_follow_up(tmp_path):
-    """`study_benchmarks` (what `rlwb audit` places an engine's k3 against): per model the newest run with a
-    benchmark dose. A newer follow-up run of one dose per kind (08's one-sided vs symmetric run: every row "no
-    benchmark") must not hide the study; a newer study replaces the older one. Hand-made tables, real file layout."""
+    """`study_benchmarks` (what `rlwb audit` places an engine's k3 against): per model the newest study (two doses of
+    a kind at least). A newer follow-up run of one dose per kind (08's one-sided vs symmetric run) must not hide the
+    study; a newer study replaces the older one, even one whose rows have no benchmark. Hand-made tables, real file
+    layout."""
     import pandas as pd
 
-    def run(name: str, model: str, rows: list[tuple[str, str, float]]) -> None:
+    def run(name: str, model: str, rows: list[tuple[str, str, float]], ratio_k3=(0.01, 0.1)) -> None:
         d = tmp_path / name
         (d / "data").mkdir(parents=True)
-        (d / "params.yaml").write_text(f"model: {model}\n")
+        (d / "params.yaml").write_text(f"model: {model}\nratio_k3: {list(ratio_k3)}\nweight_noise: []\n")
         pd.DataFrame([{"name": n, "kind": n, "arm": "none@engine", "status": st, "bmdl": b} for n, st, b in rows]
                      ).to_parquet(d / "data" / "benchmarks.parquet")
 
     run("20260101-000000-study", "default", [("ratio", dr.BOUNDED, 0.14), ("weights+ppo4", dr.NO_BMR, np.nan)])
-    run("20260102-000000-followup", "default", [("ratio", dr.NO_BMR, np.nan)])
+    run("20260102-000000-followup", "default", [("ratio", dr.NO_BMR, np.nan)], ratio_k3=(0.0015,))
     run("20260101-000000-chat", "qwen2-chat", [("ratio", dr.BELOW_RANGE, 0.1)])
     got = {r["model"]: (r["run"], list(r["benchmarks"]["name"])) for r in dr.study_benchmarks(tmp_path)}
     assert got == {"default": ("20260101-000000-study", ["ratio"]), "qwen2-chat": ("20260101-000000-chat", ["ratio"])}
-    run("20260103-000000-study2", "default", [("ratio", dr.NOT_BOUNDED, np.nan)])
+    run("20260103-000000-study2", "default", [("ratio", dr.NO_BMR, np.nan)])  # a study whose clean run gained nothing
     assert {r["model"]: r["run"] for r in dr.study_benchmarks(tmp_path)}["default"] == "20260103-000000-study2"

@@ -48,14 +48,19 @@ A number quoted without a metric is not checked: 12. Nor is code, so the README 
     verdicts = readme_check.check(readme, outputs)
     assert [(v.quote.line, v.status) for v in verdicts] == [
         (3, "match"), (3, "stale"), (4, "mismatch"), (6, "match"), (8, "mismatch"), (10, "missing")]
-    # a run of record is never stale: the runs of record are curated (a study and its follow-up answer two
-    # questions), so a newer published run of the notebook does not supersede it
+    # runs of record: a newer one with other params answers another question (no stale); one of the same params
+    # hash that says otherwise supersedes the cited one (stale)
     published = tmp_path / "published"
     _, copies = copy_archive(outputs, published)
     for d in copies.values():
         info = json.loads((d / "run.json").read_text())
         (d / "run.json").write_text(json.dumps({**info, "published": {"from": "x", "left_out": []}}))
     assert readme_check.check(readme, published)[1].status == "match"
+    newer = copies[second.name]
+    info = json.loads((newer / "run.json").read_text())
+    (newer / "run.json").write_text(json.dumps({**info, "params_hash": json.loads(
+        (copies[first.name] / "run.json").read_text())["params_hash"]}))
+    assert readme_check.check(readme, published)[1].status == "stale"
     assert "the run says" in verdicts[2].detail and "0123456789abcdef" in verdicts[4].detail
     assert second.name in verdicts[1].detail  # stale: the newest run is named
 

@@ -187,9 +187,9 @@ def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
     """The benchmark doses of notebook 08's study runs of record, newest run per model: for each, `run` (its id),
     `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
     from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
-    run counts as the study's only if its benchmark table has a benchmark dose (the study's design: several doses
-    per kind); a follow-up with one dose per kind (`params/08_mismatch_cost/one_sided.yaml`) has none, and a newer
-    such run must not hide the study.
+    run counts as the study's only if its params give some kind of mismatch two doses or more (a curve to fit) and it
+    has a benchmark table; a follow-up with one dose per kind (`params/08_mismatch_cost/one_sided.yaml`) is not one,
+    and a newer such run must not hide the study.
     Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
     import pandas as pd
     import yaml
@@ -202,10 +202,12 @@ def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
         bench_file, params_file = d / "data" / "benchmarks.parquet", d / "params.yaml"
         if not (bench_file.exists() and params_file.exists()):
             continue
+        params = yaml.safe_load(params_file.read_text()) or {}
+        doses = max(len(params.get(k) or []) for k in ("ratio_k3", "weight_noise", "stale_steps"))
         bench = pd.read_parquet(bench_file)
-        if bench.empty or "bmdl" not in bench or ("status" in bench and (bench["status"] == NO_BMR).all()):
+        if doses < 2 or bench.empty or "bmdl" not in bench:  # a study fits a curve: two doses of a kind at least
             continue
         bench = bench[~bench["name"].astype(str).str.contains("+", regex=False)]  # first regime, study horizon
-        model = str((yaml.safe_load(params_file.read_text()) or {}).get("model", "?"))
+        model = str(params.get("model", "?"))
         newest[model] = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench}  # sorted: newest last
     return list(newest.values())
