@@ -581,3 +581,30 @@ def test_the_horizon_figure_draws_each_blocks_gap_with_its_interval_and_the_coll
     assert "no long-horizon rows" in empty.axes[0].texts[0].get_text()
     plt.close("all")
     assert plots.FIGURES["horizon_gaps"][0] == "horizon"
+
+
+def test_the_answer_leads_with_the_finding():
+    """The index's answer column: a follow-up's one-sided contrast first, then the first arm's tolerable k3 per kind
+    (BMDL, or where the bound lies), then the dose-by-dose verdicts; hand-made tables."""
+    import pandas as pd
+
+    from rlwb.core.measure import dose_response as dr
+
+    bench = pd.DataFrame([
+        {"kind": "ratio", "name": "ratio", "arm": "none@engine", "status": dr.BOUNDED, "bmdl": 0.142, "k3_min": 0.01,
+         "k3_max": 1.0},
+        {"kind": "weights", "name": "weights", "arm": "none@engine", "status": dr.BELOW_RANGE, "bmdl": 1e-3,
+         "k3_min": 1e-3, "k3_max": 2e-2},
+        {"kind": "weights", "name": "weights+ppo4", "arm": "none@engine", "status": dr.NO_BMR, "bmdl": float("nan"),
+         "k3_min": 1e-3, "k3_max": 1e-3},
+        {"kind": "ratio", "name": "ratio", "arm": "tis@trainer", "status": dr.NOT_BOUNDED, "bmdl": float("nan"),
+         "k3_min": 0.01, "k3_max": 1.0}])
+    contrasts = pd.DataFrame([{"contrast": "one-sided vs symmetric", "label": "vllm-v1", "arm": "none@engine",
+                               "diff": -0.06, "p_holm": 0.047, "mde": 0.08, "verdict": "differs"}])
+    bullets = ["ratio mismatch, `none@engine`: no dose ...", "ratio mismatch, `tis@trainer`: no dose ..."]
+    text = mc.answer_line("none@engine", bench, contrasts, bullets)
+    assert text.startswith("One-sided (vllm-v1) vs symmetric ratio error at matched k3, `none@engine`: worse by "
+                           "-0.060 (Holm p 0.047). Tolerable k3 for `none@engine` (BMDL): ratio < 1.4e-01; weights "
+                           "below the smallest dose (1.0e-03).")
+    assert text.endswith("ratio mismatch, `none@engine`: no dose ...") and "tis@trainer" not in text
+    assert mc.answer_line("none@engine", pd.DataFrame(), pd.DataFrame(), bullets) == bullets[0]

@@ -122,11 +122,33 @@ class CostResult(Result):
         return conclusion(self.metrics, self.doses, self.params, self.benchmarks, self.contrasts, self.horizon)
 
     def answer(self) -> str:
-        """The first arm's verdict per kind of mismatch, in one line."""
-        bullets = [b[2:] for b in dose_answer_lines(self.metrics, first_regime(self.doses), DOSED,
-                                                      self.params.arm_labels)]
-        first = self.params.arm_labels[0]
-        return one_line(" ".join(b for b in bullets if f"`{first}`" in b) or " ".join(bullets), limit=400)
+        """The finding first, in one line (the index's answer column): the one-sided vs symmetric contrast where the
+        run has one, then the first arm's tolerable k3 per kind (its BMDL, or why there is none), then the first
+        arm's verdict per kind of mismatch."""
+        return one_line(answer_line(self.params.arm_labels[0], self.benchmarks, self.contrasts,
+                                    [b[2:] for b in dose_answer_lines(self.metrics, first_regime(self.doses), DOSED,
+                                                                      self.params.arm_labels)]), limit=400)
+
+
+def answer_line(first: str, bench: pd.DataFrame, contrasts: pd.DataFrame, bullets: list[str]) -> str:
+    """`CostResult.answer`'s text: the contrast a follow-up run exists for, the tolerable k3 of arm `first` per kind
+    (first PPO regime, study horizon), then the dose-by-dose verdicts of that arm (all arms' when it has none)."""
+    parts = []
+    if len(contrasts) and "contrast" in contrasts:
+        for r in contrasts[contrasts["contrast"] == "one-sided vs symmetric"].itertuples():
+            parts.append(f"One-sided ({r.label}) vs symmetric ratio error at matched k3, `{r.arm}`: "
+                         + (f"{'worse' if r.diff < 0 else 'better'} by {r.diff:+.3f} (Holm p {r.p_holm:.2g})."
+                            if r.verdict == "differs" else f"no difference shown ({r.diff:+.3f}, MDE {r.mde:.3f})."))
+    if len(bench) and "status" in bench:
+        rows = bench[(bench["arm"] == first) & ~bench["name"].astype(str).str.contains("+", regex=False)]
+        said = {dose_response.BOUNDED: lambda r: f"{r.kind} < {r.bmdl:.1e}",
+                dose_response.BELOW_RANGE: lambda r: f"{r.kind} below the smallest dose ({r.k3_min:.1e})",
+                dose_response.NOT_BOUNDED: lambda r: f"{r.kind} no bound up to {r.k3_max:.1e}"}
+        keep = [said[r.status](r) for r in rows.itertuples() if r.status in said]
+        if keep:
+            parts.append(f"Tolerable k3 for `{first}` (BMDL): " + "; ".join(keep) + ".")
+    parts += [b for b in bullets if f"`{first}`" in b] or bullets
+    return " ".join(parts)
 
 
 def jobs(p) -> list[Job]:
