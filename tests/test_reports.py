@@ -93,6 +93,8 @@ def test_index_page_lists_runs_in_chromium(notebook00_runs, tmp_path):
     # the trends: the newest ok run is the seed-5 one (dirs[2]), not the fake failed one
     latest = dom.stdout[dom.stdout.index('id="latest"'):dom.stdout.index('id="trends"')]
     assert dirs[2].name in latest and dirs[0].name not in latest and "deadbeef" not in latest
+    # one row per parameter set: the seed-0 set's newest run (dirs[1]) is not hidden by the newer seed-5 run
+    assert dirs[1].name in latest and latest.count("<tr><td>") == 2
     answer = json.loads((dirs[2] / "run.json").read_text())["answer"]
     assert "greedily" in answer and answer in latest.replace("&amp;", "&")
     # the trend view: a figure per notebook (written beside the page) and a table of its points

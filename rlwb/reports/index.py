@@ -90,18 +90,21 @@ def run_files(root: Path, run: dict) -> list[dict]:
 
 
 def latest_rows(root: Path, runs: list[dict]) -> list[dict]:
-    """The index's opening: per notebook (registry order, then any others), its latest successful run's report
-    link, when and on which model build it ran, and its one-line answer."""
+    """The index's opening: per notebook (registry order, then any others) and parameter set (newest first), its
+    latest successful run's report link, when and on which model build it ran, and its one-line answer. One row
+    per parameter set, as the trends draw one line per set: runs with other params answer other questions (08's
+    study per model and its one-sided follow-ups), and the newest of them must not hide the others."""
     from rlwb.registry import NOTEBOOKS
 
-    newest = {}
+    newest: dict[tuple, dict] = {}
     for r in runs:  # newest first
         if r.get("status") == "ok":
-            newest.setdefault(r["notebook"], r)
-    order = [nb for nb in NOTEBOOKS if nb in newest] + sorted(set(newest) - set(NOTEBOOKS))
+            newest.setdefault((r["notebook"], r.get("params_hash")), r)
+    notebooks = {nb for nb, _ in newest}
+    order = [nb for nb in NOTEBOOKS if nb in notebooks] + sorted(notebooks - set(NOTEBOOKS))
     rows = []
-    for nb in order:
-        r = newest[nb]
+    for r in [r for nb in order for (n, _), r in newest.items() if n == nb]:
+        nb = r["notebook"]
         build = (r.get("model") or {}).get("weights_sha256_16") or ""
         rows.append({"notebook": nb, "question": NOTEBOOKS[nb].question if nb in NOTEBOOKS else r.get("question") or "",
                      "rel": os.path.relpath(r["dir"], root), "page": run_page(r["dir"]), "run_id": r["run_id"],
