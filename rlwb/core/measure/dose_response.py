@@ -203,9 +203,10 @@ def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
         if not (bench_file.exists() and params_file.exists()):
             continue
         params = yaml.safe_load(params_file.read_text()) or {}
-        doses = max(len(params.get(k) or []) for k in ("ratio_k3", "weight_noise", "stale_steps"))
+        # a study fits a curve: two doses of a kind at least (a params file without the dose lists: the defaults')
+        doses = [len(params[k] or []) for k in ("ratio_k3", "weight_noise", "stale_steps") if k in params]
         bench = pd.read_parquet(bench_file)
-        if doses < 2 or bench.empty or "bmdl" not in bench:  # a study fits a curve: two doses of a kind at least
+        if (doses and max(doses) < 2) or bench.empty or "bmdl" not in bench:
             continue
         bench = bench[~bench["name"].astype(str).str.contains("+", regex=False)]  # first regime, study horizon
         model = str(params.get("model", "?"))
