@@ -127,8 +127,9 @@ def study_lines(study: dict) -> list[str]:
                     parts.append(f"{x['kind']} `{x['arm']}` keep k3 below {x['bmdl']:.1e} (yours is "
                                  f"{eng['k3'] / x['bmdl']:.2g}x it)")
                 elif x["status"] == BMD_BELOW:
-                    parts.append(f"{x['kind']} `{x['arm']}` a cost already at the smallest tested k3 "
-                                 f"{x['k3_min']:.1e} (yours is {eng['k3'] / x['k3_min']:.2g}x it)")
+                    parts.append(f"{x['kind']} `{x['arm']}` keep k3 below the smallest tested k3 "
+                                 f"{x['k3_min']:.1e} at least (the cost's upper 95% limit reaches the benchmark "
+                                 f"there; yours is {eng['k3'] / x['k3_min']:.2g}x it)")
                 elif x["status"] == BMD_NOT_BOUNDED:
                     parts.append(f"{x['kind']} `{x['arm']}` no bound up to k3 {x['k3_max']:.1e} (yours is "
                                  f"{eng['k3'] / x['k3_max']:.2g}x it)")
