@@ -9,7 +9,7 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["atomic_write", "read_json", "write_json"]
+__all__ = ["atomic_write", "json_text", "read_json", "write_json"]
 
 
 def atomic_write(path: Path, write) -> Path:
@@ -24,9 +24,14 @@ def atomic_write(path: Path, write) -> Path:
     return path
 
 
+def json_text(obj) -> str:
+    """The text `write_json` writes for `obj` (what a file's size will be: `rlwb publish` plans with it)."""
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+
+
 def write_json(path: Path, obj) -> None:
     """Atomic (`atomic_write`): the previous file or the new one, never half of one."""
-    atomic_write(path, lambda t: t.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"))
+    atomic_write(path, lambda t: t.write_text(json_text(obj)))
 
 
 def read_json(path: Path, default=None):

@@ -92,8 +92,7 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
     """What a run of record may do without, in the order it is left out: its logs, the jobs kept for a resume, the
     SVG copy of each figure (the PNG and PDF stay: an SVG holds nothing they do not), the wall-clock columns of the
     data tables (`timing_columns`: the one value no rerun reproduces), then the tables no figure is drawn from
-    (largest first). Each with its size
-    and why nothing needs it."""
+    (largest first). Each with its size and why nothing needs it."""
     from rlwb.registry import NOTEBOOKS
 
     drawn = {data for data, _ in NOTEBOOKS[notebook].figures().values()} | set(NOTEBOOKS[notebook].reads) \
@@ -165,16 +164,17 @@ def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[Lef
     return left, size
 
 
-def _record_bytes(left: list[LeftOut], run_dir: Path | None = None) -> int:
+def _record_bytes(left: list[LeftOut], run_dir: Path) -> int:
     """What the copy's run.json grows by with its `published` record (`publish`), at most: run.json rewritten
-    (`archive.write_json`) with the list of what was left out, every number at its widest."""
-    import json
+    (`jsonfile.json_text`, as `archive.write_json` writes it) with the list of what was left out, every number at
+    its widest."""
+    from rlwb.jsonfile import json_text
 
-    record = (archive.read_json(run_dir / "run.json", {}) if run_dir is not None else None) or {}
-    before = (run_dir / "run.json").stat().st_size if run_dir is not None and (run_dir / "run.json").exists() else 0
+    record = archive.read_json(run_dir / "run.json", {}) or {}
+    before = (run_dir / "run.json").stat().st_size if (run_dir / "run.json").exists() else 0
     record["published"] = {"from": "/" * 400, "at": "2026-01-01T00:00:00Z", "bytes": 10**12,
                            "left_out": [{**vars(c), "bytes": 10**12} for c in left]}
-    return len((json.dumps(record, indent=2, default=str) + "\n").encode()) - before
+    return len(json_text(record).encode()) - before
 
 
 def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *, run_limit: int = RUN_LIMIT,
@@ -214,21 +214,21 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
                     _write_without(f, tmp / rel, dropped[rel])
                 else:
                     shutil.copy2(f, tmp / rel)
-        if tree_bytes(tmp) > run_limit:  # a column's share was estimated from its compressed size
-            raise PublishRefused(f"{notebook}/{run_dir.name} is {tree_bytes(tmp) / 1e6:.1f} MB without everything "
-                                 f"no figure or number needs (limit {run_limit / 1e6:g} MB per run of record)")
         _check_figures_redraw(tmp, notebook, f"{notebook}/{run_dir.name}")
         record = archive.read_json(tmp / "run.json", {})
         source = run_dir.relative_to(REPO_ROOT).as_posix() if run_dir.is_relative_to(REPO_ROOT) else str(run_dir)
         record["published"] = {"from": source, "at": archive.utc_now(), "bytes": 0,
                                "left_out": [vars(c) for c in left]}
+        rest = tree_bytes(tmp) - (tmp / "run.json").stat().st_size  # everything but the run.json rewritten here
         while True:  # the copy as shipped, its run.json included (whose size holds the number: a fixed point)
             archive.write_json(tmp / "run.json", record)
-            if record["published"]["bytes"] == tree_bytes(tmp):
+            shipped = rest + (tmp / "run.json").stat().st_size
+            if record["published"]["bytes"] == shipped:
                 break
-            record["published"]["bytes"] = tree_bytes(tmp)
-        if tree_bytes(tmp) > run_limit:  # run.json grew by the list of what was left out
-            raise PublishRefused(f"{notebook}/{run_dir.name} is {tree_bytes(tmp) / 1e6:.2f} MB with its provenance "
+            record["published"]["bytes"] = shipped
+        # the plan estimated a dropped column's share from its compressed size, and run.json grew by the record
+        if shipped > run_limit:
+            raise PublishRefused(f"{notebook}/{run_dir.name} is {shipped / 1e6:.2f} MB with its provenance "
                                  f"(limit {run_limit / 1e6:g} MB per run of record)")
         tmp.rename(target)
     finally:

@@ -146,8 +146,8 @@ def _newest(run: str, cited: Path) -> Path | None:
     else:
         build = _build(cited)
         runs = sorted(d for d in (outputs / stem).iterdir() if d.is_dir() and not d.name.startswith(".")
-                      and archive.read_json(d / "run.json", {}).get("status") == "ok" and _build(d) == build
-                      and (same is None or archive.read_json(d / "run.json", {}).get("params_hash") == same))
+                      and (r := archive.read_json(d / "run.json", {}) or {}).get("status") == "ok"
+                      and _build(d) == build and (same is None or r.get("params_hash") == same))
     newest = runs[-1] if runs else None
     return None if newest is None or newest.resolve() == cited.resolve() else newest
 

@@ -140,7 +140,8 @@ def answer_line(first: str, bench: pd.DataFrame, contrasts: pd.DataFrame, bullet
                          + (f"{'worse' if r.diff < 0 else 'better'} by {r.diff:+.3f} (Holm p {r.p_holm:.2g})."
                             if r.verdict == "differs" else f"no difference shown ({r.diff:+.3f}, MDE {r.mde:.3f})."))
     if len(bench) and "status" in bench:
-        rows = bench[(bench["arm"] == first) & ~bench["name"].astype(str).str.contains("+", regex=False)]
+        rows = dose_response.first_regime_benchmarks(bench)
+        rows = rows[rows["arm"] == first]
         said = {dose_response.BOUNDED: lambda r: f"{r.kind} < {r.bmdl:.1e}",
                 dose_response.BELOW_RANGE: lambda r: f"{r.kind} below the smallest dose ({r.k3_min:.1e})",
                 dose_response.NOT_BOUNDED: lambda r: f"{r.kind} no bound up to {r.k3_max:.1e}"}

@@ -103,7 +103,7 @@ def latest_rows(root: Path, runs: list[dict]) -> list[dict]:
     notebooks = {nb for nb, _ in newest}
     order = [nb for nb in NOTEBOOKS if nb in notebooks] + sorted(notebooks - set(NOTEBOOKS))
     rows = []
-    for r in [r for nb in order for (n, _), r in newest.items() if n == nb]:
+    for r in sorted(newest.values(), key=lambda r: order.index(r["notebook"])):  # stable: newest first within one
         nb = r["notebook"]
         build = (r.get("model") or {}).get("weights_sha256_16") or ""
         rows.append({"notebook": nb, "question": NOTEBOOKS[nb].question if nb in NOTEBOOKS else r.get("question") or "",

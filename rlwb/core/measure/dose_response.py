@@ -41,8 +41,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # pandas is imported where a table is read (this module's statistics run on arrays)
+    import pandas as pd
 
 ALPHA = 0.05
 
@@ -183,6 +187,12 @@ def benchmark_dose(doses, gaps, bmr: float, alpha: float = ALPHA, grid: int = 51
 STUDY_DIR = "08_mismatch_cost"  # the study's runs of record: `rlwb publish` puts them in RUNS_OF_RECORD/<this>/
 
 
+def first_regime_benchmarks(bench: pd.DataFrame) -> pd.DataFrame:
+    """The benchmark rows of the first PPO regime at the study's horizon: their `name` is the bare kind, where a
+    further regime's or the long horizon's carries a `+` suffix (`weights+ppo4`, `weights+long`)."""
+    return bench[~bench["name"].astype(str).str.contains("+", regex=False)]
+
+
 def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
     """The benchmark doses of notebook 08's study runs of record, newest run per model: for each, `run` (its id),
     `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
@@ -208,7 +218,7 @@ def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
         bench = pd.read_parquet(bench_file)
         if (doses and max(doses) < 2) or bench.empty or "bmdl" not in bench:
             continue
-        bench = bench[~bench["name"].astype(str).str.contains("+", regex=False)]  # first regime, study horizon
+        bench = first_regime_benchmarks(bench)
         model = str(params.get("model", "?"))
         newest[model] = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench}  # sorted: newest last
     return list(newest.values())
