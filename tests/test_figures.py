@@ -76,6 +76,19 @@ def test_each_saved_figure_names_the_run_that_made_it(tmp_path):
     assert figure_source(save_figure(fig, tmp_path / "g")) is None  # a scratch figure names no run
 
 
+def test_a_figure_saved_as_png_only_writes_no_vector_copy_and_png_cannot_be_left_out(tmp_path):
+    set_style("notebook")
+    fig, ax = plt.subplots()
+    ax.plot(np.arange(3))
+    assert save_figure(fig, tmp_path / "f", formats=("png",)).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png"]
+    for bad in (("svg",), ("png", "eps")):
+        with pytest.raises(ValueError, match="'png' and any of"):
+            save_figure(fig, tmp_path / "g", formats=bad)
+    assert not list(tmp_path.glob("g.*"))
+    plt.close(fig)
+
+
 def test_a_short_figure_whose_title_wraps_keeps_its_axes_under_it():
     """07's race_gaps in paper style (a column wide, 1.6 in tall): its title wraps to three lines, and tidy's
     relayout must leave the axes and their title under it at a readable height (tight_layout counted the title twice,

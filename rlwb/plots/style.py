@@ -359,19 +359,27 @@ def tidy(fig) -> None:
         _legends_below_labels(fig, renderer, region)  # slanted tick labels are taller: below them again
 
 
-def save_figure(fig, path_stem: str | Path, source: str | None = None) -> Path:
-    """Write `<stem>.png`, `.pdf` and `.svg` with reproducible metadata; returns the PNG path. `source`, the run
-    that made the figure (`<notebook>/<run id>`), goes into each file (PNG text chunk `Source`, PDF `Subject`, SVG
-    `dc:source`: `figure_source` reads it back), so a figure copied into a paper still says where it came from."""
+FIGURE_FORMATS = ("png", "pdf", "svg")  # every saved figure: the report's PNG, and vector copies for papers
+
+
+def save_figure(fig, path_stem: str | Path, source: str | None = None,
+                formats: tuple[str, ...] = FIGURE_FORMATS) -> Path:
+    """Write `<stem>.png`, `.pdf` and `.svg` (or the `formats` asked for, PNG always among them) with reproducible
+    metadata; returns the PNG path. `source`, the run that made the figure (`<notebook>/<run id>`), goes into each
+    file (PNG text chunk `Source`, PDF `Subject`, SVG `dc:source`: `figure_source` reads it back), so a figure
+    copied into a paper still says where it came from."""
+    if "png" not in formats or not set(formats) <= set(FIGURE_FORMATS):
+        raise ValueError(f"formats {formats!r}: 'png' and any of {FIGURE_FORMATS}")
     path_stem = Path(path_stem)
     path_stem.parent.mkdir(parents=True, exist_ok=True)
     tidy(fig)
     tag = f"rlwb run {source}" if source else None
-    fig.savefig(path_stem.with_suffix(".png"), metadata={"Software": None, **({"Source": tag} if tag else {})})
-    fig.savefig(path_stem.with_suffix(".pdf"), metadata={"CreationDate": None, "Producer": None, "Creator": None,
-                                                         **({"Subject": tag} if tag else {})})
-    fig.savefig(path_stem.with_suffix(".svg"), metadata={"Date": None, "Creator": None,
-                                                         **({"Source": tag} if tag else {})})
+    metadata = {"png": {"Software": None, **({"Source": tag} if tag else {})},
+                "pdf": {"CreationDate": None, "Producer": None, "Creator": None, **({"Subject": tag} if tag else {})},
+                "svg": {"Date": None, "Creator": None, **({"Source": tag} if tag else {})}}
+    for fmt in FIGURE_FORMATS:
+        if fmt in formats:
+            fig.savefig(path_stem.with_suffix(f".{fmt}"), metadata=metadata[fmt])
     return path_stem.with_suffix(".png")
 
 

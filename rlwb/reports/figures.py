@@ -53,11 +53,13 @@ def draw_figures(run_dir: str | os.PathLike, style: str = "notebook") -> Iterato
         yield name, fn(cache[data], style=style)
 
 
-def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> list[Path]:
+def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook",
+                       formats: tuple[str, ...] = plots.FIGURE_FORMATS) -> list[Path]:
     """Rebuild every figure of a run from `data/*.parquet`. `notebook` style overwrites `figures/`
     (reproducing the notebook's files; run.json's `figures_redrawn` records the commit that redrew them, since a
     later commit's figure code may draw them otherwise than the run's); `paper` / `blog` write to
-    `figures/<style>/`. Each file names the run (`rlwb.plots.save_figure`'s `source`)."""
+    `figures/<style>/`. Each file names the run (`rlwb.plots.save_figure`'s `source`). `formats`: PNG and the
+    vector copies by default; a check of the drawing alone asks for PNG only."""
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
@@ -65,7 +67,7 @@ def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook") -> l
     info = archive.read_json(run_dir / "run.json", {})
     source, written = f"{notebook_of(run_dir)}/{info.get('run_id') or run_dir.name}", []
     for name, fig in draw_figures(run_dir, style):
-        written.append(plots.save_figure(fig, out_dir / name, source))
+        written.append(plots.save_figure(fig, out_dir / name, source, formats))
         plt.close(fig)
     if style == "notebook" and written:  # the run's own figures/ now come from this code, not the run's commit
         git = archive.git_info()
