@@ -32,17 +32,17 @@ def _vocab_size(model_path: str) -> int | None:
 def _inspect_models_in_process() -> bool:
     """vLLM 0.8.5 inspects a model's class in a child process that imports vLLM again (`registry._run_in_subprocess`,
     "to avoid initializing CUDA"): 5.7 s of every V0 engine start on this 2-core CPU (measured 2026-11-26), for a
-    class the engine then imports in its own process anyway. Where torch sees no CUDA device there is nothing to
-    protect, so the same function runs here instead. Current vLLM keeps the helper but caches its answer on disk
-    (`modelinfos/`), so there it matters only on a cache miss. With CUDA, or in a vLLM without the helper, nothing
-    changes. Returns whether it patched."""
-    import torch
-
+    class the engine then imports in its own process anyway. On vLLM's CPU platform there is no CUDA to protect, so
+    the same function runs here instead. Current vLLM keeps the helper but caches its answer on disk (`modelinfos/`),
+    so there it matters only on a cache miss. On any other platform nothing changes, and the platform is asked the
+    way vLLM asks it (never `torch.cuda.is_available()`, which on a CUDA build would make vLLM's later forks fail).
+    Returns whether it patched."""
     try:
         from vllm.model_executor.models import registry
+        from vllm.platforms import current_platform
     except ImportError:
         return False
-    if torch.cuda.is_available() or not callable(getattr(registry, "_run_in_subprocess", None)):
+    if not current_platform.is_cpu() or not callable(getattr(registry, "_run_in_subprocess", None)):
         return False
     registry._run_in_subprocess = lambda fn: fn()
     return True
