@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,75 @@ def rlwb(*args, env: dict | None = None, timeout: int = 900) -> subprocess.Compl
                           env={**os.environ, **(env or {})})
 
 
-def run_notebook(stem: str, *extra: str, params_file: str = "smoke", timeout: int = 1200) -> Path:
-    """`rlwb run notebooks/<stem>.ipynb -f params/<stem>/<params_file>.yaml EXTRA...`; asserts the run is ok and
-    returns its directory (the last line of stdout)."""
-    r = rlwb("run", f"notebooks/{stem}.ipynb", "-f", f"params/{stem}/{params_file}.yaml", *extra, timeout=timeout)
+def notebook_args(stem: str, *extra: str, params_file: str = "smoke") -> list[str]:
+    """The CLI arguments of `rlwb run notebooks/<stem>.ipynb -f params/<stem>/<params_file>.yaml EXTRA...`."""
+    return ["run", f"notebooks/{stem}.ipynb", "-f", f"params/{stem}/{params_file}.yaml", *extra]
+
+
+def finished_run(r: subprocess.CompletedProcess) -> Path:
+    """The directory of the run that `rlwb run` (or `rlwb audit`) archived (the last line of stdout), asserting that
+    the command and the run succeeded."""
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = Path(r.stdout.strip().splitlines()[-1])
     assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
     return run_dir
+
+
+# The runs started ahead in the background (tests/background.py): name -> the `rlwb` command lines it runs, one after
+# another, given the folder it owns (the tests that use a run are in `ahead_jobs`). A test gets them through `ahead`,
+# which runs them itself where the session queued none (under xdist, RLWB_TEST_AHEAD=0, or a job of another name).
+AHEAD = {
+    # notebook 00's smoke run three times into one archive: a and b identical (seed 0), c the newest (seed 5)
+    "notebook00_runs": lambda d: [(notebook_args("00_default_policy", *extra, "--outputs", str(d)), {})
+                                  for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20"))],
+    "audit_smoke_run": lambda d: [(["audit", "-f", "params/10_audit/smoke.yaml", "--outputs", str(d)], {})],
+    # from an empty RLWB_CACHE of its own: the run builds its model itself
+    "model built inside a run": lambda d: [(notebook_args("00_default_policy", "-p", "model", "qwen2-chat-smoke",
+                                                          "--outputs", str(d / "out")),
+                                            {"RLWB_CACHE": str(d / "cache")})],
+}
+SHARED_SMOKE = {"00_default_policy": "notebook00_runs", "10_audit": "audit_smoke_run"}  # smoke runs shared by fixtures
+
+
+def ahead_commands(name: str, folder: Path) -> list[tuple[list[str], dict]]:
+    if name.startswith("smoke "):  # test_notebooks' smoke run of one notebook, into the folder as RLWB_OUTPUTS
+        return [(notebook_args(name.removeprefix("smoke ")), {"RLWB_OUTPUTS": str(folder)})]
+    return AHEAD[name](folder)
+
+
+def own_ahead_job(item) -> str | None:
+    """The background job whose run only test `item` asserts on (a smoke run, the model built inside a run)."""
+    if item.originalname == "test_notebook_smoke" and item.callspec.params["stem"] not in SHARED_SMOKE:
+        return f"smoke {item.callspec.params['stem']}"
+    if item.originalname == "test_a_model_built_inside_a_run_stays_out_of_its_report":
+        return "model built inside a run"
+    return None
+
+
+def ahead_jobs(item) -> list[str]:
+    """The background jobs whose runs test `item` asserts on, in the order it uses them."""
+    shared = [SHARED_SMOKE[item.callspec.params["stem"]]] if (item.originalname == "test_notebook_smoke" and
+                                                              item.callspec.params["stem"] in SHARED_SMOKE) else []
+    own = own_ahead_job(item)
+    return ([own] if own else []) + shared + [f for f in SHARED_SMOKE.values() if f in item.fixturenames]
+
+
+_AHEAD: dict = {}  # "background": the session's tests.background.Background, when it has one
+
+
+def ahead(name: str, folder: Path, timeout: int = 1200) -> tuple[Path, list[subprocess.CompletedProcess]]:
+    """(the folder the runs went into, their completed `rlwb` commands) of job `name`: waited for where this session
+    started it in the background, else run here, now, into `folder`, exactly as the background would have."""
+    background = _AHEAD.get("background")
+    job = background.wait(name) if background is not None else None
+    if job is not None:
+        return job.dir, job.results
+    results = []
+    for args, env in ahead_commands(name, folder):
+        results.append(rlwb(*args, env=env, timeout=timeout))
+        if results[-1].returncode != 0:
+            break
+    return folder, results
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +100,9 @@ def notebook00_runs(tmp_path_factory, default_model) -> tuple[Path, list[Path]]:
     test_notebooks' smoke of 00). `a` and `b` have identical params (seed 0: bitwise-equal metrics); `c`, the
     newest, has seed 5 and `eval_prompts 20` (other params: drift, other quoted numbers). Read-only: a test that
     changes an archive or a run copies it first (`copy_archive`)."""
-    out = tmp_path_factory.mktemp("notebook00-archive")
-    return out, [run_notebook("00_default_policy", *extra, "--outputs", str(out))
-                 for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20"))]
+    out, results = ahead("notebook00_runs", tmp_path_factory.mktemp("notebook00-archive"))
+    assert len(results) == 3, results[-1].stderr[-3000:]
+    return out, [finished_run(r) for r in results]
 
 
 BENCH_SIZES = {"batch_sizes": [1, 2], "max_tokens": 4, "repeats": 1}  # `bench_run`'s measurement
@@ -75,12 +135,8 @@ def audit_smoke_run(tmp_path_factory, default_model) -> Path:
     """`rlwb audit -f params/10_audit/smoke.yaml` once (notebook 10 through papermill, archived and reported like
     every notebook), shared by test_notebooks' smoke of 10 and test_audit's re-scoring (its source run).
     Read-only."""
-    out = tmp_path_factory.mktemp("audit-archive")
-    r = rlwb("audit", "-f", "params/10_audit/smoke.yaml", "--outputs", str(out), timeout=1200)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run_dir = Path(r.stdout.strip().splitlines()[-1])
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"
-    return run_dir
+    _, (result,) = ahead("audit_smoke_run", tmp_path_factory.mktemp("audit-archive"))
+    return finished_run(result)
 
 
 def copy_archive(root: Path, dest: Path) -> tuple[Path, dict[str, Path]]:
@@ -100,48 +156,57 @@ def chromium(*args: str, profile: Path, timeout: int = 120) -> subprocess.Comple
 
 
 # The default recipe trained from scratch (test_models' check of the shipped weights) is 98 s of 2-thread CPU work on
-# idle cores (188 CPU-seconds, measured 2026-11-26; a 39 s test took 39.4 s beside it at nice 19, 38.7 s alone)
-# and nothing else in the suite waits on it. When that test is selected, collection starts the very build the
-# test makes (`rlwb build-model --from-recipe`, into a fresh cache of its own) as a background process at the lowest
-# CPU priority, and moves the test to the end of the (shuffled, --lf/--ff-reordered) order: the build takes the cycles
-# the other tests leave idle (engine starts, kernels, subprocess imports) and the test then asserts on it. Priority
-# and OMP_WAIT_POLICY are not among the build's pins and change no bit (the test compares the checksum with the
-# published one). The build stays in pytest's session (its own process group, not a new session: with the kernel's
-# autogroup scheduling a new session would be an equal peer of the whole suite whatever its nice value) and dies with
-# pytest (PR_SET_PDEATHSIG). Under xdist each worker collects every test, so there the test builds in the foreground.
+# idle cores (188 CPU-seconds, measured 2026-11-26) and nothing else in the suite waits on it. When that test is
+# selected, collection starts the very build the test makes (`rlwb build-model --from-recipe`, into a fresh cache of
+# its own) beside the background queue, at the same low priority (tests/background.py), and moves the test to the end
+# of the (shuffled, --lf/--ff-reordered) order: the build takes the cycles the other tests leave idle and the test then
+# asserts on it. Priority and OMP_WAIT_POLICY are not among the build's pins and change no bit (the test compares the
+# checksum with the published one). Under xdist each worker collects every test, so there the test builds in the
+# foreground.
 RECIPE_TEST = "test_the_recipe_built_here_reproduces_its_vendors_published_build"
 _RECIPE_BUILD: dict = {}
 
 
-def _lowest_priority_child() -> None:
-    """In the forked child before exec: nice 19, and SIGTERM when pytest dies (even by SIGKILL)."""
-    import ctypes
-
-    os.nice(19)
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
 def pytest_collection_finish(session):
-    """After every reordering hook (pytest-randomly's shuffle, --lf/--ff): the test last, its build started."""
-    items = session.items
-    at = [i for i, item in enumerate(items) if item.name == RECIPE_TEST]
-    if not at or os.environ.get("PYTEST_XDIST_WORKER") or session.config.getoption("collectonly"):
+    """After every reordering hook (pytest-randomly's shuffle, --lf/--ff): the recipe's test last and its build
+    started; the runs the selected tests assert on queued in the background, in the order the tests need them
+    (`ahead_jobs`; RLWB_TEST_AHEAD=0 runs each in its test instead)."""
+    from tests.background import Background
+
+    if os.environ.get("PYTEST_XDIST_WORKER") or session.config.getoption("collectonly"):
         return
-    items.append(items.pop(at[0]))
-    cache = Path(tempfile.mkdtemp(prefix="rlwb-recipe-build-"))
-    with open(cache / "build.log", "w") as log:
-        proc = subprocess.Popen([*RLWB, "build-model", "--from-recipe"], cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, process_group=0, preexec_fn=_lowest_priority_child,
-                                env={**os.environ, "RLWB_CACHE": str(cache), "OMP_WAIT_POLICY": "PASSIVE"})
-    _RECIPE_BUILD.update(proc=proc, cache=cache)
+    flag = os.environ.get("RLWB_TEST_AHEAD", "1")
+    if flag not in ("0", "1"):
+        raise pytest.UsageError(f"RLWB_TEST_AHEAD={flag!r}: use 1 (start the suite's CLI runs ahead, in the "
+                                "background) or 0 (each test runs its own)")
+    items = session.items
+    if flag == "1":  # a test whose run is its own goes after the others (their shuffled order kept among themselves),
+        # so that its run has the whole suite to be made in the background; shared runs are queued where first needed
+        items[:] = [i for i in items if not own_ahead_job(i)] + [i for i in items if own_ahead_job(i)]
+    names = list(dict.fromkeys(n for item in items for n in ahead_jobs(item))) if flag == "1" else []
+    at = [i for i, item in enumerate(items) if item.name == RECIPE_TEST]
+    if not names and not at:
+        return
+    background = _AHEAD["background"] = Background(REPO)
+    if at:
+        items.append(items.pop(at[0]))
+        cache = Path(tempfile.mkdtemp(prefix="rlwb-recipe-build-"))
+        proc = background.launch("recipe-build", [*RLWB, "build-model", "--from-recipe"],
+                                 {"RLWB_CACHE": str(cache), "OMP_WAIT_POLICY": "PASSIVE"}, cache / "build.log")
+        _RECIPE_BUILD.update(proc=proc, cache=cache)
+    for name in names:
+        folder = background.root / name.replace(" ", "-")
+        background.add(name, [([*RLWB, *args], {**env, "OMP_WAIT_POLICY": "PASSIVE"})
+                              for args, env in ahead_commands(name, folder)], folder)
+    background.start()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    proc, cache = _RECIPE_BUILD.get("proc"), _RECIPE_BUILD.get("cache")
+    """Stop what the background still runs (interrupted, or its test never ran: -x) and remove its folders."""
+    background, cache = _AHEAD.pop("background", None), _RECIPE_BUILD.get("cache")
     try:
-        if proc is not None and proc.poll() is None:  # interrupted, or the test never ran (-x): stop the build
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
+        if background is not None:
+            background.close()
     finally:
         if cache is not None:
             shutil.rmtree(cache, ignore_errors=True)

@@ -1,6 +1,7 @@
 """Every notebook end to end with its smoke params through `rlwb run` (real papermill, real engines), its
-report as a reader sees it (headless Chromium), and notebook hygiene. One parametrized smoke test: the run
-helper is `tests.conftest.run_notebook`; what each notebook must show is in `CHECKS`."""
+report as a reader sees it (headless Chromium), and notebook hygiene. One parametrized smoke test: its run
+comes from `tests.conftest.ahead` (started ahead in the background, or run by the test); what each notebook must show
+is in `CHECKS`."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import check_figures_fit, chromium, run_notebook
+from tests.conftest import ahead, check_figures_fit, chromium, finished_run
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
@@ -492,10 +493,12 @@ SMOKE = [pytest.param(stem, marks=[pytest.mark.slow]
 @pytest.mark.parametrize("stem", SMOKE)
 def test_notebook_smoke(stem, outputs, default_model, request):
     # notebook 00's and 10's smoke runs are the session's shared ones (tests/conftest.py `notebook00_runs`,
-    # `audit_smoke_run`: 10's through `rlwb audit -f params/10_audit/smoke.yaml`, which is `rlwb run` of notebook 10)
+    # `audit_smoke_run`: 10's through `rlwb audit -f params/10_audit/smoke.yaml`, which is `rlwb run` of notebook 10);
+    # the others are `rlwb run` of the notebook with its smoke params, started ahead in the background where the
+    # session could (conftest `ahead`)
     shared = {"00_default_policy": lambda: request.getfixturevalue("notebook00_runs")[1][0],
               "10_audit": lambda: request.getfixturevalue("audit_smoke_run")}
-    d = shared[stem]() if stem in shared else run_notebook(stem)
+    d = shared[stem]() if stem in shared else finished_run(ahead(f"smoke {stem}", outputs)[1][0])
     CHECKS[stem](d, json.loads((d / "metrics.json").read_text()))
     # time to report, split by phase (rlwb.timing): the phases and `other` add up to the run's wall time
     info = json.loads((d / "run.json").read_text())
@@ -513,14 +516,10 @@ def test_a_model_built_inside_a_run_stays_out_of_its_report(tmp_path):
     """From an empty RLWB_CACHE the run builds its model itself (the fresh-machine case, whatever ran before): the
     build's progress goes to the run's logs/progress.log (echoed by `rlwb run` to the terminal), never into the
     notebook's outputs or report.html."""
-    from tests.conftest import rlwb
-
-    r = rlwb("run", "notebooks/00_default_policy.ipynb", "-f", "params/00_default_policy/smoke.yaml", "-p", "model",
-             "qwen2-chat-smoke", "--outputs", str(tmp_path / "out"), env={"RLWB_CACHE": str(tmp_path / "cache")},
-             timeout=1200)
+    folder, (r,) = ahead("model built inside a run", tmp_path)  # conftest.AHEAD: --outputs out, RLWB_CACHE cache
     assert r.returncode == 0, r.stderr[-3000:]
     d = Path(r.stdout.strip().splitlines()[-1])
-    assert (tmp_path / "cache" / "models").is_dir()  # it really built here
+    assert (folder / "cache" / "models").is_dir()  # it really built here
     assert "SFT chat arithmetic" in (d / "logs" / "progress.log").read_text() and "SFT chat arithmetic" in r.stderr
     book = nbformat.read(d / "notebook.ipynb", as_version=4)
     streams = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"]
