@@ -1,30 +1,31 @@
-"""The suite's expensive CLI runs, started ahead in the background on the CPU the other tests leave idle.
+"""The suite's expensive CLI runs, made ahead in the background on the CPU the other tests leave idle.
 
-Why: in one pytest process the suite keeps about 1.3 of 2 cores busy (scripts/suite_cpu.py; 1,085 of 3,218
+Why: in one pytest process the suite keeps about 1.3 of 2 cores busy (scripts/suite_cpu.py; 1,046 of 3,163
 CPU-seconds idle in a fresh run of 2026-11-26), while the notebook smoke runs alone are ~7 minutes of `rlwb run`
 subprocesses that wait on nothing in the test process. xdist does not use that idle core well: two workers put four
 OpenMP threads on two cores and hold every session engine twice (tests/README.md). Here one process runs the tests
 as before, and at collection `Background` queues the runs the selected tests will assert on (`conftest.AHEAD`), in
 the order the (shuffled) tests need them. One run at a time goes in the background; a test that reaches a run
-waits for it (or moves it to the front of the queue), then asserts on it exactly as on a run it started itself.
+waits for it (moving it to the front of the queue), then asserts on it exactly as on a run it started itself.
 
 Low priority has to survive new sessions: papermill's kernel and rlwb's engine workers each start a session of their
 own, and with the kernel's autogroup scheduling every session is an equal peer of the whole test process whatever
 its nice value. So each run goes into a cgroup of its own under one with a small CPU share (cgroup v1's
 `cpu.shares`, 128 against the 1,024 of every session at the root): a child cannot leave it by starting a session,
-and the group is killed whole. Where no cgroup can be made (not root, no cgroup v1 cpu controller), runs go at nice
-19 in the test's own session instead. A run starts only while `MIN_AVAILABLE_GIB` of memory is free, unless a test
-is already waiting on it (that test would otherwise start the same run itself).
+and the group is stopped whole. Where no cgroup can be made (not root, no cgroup v1 cpu controller) the command runs
+at nice 19, which its kernel and engine workers, in sessions of their own, do not keep: there the background
+competes with the tests as an equal (correct, only less fast). The children's environment is the one pytest had at
+collection, never a variable a running test has set; the OOM killer takes a background run before the tests' own
+engines. A run starts only while `MIN_AVAILABLE_GIB` of memory is free, unless a test is already waiting on it (that
+test would otherwise start the same run itself).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from pathlib import Path
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (the machines CI runs on)
 SHARES = 128  # of the 1,024 each session at the root gets: ~1/9 of a contended core, all of an idle one
-MIN_AVAILABLE_GIB = 6.0  # a run holds a kernel and up to five engines (~1.4 GiB each for vLLM V1)
+MIN_AVAILABLE_GIB = 6.0  # a smoke run's kernel and engines take ~2-5 GiB (the busiest: three engines at ~1.4 GiB)
+COMMAND_TIMEOUT = 1200  # s per command, as in the foreground (`conftest.rlwb`'s callers)
 
 
 def available_gib() -> float:
@@ -59,15 +61,41 @@ def _cgroup_pids(path: Path) -> list[int]:
         return []
 
 
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _remove_cgroup(path: Path | None) -> None:
+    """Kill what is left in cgroup `path` and remove it (a killed process leaves the group a moment later)."""
+    if path is None:
+        return
+    deadline = time.monotonic() + 10
+    while True:
+        _kill(_cgroup_pids(path))
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+
+
 @dataclass
 class Job:
-    """One background job: CLI command lines run one after another in `dir` (a run stops at the first that fails)."""
+    """One background job: CLI command lines run one after another in `dir` (a job stops at the first that fails)."""
 
     name: str
     commands: list[tuple[list[str], dict]]
     dir: Path
-    timeout: float
     results: list[subprocess.CompletedProcess] = field(default_factory=list)
+    error: BaseException | None = None  # what kept the runner from running a command (it then goes on to the next job)
     proc: subprocess.Popen | None = None
     cgroup: Path | None = None
     started: float | None = None
@@ -76,11 +104,12 @@ class Job:
 
 
 class Background:
-    """The queue of jobs and the one thread that runs them in order (see the module docstring)."""
+    """The queue of jobs and the one thread that runs them in order (see the module docstring). `root` holds the
+    command logs; each job writes into the folder it is given."""
 
-    def __init__(self, cwd: Path):
-        self.cwd = cwd
-        self.root = Path(tempfile.mkdtemp(prefix="rlwb-tests-ahead-"))
+    def __init__(self, cwd: Path, root: Path):
+        self.cwd, self.root = cwd, root
+        self.env = dict(os.environ)  # pytest's environment at collection (a test's monkeypatch never reaches a run)
         for old in CGROUP_CPU.glob("rlwb-tests-*-*"):  # left by a session that was killed: removed once empty
             if not Path(f"/proc/{old.name.split('-')[2]}").exists():
                 for child in [c for c in old.iterdir() if c.is_dir()] + [old]:
@@ -88,7 +117,7 @@ class Background:
                         child.rmdir()
                     except OSError:
                         pass
-        name = f"rlwb-tests-{os.getpid()}-{self.root.name.rsplit('-', 1)[-1]}"  # this process, this queue
+        name = f"rlwb-tests-{os.getpid()}-{id(self):x}"  # this process, this queue
         self.cgroup = _make_cgroup(CGROUP_CPU / name, SHARES) if CGROUP_CPU.is_dir() else None
         self.jobs: dict[str, Job] = {}
         self.queue: list[str] = []
@@ -97,8 +126,8 @@ class Background:
         self.launched: list[tuple[subprocess.Popen, Path | None]] = []
         self.thread = threading.Thread(target=self._loop, name="rlwb-tests-ahead", daemon=True)
 
-    def add(self, name: str, commands: list[tuple[list[str], dict]], dir: Path, timeout: float = 1800) -> None:
-        self.jobs[name] = Job(name, commands, dir, timeout)
+    def add(self, name: str, commands: list[tuple[list[str], dict]], dir: Path) -> None:
+        self.jobs[name] = Job(name, commands, dir)
         self.queue.append(name)
 
     def start(self) -> None:
@@ -107,7 +136,7 @@ class Background:
 
     def wait(self, name: str) -> Job | None:
         """The finished job `name` (moved to the front of the queue first, if it has not started), or None if this
-        session queued no such job."""
+        session queued no such job. Raises if the runner thread is gone with the job unfinished."""
         job = self.jobs.get(name)
         if job is None:
             return None
@@ -117,7 +146,9 @@ class Background:
                 self.queue.remove(name)
                 self.queue.insert(0, name)
             self.lock.notify_all()
-        job.done.wait()
+        while not job.done.wait(timeout=5):
+            if not self.thread.is_alive():
+                raise RuntimeError(f"the background runner stopped before {name!r} ran (session closing?)")
         return job
 
     def launch(self, name: str, args: list[str], env: dict, log: Path) -> subprocess.Popen:
@@ -125,8 +156,8 @@ class Background:
         for it. Stopped by `close` if still running."""
         cgroup = _make_cgroup(self.cgroup / name) if self.cgroup is not None else None
         with open(log, "w") as f:
-            proc = subprocess.Popen(args, cwd=self.cwd, stdout=f, stderr=subprocess.STDOUT, process_group=0,
-                                    preexec_fn=self._child_setup(cgroup), env={**os.environ, **env})
+            proc = subprocess.Popen(args, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                    process_group=0, preexec_fn=self._child_setup(cgroup), env={**self.env, **env})
         self.launched.append((proc, cgroup))
         return proc
 
@@ -148,31 +179,36 @@ class Background:
         while (job := self._next()) is not None:
             try:
                 self._run(job)
+            except BaseException as e:  # noqa: BLE001 (handed to the test that waits on this job)
+                job.error = e
             finally:
+                _remove_cgroup(job.cgroup)
                 job.done.set()
 
     def _run(self, job: Job) -> None:
         job.dir.mkdir(parents=True, exist_ok=True)
+        logs = self.root / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        index = list(self.jobs).index(job.name)
         if self.cgroup is not None:
-            job.cgroup = _make_cgroup(self.cgroup / f"job-{list(self.jobs).index(job.name)}")
+            job.cgroup = _make_cgroup(self.cgroup / f"job-{index}")
         for i, (args, env) in enumerate(job.commands):
-            out, err = job.dir / f".ahead-{i}.out", job.dir / f".ahead-{i}.err"
+            out, err = logs / f"job-{index}-{i}.out", logs / f"job-{index}-{i}.err"
             with open(out, "w") as o, open(err, "w") as e:
-                job.proc = subprocess.Popen(args, cwd=self.cwd, stdout=o, stderr=e, process_group=0,
-                                            preexec_fn=self._child_setup(job.cgroup),
-                                            env={**os.environ, **env})
+                with self.lock:  # `close` sees this process, or this command never starts
+                    if self.closing:
+                        return
+                    job.proc = subprocess.Popen(args, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=o, stderr=e,
+                                                process_group=0, preexec_fn=self._child_setup(job.cgroup),
+                                                env={**self.env, **env})
                 try:
-                    job.proc.wait(timeout=job.timeout)
+                    job.proc.wait(timeout=COMMAND_TIMEOUT)
                 except subprocess.TimeoutExpired:
-                    self._stop(job)
-            r = subprocess.CompletedProcess(args, job.proc.returncode, out.read_text(errors="replace"),
-                                            err.read_text(errors="replace"))
-            out.unlink()
-            err.unlink()
-            job.results.append(r)
-            if r.returncode != 0 or self.closing:
-                break
-        self._remove_cgroup(job)
+                    self._stop(job.proc, job.cgroup)
+            job.results.append(subprocess.CompletedProcess(args, job.proc.returncode, out.read_text(errors="replace"),
+                                                           err.read_text(errors="replace")))
+            if job.proc.returncode != 0:
+                return
 
     @staticmethod
     def _child_setup(cgroup: Path | None):
@@ -181,74 +217,49 @@ class Background:
                 (cgroup / "cgroup.procs").write_text(str(os.getpid()))
             else:
                 os.nice(19)
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: dies with pytest
+            with open("/proc/self/oom_score_adj", "w") as f:  # under memory pressure, this run goes first
+                f.write("1000")
+            # PR_SET_PDEATHSIG: SIGTERM when the thread that started it ends (the runner thread outlives its
+            # commands; `launch` runs on the main thread) or pytest dies, even by SIGKILL
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
         return setup
 
-    def _stop(self, job: Job) -> None:
-        """SIGTERM the job's command (rlwb archives the run as failed and stops its workers), then SIGKILL whatever
-        is left of it: its process group, and its cgroup (the kernel and workers in sessions of their own)."""
-        proc = job.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        for pid in ([proc.pid] + (_cgroup_pids(job.cgroup) if job.cgroup else [])):
+    @staticmethod
+    def _stop(proc: subprocess.Popen, cgroup: Path | None) -> None:
+        """SIGTERM a command (rlwb archives the run as failed and stops its workers), then SIGKILL whatever is left of
+        it: itself, and its cgroup (the kernel and workers in sessions of their own)."""
+        if proc.poll() is None:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
-        proc.wait()
-
-    def _remove_cgroup(self, job: Job) -> None:
-        if job.cgroup is None:
-            return
-        for pid in _cgroup_pids(job.cgroup):  # a worker the run left behind (it would fail its own test's checks)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                job.cgroup.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
+        if proc.poll() is None:
+            _kill([proc.pid])
+            proc.wait()
+        if cgroup is not None:
+            _kill(_cgroup_pids(cgroup))
 
     def close(self) -> None:
-        """End of session: stop the running job, drop the queued ones, remove the cgroups and the jobs' folders."""
+        """End of session: drop the queued jobs, stop the running command and what was launched, remove the
+        cgroups. The jobs' folders stay (in pytest's temporary directory, as a test's own runs would)."""
         with self.lock:
             self.closing = True
             self.lock.notify_all()
-        for job in self.jobs.values():
-            if job.started is not None and not job.done.is_set():
-                self._stop(job)
-        for proc, _ in self.launched:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=30)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    pass
+            running = [(job.proc, job.cgroup) for job in self.jobs.values()
+                       if job.proc is not None and not job.done.is_set()]
+        for proc, cgroup in running + self.launched:
+            self._stop(proc, cgroup)
         if self.thread.is_alive():
             self.thread.join(timeout=60)
+        for _, cgroup in self.launched:
+            _remove_cgroup(cgroup)
         if self.cgroup is not None:
-            for child in (c for c in self.cgroup.iterdir() if c.is_dir()):
-                for pid in _cgroup_pids(child):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                try:
-                    child.rmdir()
-                except OSError:
-                    pass
             try:
-                self.cgroup.rmdir()
+                children = [c for c in self.cgroup.iterdir() if c.is_dir()]
             except OSError:
-                pass
-        shutil.rmtree(self.root, ignore_errors=True)
+                children = []
+            for child in children:
+                _remove_cgroup(child)
+            _remove_cgroup(self.cgroup)

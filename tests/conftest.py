@@ -60,19 +60,21 @@ def ahead_commands(name: str, folder: Path) -> list[tuple[list[str], dict]]:
 
 def own_ahead_job(item) -> str | None:
     """The background job whose run only test `item` asserts on (a smoke run, the model built inside a run)."""
-    if item.originalname == "test_notebook_smoke" and item.callspec.params["stem"] not in SHARED_SMOKE:
-        return f"smoke {item.callspec.params['stem']}"
-    if item.originalname == "test_a_model_built_inside_a_run_stays_out_of_its_report":
+    name, params = getattr(item, "originalname", None), getattr(getattr(item, "callspec", None), "params", {})
+    if name == "test_notebook_smoke" and params["stem"] not in SHARED_SMOKE:
+        return f"smoke {params['stem']}"
+    if name == "test_a_model_built_inside_a_run_stays_out_of_its_report":
         return "model built inside a run"
     return None
 
 
 def ahead_jobs(item) -> list[str]:
     """The background jobs whose runs test `item` asserts on, in the order it uses them."""
-    shared = [SHARED_SMOKE[item.callspec.params["stem"]]] if (item.originalname == "test_notebook_smoke" and
-                                                              item.callspec.params["stem"] in SHARED_SMOKE) else []
+    name, params = getattr(item, "originalname", None), getattr(getattr(item, "callspec", None), "params", {})
+    shared = [SHARED_SMOKE[params["stem"]]] if name == "test_notebook_smoke" and params["stem"] in SHARED_SMOKE else []
     own = own_ahead_job(item)
-    return ([own] if own else []) + shared + [f for f in SHARED_SMOKE.values() if f in item.fixturenames]
+    fixtures = [f for f in SHARED_SMOKE.values() if f in getattr(item, "fixturenames", ())]
+    return ([own] if own else []) + shared + fixtures
 
 
 _AHEAD: dict = {}  # "background": the session's tests.background.Background, when it has one
@@ -80,10 +82,14 @@ _AHEAD: dict = {}  # "background": the session's tests.background.Background, wh
 
 def ahead(name: str, folder: Path, timeout: int = 1200) -> tuple[Path, list[subprocess.CompletedProcess]]:
     """(the folder the runs went into, their completed `rlwb` commands) of job `name`: waited for where this session
-    started it in the background, else run here, now, into `folder`, exactly as the background would have."""
+    queued it in the background, else run here, now, into `folder`: the same commands (the background adds only
+    OMP_WAIT_POLICY=PASSIVE, which changes no number, and runs them with pytest's environment at collection)."""
     background = _AHEAD.get("background")
     job = background.wait(name) if background is not None else None
     if job is not None:
+        if job.error is not None:
+            raise RuntimeError(f"the background runner could not run {name!r}") from job.error
+        assert job.results, f"the session closed before the background ran {name!r}"
         return job.dir, job.results
     results = []
     for args, env in ahead_commands(name, folder):
@@ -187,7 +193,7 @@ def pytest_collection_finish(session):
     at = [i for i, item in enumerate(items) if item.name == RECIPE_TEST]
     if not names and not at:
         return
-    background = _AHEAD["background"] = Background(REPO)
+    background = _AHEAD["background"] = Background(REPO, session.config._tmp_path_factory.mktemp("ahead"))
     if at:
         items.append(items.pop(at[0]))
         cache = Path(tempfile.mkdtemp(prefix="rlwb-recipe-build-"))
@@ -195,14 +201,14 @@ def pytest_collection_finish(session):
                                  {"RLWB_CACHE": str(cache), "OMP_WAIT_POLICY": "PASSIVE"}, cache / "build.log")
         _RECIPE_BUILD.update(proc=proc, cache=cache)
     for name in names:
-        folder = background.root / name.replace(" ", "-")
+        folder = background.root / name.replace(" ", "-")  # in pytest's temporary directory, kept as a test's are
         background.add(name, [([*RLWB, *args], {**env, "OMP_WAIT_POLICY": "PASSIVE"})
                               for args, env in ahead_commands(name, folder)], folder)
     background.start()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Stop what the background still runs (interrupted, or its test never ran: -x) and remove its folders."""
+    """Stop what the background still runs (interrupted, or its test never ran: -x) and remove its cgroups."""
     background, cache = _AHEAD.pop("background", None), _RECIPE_BUILD.get("cache")
     try:
         if background is not None:
