@@ -28,12 +28,15 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (the machines CI runs on)
 SHARES = 128  # of the 1,024 each session at the root gets: ~1/9 of a contended core, all of an idle one
 MIN_AVAILABLE_GIB = 6.0  # a smoke run's kernel and engines take ~2-5 GiB (the busiest: three engines at ~1.4 GiB)
+YIELD_BELOW_GIB = 3.0  # a run no test waits on is stopped (and queued again) when free memory falls below this: a
+# vLLM V1 worker the tests start needs ~1.7 GiB and refuses to start with less than its 1 GiB KV cache free
 COMMAND_TIMEOUT = 1200  # s per command, as in the foreground (`conftest.rlwb`'s callers)
 
 
@@ -92,8 +95,9 @@ class Job:
     """One background job: CLI command lines run one after another in `dir` (a job stops at the first that fails)."""
 
     name: str
-    commands: list[tuple[list[str], dict]]
+    make: Callable[[Path], list[tuple[list[str], dict]]]  # the command lines, given the folder they write into
     dir: Path
+    yielded: int = 0  # times it was stopped to leave memory to the tests (each retry gets a fresh folder)
     results: list[subprocess.CompletedProcess] = field(default_factory=list)
     error: BaseException | None = None  # what kept the runner from running a command (it then goes on to the next job)
     proc: subprocess.Popen | None = None
@@ -126,8 +130,10 @@ class Background:
         self.launched: list[tuple[subprocess.Popen, Path | None]] = []
         self.thread = threading.Thread(target=self._loop, name="rlwb-tests-ahead", daemon=True)
 
-    def add(self, name: str, commands: list[tuple[list[str], dict]], dir: Path) -> None:
-        self.jobs[name] = Job(name, commands, dir)
+    def add(self, name: str, make: Callable[[Path], list[tuple[list[str], dict]]], dir: Path) -> None:
+        """Queue job `name`: the command lines `make(folder)` run one after another, into `dir` (or a fresh folder
+        beside it when the job is run again after leaving memory to the tests)."""
+        self.jobs[name] = Job(name, make, dir)
         self.queue.append(name)
 
     def start(self) -> None:
@@ -183,7 +189,8 @@ class Background:
                 job.error = e
             finally:
                 _remove_cgroup(job.cgroup)
-                job.done.set()
+                if job.started is not None or self.closing:  # not queued again (`_requeue`)
+                    job.done.set()
 
     def _run(self, job: Job) -> None:
         job.dir.mkdir(parents=True, exist_ok=True)
@@ -192,8 +199,8 @@ class Background:
         index = list(self.jobs).index(job.name)
         if self.cgroup is not None:
             job.cgroup = _make_cgroup(self.cgroup / f"job-{index}")
-        for i, (args, env) in enumerate(job.commands):
-            out, err = logs / f"job-{index}-{i}.out", logs / f"job-{index}-{i}.err"
+        for i, (args, env) in enumerate(job.make(job.dir)):
+            out, err = logs / f"job-{index}-{job.yielded}-{i}.out", logs / f"job-{index}-{job.yielded}-{i}.err"
             with open(out, "w") as o, open(err, "w") as e:
                 with self.lock:  # `close` sees this process, or this command never starts
                     if self.closing:
@@ -201,14 +208,35 @@ class Background:
                     job.proc = subprocess.Popen(args, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=o, stderr=e,
                                                 process_group=0, preexec_fn=self._child_setup(job.cgroup),
                                                 env={**self.env, **env})
-                try:
-                    job.proc.wait(timeout=COMMAND_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    self._stop(job.proc, job.cgroup)
+                deadline = time.monotonic() + COMMAND_TIMEOUT
+                while True:
+                    try:
+                        job.proc.wait(timeout=1)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if time.monotonic() > deadline:
+                        self._stop(job.proc, job.cgroup)
+                        break
+                    if not job.waited and available_gib() < YIELD_BELOW_GIB:
+                        self._stop(job.proc, job.cgroup)
+                        self._requeue(job)
+                        return
             job.results.append(subprocess.CompletedProcess(args, job.proc.returncode, out.read_text(errors="replace"),
                                                            err.read_text(errors="replace")))
             if job.proc.returncode != 0:
                 return
+
+    def _requeue(self, job: Job) -> None:
+        """Back to the front of the queue, to run again from scratch in a fresh folder (what the stopped run
+        archived stays in the old one, out of the tests' way) once memory is free or a test waits on it."""
+        _remove_cgroup(job.cgroup)
+        with self.lock:
+            job.yielded += 1
+            job.dir = job.dir.with_name(f"{job.dir.name.split('.retry')[0]}.retry{job.yielded}")
+            job.results, job.proc, job.started = [], None, None
+            if not self.closing:
+                self.queue.insert(0, job.name)
 
     @staticmethod
     def _child_setup(cgroup: Path | None):

@@ -202,8 +202,8 @@ def pytest_collection_finish(session):
         _RECIPE_BUILD.update(proc=proc, cache=cache)
     for name in names:
         folder = background.root / name.replace(" ", "-")  # in pytest's temporary directory, kept as a test's are
-        background.add(name, [([*RLWB, *args], {**env, "OMP_WAIT_POLICY": "PASSIVE"})
-                              for args, env in ahead_commands(name, folder)], folder)
+        background.add(name, lambda d, name=name: [([*RLWB, *args], {**env, "OMP_WAIT_POLICY": "PASSIVE"})
+                                                   for args, env in ahead_commands(name, d)], folder)
     background.start()
 
 

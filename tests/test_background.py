@@ -26,11 +26,11 @@ def test_a_job_runs_in_order_at_low_priority_and_stops_at_the_first_failure(tmp_
     bg = Background(REPO, tmp_path)
     monkeypatch.setenv("RLWB_PROBE", "set by a running test")  # never reaches a run
     try:
-        bg.add("ok", [([PY, "-c", WHERE], {}), ([PY, "-c", "print('second')"], {})], tmp_path / "ok")
-        bg.add("fails", [([PY, "-c", "import sys; sys.exit('broken')"], {}), ([PY, "-c", "print('never')"], {})],
-               tmp_path / "fails")
-        bg.add("cannot start", [([str(tmp_path / "no-such-program")], {})], tmp_path / "cannot")
-        bg.add("after it", [([PY, "-c", "print('still runs')"], {})], tmp_path / "after")
+        bg.add("ok", lambda d: [([PY, "-c", WHERE], {}), ([PY, "-c", "print('second')"], {})], tmp_path / "ok")
+        bg.add("fails", lambda d: [([PY, "-c", "import sys; sys.exit('broken')"], {}),
+                                   ([PY, "-c", "print('never')"], {})], tmp_path / "fails")
+        bg.add("cannot start", lambda d: [([str(tmp_path / "no-such-program")], {})], tmp_path / "cannot")
+        bg.add("after it", lambda d: [([PY, "-c", "print('still runs')"], {})], tmp_path / "after")
         bg.start()
         ok, fails, cannot, after = (bg.wait(n) for n in ("ok", "fails", "cannot start", "after it"))
         assert [r.returncode for r in ok.results] == [0, 0] and ok.results[1].stdout == "second\n"
@@ -55,12 +55,12 @@ def test_a_waited_job_jumps_the_queue_and_closing_leaves_nothing_behind(tmp_path
     bg = Background(REPO, tmp_path)
     pid_file = tmp_path / "pid"
     # the first job starts a grandchild in a session of its own (as papermill's kernel and rlwb's workers do)
-    bg.add("long", [([PY, "-c", "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
+    bg.add("long", lambda d: [([PY, "-c", "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', "
                                 "'import time; time.sleep(600)'], start_new_session=True); "
                                 f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(600)"], {})],
            tmp_path / "long")
-    bg.add("queued", [([PY, "-c", "print('queued')"], {})], tmp_path / "queued")
-    bg.add("urgent", [([PY, "-c", "print('urgent')"], {})], tmp_path / "urgent")
+    bg.add("queued", lambda d: [([PY, "-c", "print('queued')"], {})], tmp_path / "queued")
+    bg.add("urgent", lambda d: [([PY, "-c", "print('urgent')"], {})], tmp_path / "urgent")
     cgroup, grandchild = bg.cgroup, None
     waiter_saw: list = []
     try:
@@ -92,6 +92,35 @@ def test_a_waited_job_jumps_the_queue_and_closing_leaves_nothing_behind(tmp_path
             os.kill(grandchild, signal.SIGKILL)
 
 
+MARK_AND_SLEEP = ("import pathlib, sys, time; d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); "
+                  "(d / 'marker').write_text('x'); time.sleep(3); print(d)")
+
+
+def test_a_run_no_test_waits_on_leaves_memory_to_the_tests(tmp_path, monkeypatch):
+    """Free memory below YIELD_BELOW_GIB stops a run no test waits on; it is queued again and, once a test waits on
+    it, made from scratch in a fresh folder (the stopped attempt's files stay out of the way) and not stopped again."""
+    monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", 0)
+    bg = Background(REPO, tmp_path)
+    try:
+        bg.add("big", lambda d: [([PY, "-c", MARK_AND_SLEEP, str(d)], {})], tmp_path / "big")
+        bg.start()
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "big" / "marker").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        monkeypatch.setattr(background, "YIELD_BELOW_GIB", float("inf"))  # the tests now need the memory
+        monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", float("inf"))  # and keep needing it
+        deadline = time.monotonic() + 10
+        while bg.jobs["big"].yielded == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert bg.jobs["big"].yielded == 1 and bg.queue == ["big"] and not bg.jobs["big"].done.is_set()
+        job = bg.wait("big")  # a test waits: it runs whatever the memory, to the end
+        assert job.yielded == 1 and job.dir == tmp_path / "big.retry1"
+        assert [r.stdout for r in job.results] == [f"{tmp_path / 'big.retry1'}\n"]
+        assert (tmp_path / "big" / "marker").exists()
+    finally:
+        bg.close()
+
+
 def _wait_or_error(bg: Background, name: str):
     try:
         return bg.wait(name)
@@ -103,7 +132,7 @@ def test_the_memory_guard_holds_a_job_until_a_test_waits_on_it(tmp_path, monkeyp
     monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", float("inf"))  # never enough memory free
     bg = Background(REPO, tmp_path)
     try:
-        bg.add("held", [([PY, "-c", "print('ran')"], {})], tmp_path / "held")
+        bg.add("held", lambda d: [([PY, "-c", "print('ran')"], {})], tmp_path / "held")
         bg.start()
         time.sleep(3)  # the runner looks every 2 s
         assert bg.jobs["held"].started is None and bg.queue == ["held"]

@@ -80,7 +80,11 @@ def test_interrupted_sweep_keeps_finished_cells_and_resume_runs_only_the_rest(ou
     grid = write_grid(tmp_path, notebook="00_default_policy", files=["params/00_default_policy/smoke.yaml"],
                       grid={"seed": [0, 1]}, summary={"x": "seed", "metrics": ["policy/greedy_accuracy"]})
     proc = subprocess.Popen([sys.executable, "-m", "rlwb.cli", "sweep", str(grid)], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ},
+                            # as a terminal's Ctrl-C finds it: a shell that started the suite in the background leaves
+                            # SIGINT ignored, and the sweep, between two cells (outside `rlwb run`'s own handler),
+                            # would inherit that and run on (seen once, when a busy machine widened that moment)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 600
     state_file = None
     while time.time() < deadline:  # wait for the first cell to be archived, then Ctrl-C
