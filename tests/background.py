@@ -17,7 +17,8 @@ at nice 19, which its kernel and engine workers, in sessions of their own, do no
 competes with the tests as an equal (correct, only less fast). The children's environment is the one pytest had at
 collection, never a variable a running test has set; the OOM killer takes a background run before the tests' own
 engines. A run starts only while `MIN_AVAILABLE_GIB` of memory is free, unless a test is already waiting on it (that
-test would otherwise start the same run itself).
+test would otherwise start the same run itself); a run no test waits on is killed when free memory falls below
+`YIELD_BELOW_GIB`, and made again, from scratch, when its test waits on it.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from pathlib import Path
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (the machines CI runs on)
 SHARES = 128  # of the 1,024 each session at the root gets: ~1/9 of a contended core, all of an idle one
 MIN_AVAILABLE_GIB = 6.0  # a smoke run's kernel and engines take ~2-5 GiB (the busiest: three engines at ~1.4 GiB)
-YIELD_BELOW_GIB = 3.0  # a run no test waits on is stopped (and queued again) when free memory falls below this: a
-# vLLM V1 worker the tests start needs ~1.7 GiB and refuses to start with less than its 1 GiB KV cache free
+YIELD_BELOW_GIB = 3.0  # a run no test waits on is killed (and made again when its test waits) when free memory falls
+# below this, checked each second: a vLLM V1 worker the tests start needs ~1.7 GiB and refuses to start with less
+# than its 1 GiB KV cache free
 COMMAND_TIMEOUT = 1200  # s per command, as in the foreground (`conftest.rlwb`'s callers)
 
 
@@ -170,15 +172,23 @@ class Background:
     # the thread ---------------------------------------------------------------------------------------------------
 
     def _next(self) -> Job | None:
+        """The job to run next: the first one a test waits on, wherever it is in the queue; else the front one, if it
+        was never stopped for memory (such a job waits for its test) and enough memory is free."""
         with self.lock:
             while not self.closing:
-                if self.queue:
-                    job = self.jobs[self.queue[0]]
-                    if job.waited or available_gib() >= MIN_AVAILABLE_GIB:
-                        self.queue.pop(0)
-                        job.started = time.monotonic()
-                        return job
-                self.lock.wait(timeout=2)
+                waited = [name for name in self.queue if self.jobs[name].waited]
+                if waited:
+                    name = waited[0]
+                elif (self.queue and not self.jobs[self.queue[0]].yielded
+                      and available_gib() >= MIN_AVAILABLE_GIB):
+                    name = self.queue[0]
+                else:
+                    self.lock.wait(timeout=2)
+                    continue
+                self.queue.remove(name)
+                job = self.jobs[name]
+                job.started = time.monotonic()
+                return job
             return None
 
     def _loop(self) -> None:
@@ -218,8 +228,9 @@ class Background:
                     if time.monotonic() > deadline:
                         self._stop(job.proc, job.cgroup)
                         break
+                    # (a test that starts waiting just after this check gets the run from scratch: slower, not hung)
                     if not job.waited and available_gib() < YIELD_BELOW_GIB:
-                        self._stop(job.proc, job.cgroup)
+                        self._stop(job.proc, job.cgroup, graceful=job.cgroup is None)  # the memory back at once
                         self._requeue(job)
                         return
             job.results.append(subprocess.CompletedProcess(args, job.proc.returncode, out.read_text(errors="replace"),
@@ -228,8 +239,9 @@ class Background:
                 return
 
     def _requeue(self, job: Job) -> None:
-        """Back to the front of the queue, to run again from scratch in a fresh folder (what the stopped run
-        archived stays in the old one, out of the tests' way) once memory is free or a test waits on it."""
+        """Back to the front of the queue, to run again from scratch in a fresh folder (what the stopped run left
+        stays in the old one, out of the tests' way) once a test waits on it: one stop per job, never a loop of
+        restarts that each take the memory back."""
         _remove_cgroup(job.cgroup)
         with self.lock:
             job.yielded += 1
@@ -254,10 +266,12 @@ class Background:
         return setup
 
     @staticmethod
-    def _stop(proc: subprocess.Popen, cgroup: Path | None) -> None:
+    def _stop(proc: subprocess.Popen, cgroup: Path | None, graceful: bool = True) -> None:
         """SIGTERM a command (rlwb archives the run as failed and stops its workers), then SIGKILL whatever is left of
-        it: itself, and its cgroup (the kernel and workers in sessions of their own)."""
-        if proc.poll() is None:
+        it: itself, and its cgroup (the kernel and workers in sessions of their own). Not graceful: SIGKILL at once."""
+        if cgroup is not None and not graceful:
+            _kill(_cgroup_pids(cgroup))
+        if proc.poll() is None and graceful:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=30)

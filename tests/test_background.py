@@ -22,6 +22,7 @@ WHERE = "import os; print(os.nice(0), os.environ.get('RLWB_PROBE'), open('/proc/
 
 def test_a_job_runs_in_order_at_low_priority_and_stops_at_the_first_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", 0)  # whatever the rest of the session holds
+    monkeypatch.setattr(background, "YIELD_BELOW_GIB", 0)
     monkeypatch.setenv("RLWB_PROBE", "collection")
     bg = Background(REPO, tmp_path)
     monkeypatch.setenv("RLWB_PROBE", "set by a running test")  # never reaches a run
@@ -32,7 +33,7 @@ def test_a_job_runs_in_order_at_low_priority_and_stops_at_the_first_failure(tmp_
         bg.add("cannot start", lambda d: [([str(tmp_path / "no-such-program")], {})], tmp_path / "cannot")
         bg.add("after it", lambda d: [([PY, "-c", "print('still runs')"], {})], tmp_path / "after")
         bg.start()
-        ok, fails, cannot, after = (bg.wait(n) for n in ("ok", "fails", "cannot start", "after it"))
+        ok, fails, cannot, after = (waited(bg, n) for n in ("ok", "fails", "cannot start", "after it"))
         assert [r.returncode for r in ok.results] == [0, 0] and ok.results[1].stdout == "second\n"
         nice, probe, cgroups = ok.results[0].stdout.split(" ", 2)
         assert probe == "collection"
@@ -52,6 +53,7 @@ def test_a_job_runs_in_order_at_low_priority_and_stops_at_the_first_failure(tmp_
 
 def test_a_waited_job_jumps_the_queue_and_closing_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", 0)
+    monkeypatch.setattr(background, "YIELD_BELOW_GIB", 0)
     bg = Background(REPO, tmp_path)
     pid_file = tmp_path / "pid"
     # the first job starts a grandchild in a session of its own (as papermill's kernel and rlwb's workers do)
@@ -97,28 +99,48 @@ MARK_AND_SLEEP = ("import pathlib, sys, time; d = pathlib.Path(sys.argv[1]); d.m
 
 
 def test_a_run_no_test_waits_on_leaves_memory_to_the_tests(tmp_path, monkeypatch):
-    """Free memory below YIELD_BELOW_GIB stops a run no test waits on; it is queued again and, once a test waits on
-    it, made from scratch in a fresh folder (the stopped attempt's files stay out of the way) and not stopped again."""
+    """Free memory below YIELD_BELOW_GIB kills a run no test waits on; it does not start again by itself (no loop of
+    restarts), the job a test waits on runs although the stopped one is in front of it, and once its own test waits
+    the stopped run is made from scratch in a fresh folder (the killed attempt's files stay out of the way)."""
     monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", 0)
+    monkeypatch.setattr(background, "YIELD_BELOW_GIB", 0)
     bg = Background(REPO, tmp_path)
     try:
         bg.add("big", lambda d: [([PY, "-c", MARK_AND_SLEEP, str(d)], {})], tmp_path / "big")
+        bg.add("waited", lambda d: [([PY, "-c", "print('waited')"], {})], tmp_path / "waited")
         bg.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not (tmp_path / "big" / "marker").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        monkeypatch.setattr(background, "YIELD_BELOW_GIB", float("inf"))  # the tests now need the memory
-        monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", float("inf"))  # and keep needing it
-        deadline = time.monotonic() + 10
-        while bg.jobs["big"].yielded == 0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert bg.jobs["big"].yielded == 1 and bg.queue == ["big"] and not bg.jobs["big"].done.is_set()
-        job = bg.wait("big")  # a test waits: it runs whatever the memory, to the end
+        result: list = []
+        waiter = threading.Thread(target=lambda: result.append(_wait_or_error(bg, "waited")), daemon=True)
+        waiter.start()  # a test waits on the second job while the first runs
+        time.sleep(0.5)
+        monkeypatch.setattr(background, "YIELD_BELOW_GIB", float("inf"))  # now the tests need the memory
+        waiter.join(timeout=30)
+        assert result and result[0].results[0].stdout == "waited\n"
+        with bg.lock:
+            assert bg.jobs["big"].yielded == 1 and bg.queue == ["big"] and bg.jobs["big"].started is None
+        time.sleep(2.5)  # memory is free again (MIN_AVAILABLE_GIB 0), yet the stopped job waits for its test
+        with bg.lock:
+            assert bg.queue == ["big"] and not bg.jobs["big"].done.is_set()
+        job = waited(bg, "big")  # its test waits: it runs, whatever the memory, to the end
         assert job.yielded == 1 and job.dir == tmp_path / "big.retry1"
         assert [r.stdout for r in job.results] == [f"{tmp_path / 'big.retry1'}\n"]
         assert (tmp_path / "big" / "marker").exists()
     finally:
         bg.close()
+
+
+def waited(bg: Background, name: str, timeout: float = 60):
+    """bg.wait(name), failing after `timeout` s instead of hanging the suite."""
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(_wait_or_error(bg, name)), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert result, f"waited {timeout} s for {name!r}"
+    assert not isinstance(result[0], Exception), result[0]
+    return result[0]
 
 
 def _wait_or_error(bg: Background, name: str):
@@ -130,13 +152,14 @@ def _wait_or_error(bg: Background, name: str):
 
 def test_the_memory_guard_holds_a_job_until_a_test_waits_on_it(tmp_path, monkeypatch):
     monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", float("inf"))  # never enough memory free
+    monkeypatch.setattr(background, "YIELD_BELOW_GIB", 0)
     bg = Background(REPO, tmp_path)
     try:
         bg.add("held", lambda d: [([PY, "-c", "print('ran')"], {})], tmp_path / "held")
         bg.start()
         time.sleep(3)  # the runner looks every 2 s
         assert bg.jobs["held"].started is None and bg.queue == ["held"]
-        assert bg.wait("held").results[0].stdout == "ran\n"  # a waiting test would otherwise run it itself
+        assert waited(bg, "held").results[0].stdout == "ran\n"  # a waiting test would otherwise run it itself
     finally:
         bg.close()
 
