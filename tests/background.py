@@ -172,16 +172,17 @@ class Background:
     # the thread ---------------------------------------------------------------------------------------------------
 
     def _next(self) -> Job | None:
-        """The job to run next: the first one a test waits on, wherever it is in the queue; else the front one, if it
-        was never stopped for memory (such a job waits for its test) and enough memory is free."""
+        """The job to run next: the first one a test waits on, wherever it is in the queue; else the first one never
+        stopped for memory (such a job waits for its test, and does not hold up the others), if enough memory is
+        free."""
         with self.lock:
             while not self.closing:
                 waited = [name for name in self.queue if self.jobs[name].waited]
+                fresh = [name for name in self.queue if not self.jobs[name].yielded]
                 if waited:
                     name = waited[0]
-                elif (self.queue and not self.jobs[self.queue[0]].yielded
-                      and available_gib() >= MIN_AVAILABLE_GIB):
-                    name = self.queue[0]
+                elif fresh and available_gib() >= MIN_AVAILABLE_GIB:
+                    name = fresh[0]
                 else:
                     self.lock.wait(timeout=2)
                     continue

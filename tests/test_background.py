@@ -100,7 +100,8 @@ MARK_AND_SLEEP = ("import pathlib, sys, time; d = pathlib.Path(sys.argv[1]); d.m
 
 def test_a_run_no_test_waits_on_leaves_memory_to_the_tests(tmp_path, monkeypatch):
     """Free memory below YIELD_BELOW_GIB kills a run no test waits on; it does not start again by itself (no loop of
-    restarts), the job a test waits on runs although the stopped one is in front of it, and once its own test waits
+    restarts) nor holds up the jobs behind it, the job a test waits on runs although the stopped one is in front of
+    it, and once its own test waits
     the stopped run is made from scratch in a fresh folder (the killed attempt's files stay out of the way)."""
     monkeypatch.setattr(background, "MIN_AVAILABLE_GIB", 0)
     monkeypatch.setattr(background, "YIELD_BELOW_GIB", 0)
@@ -108,6 +109,7 @@ def test_a_run_no_test_waits_on_leaves_memory_to_the_tests(tmp_path, monkeypatch
     try:
         bg.add("big", lambda d: [([PY, "-c", MARK_AND_SLEEP, str(d)], {})], tmp_path / "big")
         bg.add("waited", lambda d: [([PY, "-c", "print('waited')"], {})], tmp_path / "waited")
+        bg.add("next", lambda d: [([PY, "-c", "print('next')"], {})], tmp_path / "next")
         bg.start()
         deadline = time.monotonic() + 60
         while not (tmp_path / "big" / "marker").exists() and time.monotonic() < deadline:
@@ -117,13 +119,20 @@ def test_a_run_no_test_waits_on_leaves_memory_to_the_tests(tmp_path, monkeypatch
         waiter.start()  # a test waits on the second job while the first runs
         time.sleep(0.5)
         monkeypatch.setattr(background, "YIELD_BELOW_GIB", float("inf"))  # now the tests need the memory
+        deadline = time.monotonic() + 30
+        while bg.jobs["big"].yielded == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        monkeypatch.setattr(background, "YIELD_BELOW_GIB", 0)  # memory is free again (and MIN_AVAILABLE_GIB is 0)
         waiter.join(timeout=30)
         assert result and result[0].results[0].stdout == "waited\n"
+        deadline = time.monotonic() + 30  # the job behind the stopped one is not held up by it
+        while not bg.jobs["next"].done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert bg.jobs["next"].results[0].stdout == "next\n"
+        time.sleep(2.5)  # yet the stopped job waits for its test: no loop of restarts
         with bg.lock:
             assert bg.jobs["big"].yielded == 1 and bg.queue == ["big"] and bg.jobs["big"].started is None
-        time.sleep(2.5)  # memory is free again (MIN_AVAILABLE_GIB 0), yet the stopped job waits for its test
-        with bg.lock:
-            assert bg.queue == ["big"] and not bg.jobs["big"].done.is_set()
+            assert not bg.jobs["big"].done.is_set()
         job = waited(bg, "big")  # its test waits: it runs, whatever the memory, to the end
         assert job.yielded == 1 and job.dir == tmp_path / "big.retry1"
         assert [r.stdout for r in job.results] == [f"{tmp_path / 'big.retry1'}\n"]
