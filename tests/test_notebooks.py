@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import ahead, check_figures_fit, chromium, finished_run
+from tests.conftest import SHARED_SMOKE, ahead, check_figures_fit, chromium, finished_run
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
@@ -496,9 +496,11 @@ def test_notebook_smoke(stem, outputs, default_model, request):
     # `audit_smoke_run`: 10's through `rlwb audit -f params/10_audit/smoke.yaml`, which is `rlwb run` of notebook 10);
     # the others are `rlwb run` of the notebook with its smoke params, started ahead in the background where the
     # session could (conftest `ahead`)
-    shared = {"00_default_policy": lambda: request.getfixturevalue("notebook00_runs")[1][0],
-              "10_audit": lambda: request.getfixturevalue("audit_smoke_run")}
-    d = shared[stem]() if stem in shared else finished_run(ahead(f"smoke {stem}", outputs)[1][0])
+    if stem in SHARED_SMOKE:  # notebook00_runs is (archive, [a, b, c]): 00's smoke run is `a`
+        shared = request.getfixturevalue(SHARED_SMOKE[stem])
+        d = shared[1][0] if SHARED_SMOKE[stem] == "notebook00_runs" else shared
+    else:
+        d = finished_run(ahead(f"smoke {stem}", outputs)[1][0])
     CHECKS[stem](d, json.loads((d / "metrics.json").read_text()))
     # time to report, split by phase (rlwb.timing): the phases and `other` add up to the run's wall time
     info = json.loads((d / "run.json").read_text())
