@@ -124,7 +124,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     if resume:
         if nb.stem not in RESUMABLE:
             raise ParamError(f"{nb.stem} does not resume (only {', '.join(RESUMABLE)} does)")
-        from rlwb.params.schemas import check_resume_from
+        from rlwb.params.schemas.mismatch_cost import check_resume_from
 
         if why := check_resume_from(resume):
             raise ParamError(why)

@@ -145,14 +145,14 @@ def test_nothing_in_the_package_imports_the_tests():
 
 
 def test_the_architecture_page_names_every_module():
-    """docs/architecture.md is the map: each module of rlwb (but per-notebook experiments and figures, named by the
-    `<name>.py` rule, and package docstrings) appears on it by file name."""
+    """docs/architecture.md is the map: each module of rlwb (but per-notebook experiments, figures and schemas, named
+    by the `<name>.py` rule, and package docstrings) appears on it by file name."""
     from rlwb.registry import NOTEBOOKS
 
     per_notebook = {n.name for n in NOTEBOOKS.values()}
     page = (REPO / "docs" / "architecture.md").read_text()
     missing = sorted(module_name(f) for f in PKG.rglob("*.py") if f.name != "__init__.py"
-                     and not (f.parent.name in ("experiments", "plots") and f.stem in per_notebook)
+                     and not (f.parent.name in ("experiments", "plots", "schemas") and f.stem in per_notebook)
                      and f.name not in page)
     assert not missing, missing
 
@@ -186,6 +186,7 @@ def test_notebooks_records_experiments_figures_and_params_name_the_same_stems():
     assert names <= experiments and names <= figures
     assert len(names) == len(NOTEBOOKS)  # no two notebooks share a module name
     for r in NOTEBOOKS.values():
+        assert r.schema.__module__ == f"rlwb.params.schemas.{r.name}", (r.stem, r.schema.__module__)
         assert r.path.exists() and (r.params_dir / "default.yaml").exists() and (r.params_dir / "smoke.yaml").exists()
 
 

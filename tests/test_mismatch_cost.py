@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from rlwb.experiments import mismatch_cost as mc
-from rlwb.params import schemas
+from rlwb.params.schemas.mismatch_cost import MismatchCostParams
 
 SEEDS, STEPS = range(6), range(10)
 
@@ -42,7 +42,7 @@ def kl_zero(c: pd.DataFrame) -> dict:
 
 def table(costs):
     c = curves(costs)
-    return mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c)).set_index(["label", "arm"])
+    return mc.dose_table(c, MismatchCostParams(), kl_zero(c)).set_index(["label", "arm"])
 
 
 CLEAN = {("clean", "none@engine"): 0.0, ("clean", "none@trainer"): 0.0}
@@ -80,7 +80,7 @@ def test_a_ratio_dose_far_from_its_intended_k3_is_flagged():
 
 @pytest.mark.parametrize("kw", [{}, {"num_seeds": 8}, {"max_digits": 2, "model": "qwen2-chat"}])
 def test_held_out_problems_are_never_trained_on(kw):
-    p = schemas.MismatchCostParams(**kw)
+    p = MismatchCostParams(**kw)
     trained = mc.trained_problems(p)
     problems, what = mc.held_out(p, mc.HELDOUT_PROBLEMS, mc.HELDOUT_SEED)
     assert len(problems) >= mc.HELDOUT_PROBLEMS // 4 and "held-out" in what
@@ -88,7 +88,7 @@ def test_held_out_problems_are_never_trained_on(kw):
 
 
 def test_a_task_too_small_to_hold_out_is_named_as_such():
-    p = schemas.MismatchCostParams(max_digits=1, num_seeds=6)  # 100 problems, all of them drawn in training
+    p = MismatchCostParams(max_digits=1, num_seeds=6)  # 100 problems, all of them drawn in training
     problems, what = mc.held_out(p, mc.HELDOUT_PROBLEMS, mc.HELDOUT_SEED)
     assert len(problems) == 100 and "not held out" in what
 
@@ -100,14 +100,14 @@ def test_doses_that_would_share_a_label_are_refused(kw, match):
     from rlwb.errors import ParamError
 
     with pytest.raises(ParamError, match=match):
-        schemas.MismatchCostParams(**kw)
+        MismatchCostParams(**kw)
 
 
 def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported():
     from rlwb.experiments.wording import mismatch_cost as wording
 
     c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.0})
-    t = mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c))
+    t = mc.dose_table(c, MismatchCostParams(), kl_zero(c))
     m = mc.dose_metrics(t, c)
     plc = t.set_index(["label", "arm"]).loc[("placebo", "none@engine")]
     assert np.isfinite(plc["p_holm"]) and plc["verdict"] == "no cost shown" and plc["control"] == ""
@@ -115,7 +115,7 @@ def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported(
     assert "(passes" in wording.placebo_line(m)
     # a placebo that differs from its clean twin as much as a real cost does is a false positive, and says so
     c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.2})
-    t = mc.dose_table(c, schemas.MismatchCostParams(), kl_zero(c))
+    t = mc.dose_table(c, MismatchCostParams(), kl_zero(c))
     m = mc.dose_metrics(t, c)
     assert m["placebo/false_positive_rate_holm"] == 1 and "**fails**" in wording.placebo_line(m)
 
@@ -143,7 +143,7 @@ def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_de
     k3 10^(0.675 - 2) = 0.047, the BMDL below it ("keep k3 below"); a flat curve cannot bound it."""
     from rlwb.experiments.wording import mismatch_cost as wording
 
-    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[])
+    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[])
     c = ratio_curves(per_decade)
     t = mc.dose_table(c, p, {})
     m = mc.dose_metrics(t, c)
@@ -182,7 +182,7 @@ def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_on
         r = (c["label"] == lab) & (c["arm"] == arm)
         c.loc[r, "reward_mean"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
         c.loc[r, "heldout_greedy_acc"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
-    p = schemas.MismatchCostParams(arms=list(arms), placebo_arms=[])
+    p = MismatchCostParams(arms=list(arms), placebo_arms=[])
     t = mc.dose_table(c, p, kl_zero(c))
     con = mc.contrast_table(t, c).set_index(["contrast", "label", "arm"])
     tis = con.loc[("correction", "weights@0.1", "tis@trainer")]
@@ -218,7 +218,7 @@ def test_a_long_horizon_gap_that_grows_and_a_collapse_are_named():
                              "mismatch_k1": 0.0, "entropy": 0.2 if late else 0.5, "raw_logprobs": False,
                              "heldout_greedy_acc": 0.6, "engine": "vllm-v1-fixed"})
     c = pd.DataFrame(rows)
-    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=[0.1], steps=10, long_steps=40,
+    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=[0.1], steps=10, long_steps=40,
                                    long_doses=["ratio@0.1"])
     t = mc.dose_table(c, p, {}).set_index("label")
     assert t.loc["ratio@0.1+long", "horizon"] == 40 and t.loc["ratio@0.1", "horizon"] == 10
@@ -237,7 +237,7 @@ def test_a_long_horizon_gap_that_grows_and_a_collapse_are_named():
 
 
 def test_long_horizon_jobs_have_their_own_clean_twins():
-    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], long_steps=120, long_doses=["ratio@1"],
+    p = MismatchCostParams(arms=["none@engine", "none@trainer"], long_steps=120, long_doses=["ratio@1"],
                                    long_arms=["none@engine"], num_seeds=2)
     js = [j for j in mc.jobs(p) if j.steps]
     assert sorted({(j.label, j.arm) for j in js}) == [("clean+long", "none@engine"), ("ratio@1+long", "none@engine")]
@@ -246,7 +246,7 @@ def test_long_horizon_jobs_have_their_own_clean_twins():
     from rlwb.errors import ParamError
 
     with pytest.raises(ParamError, match="must exceed"):
-        schemas.MismatchCostParams(long_steps=10)
+        MismatchCostParams(long_steps=10)
 
 
 def test_the_wording_knows_every_benchmark_status_the_estimator_gives():
@@ -295,7 +295,7 @@ def test_the_study_trains_v1s_point_with_every_arm_and_the_length_scaled_geo_rs(
 def test_row_arms_restricts_a_row_and_refuses_what_is_not_a_row_or_an_arm():
     from rlwb.errors import ParamError
 
-    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer", "tis@trainer"], num_seeds=2,
+    p = MismatchCostParams(arms=["none@engine", "none@trainer", "tis@trainer"], num_seeds=2,
                                    engine_points=["vllm-v1", "vllm-v1@T1.0"],
                                    point_arms=["none@engine", "tis@trainer"],
                                    row_arms=["ratio@0.1 tis@trainer", "vllm-v1@T1.0 none@engine",
@@ -307,13 +307,13 @@ def test_row_arms_restricts_a_row_and_refuses_what_is_not_a_row_or_an_arm():
     assert {j.arm for j in js if j.label == "vllm-v1@T1"} == {"none@engine"}
     assert {j.arm for j in js if j.label == "clean@T1"} == {"none@engine"}  # no twin nobody pairs with
     with pytest.raises(ParamError, match="neither a dose row"):
-        schemas.MismatchCostParams(row_arms=["vllm-v2 none@engine"])
+        MismatchCostParams(row_arms=["vllm-v2 none@engine"])
     with pytest.raises(ParamError, match="not in 'arms'"):
-        schemas.MismatchCostParams(row_arms=["ratio@0.1 icepop@trainer"])
+        MismatchCostParams(row_arms=["ratio@0.1 icepop@trainer"])
     with pytest.raises(ParamError, match="twice"):
-        schemas.MismatchCostParams(row_arms=["ratio@0.1 none@engine", "ratio@0.1 none@trainer"])
+        MismatchCostParams(row_arms=["ratio@0.1 none@engine", "ratio@0.1 none@trainer"])
     with pytest.raises(ParamError, match="row_arms"):
-        schemas.MismatchCostParams(row_arms=["ratio@0.1"])
+        MismatchCostParams(row_arms=["ratio@0.1"])
 
 
 class FakeEngine:
@@ -345,7 +345,7 @@ def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_tempera
     monkeypatch.setattr(worker, "EngineWorker", Worker)
     monkeypatch.setattr(mc, "policy_reward", lambda m, engine, codec, probs, p, t: calls.append((engine.name, t))
                         or 0.5)
-    p = schemas.MismatchCostParams(engine_points=["vllm-v1-fixed@bf16", "vllm-v1@T1.0"], temperature=0.7)
+    p = MismatchCostParams(engine_points=["vllm-v1-fixed@bf16", "vllm-v1@T1.0"], temperature=0.7)
     recorded = []
     scorer = mc.CleanScorer(p.engines[0], "model", p.dtype, recorded.append)
     base_job = mc.Job("ratio", 0.1, "none@engine", 0, p.engines[0], 0.7, "ratio@0.1")
@@ -370,7 +370,7 @@ def test_the_analysis_is_a_function_of_the_archived_curves():
     c["kl_to_clean"] = [kl.get((lab, a, s), 0.0) if lab != "clean" else 0.0
                         for lab, a, s in zip(c["label"], c["arm"], c["seed"])]
     c["policy_reward"] = 0.7 - c["label"].map({"clean": 0.0, "ratio@0.1": 0.2, "weights@0.1": 0.05})
-    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], engine_points=[], num_seeds=6)
+    p = MismatchCostParams(arms=["none@engine", "none@trainer"], engine_points=[], num_seeds=6)
     res = mc.analyze(c, p)
     old = mc.dose_table(c.drop(columns="kl_to_clean"), p, kl)
     pd.testing.assert_frame_equal(res.doses.drop(columns="kl_to_clean"), old.drop(columns="kl_to_clean"))
@@ -398,7 +398,7 @@ def test_the_benchmark_response_is_a_fraction_of_the_clean_gain_in_the_tested_ou
     labels = c[["label", "arm"]].drop_duplicates().itertuples(index=False)
     c = with_policy(c, {(lab, a): 0.6 - (0.0 if lab == "clean" else 0.05 * (np.log10(float(lab[6:])) + 2))
                         for lab, a in labels})
-    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[])
+    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[])
     res = mc.analyze(c, p)
     gain = 0.6 + 0.01 * np.mean(SEEDS) - 0.3
     assert res.metrics["clean/none@engine/outcome_gain"] == pytest.approx(gain)
@@ -436,7 +436,7 @@ def test_every_test_of_the_study_is_in_one_holm_family():
     adjusted together: each p_holm is Holm over all m p's at once, and the MDE is at alpha / m."""
     from rlwb.core.measure import stats
 
-    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=["none@engine"],
+    p = MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=["none@engine"],
                                    weight_noise=[0.1], updates_per_batch=[1, 4], regime_doses=["weights@0.1"],
                                    num_seeds=6)
     res = mc.analyze(family_curves(), p)
@@ -465,7 +465,7 @@ def test_a_row_whose_seeds_tie_reports_the_mde_of_its_test_not_zero():
     MDE from the raw spread (a tie read as "MDE 0": any cost would have been detected)."""
     from rlwb.core.measure import stats
 
-    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], weight_noise=[0.1], num_seeds=6)
+    p = MismatchCostParams(arms=["none@engine", "none@trainer"], weight_noise=[0.1], num_seeds=6)
     costs = {**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("ratio@0.1", "none@trainer"): 0.0,
              ("weights@0.1", "none@engine"): 0.0, ("weights@0.1", "none@trainer"): 0.05}
     c = with_policy(curves(costs), {k: 0.6 - v for k, v in costs.items()})
@@ -486,7 +486,7 @@ def test_a_row_whose_seeds_tie_reports_the_mde_of_its_test_not_zero():
 def test_the_regime_contrast_is_the_bypass_vs_decoupled_contrast_across_ppo_regimes():
     """Issue 46 (c): at weights@0.1 bypass loses 0.18 more than decoupled with one update per batch, 0.02 more with
     four: the regime contrast (four minus one, seed by seed) is +0.16, with its interval, in the family."""
-    p = schemas.MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=["none@engine"],
+    p = MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=["none@engine"],
                                    weight_noise=[0.1], updates_per_batch=[1, 4], regime_doses=["weights@0.1"],
                                    num_seeds=6)
     con = mc.analyze(family_curves(), p).contrasts.set_index(["contrast", "label"])
@@ -515,7 +515,7 @@ def test_the_pipeline_is_calibrated_where_the_null_holds():
                        "mismatch_k1": 0.0, "entropy": 0.5, "raw_logprobs": False, "heldout_greedy_acc": 0.5,
                        "engine": "vllm-v1-fixed", "policy_reward": r["pr"], "initial_policy_reward": 0.3}
                       for r in rows for t in range(2)])
-    p = schemas.MismatchCostParams(arms=["none@engine"], placebo_arms=[], engine_points=[], num_seeds=6)
+    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[], engine_points=[], num_seeds=6)
     t = mc.dose_table(c, p)
     plc = t[t["kind"] == "placebo"]
     assert len(plc) == n_rows

@@ -16,7 +16,7 @@ import yaml
 from rlwb import sweep
 from rlwb.errors import ParamError
 from rlwb.experiments import mismatch_cost as mc
-from rlwb.params import schemas
+from rlwb.params.schemas.mismatch_cost import MismatchCostParams, check_resume_from
 
 COMMIT = "c0ffee" * 6 + "c0ff"
 ENV = {"python": "3.12.3", "packages": {"rlwb": "0.1", "torch": "2.9.0", "vllm": "0.11.0"},
@@ -34,8 +34,8 @@ def run_dir(root: Path, name: str, p, status: str = "failed", **rec) -> Path:
     return d
 
 
-def tiny(**kw) -> schemas.MismatchCostParams:
-    return schemas.MismatchCostParams(**{"arms": ["none@engine", "none@trainer"], "ratio_k3": [0.01],
+def tiny(**kw) -> MismatchCostParams:
+    return MismatchCostParams(**{"arms": ["none@engine", "none@trainer"], "ratio_k3": [0.01],
                                          "weight_noise": [], "stale_steps": [], "engine_points": [],
                                          "placebo_arms": [], "num_seeds": 2, "steps": 2, "prompts_per_step": 2,
                                          "group_size": 2, "max_tokens": 8, "policy_samples": 1,
@@ -93,8 +93,8 @@ def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
         mc.resume_check(dirty, p, here)
     with pytest.raises(ParamError, match="not a run of notebook 08 with kept jobs"):
         mc.resume_check(tmp_path, p, here)
-    assert "not an archived run directory" in schemas.check_resume_from(str(tmp_path))
-    assert schemas.check_resume_from("") is None and schemas.check_resume_from(str(src)) is None
+    assert "not an archived run directory" in check_resume_from(str(tmp_path))
+    assert check_resume_from("") is None and check_resume_from(str(src)) is None
 
 
 def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resume(tmp_path):
@@ -196,7 +196,7 @@ def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
     nothing, or puts resume_from among the cell's params."""
     monkeypatch.setattr(sweep.archive, "git_info", lambda: {"git_commit": COMMIT, "git_dirty": False})
     cell = {"num_seeds": 2, "steps": 2}
-    p = mc_params = schemas.MismatchCostParams(**cell)
+    p = mc_params = MismatchCostParams(**cell)
 
     def with_jobs(d: Path, n: int) -> Path:
         (d / "data" / "jobs").mkdir(parents=True, exist_ok=True)

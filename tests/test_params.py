@@ -99,7 +99,7 @@ def test_notebook_parameters_cell_and_default_yaml_match_the_schema(stem):
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1, "exactly one cell tagged `parameters`"
     stale = [str(f.relative_to(REPO)) for f in out_of_date() if stem in f.as_posix()]
-    assert not stale, f"{stale} differ from rlwb/params/schemas.py: run `rlwb sync-params`"
+    assert not stale, f"{stale} differ from rlwb/params/schemas/: run `rlwb sync-params`"
     assert cells[0].source == parameters_cell(schema)
     assert (REPO / "params" / stem / "default.yaml").read_text() == defaults_yaml(schema)
     for name in ("default", "smoke"):
@@ -138,7 +138,7 @@ def test_grpo_settings_have_one_source():
     from dataclasses import fields as dc_fields
 
     from rlwb.core.rl.grpo_config import GRPOConfig, GRPOSettings
-    from rlwb.params.schemas import GRPOParams
+    from rlwb.params.schemas.toy_grpo import GRPOParams
 
     assert issubclass(GRPOParams, GRPOSettings)
     p = params.load("03_toy_grpo", overrides={"lr": 3e-4, "micro_batch": 4, "temperature": 0.9})

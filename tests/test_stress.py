@@ -7,7 +7,7 @@ from rlwb.core.data.tokenizer import PromptCodec
 from rlwb.core.prompts.generated import task_prompts
 from rlwb.engines.worker import Sampling
 from rlwb.experiments import equivalence_and_stress as stress
-from rlwb.params.schemas import StressParams
+from rlwb.params.schemas.equivalence_and_stress import StressParams
 
 FLOOR = 1e-4  # fp32 engine vs fp32 trainer: measured ~2e-5 at worst on this model
 

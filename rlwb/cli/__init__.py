@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=sweep.cmd_sweep)
 
     r = sub.add_parser("sync-params", help="write every notebook's parameters cell and params/<stem>/default.yaml "
-                                           "from the schemas (rlwb/params/schemas.py)")
+                                           "from the schemas (rlwb/params/schemas/)")
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is out of date")
     r.set_defaults(fn=maintenance.cmd_sync_params)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from rlwb.errors import ParamError
-from rlwb.params.schemas import Params
+from rlwb.params.schemas.base import Params
 
 
 def schema_for(notebook: str) -> type[Params]:
