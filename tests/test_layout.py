@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "rlwb"
 # engine-side code runs in the engines' own interpreters and imports nothing of rlwb's kernel side
 ENGINE_SIDE = {"server.py", "vllm_ext.py", "fork_server.py"}
-LEAF = ("rlwb.errors", "rlwb.jsonfile", "rlwb.paths", "rlwb.progress", "rlwb.timing", "rlwb.formatting")
+LEAF = ("rlwb.errors", "rlwb.jsonfile", "rlwb.paths", "rlwb.progress", "rlwb.timing", "rlwb.formatting",
+        "rlwb.run_record")
 # layer -> the layers its modules may import (leaf utilities are importable from everywhere). core is split by
 # domain; each of its subpackages names the core subpackages below it (docs/architecture.md draws the same map).
 ALLOWED = {
@@ -155,6 +156,35 @@ def test_the_architecture_page_names_every_module():
                      and not (f.parent.name in ("experiments", "plots", "schemas") and f.stem in per_notebook)
                      and f.name not in page)
     assert not missing, missing
+
+
+def code_strings(tree: ast.AST) -> list[str]:
+    """Every string constant of `tree` but docstrings (what the code uses, not what it says of itself)."""
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def test_a_runs_record_has_one_owner():
+    """run.json is named, read and written in `rlwb.run_record` alone, and written only by the archive (`archive.py`,
+    which the runner, `rlwb publish`, `rlwb figures` and the bench call): no module reaches it by path arithmetic
+    (`jobs_dir.parent.parent / "run.json"`), where no check here would see who writes a run's record."""
+    named = sorted(module_name(f) for f in PKG.rglob("*.py") if f.name != "run_record.py"
+                   and any("run.json" in s for s in code_strings(ast.parse(f.read_text()))))
+    assert not named, named
+    writers = {"write_record", "update_record"}
+    bad = sorted(module_name(f) for f in PKG.rglob("*.py") if f.name not in ("run_record.py", "archive.py")
+                 for n in ast.walk(ast.parse(f.read_text()))
+                 if isinstance(n, ast.ImportFrom) and n.module == "rlwb.run_record"
+                 and writers & {a.name for a in n.names})
+    assert not bad, bad
+
+
+def test_the_record_check_sees_path_arithmetic_and_skips_docstrings():
+    tree = ast.parse('"""Writes run.json."""\ndef f(d):\n    """its run.json"""\n    return d.parent / "run.json"\n')
+    assert code_strings(tree) == ["run.json"]
 
 
 def test_engine_side_code_imports_nothing_kernel_side():

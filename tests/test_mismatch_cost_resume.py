@@ -1,5 +1,6 @@
-"""Issue 46: notebook 08's study resumes job by job. Each finished job is kept at once (`mismatch_cost.JobStore`),
-a run with `resume_from` (a run option, `rlwb run --resume-from`, never a param) reuses the finished jobs of an
+"""Notebook 08's study resumes job by job. Each finished job is kept at once in the run's job store
+(`archive.Run.jobs()`, `rlwb.job_store`), a run with `resume_from` (a run option, `rlwb run --resume-from`, never a
+param, checked by the runner before the kernel starts: `archive.resume_check`) reuses the finished jobs of an
 interrupted run of the same computation and refuses any other, and `rlwb sweep --resume` finds a cell's unfinished
 run. The slow test interrupts a tiny study on the real engines and checks the resumed study equals an
 uninterrupted one."""
@@ -13,10 +14,13 @@ import pytest
 import torch
 import yaml
 
-from rlwb import sweep
+from rlwb import archive, sweep
 from rlwb.errors import ParamError
 from rlwb.experiments import mismatch_cost as mc
-from rlwb.params.schemas.mismatch_cost import MismatchCostParams, check_resume_from
+from rlwb.job_store import JobStore, job_key
+from rlwb.params.schemas.mismatch_cost import MismatchCostParams
+
+NB = "08_mismatch_cost"
 
 COMMIT = "c0ffee" * 6 + "c0ff"
 ENV = {"python": "3.12.3", "packages": {"rlwb": "0.1", "torch": "2.9.0", "vllm": "0.11.0"},
@@ -44,15 +48,16 @@ def tiny(**kw) -> MismatchCostParams:
 
 def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
     """Each difference is named, before any compute: params (bar concurrent_runs), the commit, a dirty tree on
-    either side, the model build, the environment (python, each package, the host's CPU model and GPU, an
-    environment either run did not record); an engine's versions as it starts, before any of its jobs trains.
-    Catches a check that lets any of them through (a study resumed on another machine or after an upgrade would
-    mix jobs of two computations), or one that refuses a mere change of host core count or platform string."""
+    either side, the environment (python, each package, the host's CPU model and GPU, an environment either run did
+    not record) before the kernel starts; the model build as the run opens its job store; an engine's versions as
+    it starts, before any of its jobs trains. Catches a check that lets any of them through (a study resumed on
+    another machine or after an upgrade would mix jobs of two computations), or one that refuses a mere change of
+    host core count or platform string."""
     p = tiny()
     src = run_dir(tmp_path, "src", p)
     (src / "data" / "jobs").mkdir()
     here = {"git_commit": COMMIT, "git_dirty": False, "model": {"weights_sha256_16": "ab12"}, **ENV}
-    assert mc.resume_check(src, p, {**here, "host": {**ENV["host"], "cores": 64, "platform": "Linux-6"}})
+    assert archive.resume_check(src, NB, p, {**here, "host": {**ENV["host"], "cores": 64, "platform": "Linux-6"}})
     for change, what in (({"python": "3.12.4"}, "python '3.12.3' there, '3.12.4' here"),
                          ({"packages": {**ENV["packages"], "torch": "2.9.1"}}, "package torch 2.9.0 there, 2.9.1"),
                          ({"packages": {**ENV["packages"], "scipy": "1.16"}}, "package scipy \\(none\\) there"),
@@ -61,40 +66,49 @@ def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
                          ({"host": {**ENV["host"], "gpu": "NVIDIA H100"}}, "host gpu None there, 'NVIDIA H100'"),
                          ({"host": None}, "host cpu 'AMD EPYC 9654' there, None here")):
         with pytest.raises(ParamError, match=what):
-            mc.resume_check(src, p, {**here, **change})
-    started = []
+            archive.resume_check(src, NB, p, {**here, **change})
     vllm = {"preset": "vllm-v1-fixed", "vllm_version": "0.11.0", "torch_version": "2.9.0", "dtype": "float32"}
-    check = mc.same_engines(started.append, {"vllm-v1-fixed": vllm}, str(src))
-    check({**vllm, "dtype": "float32", "gpu_memory_utilization": 0.3})  # settings are the params' business
-    check({"preset": "hf", "torch_version": "2.0"})  # no record there: none of its jobs reused
-    assert len(started) == 2
+    archive.update_record(src, engines={"vllm-v1-fixed": vllm})
+    resumed = run_dir(tmp_path, "resumed", p, resume={"from": str(src)})
+    run = archive.Run(resumed)
+    run.record_engine({**vllm, "dtype": "float32", "gpu_memory_utilization": 0.3})  # settings: the params' business
+    run.record_engine({"preset": "hf", "torch_version": "2.0"})  # no record there: none of its jobs reused
+    assert len(run.record["engines"]) == 2
     for other, what in (({"vllm_version": "0.11.1"}, "engine vllm-v1-fixed vllm_version '0.11.0' there, '0.11.1'"),
                         ({"torch_version": None}, "torch_version '2.9.0' there, None here")):
         with pytest.raises(ParamError, match=what):
-            check({**vllm, **other})
-    assert len(started) == 2  # a refused engine is not recorded as this run's
+            run.record_engine({**vllm, **other})
+    assert run.record["engines"]["vllm-v1-fixed"]["vllm_version"] == "0.11.0"  # a refused engine is not recorded
     # an engine none of whose jobs is left: its record comes from the run resumed from, tagged as that run's
     todo = mc.jobs(p)
-    rec = {"run_id": "src", "engines": {"vllm-v1-fixed": vllm}}
-    assert mc.reused_engines(rec, todo, dict.fromkeys(todo), str(src)) == [{**vllm, "from_run": "src"}]
-    assert mc.reused_engines(rec, todo, dict.fromkeys(todo[:-1]), str(src)) == []  # one job left: started here
-    assert mc.resume_check(src, replace(p, concurrent_runs=2), here)["run_id"] == "src"
+    store = JobStore(tmp_path / "jobs", "new", source_dir=src / "data" / "jobs",
+                     source_record={"run_id": "src", "engines": {"vllm-v1-fixed": vllm}})
+    assert mc.reused_engines(store, todo, dict.fromkeys(todo)) == [{**vllm, "from_run": "src"}]
+    assert mc.reused_engines(store, todo, dict.fromkeys(todo[:-1])) == []  # one job left: started here
+    assert archive.resume_check(src, NB, replace(p, concurrent_runs=2), here)["run_id"] == "src"
     for other, what in ((replace(p, lr=1e-4), "param lr"), (replace(p, ratio_k3=[0.1]), "param ratio_k3")):
         with pytest.raises(ParamError, match=what):
-            mc.resume_check(src, other, here)
+            archive.resume_check(src, NB, other, here)
     for change, what in (({"git_commit": "f" * 40}, "git commit"), ({"git_dirty": True}, "dirty here"),
-                         ({"git_dirty": None}, "unknown here"), ({"model": {"weights_sha256_16": "cd34"}},
-                                                                  "model weights checksum")):
+                         ({"git_dirty": None}, "unknown here")):
         with pytest.raises(ParamError, match=what):
-            mc.resume_check(src, p, {**here, **change})
+            archive.resume_check(src, NB, p, {**here, **change})
+    assert archive.model_differences(archive.read_record(src), here) == []
+    for model in ({"weights_sha256_16": "cd34"}, {"weights_sha256_16": None}, None):
+        assert archive.model_differences(archive.read_record(src), {**here, "model": model})
+        archive.update_record(resumed, model=model)
+        with pytest.raises(ParamError, match="model weights checksum ab12 there"):
+            run.jobs()
     dirty = run_dir(tmp_path, "dirty", p, git_dirty=True)
     (dirty / "data" / "jobs").mkdir()
     with pytest.raises(ParamError, match="dirty there"):
-        mc.resume_check(dirty, p, here)
-    with pytest.raises(ParamError, match="not a run of notebook 08 with kept jobs"):
-        mc.resume_check(tmp_path, p, here)
-    assert "not an archived run directory" in check_resume_from(str(tmp_path))
-    assert check_resume_from("") is None and check_resume_from(str(src)) is None
+        archive.resume_check(dirty, NB, p, here)
+    with pytest.raises(ParamError, match="kept no jobs"):
+        archive.resume_check(resumed, NB, p, here)
+    with pytest.raises(ParamError, match="is not an archived run directory"):
+        archive.resume_check(tmp_path, NB, p, here)
+    with pytest.raises(ParamError, match="does not resume from .* a run of 08_mismatch_cost"):
+        archive.resume_check(src, "03_toy_grpo", p, here)
 
 
 def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resume(tmp_path):
@@ -106,49 +120,49 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
     todo = mc.jobs(p)
     clean, dosed = todo[0], next(j for j in todo if j.kind == "ratio" and j.twin == todo[0].twin)
     rerun = todo[-1]
-    assert rerun.kind == "rerun" and rerun.twin == clean.twin and mc.job_key(rerun) != mc.job_key(clean)
-    assert len({mc.job_key(j) for j in todo}) == len(todo)
+    assert rerun.kind == "rerun" and rerun.twin == clean.twin and job_key(rerun) != job_key(clean)
+    assert len({job_key(j) for j in todo}) == len(todo)
     g = torch.Generator().manual_seed(0)
     probe = {j: torch.log_softmax(torch.randn(5, 7, generator=g), -1) for j in (clean, dosed, rerun)}
     src = run_dir(tmp_path, "src", p)
-    store = mc.JobStore(src / "data" / "jobs", "src")
+    store = JobStore(src / "data" / "jobs", "src")
     kl = mc.TwinKL(todo, store)
-    store.save_start({"initial_heldout_greedy_acc": 0.25})
+    store.put_shared("start", {"initial_heldout_greedy_acc": 0.25})
     for j in (dosed, rerun):  # finished before their twin (the interrupted run never finishes it)
         kl.add(j, probe[j])
         store.save(j, pd.DataFrame({"step": [0, 1], "label": j.label, "t_step": [1.0, 2.0]}), 3.0)
-    assert (src / "data" / "jobs" / f"{mc.job_key(dosed)}.probe.pt").exists()
+    assert (src / "data" / "jobs" / f"{job_key(dosed)}.probe.pt").exists()
     # the resume: the two reused, the clean twin trained now
     new = run_dir(tmp_path, "new", p)
-    store2 = mc.JobStore(new / "data" / "jobs", "new")
+    store2 = JobStore(new / "data" / "jobs", "new", source_dir=src / "data" / "jobs")
     kl2, start, done = mc.TwinKL(todo, store2), {}, {}
-    assert set(store2.reuse(src, todo, kl2, start, done)) == {dosed, rerun}
+    assert set(mc.reuse(store2, todo, kl2, start, done)) == {dosed, rerun}
     assert start == {"initial_heldout_greedy_acc": 0.25} and done[dosed]["t_step"].tolist() == [1.0, 2.0]
     kl2.add(clean, probe[clean])
     want = mc.kl_divergence(probe[clean], probe[dosed])
     assert kl2.values[dosed] == want and kl2.values[rerun] == mc.kl_divergence(probe[clean], probe[rerun])
     kept = new / "data" / "jobs"
-    assert json.loads((kept / f"{mc.job_key(dosed)}.kl.json").read_text())["kl_to_clean"] == want
-    assert not (kept / f"{mc.job_key(dosed)}.probe.pt").exists()  # known now: its probe went
-    assert (src / "data" / "jobs" / f"{mc.job_key(dosed)}.probe.pt").exists()  # the source untouched
+    assert json.loads((kept / f"{job_key(dosed)}.kl.json").read_text())["kl_to_clean"] == want
+    assert not (kept / f"{job_key(dosed)}.probe.pt").exists()  # known now: its probe went
+    assert (src / "data" / "jobs" / f"{job_key(dosed)}.probe.pt").exists()  # the source untouched
     # a resume of the resumed run reuses the KL as a number, and the clean run with its probe
     kl2.add(clean, probe[clean])
     store2.save(clean, pd.DataFrame({"step": [0, 1], "label": clean.label, "t_step": [1.0, 2.0]}), 1.0)
-    kl3, done3 = mc.TwinKL(todo, mc.JobStore(tmp_path / "third" / "data" / "jobs", "third")), {}
-    assert set(mc.JobStore(tmp_path / "third" / "data" / "jobs", "third").reuse(new, todo, kl3, {}, done3)) == {
-        clean, dosed, rerun}
+    third = JobStore(tmp_path / "third" / "data" / "jobs", "third", source_dir=new / "data" / "jobs")
+    kl3, done3 = mc.TwinKL(todo, third), {}
+    assert set(mc.reuse(third, todo, kl3, {}, done3)) == {clean, dosed, rerun}
     assert kl3.values[dosed] == want
     nowhere = {"cpu": None, "gpu": None}
-    assert store2.provenance(len(todo))["parts"] == {"src": {"jobs": 2, "wall_s": 6.0, "host": nowhere},
+    assert store2.provenance()["parts"] == {"src": {"jobs": 2, "wall_s": 6.0, "host": nowhere},
                                                      "new": {"jobs": 1, "wall_s": 1.0, "host": nowhere}}
 
 
 def test_a_job_counts_as_kept_only_once_its_curve_is(tmp_path, monkeypatch):
-    """Review S7: `JobStore.save` writes the job's meta after its curve, and the provenance counts only metas with a
+    """`JobStore.save` writes the job's meta after its curve, and the provenance counts only metas with a
     curve: a run killed between the two files (or a curve that failed to write) counts no job it has not kept.
     Catches the meta written first, or a provenance that counts every meta."""
     todo = mc.jobs(tiny())
-    store = mc.JobStore(tmp_path / "jobs", "run", {"cpu": "x", "gpu": None, "cores": 2})
+    store = JobStore(tmp_path / "jobs", "run", {"cpu": "x", "gpu": None, "cores": 2})
     df = pd.DataFrame({"step": [0, 1], "t_step": [1.0, 2.0]})
     store.save(todo[0], df, 2.0)
 
@@ -158,14 +172,14 @@ def test_a_job_counts_as_kept_only_once_its_curve_is(tmp_path, monkeypatch):
     monkeypatch.setattr(pd.DataFrame, "to_parquet", broken)
     with pytest.raises(OSError):
         store.save(todo[1], df, 5.0)
-    assert not (tmp_path / "jobs" / f"{mc.job_key(todo[1])}.json").exists()
-    (tmp_path / "jobs" / f"{mc.job_key(todo[2])}.json").write_text(json.dumps({"run_id": "run", "wall_s": 9.0}))
-    assert store.provenance(len(todo))["parts"] == {"run": {"jobs": 1, "wall_s": 2.0,
+    assert not (tmp_path / "jobs" / f"{job_key(todo[1])}.json").exists()
+    (tmp_path / "jobs" / f"{job_key(todo[2])}.json").write_text(json.dumps({"run_id": "run", "wall_s": 9.0}))
+    assert store.provenance()["parts"] == {"run": {"jobs": 1, "wall_s": 2.0,
                                                             "host": {"cpu": "x", "gpu": None}}}
 
 
 def test_threads_of_one_process_write_one_json_file_safely(tmp_path):
-    """Review S7: `write_json`'s temporary file is its writer's own (process and thread), so threads updating one
+    """`write_json`'s temporary file is its writer's own (process and thread), so threads updating one
     file (lanes recording run.json) never rename each other's half-written file or find theirs gone. Catches a
     temporary name shared by every thread of a process."""
     import threading
@@ -222,45 +236,50 @@ def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
 
 
 def test_resume_is_a_run_option_never_a_param(tmp_path, monkeypatch):
-    """`rlwb run --resume-from` (runner.run's `resume_from`) reaches the kernel as a run setting and run.json's
-    `resume`, never params.yaml or the params hash: a resumed run has the whole run's hash (one configuration for
-    index, trends and compare), its params.yaml reloads after its source is deleted, and a rerun from it (what
-    `rlwb rerun` does) does not resume. A params.yaml of a run archived when resume_from was a param still loads.
-    Catches resume_from back among the params (hashed, archived, validated for existence on reload), an option
-    leaking from the caller's environment into a run not asked to resume, or a non-resumable notebook taking it."""
+    """`rlwb run --resume-from` (runner.run's `resume_from`) is checked before the kernel starts and reaches the
+    kernel as the run's record (`resume`, what `Run.jobs()` reads), never params.yaml or the params hash: a resumed
+    run has the whole run's hash (one configuration for index, trends and compare), its params.yaml reloads after
+    its source is deleted, and a rerun from it (what `rlwb rerun` does) does not resume. A params.yaml of a run
+    archived when resume_from was a param still loads. Catches resume_from back among the params (hashed, archived,
+    validated for existence on reload), a run not asked to resume that resumes, a source of other params let
+    through to the kernel, or a notebook taking another notebook's run."""
     import shutil
 
     import papermill
 
-    from rlwb import archive, runner
     from rlwb import params as params_mod
+    from rlwb import runner
 
     seen = []
     monkeypatch.setattr(papermill, "execute_notebook",  # the kernel: what it would be given
-                        lambda *a, **k: seen.append((k["parameters"], archive.os.environ.get(archive.RESUME_ENV))))
-    monkeypatch.setenv(archive.RESUME_ENV, "/somewhere/else")  # a caller's: never inherited
-    src = run_dir(tmp_path / "old", "src", tiny())
+                        lambda *a, **k: seen.append((k["parameters"], archive.Run(Path(a[1]).parent).resumes)))
+    monkeypatch.setattr(archive, "environment_record",  # the environment the source run was made in
+                        lambda params=None: {**ENV, "git_commit": COMMIT, "git_dirty": False, "seed": params.seed})
     over, out = {"num_seeds": 2, "steps": 2}, tmp_path / "out"
-    whole = runner.run("08_mismatch_cost", [], over, out)
-    resumed = runner.run("08_mismatch_cost", [], over, out, resume_from=src)
-    assert seen[0][1] is None and seen[1][1] == str(src.resolve())
+    src = run_dir(tmp_path / "old", "src", params_mod.load(NB, [], over))
+    (src / "data" / "jobs").mkdir()
+    whole = runner.run(NB, [], over, out)
+    resumed = runner.run(NB, [], over, out, resume_from=src)
+    assert seen[0][1] is None and seen[1][1] == src.resolve()
     assert all("resume_from" not in params for params, _ in seen)
     rec = {d: json.loads((d / "run.json").read_text()) for d in (whole, resumed)}
     assert rec[resumed]["params_hash"] == rec[whole]["params_hash"] and rec[whole]["params_hash"] in resumed.name
     assert rec[resumed]["resume"] == {"from": str(src.resolve())} and "resume" not in rec[whole]
     assert "resume_from" not in yaml.safe_load((resumed / "params.yaml").read_text())
+    with pytest.raises(ParamError, match="param num_seeds: 2 there, 3 here"):
+        runner.run(NB, [], {**over, "num_seeds": 3}, out, resume_from=src)
     shutil.rmtree(src)
-    again = params_mod.load("08_mismatch_cost", [resumed / "params.yaml"])
+    again = params_mod.load(NB, [resumed / "params.yaml"])
     assert again.hash() == rec[whole]["params_hash"]
-    rerun = runner.run("08_mismatch_cost", [str(resumed / "params.yaml")], None, out)  # `rlwb rerun`'s call
+    rerun = runner.run(NB, [str(resumed / "params.yaml")], None, out)  # `rlwb rerun`'s call
     assert seen[-1][1] is None and "resume" not in json.loads((rerun / "run.json").read_text())
     legacy = tmp_path / "legacy.yaml"
     legacy.write_text(yaml.safe_dump({**again.to_dict(), "resume_from": str(src)}))
-    assert params_mod.load("08_mismatch_cost", [legacy]).hash() == again.hash()
+    assert params_mod.load(NB, [legacy]).hash() == again.hash()
     with pytest.raises(ParamError, match="--resume-from"):
-        params_mod.load("08_mismatch_cost", [], {"resume_from": str(whole)})
+        params_mod.load(NB, [], {"resume_from": str(whole)})
     with pytest.raises(ParamError, match="not an archived run directory"):
-        runner.run("08_mismatch_cost", [], over, out, resume_from=src)
+        runner.run(NB, [], over, out, resume_from=src)
     with pytest.raises(ParamError, match="does not resume"):
         runner.run("01_logprob_mismatch", [], {}, out, resume_from=whole)
     assert len(seen) == 3
@@ -284,7 +303,7 @@ def test_a_resumed_study_equals_an_uninterrupted_one(default_model, tmp_path, mo
         return real(*a, **k)
 
     monkeypatch.setattr(mc, "train", counting)
-    whole = mc.run(p, default_model.path, progress=False, data_dir=whole_dir / "data")
+    whole = mc.run(p, default_model.path, progress=False, store=archive.Run(whole_dir).jobs())
     assert len(trained) == len(mc.jobs(p)) == 9
 
     def cut_after_5(*a, **k):
@@ -294,14 +313,14 @@ def test_a_resumed_study_equals_an_uninterrupted_one(default_model, tmp_path, mo
 
     monkeypatch.setattr(mc, "train", cut_after_5)
     with pytest.raises(KeyboardInterrupt):
-        mc.run(p, default_model.path, progress=False, data_dir=cut_dir / "data")
+        mc.run(p, default_model.path, progress=False, store=archive.Run(cut_dir).jobs())
     kept = cut_dir / "data" / "jobs"
     assert len(list(kept.glob("*.parquet"))) == 5 and (kept / "start.json").exists()
     assert len(list(kept.glob("*.probe.pt"))) == 4  # the 4 clean runs' probes: their twins' KLs need them
     monkeypatch.setattr(mc, "train", counting)
     del trained[:]
-    resumed = mc.run(p, default_model.path, progress=False, data_dir=resumed_dir / "data",
-                     resume_from=str(cut_dir))
+    archive.update_record(resumed_dir, resume={"from": str(cut_dir)})  # as `rlwb run --resume-from` records it
+    resumed = mc.run(p, default_model.path, progress=False, store=archive.Run(resumed_dir).jobs())
     assert len(trained) == 4
     wall = [c for c in whole.curves if c.startswith("t_")]
     assert wall

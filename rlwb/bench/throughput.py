@@ -424,12 +424,12 @@ def run(outputs: Path, quick: bool = False, progress: bool = True, measure=measu
     tmp, final = archive.new_run_dir(outputs, archive.BENCH)
     started = time.time()
     record = {**archive.start_record(archive.BENCH, final.name), "question": QUESTION}
-    archive.write_json(tmp / "run.json", record)
+    archive.write_record(tmp, record)
     handle = archive.Run(tmp)
     cfg, error = cfg or settings(quick), None
     try:
         model_path = use_model(handle, "default")
-        model = archive.read_json(tmp / "run.json", {})["model"]
+        model = archive.read_record(tmp, {})["model"]
         res = {"machine": record["host"], "packages": record["packages"],
                "model": {k: model[k] for k in ("path", "recipe_hash", "weights_sha256_16")},
                "started_at": record["started_at"], "settings": cfg, **measure(model_path, cfg, handle, progress)}
@@ -444,7 +444,7 @@ def run(outputs: Path, quick: bool = False, progress: bool = True, measure=measu
         error = f"{type(e).__name__}: {e}"
         (tmp / "logs").mkdir(exist_ok=True)
         (tmp / "logs" / "traceback.txt").write_text(traceback.format_exc())
-    archive.write_json(tmp / "run.json", archive.finish_record(archive.read_json(tmp / "run.json", record), started,
+    archive.write_record(tmp, archive.finish_record(archive.read_record(tmp, record), started,
                                                                error))
     if not any((tmp / "data").iterdir()):  # `archive.Run` made it; a bench's numbers are in bench.json
         (tmp / "data").rmdir()

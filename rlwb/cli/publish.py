@@ -14,7 +14,7 @@ def cmd_publish(a) -> int:
     root = Path(a.to) if a.to else PUBLISHED_RUNS
     target = publish(a.run_dir, root)
     index = build_index(root)
-    left = (archive.read_json(target / "run.json", {}).get("published") or {}).get("left_out") or []
+    left = (archive.read_record(target, {}).get("published") or {}).get("left_out") or []
     for c in left:
         print(f"left out {c['path']} ({c['bytes'] / 1e3:.0f} kB): {c['why']}")
     print(f"published: {tree_bytes(target) / 1e6:.2f} MB; {root}: {tree_bytes(root) / 1e6:.2f} MB in all; "

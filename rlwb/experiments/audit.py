@@ -140,11 +140,11 @@ def worst_tokens(rollouts: dict[str, Rollouts], codec: PromptCodec, ids: list[st
 
 def archived_rollouts(run_dir) -> tuple[dict[str, Rollouts], dict]:
     """An archived run's rollouts (`rollouts_from`) and what the audit records of its source."""
-    import json
+    from rlwb.run_record import read_record
 
     d = repo_path(run_dir)
     table = pd.read_parquet(d / "data" / "rollouts.parquet")
-    info = json.loads((d / "run.json").read_text())
+    info = read_record(d)
     return rollouts_from_frame(table), {"kind": "archived run", "run": str(d), "notebook": info.get("notebook"),
                                         "run_id": info.get("run_id", d.name), "git_commit": info.get("git_commit")}
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -150,46 +152,102 @@ def drift_monitor_factory(threshold: float, save_dir=None, metric: str = "mismat
     return make
 
 
+@dataclass(frozen=True)
+class GridRun:
+    """One run of notebooks 03 and 07's grid: a correction on an engine preset with a seed (the rest is the
+    notebook's params, the same for every run)."""
+
+    engine: str
+    correction: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """What its files in the job store are named by (`job_store.job_key`: with a hash of every field)."""
+        return f"{self.engine}+{self.correction}.s{self.seed}"
+
+
 def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, monitor_factory=None,
-               drift_dir=None, corrections_for=None) -> pd.DataFrame:
+               drift_dir=None, corrections_for=None, store=None) -> pd.DataFrame:
     """The curves of `run` (`grpo_grid.run_grid` over engines x corrections x seeds); `monitor_factory(engine,
     correction, seed)` overrides the drift monitors; `corrections_for(engine)` the corrections run on an engine
     (default: all of `p.corrections`). With `skip_at_floor`, an engine runs `none` first and the other corrections
-    only if `none` measured a mismatch (`at_floor`)."""
+    only if `none` measured a mismatch (`at_floor`).
+
+    With `store` (the run's job store, `archive.Run.jobs()`) each run is kept the moment it finishes; in a run that
+    resumes one, the runs it finished are taken over instead of trained, and an engine none of whose runs is left
+    does not start (its record comes from that run). Curves are in the same order either way: engine by engine,
+    phase by phase."""
     if monitor_factory is None and getattr(p, "drift_threshold", 0) > 0:
         monitor_factory = drift_monitor_factory(p.drift_threshold, drift_dir, getattr(p, "drift_metric", "mismatch_k3"))
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
-    frames: list[pd.DataFrame] = []
+    curves: dict[GridRun, pd.DataFrame] = {}
+    walked: dict[str, list[GridRun]] = {}  # each engine's runs in the order its phases gave them
 
-    def one_run(m, engine, job: tuple[str, int], initial, should_stop) -> pd.DataFrame:
-        corr, seed = job
-        name = engine.preset.name
-        monitor = monitor_factory(name, corr, seed) if monitor_factory else None
-        cfg = GRPOConfig.from_settings(p, correction=corr, seed=seed)
-        df = train(m, engine, cfg, initial, monitor=monitor, progress=progress, desc=f"{name}+{corr} seed {seed}",
-                   codec=codec, on_step=lambda _res: should_stop())
-        df.insert(1, "engine", name)
-        df.insert(2, "correction", corr)
-        df.insert(3, "seed", seed)
+    def taken(job: GridRun) -> bool:
+        if job not in curves and store is not None and store.offered(job):
+            curves[job] = store.take(job)
+        return job in curves
+
+    def one_run(m, engine, job: GridRun, initial, should_stop) -> pd.DataFrame:
+        t0 = time.time()
+        monitor = monitor_factory(job.engine, job.correction, job.seed) if monitor_factory else None
+        cfg = GRPOConfig.from_settings(p, correction=job.correction, seed=job.seed)
+        df = train(m, engine, cfg, initial, monitor=monitor, progress=progress,
+                   desc=f"{job.engine}+{job.correction} seed {job.seed}", codec=codec,
+                   on_step=lambda _res: should_stop())
+        df.insert(1, "engine", job.engine)
+        df.insert(2, "correction", job.correction)
+        df.insert(3, "seed", job.seed)
         df["drift_trip_step"] = np.nan if monitor is None or monitor.trip_step is None else monitor.trip_step
-        frames.append(df)
-        return df
+        return df.assign(_wall_s=time.time() - t0)
+
+    def finished(job: GridRun, df: pd.DataFrame) -> pd.DataFrame:
+        wall = float(df.pop("_wall_s").iloc[0])
+        curves[job] = store.save(job, df, wall) if store is not None else df  # read back, as a taken one is
+        return curves[job]
+
+    def phases(engine: str) -> Iterator[list[GridRun]]:
+        wanted = corrections_for(engine) if corrections_for else list(p.corrections)
+        skip = getattr(p, "skip_at_floor", False) and "none" in wanted and len(wanted) > 1
+        runs = [[GridRun(engine, c, s) for c in wanted for s in p.seeds]]
+        if skip:
+            first = [GridRun(engine, "none", s) for s in p.seeds]
+            runs = [first, [GridRun(engine, c, s) for c in wanted if c != "none" for s in p.seeds]]
+        for i, phase in enumerate(runs):
+            if i and at_floor(pd.concat([curves[j] for j in runs[0]])):
+                return
+            walked.setdefault(engine, []).extend(phase)
+            yield phase
+
+    def all_taken(engine: str) -> bool:
+        """Does every run of `engine` come from the run resumed (walking its phases on the taken curves)?"""
+        walked.pop(engine, None)
+        done = all(taken(j) for phase in phases(engine) for j in phase)
+        walked.pop(engine, None)
+        return done
+
+    engines = list(p.engines)
+    left = [e for e in engines if store is None or not store.resuming or not all_taken(e)]
+    if store is not None:
+        store.start()
+    for e in engines:
+        if e not in left and on_start and (info := store.reused_engine(e)):
+            on_start(info)
 
     def plan(w):
         wanted = corrections_for(w.preset.name) if corrections_for else list(p.corrections)
-        skip = getattr(p, "skip_at_floor", False) and "none" in wanted and len(wanted) > 1
+        return len(wanted) * len(p.seeds), ([j for j in phase if not taken(j)] for phase in phases(w.preset.name))
 
-        def phases():
-            if not skip:
-                yield [(c, s) for c in wanted for s in p.seeds]
-                return
-            yield [("none", s) for s in p.seeds]
-            if not at_floor(pd.concat(frames[-len(p.seeds):])):
-                yield [(c, s) for c in wanted if c != "none" for s in p.seeds]
-        return len(wanted) * len(p.seeds), phases()
-
-    return pd.concat(run_grid(p, model_path, list(p.engines), plan, one_run, on_start=on_start, progress=progress),
-                     ignore_index=True)
+    if left:
+        run_grid(p, model_path, left, plan, one_run, on_start=on_start, progress=progress, on_done=finished)
+    for e in engines:
+        if e not in left:
+            list(phases(e))  # its runs, every one taken over, in their order
+    order = [j for e in engines for j in walked.get(e, [])]
+    if store is not None:
+        store.finish(total=len(order))
+    return pd.concat([curves[j] for j in order], ignore_index=True)
 
 
 def at_floor(none_curves: pd.DataFrame) -> bool:

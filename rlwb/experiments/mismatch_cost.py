@@ -18,14 +18,10 @@ Controls that must come out null (a failed control says the design, not the engi
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
-import shutil
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +35,6 @@ from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.rl.mismatch_doses import logprob_noise_sigma
 from rlwb.core.scoring.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
-from rlwb.errors import ParamError
 from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import (
     FINAL_FRAC,
@@ -65,7 +60,6 @@ from rlwb.experiments.wording.mismatch_cost import (
     regime_line,
 )
 from rlwb.formatting import metric
-from rlwb.jsonfile import atomic_write, read_json, write_json
 
 DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
 KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
@@ -96,6 +90,11 @@ class Job:
     @property
     def twin(self) -> tuple[float, int, int, str, int]:
         return self.temperature, self.updates, self.steps, self.arm, self.seed
+
+    @property
+    def name(self) -> str:
+        """What its files in the job store are named by (`job_store.job_key`: with a hash of every field)."""
+        return f"{self.label}.{self.arm}.s{self.seed}"
 
 
 @dataclass
@@ -226,38 +225,28 @@ def config(p, job: Job) -> GRPOConfig:
                    sampling_stream=job.stream, steps=job.steps or p.steps)
 
 
-def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
-        data_dir: str | Path | None = None, resume_from: str | Path | None = None) -> CostResult:
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True, store=None) -> CostResult:
     """Every job from the same initial weights (`grpo_grid.run_grid`): the base engine's jobs first, then each
     point engine's. Every run's tested outcome is sampled by a clean engine (`CleanScorer`). The analysis is
     `analyze`, a function of the curves alone (every per-run number it needs is a column of them).
 
-    With `data_dir` each job is kept the moment it finishes (`JobStore`, under `data_dir/jobs/`), so an
-    interrupted study keeps its finished jobs; `resume_from` (an archived run of the same computation,
-    `resume_check`; a run option, `rlwb run --resume-from`, never a param) reuses that run's finished jobs instead
-    of training them again. Jobs are seeded and independent, so a resumed study's curves are the uninterrupted
-    study's, bar the wall-time columns."""
+    With `store` (the run's job store, `archive.Run.jobs()`) each job is kept the moment it finishes, so an
+    interrupted study keeps its finished jobs; in a run that resumes one (`rlwb run --resume-from`) the store offers
+    that run's finished jobs, which are reused instead of trained again (`reuse`). Jobs are seeded and independent,
+    so a resumed study's curves are the uninterrupted study's, bar the wall-time columns."""
     p = params
-    resume_from = str(resume_from or "")
-    if resume_from and data_dir is None:
-        raise ParamError("resume_from needs a run directory to copy the reused jobs into (data_dir)")
-    here = run_record(data_dir, model_path)
-    source = resume_check(resume_from, p, here) if resume_from else None  # exists, same computation: before compute
     todo = jobs(p)
     engines = list(dict.fromkeys(j.engine for j in todo))
     order = [j for e in engines for j in todo if j.engine == e]  # run_grid's order: engine by engine
-    store = JobStore(Path(data_dir) / JOBS_DIR, here.get("run_id"), here.get("host")) if data_dir is not None else None
     kl, raw = TwinKL(todo, store), {}
     start: dict[str, float] = {}  # the initial policy's outcomes, measured once (`initial_outcomes`)
     done: dict[Job, pd.DataFrame] = {}
-    reused = store.reuse(Path(resume_from), todo, kl, start, done) if source is not None else []
+    reused = reuse(store, todo, kl, start, done) if store is not None and store.resuming else []
     if store is not None:
-        store.record(here, source, resume_from, reused, len(todo))
-    if on_start and source is not None:
-        for info in reused_engines(source, todo, done, resume_from):
+        store.start(len(todo))
+    if on_start and reused:
+        for info in reused_engines(store, todo, done):
             on_start(info)
-    if source is not None:  # an engine this run starts must be the one the reused jobs ran on
-        on_start = same_engines(on_start, source.get("engines") or {}, resume_from)
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
@@ -274,7 +263,7 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
             if not start and job.engine == scorer.preset:
                 start.update(initial_outcomes(m, engine, initial, codec, heldout, p))
                 if store is not None:
-                    store.save_start(start)
+                    store.put_shared("start", start)
         df = train(m, engine, config(p, job), initial, progress=progress,
                    desc=f"{job.label} {job.arm} seed {job.seed}", codec=codec, on_step=lambda _res: should_stop())
         with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe
@@ -318,246 +307,39 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
     curves["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(curves["label"], curves["arm"],
                                                                         curves["seed"])]
     if store is not None:
-        store.finish(here)
+        store.finish(drop=("probe.pt",))  # every KL is in the curves now
     result = analyze(curves, p)
     result.metrics.update({"resume/reused_jobs": float(len(reused)),
                            "resume/trained_jobs": float(len(todo) - len(reused))})
     return result
 
 
-# -- job-level resume (issue 46): every finished job kept at once, an interrupted study resumed from them ---------
-JOBS_DIR = "jobs"  # under the run's data dir: <key>.parquet, <key>.json, <key>.kl.json, <key>.probe.pt, start.json
-# params a resumed study may change: how many runs train at once (the curves are bitwise the same one at a time or
-# in lanes, tests/test_grpo.py; its `concurrent_runs` column says how each ran); resume_from was a param of runs
-# archived before it became a run option (`rlwb run --resume-from`): their params.yaml may still hold it
-NON_COMPUTATIONAL = ("resume_from", "concurrent_runs")
-
-
-def job_key(job: Job) -> str:
-    """A job's file stem under `data/jobs/`: its label, arm and seed to read, and a hash of every field of the
-    `Job` (kind, dose, engine, temperature, PPO regime, stream, steps ...), so no other job passes for it."""
-    h = hashlib.sha256(json.dumps(asdict(job), sort_keys=True).encode()).hexdigest()[:10]
-    return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", f"{job.label}.{job.arm}.s{job.seed}") + f"-{h}"
-
-
-def run_record(data_dir, model_path) -> dict:
-    """This run's record (run.json beside `data_dir`, where `rlwb run` and `use_model` wrote its commit and model
-    build); the model build, when run.json lacks it, from the model's card."""
-    from rlwb.core.models import store as model_store
-
-    # outside the archive (no run.json) the commit is unknown: `resume_check` then refuses to resume
-    rec = dict(read_json(Path(data_dir).parent / "run.json", {}) or {}) if data_dir is not None else {}
-    if not (rec.get("model") or {}).get("weights_sha256_16"):
-        card = model_store.model_card(model_path) or {}
-        rec["model"] = {**(rec.get("model") or {}), "weights_sha256_16": card.get("weights_sha256_16")}
-    return rec
-
-
-def resume_check(source: str | Path, p, here: dict) -> dict:
-    """`source`'s run.json if its finished jobs are this run's computation, else a `ParamError` naming every
-    difference, before any compute: the same params (bar `NON_COMPUTATIONAL`), the same git commit with a clean
-    tree in both runs, the same model build (weights checksum) and the same environment (`environment_differences`:
-    python, packages, CPU model, GPU). Its jobs are then what this run would train. Each engine's own versions are
-    known once it starts: `engine_differences`, checked then, before any of its jobs trains."""
-    import yaml
-
-    src = Path(source)
-    rec = read_json(src / "run.json", None) if src.is_dir() else None
-    if rec is None or not (src / "params.yaml").exists() or not (src / "data" / JOBS_DIR).is_dir():
-        raise ParamError(f"resume_from {str(source)!r}: not a run of notebook 08 with kept jobs (needs run.json, "
-                         f"params.yaml and data/{JOBS_DIR}/)")
-    theirs, mine = yaml.safe_load((src / "params.yaml").read_text()) or {}, p.to_dict()
-    missing = object()
-    why = [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
-           for k in sorted(set(theirs) | set(mine))
-           if k not in NON_COMPUTATIONAL and theirs.get(k, missing) != mine.get(k, missing)]
-    if rec.get("notebook", NOTEBOOK) != NOTEBOOK:
-        why.append(f"notebook {rec.get('notebook')!r} there")
-    if rec.get("git_commit") != here.get("git_commit") or not here.get("git_commit"):
-        why.append(f"git commit {rec.get('git_commit')} there, {here.get('git_commit')} here")
-    for who, r in (("there", rec), ("here", here)):
-        if r.get("git_dirty") is not False:
-            why.append(f"the working tree was {'dirty' if r.get('git_dirty') else 'unknown'} {who} (uncommitted "
-                       f"changes may change the computation)")
-    sums = [(r.get("model") or {}).get("weights_sha256_16") for r in (rec, here)]
-    if sums[0] != sums[1] or not sums[0]:
-        why.append(f"model weights checksum {sums[0]} there, {sums[1]} here")
-    why += environment_differences(rec, here)
-    if why:
-        raise ParamError(f"resume_from {str(source)!r} refused: not the same computation ({'; '.join(why)}). "
-                         f"Run without resume_from to train every job.")
-    return rec
-
-
-NOTEBOOK = "08_mismatch_cost"
-
-
-def reused_engines(source: dict, todo: list[Job], done: dict, resume_from: str) -> list[dict]:
+def reused_engines(store, todo: list[Job], done: dict) -> list[dict]:
     """The engines no job of this run needs (every job of theirs reused): their records in the run resumed from,
-    each tagged `from_run` (run.json's engines then say which were started here and which were not)."""
-    out = []
-    for e in dict.fromkeys(j.engine for j in todo if j in done):
-        if all(j in done for j in todo if j.engine == e) and e in (source.get("engines") or {}):
-            out.append({**source["engines"][e], "from_run": source.get("run_id") or str(resume_from)})
-    return out
+    each tagged `from_run` (the run's record then says which were started here and which were not)."""
+    engines = dict.fromkeys(j.engine for j in todo)
+    return [info for e in engines if all(j in done for j in todo if j.engine == e) and (info := store.reused_engine(e))]
 
 
-def same_engines(on_start: OnStart, theirs: dict, resume_from: str) -> OnStart:
-    """`on_start` that first refuses an engine whose versions differ from its record in the run resumed from
-    (`engine_differences`): raised as it starts, before any of its jobs trains, so no job mixes versions."""
-    def check(info: dict) -> None:
-        why = engine_differences(theirs.get(info.get("preset", info.get("engine", "?"))), info)
-        if why:
-            raise ParamError(f"resume_from {resume_from!r} refused: not the same computation ({'; '.join(why)}). "
-                             f"Run without resume_from to train every job.")
-        if on_start:
-            on_start(info)
-    return check
-
-
-def environment_differences(there: dict, here: dict) -> list[str]:
-    """What differs between two runs' environments (run.json's python, packages, host CPU model and GPU), each
-    named; a part either run did not record counts as differing (unknown is not the same)."""
-    why = []
-    for name, get in (("python", lambda r: r.get("python")),
-                      ("host cpu", lambda r: (r.get("host") or {}).get("cpu")),
-                      ("host gpu", lambda r: (r.get("host") or {}).get("gpu", "(unrecorded)"))):
-        a, b = get(there), get(here)
-        if a != b or a is None and name != "host gpu":
-            why.append(f"{name} {a!r} there, {b!r} here")
-    pa, pb = there.get("packages"), here.get("packages")
-    if not pa or not pb:
-        why.append(f"packages {'recorded' if pa else 'unrecorded'} there, {'recorded' if pb else 'unrecorded'} here")
-    else:
-        why += [f"package {k} {pa.get(k, '(none)')} there, {pb.get(k, '(none)')} here"
-                for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
-    return why
-
-
-def engine_differences(there: dict | None, here: dict) -> list[str]:
-    """What differs between an engine's record in the run resumed from (`there`, None: it did not start there)
-    and the same preset's record in this run: its versions (`*_version`) and python."""
-    if not there:
-        return []
-    keys = sorted(k for k in set(there) | set(here) if k.endswith("_version") or k == "python")
-    return [f"engine {here.get('preset', '?')} {k} {there.get(k)!r} there, {here.get(k)!r} here"
-            for k in keys if there.get(k) != here.get(k)]
-
-
-class JobStore:
-    """Each finished job of a run under `root` (`data/jobs/`), written the moment it finishes, each file
-    atomically (a temporary file renamed): the trained policy's probe distribution `<key>.probe.pt` while `TwinKL`
-    still needs it (a clean run's, until the study ends; a dosed run's until its clean twin's arrives),
-    `<key>.kl.json` (its KL to its clean twin, once known), `<key>.parquet` (its curve), then `<key>.json` (the job,
-    the run and host that trained it, its wall time): a job is finished when its parquet exists. `start.json`: the
-    initial policy's outcomes. A finished study drops the probes (every KL is in its curves)."""
-
-    def __init__(self, root: Path, run_id: str | None, host: dict | None = None):
-        self.root, self.run_id = Path(root), run_id
-        self.host = {k: (host or {}).get(k) for k in ("cpu", "gpu")}  # where its jobs trained: each part's record
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def _write(self, name: str, write) -> Path:
-        return atomic_write(self.root / name, write)
-
-    def _json(self, name: str, data) -> None:
-        self._write(name, lambda t: t.write_text(json.dumps(data, indent=1, sort_keys=True)))
-
-    def save_start(self, start: dict) -> None:
-        self._json("start.json", start)
-
-    def save_probe(self, job: Job, full: torch.Tensor) -> None:
-        if not (self.root / f"{job_key(job)}.probe.pt").exists():
-            self._write(f"{job_key(job)}.probe.pt", lambda t: torch.save(full, t))
-
-    def drop_probe(self, job: Job) -> None:
-        (self.root / f"{job_key(job)}.probe.pt").unlink(missing_ok=True)
-
-    def save_kl(self, job: Job, value: float) -> None:
-        self._json(f"{job_key(job)}.kl.json", {"kl_to_clean": value})
-
-    def save(self, job: Job, df: pd.DataFrame, wall_s: float) -> pd.DataFrame:
-        key = job_key(job)
-        out = pd.read_parquet(self._write(f"{key}.parquet", lambda t: df.to_parquet(t, index=False)))
-        # the meta after the curve: a meta names a finished job (`provenance` counts only those with a parquet)
-        self._json(f"{key}.json", {"job": asdict(job), "run_id": self.run_id, "host": self.host,
-                                   "wall_s": round(wall_s, 3),
-                                   "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        return out
-
-    def reuse(self, source: Path, todo: list[Job], kl: TwinKL, start: dict, done: dict) -> list[Job]:
-        """Copy (hard-link where it can) every job of `todo` that `source` finished into this store, and take it
-        as done: its curve into `done`, its KL or probe into `kl`, the initial outcomes into `start`. Returns the
-        jobs reused."""
-        src = source / "data" / JOBS_DIR
-        if (src / "start.json").exists():
-            self._copy(src / "start.json")
-            start.update(json.loads((src / "start.json").read_text()))
-        reused = []
-        for job in sorted(todo, key=lambda j: j.kind != "clean"):  # clean first: their twins' KLs need them
-            key = job_key(job)
-            have_kl, have_probe = (src / f"{key}.kl.json").exists(), (src / f"{key}.probe.pt").exists()
-            # a clean run's probe is what its twins' KLs need (a finished study dropped them: retrained)
-            usable = have_probe if job.kind == "clean" else have_kl or have_probe
-            if not (src / f"{key}.parquet").exists() or not usable or not start:
-                continue
-            for suffix in (".json", ".kl.json", ".probe.pt", ".parquet"):
-                if (src / f"{key}{suffix}").exists():
-                    self._copy(src / f"{key}{suffix}")
-            if have_kl and job.kind != "clean":
-                kl.known(job, json.loads((self.root / f"{key}.kl.json").read_text())["kl_to_clean"])
-            else:
-                kl.add(job, torch.load(self.root / f"{key}.probe.pt"))
-            done[job] = pd.read_parquet(self.root / f"{key}.parquet")
-            reused.append(job)
-        return reused
-
-    def _copy(self, f: Path) -> None:
-        dest = self.root / f.name
-        if dest.exists():
-            return
-
-        def link_or_copy(tmp: Path) -> None:
-            try:
-                os.link(f, tmp)
-            except OSError:
-                shutil.copy2(f, tmp)
-
-        atomic_write(dest, link_or_copy)
-
-    def provenance(self, todo_n: int) -> dict:
-        """Which run trained each kept job, on which host (CPU model, GPU), and the wall time of each part (sum of
-        its jobs' wall times)."""
-        parts: dict = {}
-        for f in sorted(self.root.glob("*.json")):
-            if f.name.endswith(".kl.json") or f.name == "start.json" or not f.with_suffix(".parquet").exists():
-                continue  # a meta without its curve: not a finished job
-            meta = json.loads(f.read_text())
-            part = parts.setdefault(meta.get("run_id") or "?", {"jobs": 0, "wall_s": 0.0, "host": meta.get("host")})
-            part["jobs"] += 1
-            part["wall_s"] = round(part["wall_s"] + float(meta.get("wall_s") or 0.0), 2)
-        return {"jobs": todo_n, "parts": parts}
-
-    def record(self, here: dict, source: dict | None, resume_from: str, reused: list[Job], todo_n: int) -> None:
-        """run.json's `resume` (beside the data dir): the run resumed from, and the jobs reused from it."""
-        self._todo_n = todo_n
-        self._resume = {"from": str(resume_from), "from_run_id": (source or {}).get("run_id"),
-                        "from_status": (source or {}).get("status"), "reused_jobs": len(reused),
-                        "reused": [job_key(j) for j in reused]} if source is not None else {"from": None,
-                                                                                            "reused_jobs": 0}
-        self._update(here)
-
-    def _update(self, here: dict) -> None:
-        run_json = self.root.parent.parent / "run.json"
-        if run_json.exists():
-            write_json(run_json, {**read_json(run_json, {}),
-                                          "resume": {**self._resume, **self.provenance(self._todo_n)}})
-
-    def finish(self, here: dict) -> None:
-        """The study finished: every KL is in its curves, the probes go; run.json's provenance is final."""
-        for f in self.root.glob("*.probe.pt"):
-            f.unlink()
-        self._update(here)
+def reuse(store, todo: list[Job], kl: TwinKL, start: dict, done: dict) -> list[Job]:
+    """Take over every job of `todo` the run resumed from finished (`store.offered`) and whose KL to its clean twin
+    can be had: its curve into `done`, its KL (or its probe, while the KL waits for its twin) into `kl`, the initial
+    policy's outcomes into `start`. A clean run's probe is what its twins' KLs need (a finished study dropped them:
+    such a clean run trains again). Returns the jobs reused."""
+    start.update(store.shared("start") or {})
+    reused = []
+    for job in sorted(todo, key=lambda j: j.kind != "clean"):  # clean first: their twins' KLs need them
+        have_kl, have_probe = store.offered(job, "kl.json"), store.offered(job, "probe.pt")
+        usable = have_probe if job.kind == "clean" else have_kl or have_probe
+        if not store.offered(job) or not usable or not start:
+            continue
+        done[job] = store.take(job)
+        if have_kl and job.kind != "clean":
+            kl.known(job, store.get_json(job, "kl.json")["kl_to_clean"])
+        else:
+            kl.add(job, store.get_tensor(job, "probe.pt"))
+        reused.append(job)
+    return reused
 
 
 def analyze(curves: pd.DataFrame, p) -> CostResult:
@@ -707,10 +489,10 @@ class TwinKL:
     """KL from each run's clean twin's trained policy to its own, on the probe, computed as soon as both exist.
     Only clean policies still awaited by a run and runs still awaiting their twin are held (on a real vocabulary
     each [tokens, V] tensor is tens of MB). Two lanes finish runs in their own threads, hence the lock. With a
-    `JobStore` each value is kept as soon as it is known, and each probe a later value needs (a clean run's; a
+    job store each value is kept as soon as it is known, and each probe a later value needs (a clean run's; a
     run's whose twin has not finished) until then, so a resumed study computes the same KLs."""
 
-    def __init__(self, todo: list[Job], store: JobStore | None = None):
+    def __init__(self, todo: list[Job], store=None):
         self.values: dict[Job, float] = {}
         self._users = {}
         for j in todo:
@@ -726,8 +508,8 @@ class TwinKL:
             if job.kind == "clean":
                 self.values[job] = 0.0
                 if self._store is not None:
-                    self._store.save_probe(job, full)
-                    self._store.save_kl(job, 0.0)
+                    self._store.put_tensor(job, "probe.pt", full)
+                    self._store.put_json(job, "kl.json", {"kl_to_clean": 0.0})
                 self._clean[job.twin] = full
                 for other in [o for o in self._pending if o.twin == job.twin]:
                     self._use(other, self._pending.pop(other))
@@ -738,10 +520,10 @@ class TwinKL:
             else:
                 self._pending[job] = full
                 if self._store is not None:
-                    self._store.save_probe(job, full)
+                    self._store.put_tensor(job, "probe.pt", full)
 
     def known(self, job: Job, value: float) -> None:
-        """A run whose KL a resumed study reuses (`JobStore.reuse`): its twin's probe is one user less needed."""
+        """A run whose KL a resumed study reuses (`reuse`): its twin's probe is one user less needed."""
         with self._lock:
             self.values[job] = value
             self._users[job.twin] -= 1
@@ -751,8 +533,8 @@ class TwinKL:
     def _use(self, job: Job, full: torch.Tensor) -> None:
         self.values[job] = kl_divergence(self._clean[job.twin], full)
         if self._store is not None:
-            self._store.save_kl(job, self.values[job])
-            self._store.drop_probe(job)
+            self._store.put_json(job, "kl.json", {"kl_to_clean": self.values[job]})
+            self._store.drop(job, "probe.pt")
         self._users[job.twin] -= 1
         if not self._users[job.twin]:
             del self._clean[job.twin]

@@ -62,13 +62,15 @@ class GRPOResult(Result):
 
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
-        data_dir: str | Path | None = None) -> GRPOResult:
+        data_dir: str | Path | None = None, store=None) -> GRPOResult:
     """Every engine x correction x seed from the same initial weights (only `none` on an engine whose `none`
     runs measured no mismatch, with `skip_at_floor`).
     Each engine starts once; every run reloads the initial weights into the trainer and (in flight) into the
     engine. With `drift_threshold` > 0 every run has a drift monitor (`drift_trip_step` records where it
-    tripped; the offending batch goes to `data_dir`)."""
-    curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir)
+    tripped; the offending batch goes to `data_dir`). With `store` (the run's job store) each run is kept as it
+    finishes, and a resumed run takes over the runs it resumes (`grpo_grid.train_grid`)."""
+    curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir,
+                        store=store)
     return GRPOResult(params, curve_metrics(curves), curves)
 
 

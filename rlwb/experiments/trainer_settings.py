@@ -44,6 +44,7 @@ from rlwb.experiments.base import OnStart, Result, split_metrics
 from rlwb.experiments.engine_readback import error_line, not_applied
 from rlwb.experiments.wording import ci_text
 from rlwb.experiments.wording import trainer_settings as wording_09
+from rlwb.run_record import read_record
 
 CONTROL = ("fp64", "fp32")  # measured first whatever the params list: the reference's control, rlwb's scorer
 CI_NAMES = ("abs_dlogp_mean", "k3_mean")
@@ -354,7 +355,7 @@ def engine_knobs_run(p) -> tuple[dict, list[dict]]:
                         f"06_engine_knobs first to rank its engine knobs here"}, []
     import yaml
 
-    info = json.loads((d / "run.json").read_text()) if (d / "run.json").exists() else {}
+    info = read_record(d, {})
     m = json.loads((d / "metrics.json").read_text())
     ran = yaml.safe_load((d / "params.yaml").read_text()) or {}
     status = pd.read_parquet(d / "data" / "status.parquet")

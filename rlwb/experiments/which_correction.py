@@ -56,11 +56,12 @@ def baseline_label(p) -> str:
 
 
 def run(params, model_path, *, on_start: OnStart = None, progress: bool = True,
-        data_dir: str | Path | None = None) -> RaceResult:
+        data_dir: str | Path | None = None, store=None) -> RaceResult:
     """The baseline level runs `none` (every correction too with `race_on_baseline`); every other level
-    runs every correction. Each level's engine starts once."""
+    runs every correction. Each level's engine starts once. With `store` (the run's job store) each run is kept
+    as it finishes, and a resumed run takes over the runs it resumes (`grpo_grid.train_grid`)."""
     curves = train_grid(params, model_path, on_start=on_start, progress=progress, drift_dir=data_dir,
-                        corrections_for=params.corrections_for)
+                        corrections_for=params.corrections_for, store=store)
     metrics = race_metrics(curves, params)
     return RaceResult(params, metrics, curves, ranking(metrics, curves, params))
 

@@ -65,8 +65,8 @@ def provenance_differences(run_a: str | os.PathLike, run_b: str | os.PathLike) -
     engine's vLLM / torch / transformers version. A metric that drifts between runs with a difference listed
     here may be explained by the build or the upgrade, not by the engine's behaviour; `compare` and `rerun`
     print these lines beside the drift so nobody has to guess."""
-    ra = archive.read_json(Path(run_a) / "run.json", {}) or {}
-    rb = archive.read_json(Path(run_b) / "run.json", {}) or {}
+    ra = archive.read_record(run_a, {}) or {}
+    rb = archive.read_record(run_b, {}) or {}
     out = []
 
     def model_fact(r: dict, key: str):
@@ -109,10 +109,10 @@ def drift_summary(ok: bool, rows: list[dict], provenance: list[str]) -> str:
 
 def record_drift(run_dir: Path, reference: Path, ok: bool, rows: list[dict], provenance: list[str]) -> None:
     """A rerun's verdict in its run.json (`drift`), so the index's trend view can mark the run."""
-    info = archive.read_json(run_dir / "run.json", {})
+    info = archive.read_record(run_dir, {})
     info["drift"] = {"reference": reference.name, "ok": ok,
                      "drifted": [r["metric"] for r in failing(rows)], "provenance": provenance}
-    archive.write_json(run_dir / "run.json", info)
+    archive.write_record(run_dir, info)
 
 
 def compare_table(rows: list[dict], only_interesting: bool = False) -> str:

@@ -59,7 +59,7 @@ def provenance_html(run_dir: Path, error: str | None = None) -> str:
 
     from rlwb.reports.pages import render
 
-    info = archive.read_json(run_dir / "run.json", {})
+    info = archive.read_record(run_dir, {})
     params = yaml.safe_load((run_dir / "params.yaml").read_text()) if (run_dir / "params.yaml").exists() else {}
     pk = info.get("packages") or {}
     commit = (info.get("git_commit") or "unknown")[:10] + (" (uncommitted changes)" if info.get("git_dirty") else "")

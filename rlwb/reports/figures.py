@@ -16,7 +16,7 @@ from rlwb import archive, plots
 
 
 def notebook_of(run_dir: Path) -> str:
-    info = archive.read_json(run_dir / "run.json", {})
+    info = archive.read_record(run_dir, {})
     return info.get("notebook") or run_dir.parent.name
 
 
@@ -25,8 +25,8 @@ def draw_figures(run_dir: str | os.PathLike, style: str = "notebook") -> Iterato
     `regenerate_figures` saves, and what tests render); the caller closes each figure. A figure the run never made
     (its table absent and no file of it) is skipped; one whose table is missing is an error."""
     run_dir = Path(run_dir)
-    if not (run_dir / "run.json").exists():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
+    if not archive.has_record(run_dir):
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {archive.RECORD})")
     from rlwb.registry import NOTEBOOKS
 
     nb = notebook_of(run_dir)
@@ -64,7 +64,7 @@ def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook",
 
     run_dir = Path(run_dir)
     out_dir = run_dir / "figures" if style == "notebook" else run_dir / "figures" / style
-    info = archive.read_json(run_dir / "run.json", {})
+    info = archive.read_record(run_dir, {})
     source, written = f"{notebook_of(run_dir)}/{info.get('run_id') or run_dir.name}", []
     for name, fig in draw_figures(run_dir, style):
         written.append(plots.save_figure(fig, out_dir / name, source, formats))
@@ -73,5 +73,5 @@ def regenerate_figures(run_dir: str | os.PathLike, style: str = "notebook",
         git = archive.git_info()
         info.setdefault("figures_redrawn", []).append({"at": archive.utc_now(), "commit": git["git_commit"],
                                                        "git_dirty": git["git_dirty"]})
-        archive.write_json(run_dir / "run.json", info)
+        archive.write_record(run_dir, info)
     return written

@@ -15,11 +15,11 @@ def latest_ok_run(root: Path, notebook: str) -> Path | None:
 
 def reference_run(run_dir: Path, notebooks: list[str]) -> Path:
     """`rerun --compare-to RUN_DIR`: a successful archived run of the one notebook being rerun."""
-    from rlwb.archive import read_json
+    from rlwb.archive import RECORD, read_record
 
-    info = read_json(run_dir / "run.json")
+    info = read_record(run_dir)
     if info is None:
-        raise ParamError(f"--compare-to {run_dir}: not an archived run (no run.json)")
+        raise ParamError(f"--compare-to {run_dir}: not an archived run (no {RECORD})")
     if len(notebooks) != 1 or info.get("notebook") != notebooks[0]:
         raise ParamError(f"--compare-to {run_dir} is a run of {info.get('notebook')!r}: rerun exactly that notebook "
                          f"(got {notebooks})")

@@ -39,10 +39,11 @@ def check_archived_run(value: str) -> str | None:
     if value == "":
         return None
     from rlwb.paths import repo_path
+    from rlwb.run_record import RECORD, has_record
 
     d = repo_path(value)
-    if not (d / "run.json").is_file():
-        return f"{value!r} is not an archived run (no run.json)"
+    if not has_record(d):
+        return f"{value!r} is not an archived run (no {RECORD})"
     if not (d / "data" / "rollouts.parquet").is_file():
         return f"{value!r} has no data/rollouts.parquet: nothing to re-score"
     return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlwb.core.checked_fields import param
 from rlwb.core.rl.correction_catalog import check_modes
@@ -54,20 +53,6 @@ def check_point(entry: str) -> str | None:
     if not 0 < t <= 10:
         return f"engine point {entry!r}: its temperature (after '@T') must be in (0, 10]"
     return check_engine(engine)
-
-
-def check_resume_from(value: str) -> str | None:
-    """'' or a run directory with the files a resume reads (`mismatch_cost.resume_check` compares them, before any
-    compute, in the run). A resume is a run option (`rlwb run --resume-from`, `rlwb sweep --resume`), never a param:
-    it is not hashed, not in params.yaml, so a resumed run is the same configuration as the study run whole and its
-    params reload once its source is gone."""
-    if not value:
-        return None
-    d = Path(value).expanduser()
-    missing = [f for f in ("run.json", "params.yaml") if not (d / f).is_file()]
-    if not d.is_dir() or missing:
-        return f"resume_from {value!r} is not an archived run directory (missing: {missing or [value]})"
-    return None
 
 
 @dataclass
