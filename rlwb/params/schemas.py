@@ -19,8 +19,8 @@ from rlwb.core.data.tokenizer import CHAT_TEMPLATE_MODES
 from rlwb.core.models.store import EMBEDDED_NAMES
 from rlwb.core.prompts.generated import PROMPT_SOURCES
 from rlwb.core.rl.correction_catalog import CORRECTIONS, check_modes
-from rlwb.core.rl.drift_breaker import MONITORED
 from rlwb.core.rl.grpo_config import GRPOSettings
+from rlwb.core.rl.mismatch_breaker import MONITORED
 from rlwb.core.scoring.trainer_choices import check_setting
 from rlwb.engines.presets import available_knobs, resolve_preset
 from rlwb.errors import ParamError, PresetError
