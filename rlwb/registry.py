@@ -1,15 +1,19 @@
-"""Every notebook, declared once.
+"""Every notebook, declared once: every table of notebooks derives from these records.
 
 A notebook is `notebooks/<stem>.ipynb`; its record here names its parameters (the schema, whose `NOTEBOOK` is the
-stem), the question its report answers and what a run holds on a GPU. Everything else is found from the stem
-by one rule, so nothing else lists notebooks: the experiment is `rlwb/experiments/<name>.py` and its figures
-`rlwb/plots/<name>.py` (`<name>` = the stem without its number), the parameter files `params/<stem>/`.
-`tests/test_layout.py` checks that the notebooks on disk, these records, the experiments, the figure modules and
-the params folders name the same stems; the schemas table, `rlwb figures`, the memory plan, the index and the
-README's notebook table all read from `NOTEBOOKS`.
+stem), the question its report answers, what a run holds on a GPU and the data tables its runs of record keep.
+Everything else about it is found from the stem by one rule: its experiment is `rlwb/experiments/<name>.py`, its
+figures `rlwb/plots/<name>.py` (`<name>` = the stem without its number), its parameter files `params/<stem>/`.
 
-To add a notebook: write its schema (`rlwb/params/schemas.py`), its experiment and figures modules, add a record
-below, then `rlwb sync-params` writes its parameters cell and `params/<stem>/default.yaml`.
+Code that needs the notebooks iterates `NOTEBOOKS` or asks `notebook(stem)`: the params lookup, the notebook's
+memory plan, `rlwb figures`, `rlwb rerun`, `rlwb publish`, `rlwb sync-params`, the index, `rlwb runs`'s headline
+and scripts/gpu_memory_check.py (the Makefile's `make reports` finds `notebooks/*.ipynb` by the rule above). A
+module that works with one other notebook names that stem (`rlwb audit` runs `10_audit`); none spells out a list of
+them. `tests/test_layout.py` checks both: that the notebooks on disk, these
+records, the experiments, the figure modules and the params folders name the same stems, and that no module or
+script but this one lists stems; `tests/test_docs.py` that README's table of notebooks is this one.
+
+To add a notebook: docs/architecture.md, "How to add".
 """
 
 from __future__ import annotations
@@ -21,13 +25,26 @@ from types import ModuleType
 
 from rlwb.errors import ParamError
 from rlwb.memory_plan import Needs
-from rlwb.params import schemas as S
+from rlwb.params.schemas import (
+    AuditParams,
+    CorrectionRaceParams,
+    DefaultPolicyParams,
+    DeterminismParams,
+    EngineKnobParams,
+    GRPOParams,
+    KLTemperatureParams,
+    MismatchCostParams,
+    MismatchParams,
+    Params,
+    StressParams,
+    TrainerSettingsParams,
+)
 from rlwb.paths import NOTEBOOKS_DIR, PARAMS_DIR
 
 
 @dataclass(frozen=True)
 class Notebook:
-    schema: type[S.Params]  # its parameters; `schema.NOTEBOOK` is the stem
+    schema: type[Params]  # its parameters; `schema.NOTEBOOK` is the stem
     question: str  # the one line its report answers (README's notebook table, the index)
     needs: Needs  # what one run holds on a GPU besides engine shares (rlwb.memory_plan)
     # data tables read from its runs of record besides the ones its figures are drawn from: `rlwb publish` keeps them
@@ -59,35 +76,35 @@ class Notebook:
         return importlib.import_module(f"rlwb.plots.{self.name}").FIGURES
 
 
-NOTEBOOKS: dict[str, Notebook] = {n.stem: n for n in (
-    Notebook(S.DefaultPolicyParams, "what policy do the experiments use?", Needs(0, "score")),
-    Notebook(S.MismatchParams, "engine vs trainer logprobs, the V0 → V1 → V1-fixed ladder, reward equivalence",
+NOTEBOOKS: dict[str, Notebook] = {record.stem: record for record in (
+    Notebook(DefaultPolicyParams, "what policy do the experiments use?", Needs(0, "score")),
+    Notebook(MismatchParams, "engine vs trainer logprobs, the V0 → V1 → V1-fixed ladder, reward equivalence",
              Needs(1, "score")),
-    Notebook(S.KLTemperatureParams, "KL drift across temperatures, raw vs processed, top-p renormalisation",
+    Notebook(KLTemperatureParams, "KL drift across temperatures, raw vs processed, top-p renormalisation",
              Needs(1, "score")),
-    Notebook(S.GRPOParams, "what mismatch does to GRPO", Needs(1, "train")),
+    Notebook(GRPOParams, "what mismatch does to GRPO", Needs(1, "train")),
     # old and new weights are scored side by side
-    Notebook(S.DeterminismParams, "batch invariance, reruns, stale prefix cache after in-flight weight updates",
+    Notebook(DeterminismParams, "batch invariance, reruns, stale prefix cache after in-flight weight updates",
              Needs(1, "score2")),
     # the memory-pressure engine starts beside the first one
-    Notebook(S.StressParams, "property-based validator per preset, memory pressure with preemption, long contexts",
+    Notebook(StressParams, "property-based validator per preset, memory pressure with preemption, long contexts",
              Needs(2, "score")),
     # one knob's engine at a time; the MoE audit's scorer beside the main one
-    Notebook(S.EngineKnobParams, "which vLLM settings keep rollouts on-policy, and what each costs in throughput; "
+    Notebook(EngineKnobParams, "which vLLM settings keep rollouts on-policy, and what each costs in throughput; "
              "other vLLM versions; MoE router agreement", Needs(1, "score2")),
     # notebook 03's loop, one mismatch level's engine at a time
-    Notebook(S.CorrectionRaceParams, "which peer's off-policy correction recovers the no-mismatch baseline, per "
+    Notebook(CorrectionRaceParams, "which peer's off-policy correction recovers the no-mismatch baseline, per "
              "mismatch level", Needs(1, "train")),
     # notebook 03's loop, one engine; the doses change what it reports or the weights it samples with; an engine
     # point's run beside a base-preset engine that scores its trained policy (mismatch_cost.CleanScorer)
-    Notebook(S.MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
+    Notebook(MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
              "seed, per kind of mismatch and correction", Needs(2, "train"),
              reads=("benchmarks",)),  # `rlwb audit` places an engine's k3 against them (dose_response.study_benchmarks)
     # the fp32 master, its float64 reference and one setting's copy at a time; one engine at a time
-    Notebook(S.TrainerSettingsParams, "how far the trainer's own settings (dtype, attention, batching, micro-batch, "
+    Notebook(TrainerSettingsParams, "how far the trainer's own settings (dtype, attention, batching, micro-batch, "
              "checkpointing, compile, fp32 head) move its logprobs, beside the engine's", Needs(1, "settings")),
     # one engine at a time (a served engine holds nothing here); rlwb's fp32 scorer, or none (an external one)
-    Notebook(S.AuditParams, "is your engine, as you serve it, on-policy with your trainer on your prompts? (a prompts "
+    Notebook(AuditParams, "is your engine, as you serve it, on-policy with your trainer on your prompts? (a prompts "
              "file, a preset or a server URL, rlwb's scorer or your own)", Needs(1, "score")),
 )}
 

@@ -1,10 +1,11 @@
 """The package's layers as the tree shows them, checked on every import (function-level ones included): engines
 below core, core below experiments and figures, infrastructure on top; no import cycles; one record per notebook
-(`rlwb.registry`) and the notebooks, experiments, figures and params on disk naming the same stems; every public
-error type in `rlwb.errors`."""
+(`rlwb.registry`) and the notebooks, experiments, figures and params on disk naming the same stems, and no other
+list of notebooks in the package, the scripts or the Makefile; every public error type in `rlwb.errors`."""
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,42 @@ def test_unknown_notebook_is_refused():
 
     with pytest.raises(ParamError, match="unknown notebook '99_nothing'"):
         notebook("99_nothing")
+
+
+def stems_listed(source: str, stems) -> list[tuple[int, list[str]]]:
+    """(line, stems) of each list, tuple, set or dict literal in Python `source` whose strings name two or more
+    notebook stems (`"03_toy_grpo"`, `"params/03_toy_grpo/smoke.yaml"`): a table of notebooks."""
+    named = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, stems)) + r")(?![A-Za-z0-9_])")
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+            items = [*node.keys, *node.values] if isinstance(node, ast.Dict) else node.elts
+            hits = {m for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)
+                    for m in named.findall(i.value)}
+            if len(hits) >= 2:
+                found.append((node.lineno, sorted(hits)))
+    return found
+
+
+def test_no_module_but_the_registry_lists_notebooks():
+    """A notebook is declared once (`rlwb.registry`); every other table of notebooks derives from its records, so a
+    new notebook is one record, not a hunt for lists. Python: no collection literal naming two stems; the Makefile
+    and shell scripts: no line naming two. One stem (a module about that one notebook) is fine."""
+    from rlwb.registry import NOTEBOOKS
+
+    named = re.compile("|".join(map(re.escape, NOTEBOOKS)))
+    code = [f for f in [*PKG.rglob("*.py"), *(REPO / "scripts").rglob("*.py")] if f != PKG / "registry.py"]
+    bad = {str(f.relative_to(REPO)): hits for f in code if (hits := stems_listed(f.read_text(), NOTEBOOKS))}
+    for f in [REPO / "Makefile", *(REPO / "scripts").glob("*.sh"), *(REPO / ".ci").glob("*")]:
+        lines = [(n, sorted(set(named.findall(line)))) for n, line in enumerate(f.read_text().splitlines(), 1)]
+        if hits := [(n, stems) for n, stems in lines if len(stems) >= 2]:
+            bad[str(f.relative_to(REPO))] = hits
+    assert not bad, bad
+
+
+def test_the_notebook_list_check_catches_a_table_of_stems():
+    """The check above on code written to break it, and on code it must let pass."""
+    stems = ["01_logprob_mismatch", "03_toy_grpo"]
+    assert stems_listed('for nb in ("01_logprob_mismatch", "03_toy_grpo"):\n    pass\n', stems) == [(1, stems)]
+    assert stems_listed('F = {"params/01_logprob_mismatch/gpu.yaml": 1, "03_toy_grpo": 2}\n', stems) == [(1, stems)]
+    assert stems_listed('AUDIT = "01_logprob_mismatch"\nf(["03_toy_grpo", "x"])\n', stems) == []
