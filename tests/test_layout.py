@@ -1,7 +1,8 @@
 """The package's layers as the tree shows them, checked on every import (function-level ones included): engines
 below core, core below experiments and figures, infrastructure on top; no import cycles; one record per notebook
 (`rlwb.registry`) and the notebooks, experiments, figures and params on disk naming the same stems, and no other
-list of notebooks in the package, the scripts or the Makefile; every public error type in `rlwb.errors`."""
+list of notebooks in the package, the scripts or the Makefile; every public error type in `rlwb.errors`; the "How
+to add" recipes of docs/architecture.md listing files that exist, the notebook recipe every table of notebooks."""
 
 import ast
 import inspect
@@ -270,3 +271,45 @@ def test_the_notebook_list_check_catches_a_table_of_stems():
     assert stems_listed('for nb in ("01_logprob_mismatch", "03_toy_grpo"):\n    pass\n', stems) == [(1, stems)]
     assert stems_listed('F = {"params/01_logprob_mismatch/gpu.yaml": 1, "03_toy_grpo": 2}\n', stems) == [(1, stems)]
     assert stems_listed('AUDIT = "01_logprob_mismatch"\nf(["03_toy_grpo", "x"])\n', stems) == []
+
+
+def recipes() -> dict[str, list[tuple[str, bool]]]:
+    """docs/architecture.md's "How to add": recipe title -> (path, optional) for each line of its ```files block."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    section = page.split("\n## How to add\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for recipe in section.split("\n### ")[1:]:
+        title, body = recipe.split("\n", 1)
+        blocks = re.findall(r"^```files\n(.*?)^```$", body, flags=re.M | re.S)
+        assert len(blocks) == 1, f"recipe {title!r}: one ```files block, got {len(blocks)}"
+        lines = [line.split("#", 1) for line in blocks[0].splitlines() if line.strip()]
+        out[title] = [(path.strip(), bool(note) and note[0].strip().startswith("optional")) for path, *note in lines]
+    return out
+
+
+def test_each_how_to_add_recipe_lists_files_that_exist():
+    """A recipe's files are real paths; one naming a notebook's `<stem>` / `<name>` exists for every notebook (for
+    at least one where it is optional)."""
+    from rlwb.registry import NOTEBOOKS
+
+    found = recipes()
+    assert {"A parameter", "A notebook", "A correction", "A kind of mismatch dose"} <= set(found)
+    for title, files in found.items():
+        assert files, title
+        for path, optional in files:
+            paths = {REPO / path.replace("<stem>", r.stem).replace("<name>", r.name) for r in NOTEBOOKS.values()}
+            missing = sorted({str(p) for p in paths if not p.is_file()})
+            assert len(missing) < len(paths) if optional else not missing, (title, path, missing)
+
+
+def test_the_notebook_recipe_names_every_table_of_notebooks():
+    """Adding a notebook is a hunt for lists unless the recipe names them: every file (package, scripts, tests) with
+    a collection literal naming half the notebooks or more is in the notebook recipe."""
+    from rlwb.registry import NOTEBOOKS
+
+    listed = {path for path, _ in recipes()["A notebook"]}
+    tables = {str(f.relative_to(REPO)) for f in [*PKG.rglob("*.py"), *(REPO / "scripts").rglob("*.py"),
+                                                 *(REPO / "tests").glob("*.py")]
+              if any(2 * len(stems) >= len(NOTEBOOKS) for _, stems in stems_listed(f.read_text(), NOTEBOOKS))}
+    assert tables, "the check finds the tables the tests keep per notebook"
+    assert tables <= listed, sorted(tables - listed)
