@@ -313,3 +313,24 @@ def test_the_notebook_recipe_names_every_table_of_notebooks():
               if any(2 * len(stems) >= len(NOTEBOOKS) for _, stems in stems_listed(f.read_text(), NOTEBOOKS))}
     assert tables, "the check finds the tables the tests keep per notebook"
     assert tables <= listed, sorted(tables - listed)
+
+
+def test_each_cli_command_is_registered_once_beside_its_handler():
+    """`rlwb.cli.COMMANDS` registers every `add_*` of the command modules exactly once, and each command's handler
+    lives in the module that builds its parser (the module named after what it holds)."""
+    import argparse
+
+    from rlwb import cli
+
+    defined = {f"{m.__name__}.{n}" for m in (getattr(cli, f.stem) for f in (PKG / "cli").glob("*.py")
+                                             if not f.stem.startswith("__")) for n in vars(m) if n.startswith("add_")}
+    registered = [f"{add.__module__}.{add.__name__}" for add in cli.COMMANDS]
+    assert sorted(registered) == sorted(defined)
+    for add in cli.COMMANDS:
+        sub = argparse.ArgumentParser().add_subparsers()
+        add(sub)
+        parsers = list(sub.choices.values())
+        parsers += [q for p in parsers for a in p._actions if isinstance(a, argparse._SubParsersAction)
+                    for q in a.choices.values()]
+        handlers = [p.get_default("fn") for p in parsers if p.get_default("fn")]
+        assert handlers and all(fn.__module__ == add.__module__ for fn in handlers), add.__name__
