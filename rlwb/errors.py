@@ -49,13 +49,13 @@ class EngineError(RlwbError, RuntimeError):
     """The worker is alive but the operation failed inside it (its traceback is in the message)."""
 
 
-class DriftDetected(RlwbError, RuntimeError):
-    """Raised by `DriftMonitor.update` when the breaker trips (and `raise_on_trip` is set)."""
+class MismatchBreakerTripped(RlwbError, RuntimeError):
+    """Raised by `MismatchBreaker.update` when the breaker trips (and `raise_on_trip` is set)."""
 
     def __init__(self, step: int, metric: str, value: float, threshold: float, saved: Path | None):
         self.step, self.metric, self.value, self.threshold, self.saved = step, metric, value, threshold, saved
         where = f"; the step's rollouts are in {saved}" if saved else ""
-        super().__init__(f"engine/trainer drift at step {step}: windowed {metric} = {value:.3g} > {threshold:.3g} "
+        super().__init__(f"engine/trainer mismatch at step {step}: windowed {metric} = {value:.3g} > {threshold:.3g} "
                          f"for the configured patience{where}")
 
 

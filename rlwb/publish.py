@@ -36,7 +36,7 @@ from rlwb.errors import PublishRefused
 from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
 
 PUBLISHED_RUNS = RUNS_OF_RECORD  # the one tracked folder of runs of record: <stem>/<run id>/
-RUN_LIMIT = 5_000_000  # bytes per run of record (issue #48)
+RUN_LIMIT = 5_000_000  # bytes per run of record: runs of record are tracked, so every clone carries them
 FOLDER_LIMIT = 50_000_000  # bytes for the whole folder
 __all__ = ["FOLDER_LIMIT", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused", "check_publishable", "plan",
            "publish", "timing_columns", "tree_bytes"]

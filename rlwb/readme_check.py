@@ -30,8 +30,8 @@ the next) and each verdict names its file. A cited run is looked for in the arch
 
 `--clean-clone` (`check_clean_clone`) is what a reader with nothing but the repository gets: a `git clone` of the
 committed tree, its documents checked against the runs of record in that clone alone, and any number that is not a
-match (a mismatch, or a run that is not shipped) fails. That is what the suite asserts, so a number that drifts from
-its run, or a citation of a run not published, fails CI.
+match (a mismatch, or a run that is not shipped) fails. That is what the suite asserts, so a number that no longer
+matches its run, or a citation of a run not published, fails CI.
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
-"""Every notebook, declared once.
+"""Every notebook, declared once: every table of notebooks derives from these records.
 
 A notebook is `notebooks/<stem>.ipynb`; its record here names its parameters (the schema, whose `NOTEBOOK` is the
-stem), the question its report answers and what a run holds on a GPU. Everything else is found from the stem
-by one rule, so nothing else lists notebooks: the experiment is `rlwb/experiments/<name>.py` and its figures
-`rlwb/plots/<name>.py` (`<name>` = the stem without its number), the parameter files `params/<stem>/`.
-`tests/test_layout.py` checks that the notebooks on disk, these records, the experiments, the figure modules and
-the params folders name the same stems; the schemas table, `rlwb figures`, the memory plan, the index and the
-README's notebook table all read from `NOTEBOOKS`.
+stem), the question its report answers, what a run holds on a GPU and the data tables its runs of record keep.
+Everything else about it is found from the stem by one rule: its experiment is `rlwb/experiments/<name>.py`, its
+figures `rlwb/plots/<name>.py` (`<name>` = the stem without its number), its parameter files `params/<stem>/`.
 
-To add a notebook: write its schema (`rlwb/params/schemas/<name>.py`), its experiment and figures modules, add a
-record below, then `rlwb sync-params` writes its parameters cell and `params/<stem>/default.yaml`.
+Code that needs the notebooks iterates `NOTEBOOKS` or asks `notebook(stem)`: the params lookup, the notebook's
+memory plan, `rlwb figures`, `rlwb rerun`, `rlwb publish`, `rlwb sync-params`, the index, `rlwb runs`'s headline
+and scripts/gpu_memory_check.py (the Makefile's `make reports` finds `notebooks/*.ipynb` by the rule above). A
+module that works with one other notebook names that stem (`rlwb audit` runs `10_audit`); none spells out a list of
+them. `tests/test_layout.py` checks both: that the notebooks on disk, these
+records, the experiments, the figure modules and the params folders name the same stems, and that no module or
+script but this one lists stems; `tests/test_docs.py` that README's table of notebooks is this one.
+
+To add a notebook: docs/architecture.md, "How to add".
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ class Notebook:
         return importlib.import_module(f"rlwb.plots.{self.name}").FIGURES
 
 
-NOTEBOOKS: dict[str, Notebook] = {n.stem: n for n in (
+NOTEBOOKS: dict[str, Notebook] = {record.stem: record for record in (
     Notebook(DefaultPolicyParams, "what policy do the experiments use?", Needs(0, "score")),
     Notebook(MismatchParams, "engine vs trainer logprobs, the V0 → V1 → V1-fixed ladder, reward equivalence",
              Needs(1, "score")),

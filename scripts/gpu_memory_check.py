@@ -6,7 +6,8 @@ allocated next to `rlwb.memory_plan.trainer_bytes` (which must not be below it: 
 the safe side), plus the micro-batched vs whole-batch gradient on CUDA. For notebook 03 both passes of a
 micro-batched step are measured: the no-grad old-logprob pass over the whole step's batch (03's gpu.yaml: 32 x 8
 sequences, in the scorer's slices: `trainer.batch_logprobs`) and the update's accumulation; and, for contrast,
-that pass as one forward (what `grpo_step` ran before it was cut; an out-of-memory error is recorded as such).
+that pass as one forward (what the slicing saves; an out-of-memory error is recorded as such). Then each notebook's
+memory plan on this GPU (`plans_on`).
 
     python scripts/gpu_memory_check.py            # needs a CUDA GPU; ~2 min on an H100
 """
@@ -56,6 +57,28 @@ def peak(fn) -> float:
     return torch.cuda.max_memory_allocated()
 
 
+def plans_on(shape: mp.ModelShape, total: int) -> dict:
+    """The memory plan of every notebook with a GPU configuration (`params/<stem>/gpu.yaml`) on a GPU of `total`
+    bytes: its engines at the dtype that file sets (else its schema's default), its trainer's largest forward the
+    roles measured above (a GRPO micro-batch, else 64 scored sequences); a plan that cannot fit is its error."""
+    from rlwb.params import read_yaml
+
+    plans = {}
+    for nb, record in NOTEBOOKS.items():
+        gpu = record.params_dir / "gpu.yaml"
+        if not gpu.is_file():
+            continue
+        dtype = read_yaml(gpu).get("dtype") or record.schema().dtype
+        seqs = MICRO if record.needs.role == "train" else 64
+        try:
+            p = mp.plan(nb, record.needs, shape, total, dtype, seqs=seqs, seq_len=PROMPT + COMPLETION)
+            plans[nb] = {"gpu_memory_utilization": p.gpu_memory_utilization, "trainer_gib": p.trainer_gib,
+                         "engine_gib": p.engine_gib}
+        except mp.MemoryPlanError as e:
+            plans[nb] = str(e)
+    return plans
+
+
 def main() -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -99,7 +122,7 @@ def main() -> None:
         res["train_plan_gib"] = (mp.trainer_bytes(shape, "train", MICRO, PROMPT + COMPLETION)
                                  - mp.PROCESS_OVERHEAD) / mp.GiB
         # the step's no-grad old-logprob pass over all its sequences, AdamW's state alive (grpo_step with
-        # micro_batch > 0): in the scorer's slices, as grpo_step runs it, then as the one forward it used to be
+        # micro_batch > 0): in the scorer's slices, as grpo_step runs it, then as one forward, for contrast
         step_batch = make_batch(*batch(STEP, g, cfg.vocab_size)[:2])
         with torch.no_grad():
             res["old_pass_peak_gib"] = peak(lambda: batch_logprobs(model, step_batch, 0.7, entropy=True)) / mp.GiB
@@ -120,17 +143,7 @@ def main() -> None:
         res["seconds"] = round(time.time() - t0, 1)
         del model, scorer, opt, initial, grads
         torch.cuda.empty_cache()
-        plans = {}
-        for nb in ("01_logprob_mismatch", "03_toy_grpo", "04_determinism_and_staleness", "05_equivalence_and_stress"):
-            dtype = "float32" if nb.startswith("05") else "bfloat16"
-            try:
-                seqs = MICRO if nb.startswith("03") else 64
-                p = mp.plan(nb, NOTEBOOKS[nb].needs, shape, total, dtype, seqs=seqs, seq_len=PROMPT + COMPLETION)
-                plans[nb] = {"gpu_memory_utilization": p.gpu_memory_utilization, "trainer_gib": p.trainer_gib,
-                             "engine_gib": p.engine_gib}
-            except mp.MemoryPlanError as e:
-                plans[nb] = str(e)
-        res["plans_on_this_gpu"] = plans
+        res["plans_on_this_gpu"] = plans_on(shape, total)
         out["models"][name] = {k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}
         print(json.dumps({name: out["models"][name]}), flush=True)
     ok = all(m["train_peak_gib"] <= m["train_plan_gib"] and m["old_pass_peak_gib"] <= m["train_plan_gib"]

@@ -1,10 +1,12 @@
 """The package's layers as the tree shows them, checked on every import (function-level ones included): engines
 below core, core below experiments and figures, infrastructure on top; no import cycles; one record per notebook
-(`rlwb.registry`) and the notebooks, experiments, figures and params on disk naming the same stems; every public
-error type in `rlwb.errors`."""
+(`rlwb.registry`) and the notebooks, experiments, figures and params on disk naming the same stems, and no other
+list of notebooks in the package, the scripts or the Makefile; every public error type in `rlwb.errors`; the "How
+to add" recipes of docs/architecture.md listing files that exist, the notebook recipe every table of notebooks."""
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -261,3 +263,105 @@ def test_unknown_notebook_is_refused():
 
     with pytest.raises(ParamError, match="unknown notebook '99_nothing'"):
         notebook("99_nothing")
+
+
+def stems_listed(source: str, stems) -> list[tuple[int, list[str]]]:
+    """(line, stems) of each list, tuple, set or dict literal in Python `source` whose strings name two or more
+    notebook stems (`"03_toy_grpo"`, `"params/03_toy_grpo/smoke.yaml"`): a table of notebooks."""
+    named = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, stems)) + r")(?![A-Za-z0-9_])")
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+            items = [*node.keys, *node.values] if isinstance(node, ast.Dict) else node.elts
+            hits = {m for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)
+                    for m in named.findall(i.value)}
+            if len(hits) >= 2:
+                found.append((node.lineno, sorted(hits)))
+    return found
+
+
+def test_no_module_but_the_registry_lists_notebooks():
+    """A notebook is declared once (`rlwb.registry`); every other table of notebooks derives from its records, so a
+    new notebook is one record, not a hunt for lists. Python: no collection literal naming two stems; the Makefile
+    and shell scripts: no line naming two. One stem (a module about that one notebook) is fine."""
+    from rlwb.registry import NOTEBOOKS
+
+    named = re.compile("|".join(map(re.escape, NOTEBOOKS)))
+    code = [f for f in [*PKG.rglob("*.py"), *(REPO / "scripts").rglob("*.py")] if f != PKG / "registry.py"]
+    bad = {str(f.relative_to(REPO)): hits for f in code if (hits := stems_listed(f.read_text(), NOTEBOOKS))}
+    for f in [REPO / "Makefile", *(REPO / "scripts").glob("*.sh"), *(REPO / ".ci").glob("*")]:
+        lines = [(n, sorted(set(named.findall(line)))) for n, line in enumerate(f.read_text().splitlines(), 1)]
+        if hits := [(n, stems) for n, stems in lines if len(stems) >= 2]:
+            bad[str(f.relative_to(REPO))] = hits
+    assert not bad, bad
+
+
+def test_the_notebook_list_check_catches_a_table_of_stems():
+    """The check above on code written to break it, and on code it must let pass."""
+    stems = ["01_logprob_mismatch", "03_toy_grpo"]
+    assert stems_listed('for nb in ("01_logprob_mismatch", "03_toy_grpo"):\n    pass\n', stems) == [(1, stems)]
+    assert stems_listed('F = {"params/01_logprob_mismatch/gpu.yaml": 1, "03_toy_grpo": 2}\n', stems) == [(1, stems)]
+    assert stems_listed('AUDIT = "01_logprob_mismatch"\nf(["03_toy_grpo", "x"])\n', stems) == []
+
+
+def recipes() -> dict[str, list[tuple[str, bool]]]:
+    """docs/architecture.md's "How to add": recipe title -> (path, optional) for each line of its ```files block."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    section = page.split("\n## How to add\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for recipe in section.split("\n### ")[1:]:
+        title, body = recipe.split("\n", 1)
+        blocks = re.findall(r"^```files\n(.*?)^```$", body, flags=re.M | re.S)
+        assert len(blocks) == 1, f"recipe {title!r}: one ```files block, got {len(blocks)}"
+        lines = [line.split("#", 1) for line in blocks[0].splitlines() if line.strip()]
+        out[title] = [(path.strip(), bool(note) and note[0].strip().startswith("optional")) for path, *note in lines]
+    return out
+
+
+def test_each_how_to_add_recipe_lists_files_that_exist():
+    """A recipe's files are real paths; one naming a notebook's `<stem>` / `<name>` exists for every notebook (for
+    at least one where it is optional)."""
+    from rlwb.registry import NOTEBOOKS
+
+    found = recipes()
+    assert {"A parameter", "A notebook", "A correction", "A kind of mismatch dose"} <= set(found)
+    for title, files in found.items():
+        assert files, title
+        for path, optional in files:
+            paths = {REPO / path.replace("<stem>", r.stem).replace("<name>", r.name) for r in NOTEBOOKS.values()}
+            missing = sorted({str(p) for p in paths if not p.is_file()})
+            assert len(missing) < len(paths) if optional else not missing, (title, path, missing)
+
+
+def test_the_notebook_recipe_names_every_table_of_notebooks():
+    """Adding a notebook is a hunt for lists unless the recipe names them: every file (package, scripts, tests) with
+    a collection literal naming half the notebooks or more is in the notebook recipe."""
+    from rlwb.registry import NOTEBOOKS
+
+    listed = {path for path, _ in recipes()["A notebook"]}
+    tables = {str(f.relative_to(REPO)) for f in [*PKG.rglob("*.py"), *(REPO / "scripts").rglob("*.py"),
+                                                 *(REPO / "tests").glob("*.py")]
+              if any(2 * len(stems) >= len(NOTEBOOKS) for _, stems in stems_listed(f.read_text(), NOTEBOOKS))}
+    assert tables, "the check finds the tables the tests keep per notebook"
+    assert tables <= listed, sorted(tables - listed)
+
+
+def test_each_cli_command_is_registered_once_beside_its_handler():
+    """`rlwb.cli.COMMANDS` registers every `add_*` of the command modules exactly once, and each command's handler
+    lives in the module that builds its parser (the module named after what it holds)."""
+    import argparse
+
+    from rlwb import cli
+
+    defined = {f"{m.__name__}.{n}" for m in (getattr(cli, f.stem) for f in (PKG / "cli").glob("*.py")
+                                             if not f.stem.startswith("__")) for n in vars(m) if n.startswith("add_")}
+    registered = [f"{add.__module__}.{add.__name__}" for add in cli.COMMANDS]
+    assert sorted(registered) == sorted(defined)
+    for add in cli.COMMANDS:
+        sub = argparse.ArgumentParser().add_subparsers()
+        add(sub)
+        parsers = list(sub.choices.values())
+        parsers += [q for p in parsers for a in p._actions if isinstance(a, argparse._SubParsersAction)
+                    for q in a.choices.values()]
+        handlers = [p.get_default("fn") for p in parsers if p.get_default("fn")]
+        assert handlers and all(fn.__module__ == add.__module__ for fn in handlers), add.__name__

@@ -129,8 +129,8 @@ def free_port() -> int:
 def start_ray_head(ray: str, port: int, num_cpus: int, env: dict, timeout: float = 300) -> subprocess.Popen:
     """`ray start --head --block` in a session of its own, returned once Ray says it started: every Ray process it
     starts is in that process group, and `os.killpg` ends exactly them, at once. (`ray stop` kills every process
-    whose command line contains one of Ray's names, "monitor.py" among them: a `pytest tests/test_monitor.py ...`
-    beside this test was killed, why that file is test_drift_monitoring.py; and it took ~9 s.)"""
+    whose command line contains one of Ray's names, "monitor.py" among them, a `pytest tests/test_monitor.py` beside
+    this test included, and takes ~9 s; so no test file is named `*monitor.py`.)"""
     import threading
 
     proc = subprocess.Popen([ray, "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}", "--num-gpus=0",

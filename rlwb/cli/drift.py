@@ -1,4 +1,5 @@
-"""`rlwb figures`, `compare`, `index`, `rerun`: figures from data/ alone, runs against runs, the index page."""
+"""`rlwb compare` and `rlwb rerun`: drift, a run's metrics moving away from those of a reference run of the same
+notebook and params (exit 1 on drift)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,31 @@ from pathlib import Path
 from rlwb.errors import RunFailed
 
 
-def cmd_figures(a) -> int:
-    from rlwb.reports.figures import regenerate_figures
+def tolerance_options(r) -> None:
+    """What counts as the same number (`math.isclose`), for every command that compares runs."""
+    r.add_argument("--rtol", type=float, default=1e-6)
+    r.add_argument("--atol", type=float, default=1e-9)
 
-    for path in regenerate_figures(a.run_dir, a.style):
-        print(path)
-    return 0
+
+def add_compare(sub) -> None:
+    r = sub.add_parser("compare", help="compare the metrics of two runs (exit 1 on drift)")
+    r.add_argument("run_a")
+    r.add_argument("run_b")
+    tolerance_options(r)
+    r.add_argument("--include-timing", action="store_true", help="let timing metrics fail the comparison too")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_compare)
+
+
+def add_rerun(sub) -> None:
+    r = sub.add_parser("rerun", help="rerun notebooks with their latest successful params and compare")
+    r.add_argument("notebooks", nargs="*", help="stems (default: all notebooks)")
+    r.add_argument("--outputs")
+    r.add_argument("--compare-to", default="latest", metavar="latest|RUN_DIR",
+                   help="latest (default): rerun each notebook's newest successful run and compare with it; RUN_DIR: "
+                        "rerun that archived run (one notebook) and compare with it, e.g. a pinned reference")
+    tolerance_options(r)
+    r.set_defaults(fn=cmd_rerun)
 
 
 def cmd_compare(a) -> int:
@@ -29,24 +49,16 @@ def cmd_compare(a) -> int:
     return 0 if ok else 1
 
 
-def cmd_index(a) -> int:
-    from rlwb.paths import outputs_dir
-    from rlwb.reports.index import build_index
-
-    print(build_index(outputs_dir(a.outputs)))
-    return 0
-
-
 def cmd_rerun(a) -> int:
-
     from rlwb import runner
-    from rlwb.paths import NOTEBOOKS_DIR, outputs_dir
+    from rlwb.paths import outputs_dir
+    from rlwb.registry import NOTEBOOKS
     from rlwb.reports.drift import compare, compare_table, drift_summary, provenance_differences, record_drift
     from rlwb.reports.index import build_index
     from rlwb.reports.rerun import latest_ok_run, reference_run
 
     root = outputs_dir(a.outputs)
-    notebooks = [Path(n).stem for n in a.notebooks] or sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+    notebooks = [Path(n).stem for n in a.notebooks] or list(NOTEBOOKS)
     reference = None if a.compare_to == "latest" else reference_run(Path(a.compare_to), notebooks)
     status = 0
     for nb in notebooks:

@@ -1,10 +1,38 @@
-"""`rlwb engines check`, `engines setup`, `validate`, `build-model`: engines and embedded models."""
+"""`rlwb engines check`, `rlwb engines setup`, `rlwb validate`: engine presets, their environments, and their
+logprobs held to the trainer's."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+
+def add_validate(sub) -> None:
+    r = sub.add_parser("validate", help="property-based equivalence check of an engine against the fp32 trainer "
+                                        "(exit 1 when the pass rate is below --min-pass-rate)")
+    r.add_argument("--engine", required=True, help="engine preset (params/engines.yaml)")
+    r.add_argument("--cases", type=int, default=50, help="random cases drawn by hypothesis (default 50)")
+    r.add_argument("--seed", type=int, default=0, help="hypothesis seed: the same cases for every engine")
+    r.add_argument("--tolerance", type=float, default=1e-3, help="max |Δlogp| per case (default 1e-3)")
+    r.add_argument("--min-pass-rate", type=float, default=1.0, help="exit 1 below this pass rate (default 1)")
+    r.add_argument("--model", default="default")
+    r.add_argument("--dtype", default="float32", help="engine dtype")
+    r.add_argument("--json", help="also write the report as JSON to this path")
+    r.set_defaults(fn=cmd_validate)
+
+
+def add_engines(sub) -> None:
+    e = sub.add_parser("engines", help="engine workers").add_subparsers(dest="engines_cmd", required=True)
+    c = e.add_parser("check", help="start each preset, sample at T=1 and T=0.7, compare with the fp32 trainer")
+    c.add_argument("engines", nargs="*", help="presets (default: all in params/engines.yaml)")
+    c.add_argument("--model", default="default")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_engines_check)
+    u = e.add_parser("setup", help="make the environment of each preset as its `setup` says (idempotent)")
+    u.add_argument("presets", nargs="+", help="presets (params/engines.yaml), e.g. vllm-v1-0.31")
+    u.add_argument("--force", action="store_true", help="remake it even if its stamp is current")
+    u.set_defaults(fn=cmd_engines_setup)
 
 
 def cmd_engines_check(a) -> int:
@@ -32,7 +60,6 @@ def cmd_engines_setup(a) -> int:
 
 
 def cmd_validate(a) -> int:
-
     from rlwb.core.models.store import resolve_model
     from rlwb.core.scoring import equivalence
     from rlwb.core.scoring.trainer import TrainerScorer
@@ -52,14 +79,3 @@ def cmd_validate(a) -> int:
     ok = report.pass_rate >= a.min_pass_rate
     print(f"{'PASS' if ok else 'FAIL'}: pass rate {report.pass_rate:.0%} (required {a.min_pass_rate:.0%})")
     return 0 if ok else 1
-
-
-def cmd_build_model(a) -> int:
-    from rlwb.core.models.store import build_embedded_model, published_verdict
-
-    m = build_embedded_model(a.model, force=a.force, from_recipe=a.from_recipe)
-    print(json.dumps(m.card, indent=2))
-    verdict = published_verdict(m.card)
-    print(f"weights checksum {m.card['weights_sha256_16']} ({verdict})")
-    print(m.path)
-    return 1 if a.from_recipe and verdict.startswith("DIFFERS") else 0

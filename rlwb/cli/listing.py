@@ -1,10 +1,34 @@
-"""`rlwb runs` and `rlwb times`: what is archived, and where each notebook's wall time goes."""
+"""`rlwb runs`, `rlwb times`, `rlwb index`: what is archived, where each notebook's wall time goes, and the index page
+of every run."""
 
 from __future__ import annotations
 
 import json
 
 from rlwb.formatting import number, text_table
+
+
+def add_runs(sub) -> None:
+    r = sub.add_parser("runs", help="list archived runs")
+    r.add_argument("--outputs")
+    r.add_argument("--notebook", help="only this notebook stem")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_runs)
+
+
+def add_times(sub) -> None:
+    r = sub.add_parser("times", help="wall time per phase (engine start-up, sampling, scoring, training, ...) of "
+                                     "the latest run of each notebook")
+    r.add_argument("--outputs")
+    r.add_argument("--since", help="only runs started at or after this UTC time (ISO, e.g. 2026-11-23T05:00)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_times)
+
+
+def add_index(sub) -> None:
+    r = sub.add_parser("index", help="write <outputs>/index.html")
+    r.add_argument("--outputs")
+    r.set_defaults(fn=cmd_index)
 
 
 def cmd_runs(a) -> int:
@@ -46,4 +70,12 @@ def cmd_times(a) -> int:
                       for r in rows]
     print("seconds of wall time per phase, latest finished run of each notebook")
     print(text_table(table, "<<" + ">" * (len(cols) - 2)))
+    return 0
+
+
+def cmd_index(a) -> int:
+    from rlwb.paths import outputs_dir
+    from rlwb.reports.index import build_index
+
+    print(build_index(outputs_dir(a.outputs)))
     return 0

@@ -6,6 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def add_publish(sub) -> None:
+    r = sub.add_parser("publish", help="copy an archived run into the repository's runs of record (docs/runs/); "
+                                       "refuses a failed run, a dirty tree, a model build without a published "
+                                       "checksum, a run over 5 MB")
+    r.add_argument("run_dir", help="an archived run, e.g. outputs/00_default_policy/20261125-221500-ab12cd34 or "
+                                   "outputs/bench/20261126-090000")
+    r.add_argument("--to", help="the runs-of-record folder (default: docs/runs)")
+    r.set_defaults(fn=cmd_publish)
+
+
 def cmd_publish(a) -> int:
     from rlwb import archive
     from rlwb.publish import PUBLISHED_RUNS, publish, tree_bytes

@@ -8,6 +8,18 @@ from pathlib import Path
 from rlwb.errors import ParamError
 
 
+def add_sweep(sub) -> None:
+    r = sub.add_parser("sweep", help="a grid of parameter overrides for one notebook, each cell an archived run, "
+                                     "plus a summary (grid format: rlwb/sweep.py)")
+    r.add_argument("grid", help="grid YAML, e.g. params/sweeps/k3_vs_temperature.yaml")
+    r.add_argument("--outputs", help="archive root (default: $RLWB_OUTPUTS or ./outputs)")
+    r.add_argument("--ray", metavar="ADDRESS", help="run the cells as Ray tasks on an existing cluster "
+                                                    "(auto: the cluster this machine belongs to)")
+    r.add_argument("--resume", nargs="?", const="latest", metavar="SWEEP_DIR",
+                   help="run only the cells without a successful run (default: the newest sweep of this grid)")
+    r.set_defaults(fn=cmd_sweep)
+
+
 def cmd_sweep(a) -> int:
     from rlwb import sweep
     from rlwb.archive import check_writable

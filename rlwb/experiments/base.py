@@ -1,6 +1,7 @@
-"""The shape every experiment shares, and the helpers more than one of them uses.
+"""The shape every experiment shares, and the helpers more than one notebook's experiment uses.
 
-Each notebook `notebooks/NN_<stem>.ipynb` has one module `rlwb/experiments/<stem>.py` whose entry point is
+Each notebook `notebooks/<stem>.ipynb` (stem `NN_<name>`) has one module `rlwb/experiments/<name>.py` whose entry
+point is
 
     run(params, model_path, *, on_start=None, progress=True) -> Result
 

@@ -22,9 +22,9 @@ import pandas as pd
 import torch
 
 from rlwb.core.data import tokenizer
-from rlwb.core.rl.drift_breaker import DriftMonitor
 from rlwb.core.rl.grpo import train, trainer_device
 from rlwb.core.rl.grpo_config import GRPOConfig
+from rlwb.core.rl.mismatch_breaker import MismatchBreaker
 from rlwb.engines.presets import Preset, cuda_available, resolve_preset
 from rlwb.engines.worker import EngineWorker, expected_agreement, reports_raw_logprobs
 from rlwb.experiments.base import OnStart, iter_engines, run_in_lanes
@@ -146,8 +146,8 @@ DRIFT_WINDOW, DRIFT_PATIENCE = 2, 2  # notebook 03's drift monitor: 2-step windo
 
 def drift_monitor_factory(threshold: float, save_dir=None, metric: str = "mismatch_k3"):
     """Monitors that record (never stop) a trip per run, saving the offending batch under `save_dir`."""
-    def make(engine: str, correction: str, seed: int) -> DriftMonitor:
-        return DriftMonitor(threshold, DRIFT_WINDOW, DRIFT_PATIENCE, metric=metric, raise_on_trip=False,
+    def make(engine: str, correction: str, seed: int) -> MismatchBreaker:
+        return MismatchBreaker(threshold, DRIFT_WINDOW, DRIFT_PATIENCE, metric=metric, raise_on_trip=False,
                             save_dir=save_dir, name=f"drift_{engine}+{correction}_seed{seed}")
     return make
 

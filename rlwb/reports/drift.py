@@ -1,4 +1,5 @@
-"""`rlwb compare` and the drift checks of `rerun`: two runs' metrics and provenance side by side.
+"""Drift, a run's metrics moving away from those of a reference run: `rlwb compare` and the checks of `rlwb rerun`,
+two runs' metrics and provenance side by side.
 
 Why `compare` separates timings: a nightly rerun should fail on drifted *numbers*, not on a busier machine."""
 

@@ -2,8 +2,9 @@
 provenance block.
 
 Jinja2 with autoescape: every value a template prints is escaped unless it says otherwise, so a run's answer,
-error or parameters cannot break the page. Values are escaped as `html.escape` does (`&quot;`, `&#x27;`), which
-the pages used before they were templates: the same bytes for the same archive.
+error or parameters cannot break the page. Values are escaped as `html.escape` does (`&quot;`, `&#x27;`; markupsafe
+alone writes `&#34;`, `&#39;`), so an index page rebuilt from the same archive has the same bytes as the one
+committed with it (docs/runs/index.html).
 """
 
 from __future__ import annotations

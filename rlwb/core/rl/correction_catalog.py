@@ -156,7 +156,7 @@ CATALOG: dict[str, CatalogEntry] = {
 
 CORRECTIONS: tuple[str, ...] = tuple(CATALOG)
 
-# per-step health numbers of a correction (`rlwb.core.rl.corrections.health`): curve columns the drift monitor
+# per-step health numbers of a correction (`rlwb.core.rl.corrections.health`): curve columns the mismatch breaker
 # can watch; ESS is the one where *low* is bad
 HEALTH = ("is_weight_mean", "is_weight_std", "is_weight_max", "ess", "masked_frac", "truncated_frac",
           "seq_masked_frac")

@@ -52,7 +52,7 @@ def _per_seq(flat: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor
 @dataclass
 class StepResult:
     row: dict
-    batch: dict = field(default_factory=dict)  # the step's rollouts, for post-mortems (drift monitor)
+    batch: dict = field(default_factory=dict)  # the step's rollouts, for post-mortems (mismatch breaker)
 
 
 def _rows(t: torch.Tensor | None, sl: slice) -> torch.Tensor | None:

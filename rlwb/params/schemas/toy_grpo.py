@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rlwb.core.checked_fields import param
 from rlwb.core.rl.correction_catalog import CORRECTIONS, check_modes
-from rlwb.core.rl.drift_breaker import MONITORED
+from rlwb.core.rl.mismatch_breaker import MONITORED
 from rlwb.core.rl.grpo_config import GRPOSettings
 from rlwb.params.schemas.base import CORRECTIONS_DOC, EngineParams, concurrent_runs_param, engine_list
 

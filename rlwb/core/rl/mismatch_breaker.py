@@ -1,4 +1,4 @@
-"""Drift monitor with a circuit breaker for RL steps: stop training when engine/trainer mismatch appears.
+"""A circuit breaker on engine/trainer mismatch for RL steps: stop training when the mismatch appears.
 
 Why: a mismatch that enters the importance ratios (raw logprobs at T != 1, a stale prefix cache after a
 weight update, a bf16 head) biases every later update silently; reward curves show it only much later.
@@ -10,7 +10,7 @@ On trip it writes the offending rollout batch to `data/` for a post-mortem.
 
 k3: Schulman, http://joschu.net/blog/kl-approx.html; monitoring it per step as verl's `rollout_corr/k3_kl`
 and prime-rl's `mismatch_kl` do. Any correction health column (`correction_catalog.HEALTH`: ESS, masked
-fraction, ...) can be watched instead; for ESS, drift is the level falling *below* the threshold.
+fraction, ...) can be watched instead; for ESS, the wrong side is the level falling *below* the threshold.
 """
 
 from __future__ import annotations
@@ -22,18 +22,19 @@ from pathlib import Path
 import numpy as np
 
 from rlwb.core.rl.correction_catalog import HEALTH, LOWER_IS_WORSE
-from rlwb.errors import DriftDetected
+from rlwb.errors import MismatchBreakerTripped
 
 MONITORED = ("mismatch_k3", "abs_dlogp_mean", *HEALTH)  # per-step curve columns a monitor can watch
 
 
 @dataclass
-class DriftMonitor:
+class MismatchBreaker:
     """Feed it each step's row (`mismatch_k3`, `abs_dlogp_mean`, health columns) and, optionally, the batch.
 
-    threshold: on the window mean of `metric` (above it is drift; below it for ESS); window: steps averaged;
+    threshold: on the window mean of `metric` (above it trips; below it for ESS); window: steps averaged;
     patience: consecutive windows on the wrong side of the threshold before tripping; raise_on_trip: raise
-    `DriftDetected` (else only set `tripped`)."""
+    `MismatchBreakerTripped` (else only set `tripped`); save_dir, name: where the tripping step's rollouts go,
+    `<save_dir>/<name>_step<N>.parquet`."""
 
     threshold: float
     window: int = 3
@@ -41,7 +42,7 @@ class DriftMonitor:
     metric: str = "mismatch_k3"
     raise_on_trip: bool = True
     save_dir: Path | None = None
-    name: str = "drift"
+    name: str = "mismatch"
     values: deque = field(default_factory=deque, repr=False)
     above: int = 0
     tripped: bool = False
@@ -50,7 +51,7 @@ class DriftMonitor:
 
     def __post_init__(self):
         if not (self.threshold > 0 and np.isfinite(self.threshold)):
-            raise ValueError(f"drift threshold must be a finite number > 0, got {self.threshold!r}")
+            raise ValueError(f"mismatch breaker threshold must be a finite number > 0, got {self.threshold!r}")
         if self.window < 1 or self.patience < 1:
             raise ValueError(f"window and patience must be >= 1, got {self.window} and {self.patience}")
         if self.metric not in MONITORED:
@@ -61,7 +62,7 @@ class DriftMonitor:
         """One RL step. Returns True when the breaker has tripped (now or before)."""
         v = float(row[self.metric])
         if not np.isfinite(v):
-            raise ValueError(f"step {row.get('step')}: {self.metric} is {v}; a broken measurement is not drift")
+            raise ValueError(f"step {row.get('step')}: {self.metric} is {v}; a broken measurement, not a mismatch")
         self.values.append(v)
         if len(self.values) < self.window:  # windows do not overlap: one spike counts once
             return self.tripped
@@ -75,7 +76,7 @@ class DriftMonitor:
         self.tripped, self.trip_step = True, row.get("step")
         saved = self._save(batch) if batch is not None and self.save_dir is not None else None
         if self.raise_on_trip:
-            raise DriftDetected(int(row.get("step", -1)), self.metric, level, self.threshold, saved)
+            raise MismatchBreakerTripped(int(row.get("step", -1)), self.metric, level, self.threshold, saved)
         return True
 
     def _save(self, batch: dict) -> Path:
