@@ -1,5 +1,5 @@
 """Notebook 03's parameters: the GRPO loop's settings (inherited from `GRPOSettings`, declared there once) plus
-the grid of engines, corrections and seeds, and the drift monitor."""
+the grid of engines, corrections and seeds, and the mismatch breaker."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from rlwb.core.checked_fields import param
 from rlwb.core.rl.correction_catalog import CORRECTIONS, check_modes
-from rlwb.core.rl.mismatch_breaker import MONITORED
 from rlwb.core.rl.grpo_config import GRPOSettings
+from rlwb.core.rl.mismatch_breaker import MONITORED
 from rlwb.params.schemas.base import CORRECTIONS_DOC, EngineParams, concurrent_runs_param, engine_list
 
 
