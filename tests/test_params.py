@@ -212,7 +212,7 @@ def test_preset_with_missing_interpreter_is_rejected_before_compute(tmp_path, mo
 
 def test_a_parameter_doc_with_an_equals_sign_is_refused():
     """papermill skips a parameters-cell line with two `=` (`x: int = 1  # 1 = off`): the parameter would vanish
-    from `papermill --help-notebook` without an error, as `concurrent_runs` once did."""
+    from `papermill --help-notebook` without an error."""
     from rlwb.core.checked_fields import param
 
     with pytest.raises(ValueError, match="contains '='"):
