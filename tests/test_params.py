@@ -17,9 +17,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("nb, overrides, pattern", [
     ("01_logprob_mismatch", {"no_such_key": 1}, r"unknown parameter\(s\) \['no_such_key'\]"),
+    ("01_logprob_mismatch", {"temprature": 0.7}, r"\['temprature'\] .*did you mean 'temperature'\?"),
+    ("01_logprob_mismatch", {1: 0.7}, r"unknown parameter\(s\) \[1\]"),  # a YAML key that is not a string
     ("01_logprob_mismatch", {"temperature": "hot"}, r"'temperature' must be a number"),
     ("01_logprob_mismatch", {"prompts": 2.5}, r"'prompts' must be an int"),
     ("01_logprob_mismatch", {"prompts": True}, r"'prompts' must be an int"),
+    # no coercion: a string, a float with an integral value, 1 for true
+    ("01_logprob_mismatch", {"prompts": "3"}, r"'prompts' must be an int, got '3' \(str\)"),
+    ("01_logprob_mismatch", {"prompts": 2.0}, r"'prompts' must be an int, got 2.0 \(float\)"),
+    ("01_logprob_mismatch", {"full_vocab": 1}, r"'full_vocab' must be true or false, got 1"),
+    ("01_logprob_mismatch", {"temperature": True}, r"'temperature' must be a number, got True \(bool\)"),
+    ("01_logprob_mismatch", {"temperature": "0.7"}, r"'temperature' must be a number, got '0.7' \(str\)"),
+    ("01_logprob_mismatch", {"temperature": float("inf")}, r"'temperature' must be finite, got inf"),
     ("01_logprob_mismatch", {"full_vocab": "yes"}, r"'full_vocab' must be true or false"),
     ("01_logprob_mismatch", {"temperature": 0}, r"'temperature' must be > 0"),
     ("01_logprob_mismatch", {"temperature": -1.0}, r"'temperature' must be > 0"),
@@ -31,6 +40,12 @@ REPO = Path(__file__).resolve().parent.parent
      r"'engines\[0\]': unknown engine preset 'vllm-v2'; available: \["),
     ("01_logprob_mismatch", {"engines": "vllm-v1"}, r"'engines' must be a list of str"),
     ("01_logprob_mismatch", {"engines": []}, r"'engines' must not be an empty list"),
+    ("01_logprob_mismatch", {"engines": ("hf",)}, r"'engines' must be a list of str"),
+    # a list setting's items are checked one by one, named by index: their types first, then their rules
+    ("01_logprob_mismatch", {"engines": ["hf", 1]}, r"'engines\[1\]' must be a string, got 1 \(int\)"),
+    ("02_kl_vs_temperature", {"temperatures": [0.5, 0]}, r"'temperatures\[1\]' must be > 0, got 0.0"),
+    ("02_kl_vs_temperature", {"temperatures": [0.5, -1, "x"]}, r"'temperatures\[2\]' must be a number"),
+    ("02_kl_vs_temperature", {"top_k_values": [0, 1.5]}, r"'top_k_values\[1\]' must be an int"),
     ("01_logprob_mismatch", {"dtype": "fp8"}, r"'dtype': 'fp8' is not allowed; allowed: \['float32'"),
     ("01_logprob_mismatch", {"model": "/no/such/model"}, r"model path '/no/such/model' does not exist"),
     ("01_logprob_mismatch", {"temperature": float("nan")}, r"'temperature' must be finite"),
@@ -39,8 +54,19 @@ REPO = Path(__file__).resolve().parent.parent
     ("05_equivalence_and_stress", {"validate_tolerance": 0.5}, r"'validate_tolerance' must be <= 0.05"),
 ])
 def test_bad_values_name_the_key(nb, overrides, pattern):
-    with pytest.raises(ParamError, match=pattern):
+    with pytest.raises(ParamError, match=pattern) as e:
         params.load(nb, overrides=overrides)
+    assert "\n" not in str(e.value)  # one line
+
+
+def test_values_keep_their_declared_type():
+    """An int given for a float setting is a float (its params hash is the same as 1.0's); an int is never widened
+    to a float in a list of ints, and a huge int stays exact."""
+    p = params.load("02_kl_vs_temperature", overrides={"temperatures": [1, 2], "top_k_values": [0, 10**20]})
+    assert p.temperatures == [1.0, 2.0] and all(type(t) is float for t in p.temperatures)
+    assert p.top_k_values == [0, 10**20] and all(type(k) is int for k in p.top_k_values)
+    assert p.hash() == params.load("02_kl_vs_temperature", overrides={"temperatures": [1.0, 2.0],
+                                                                       "top_k_values": [0, 10**20]}).hash()
 
 
 def test_model_directory_that_is_not_a_causal_lm(tmp_path):
@@ -186,7 +212,7 @@ def test_preset_with_missing_interpreter_is_rejected_before_compute(tmp_path, mo
 
 def test_a_parameter_doc_with_an_equals_sign_is_refused():
     """papermill skips a parameters-cell line with two `=` (`x: int = 1  # 1 = off`): the parameter would vanish
-    from `papermill --help-notebook` without an error, as `concurrent_runs` once did."""
+    from `papermill --help-notebook` without an error."""
     from rlwb.core.checked_fields import param
 
     with pytest.raises(ValueError, match="contains '='"):

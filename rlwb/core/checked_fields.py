@@ -2,9 +2,10 @@
 
 A field made with `param` carries its one-line doc and its rules in the dataclass metadata. The notebook
 schemas (`rlwb.params.schemas`) are built from such fields, and so are the core settings a notebook exposes
-unchanged (e.g. `rlwb.core.rl.grpo.GRPOSettings`, which `GRPOParams` inherits): one declaration per setting,
-validated by `rlwb.params.validation`, written into parameters cells and `default.yaml` by `rlwb sync-params`.
-Dependency-free on purpose, so core modules can use it without importing the parameter machinery.
+unchanged (e.g. `rlwb.core.rl.grpo_config.GRPOSettings`, which notebook 03's `GRPOParams` inherits): one declaration
+per setting. `rlwb.params.validation` turns the rules into a pydantic model that checks a notebook's values;
+`rlwb sync-params` writes the docs into parameters cells and `default.yaml`. A declaration is a plain dataclass field,
+so core modules declare settings without importing the parameter machinery or pydantic.
 """
 
 from __future__ import annotations

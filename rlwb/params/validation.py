@@ -1,20 +1,25 @@
 """Turning values from YAML, `-p` overrides and parameters cells into a validated params object.
 
-Why our own validation: papermill only *warns* about unknown parameters and never checks types, so a
-typo (`temprature: 0.7`) would silently run the default. Loading merges defaults <- YAML files (in order)
-<- overrides and validates everything *before any compute*: an unknown key, a wrong type or an
-out-of-range value raises `ParamError` naming the key and what is allowed.
+Why validate here: papermill only *warns* about unknown parameters and never checks types, so a typo
+(`temprature: 0.7`) would silently run the default. Loading merges defaults <- YAML files (in order) <- overrides and
+validates everything *before any compute*: pydantic checks each value against its declaration (strict type, ranges,
+choices and check of `rlwb.core.checked_fields.param`), then the schema's `__post_init__` the rules across fields.
+An unknown key, a wrong type or an out-of-range value raises a one-line `ParamError` naming the key and what is
+allowed.
 """
 
 from __future__ import annotations
 
 import ast
-import math
+import difflib
+import functools
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Annotated
 
 import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from rlwb.errors import ParamError
 from rlwb.params.schemas.base import Params
@@ -32,74 +37,102 @@ def type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _check_type(key: str, value, tp):
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ParamError(f"parameter {key!r} must be a list of {type_name(item)}, got {value!r}")
-        return [_check_type(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ParamError(f"parameter {key!r} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParamError(f"parameter {key!r} must be an int, got {value!r} ({type(value).__name__})")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ParamError(f"parameter {key!r} must be a number, got {value!r} ({type(value).__name__})")
-        if not math.isfinite(value):
-            raise ParamError(f"parameter {key!r} must be finite, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ParamError(f"parameter {key!r} must be a string, got {value!r} ({type(value).__name__})")
-        return value
-    raise TypeError(f"unsupported parameter type {tp}")
+# strict: no coercion ("3" is not 3, 1.5 not 1, True not 1; an int is a float); finite floats; unknown keys refused;
+# defaults checked too (a default engine whose environment is missing fails here, not at engine start)
+STRICT = ConfigDict(strict=True, extra="forbid", validate_default=True, allow_inf_nan=False)
+BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"), "less_than_equal": ("le", "<="),
+          "less_than": ("lt", "<")}  # pydantic's error type -> the `param` rule and how a message writes it
+TYPE_ERRORS = {"int_type": "must be an int", "float_type": "must be a number", "bool_type": "must be true or false",
+               "string_type": "must be a string", "finite_number": "must be finite", "list_type": "must be a list"}
 
 
-def _check_rules(key: str, value, meta: dict) -> None:
-    choices = meta.get("choices")
-    if choices is not None:
+def _value_rules(meta: dict) -> AfterValidator:
+    """A `param`'s `choices` and `check`, on one value (each item of a list setting)."""
+    def rules(value):
+        choices = meta["choices"]
         allowed = choices() if callable(choices) else choices
-        if value not in allowed:
-            raise ParamError(f"parameter {key!r}: {value!r} is not allowed; allowed: {allowed}")
-    for rule, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-                           ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
-        bound = meta.get(rule)
-        if bound is not None and not ok(value, bound):
-            raise ParamError(f"parameter {key!r} must be {word} {bound}, got {value!r}")
-    check = meta.get("check")
-    if check is not None:
-        msg = check(value)
-        if msg:
-            raise ParamError(f"parameter {key!r}: {msg}")
+        if allowed is not None and value not in allowed:
+            raise ValueError(f"{value!r} is not allowed; allowed: {allowed}")
+        if meta["check"] is not None and (msg := meta["check"](value)):
+            raise ValueError(msg)
+        return value
+
+    return AfterValidator(rules)
+
+
+@functools.cache
+def model(schema: type[Params]) -> type[BaseModel]:
+    """The pydantic model that checks a schema's values: each field's type (strict) with its `param` rules, the
+    ranges as pydantic constraints, a list's rules on each item and its length unless `allow_empty`.
+
+    Built from the dataclass rather than declared as one: the declarations are shared with core
+    (`GRPOSettings` is also the base of a run's `GRPOConfig`, which the loop builds without validating), and a list
+    setting's rules apply to its items, which a field's default cannot say to pydantic."""
+    hints, spec = typing.get_type_hints(schema), {}
+    for f in fields(schema):
+        m, tp = f.metadata, hints[f.name]
+        bounds = {k: m[k] for k in ("ge", "gt", "le", "lt") if m[k] is not None}
+        is_list = typing.get_origin(tp) is list
+        item = Annotated[typing.get_args(tp)[0] if is_list else tp, Field(**bounds), _value_rules(m)]
+        ann = Annotated[list[item], Field(min_length=0 if m["allow_empty"] else 1)] if is_list else item
+        default = Field(default_factory=f.default_factory) if f.default is MISSING else Field(default=f.default)
+        spec[f.name] = (ann, default)
+    return create_model(schema.__name__, __config__=STRICT, **spec)
+
+
+def unknown_message(schema: type[Params], unknown) -> str:
+    """Unknown parameter names, each with the known name it most resembles (a typo is the usual cause)."""
+    known = [f.name for f in fields(schema)]
+    unknown = sorted(unknown, key=str)
+    close = {u: difflib.get_close_matches(str(u), known, n=1) for u in unknown}
+    hints = "; ".join(f"{u!r}: did you mean {c[0]!r}?" for u, c in close.items() if c)
+    return (f"unknown parameter(s) {unknown} for {schema.NOTEBOOK}" + (f" ({hints})" if hints else "")
+            + f"; allowed: {sorted(known)}")
+
+
+def error_message(schema: type[Params], errors: list[dict]) -> str:
+    """One line for pydantic's errors: the unknown keys, else the first problem as a field-by-field check meets
+    it (in field order; a list's item types, then its items' rules, then its length)."""
+    unknown = [e["loc"][0] for e in errors if e["type"] in ("extra_forbidden", "invalid_key")]  # a YAML `1: x`
+    if unknown:
+        return unknown_message(schema, unknown)
+    order = {f.name: (i, f) for i, f in enumerate(fields(schema))}
+    stage = {**dict.fromkeys(TYPE_ERRORS, 0), "too_short": 2}
+
+    def key(e):
+        return order[e["loc"][0]][0], stage.get(e["type"], 1), e["loc"][1:]
+
+    e = min(errors, key=key)
+    name, kind, value = e["loc"][0], e["type"], e["input"]
+    f = order[name][1]
+    tp = typing.get_type_hints(schema)[name]
+    label = f"{name}[{e['loc'][1]}]" if len(e["loc"]) > 1 else name
+    if kind == "list_type":
+        return f"parameter {label!r} must be a list of {type_name(typing.get_args(tp)[0])}, got {value!r}"
+    if kind in ("bool_type", "finite_number"):
+        return f"parameter {label!r} {TYPE_ERRORS[kind]}, got {value!r}"
+    if kind in TYPE_ERRORS:
+        return f"parameter {label!r} {TYPE_ERRORS[kind]}, got {value!r} ({type(value).__name__})"
+    if kind in BOUNDS:
+        rule, word = BOUNDS[kind]
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else tp
+        return f"parameter {label!r} must be {word} {f.metadata[rule]}, got {item(value)!r}"
+    if kind == "too_short":
+        return f"parameter {label!r} must not be an empty list"
+    if kind == "value_error":
+        return f"parameter {label!r}: {e['ctx']['error']}"
+    return f"parameter {label!r}: {e['msg']}"
 
 
 def validate(schema: type[Params], values: dict) -> Params:
-    """Build the params object from a flat mapping; every problem raises `ParamError`."""
-    known = {f.name: f for f in fields(schema)}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ParamError(f"unknown parameter(s) {unknown} for {schema.NOTEBOOK}; allowed: {sorted(known)}")
-    hints = typing.get_type_hints(schema)
-    out = {}
-    for name, f in known.items():
-        if name in values:
-            v = values[name]
-        elif f.default is not MISSING:
-            v = f.default
-        else:
-            v = f.default_factory()  # type: ignore[misc]
-        v = _check_type(name, v, hints[name])
-        for i, item in enumerate(v if isinstance(v, list) else [v]):
-            _check_rules(f"{name}[{i}]" if isinstance(v, list) else name, item, dict(f.metadata))
-        if isinstance(v, list) and not v and not f.metadata.get("allow_empty"):
-            raise ParamError(f"parameter {name!r} must not be an empty list")
-        out[name] = v
-    return schema(**out)
+    """Build the params object from a flat mapping; every problem raises `ParamError`. The values pydantic
+    checked (an int given for a float is a float) make the dataclass, whose `__post_init__` checks the rules
+    across fields."""
+    try:
+        checked = model(schema).model_validate(values)
+    except ValidationError as e:
+        raise ParamError(error_message(schema, e.errors())) from None
+    return schema(**{f.name: getattr(checked, f.name) for f in fields(schema)})
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -162,7 +195,7 @@ def from_namespace(notebook: str, ns: dict) -> Params:
     known = {f.name for f in fields(schema)}
     unknown = injected_names([s for s in ns.get("In", []) if isinstance(s, str)]) - known
     if unknown:
-        raise ParamError(f"unknown parameter(s) {sorted(unknown)} for {schema.NOTEBOOK}; allowed: {sorted(known)}")
+        raise ParamError(unknown_message(schema, unknown))
     missing = [k for k in known if k not in ns]
     if missing:
         raise ParamError(f"the parameters cell does not define {missing}")

@@ -69,7 +69,7 @@ def engine_list(default: list[str], doc: str):
 
 
 def concurrent_runs_param():
-    """The `concurrent_runs` parameter of the notebooks that train GRPO grids (03, 07)."""
+    """The `concurrent_runs` parameter of the notebooks that train GRPO grids (03, 07, 08)."""
     return param(2, "GRPO runs trained at once, each with its own engine process and trainer copy (one run samples "
                     "while another updates; curves identical to one at a time, s/step is wall time shared); "
                     "1 means one at a time", ge=1, le=8)
@@ -97,7 +97,7 @@ class Params:
 
 @dataclass
 class EngineParams(Params):
-    """Fields of every notebook that uses engines."""
+    """Fields of the notebooks that run a list of engine presets on one model (01 to 05, 07, 08)."""
 
     model: str = param("default", "embedded model (default, qwen2-chat), a model directory, or an HF id",
                        check=check_model)
@@ -119,7 +119,7 @@ def prompt_source_param(doc: str = "prompts: task (the verifiable task) or open_
 
 @dataclass
 class EngineExperimentParams(EngineParams):
-    """Fields shared by the experiments that sample from engines and score with the trainer."""
+    """Fields shared by notebooks 01 and 02, which sample prompts from each engine and score them with the trainer."""
 
     prompt_source: str = prompt_source_param()
     trainer_dtype: str = param("float32", "trainer (scorer) dtype", choices=DTYPES)

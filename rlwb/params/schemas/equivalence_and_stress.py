@@ -18,7 +18,7 @@ class StressParams(EngineParams):
 
     validate_cases: int = param(50, "hypothesis-drawn validator cases per engine", ge=1)
     # at most 0.05: the raw-vs-processed gap the validator exists to catch is ~0.1 nat and more (notebook 02),
-    # so a looser tolerance (a gpu.yaml once set 0.5 to absorb bf16 noise) cannot fail on anything
+    # so a looser tolerance (0.5, say, to absorb bf16 noise) cannot fail on anything
     validate_tolerance: float = param(1e-3, "a validator case passes when its max abs dlogp is within this", gt=0,
                                       le=0.05)
     pressure_prompts: int = param(32, "requests in the memory-pressure batch (short and long prompts mixed)", ge=1)

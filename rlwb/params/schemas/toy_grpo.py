@@ -28,7 +28,7 @@ class GRPOParams(GRPOSettings, EngineParams):
     corrections: list[str] = param(["none", "verl.geo_rs"], CORRECTIONS_DOC, choices=CORRECTIONS)
     # Why skip at the floor: in fp32 V0's and V1-fixed's engine and trainer logprobs agree to the float floor
     # (k3 ~1e-13), so every correction's weight is 1 and its run repeats `none`'s (measured: identical rewards at
-    # every step of every seed, 2026-11-23). Decided per engine from its own `none` runs, never from a fixed list.
+    # every step of every seed). Decided per engine from its own `none` runs, never from a fixed list.
     skip_at_floor: bool = param(True, "run the other corrections on an engine only if its `none` runs measured "
                                       "engine-trainer k3 above the float floor (1e-8) at some step")
     num_seeds: int = param(3, "seeds per configuration: seed, seed+1, ...", ge=1)
