@@ -277,7 +277,7 @@ def study_params(**kw):
 
 
 def test_the_study_trains_v1s_point_with_every_arm_and_the_length_scaled_geo_rs():
-    """Issue 46: V1's real point with every arm of `arms` (`point_arms` is all of them), the length-scaled Geo-RS
+    """V1's real point with every arm of `arms` (`point_arms` is all of them), the length-scaled Geo-RS
     among the arms, and `row_arms` trimming only the rows the study.yaml header names."""
     p = study_params()
     js = design.training_runs(p)
@@ -325,7 +325,7 @@ class FakeEngine:
 
 
 def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_temperature(monkeypatch):
-    """Issue 46: an engine point's trained policy is scored by a base-preset engine (not its own bf16 / raw-logprob
+    """An engine point's trained policy is scored by a base-preset engine (not its own bf16 / raw-logprob
     engine) at the study's temperature (not the point's); a base-preset run by its own lane engine, the same
     preset. The scorer's engine starts once, on the first point run, is recorded (`on_start`: run.json's engines)
     under its own key beside the base engine's, and closes. Catches a scorer engine missing from run.json."""
@@ -396,7 +396,7 @@ def with_policy(c: pd.DataFrame, pr: dict, initial: float = 0.3) -> pd.DataFrame
 
 
 def test_the_benchmark_response_is_a_fraction_of_the_clean_gain_in_the_tested_outcome():
-    """Issue 46 (a): the gaps are policy-reward gaps, so the BMR is 25% of the clean run's policy-reward gain over
+    """The gaps are policy-reward gaps, so the BMR is 25% of the clean run's policy-reward gain over
     the initial policy (0.6 + mean seed offset - 0.3), not of its training-reward gain (0.27)."""
     c = ratio_curves(0.1)
     labels = c[["label", "arm"]].drop_duplicates().itertuples(index=False)
@@ -436,7 +436,7 @@ def family_curves() -> pd.DataFrame:
 
 
 def test_every_test_of_the_study_is_in_one_holm_family():
-    """Issue 46 (b): dosed rows (placebo included, controls not), trend tests, contrasts and the horizon test are
+    """Dosed rows (placebo included, controls not), trend tests, contrasts and the horizon test are
     adjusted together: each p_holm is Holm over all m p's at once, and the MDE is at alpha / m."""
     from rlwb.core.measure import stats
 
@@ -464,7 +464,7 @@ def test_every_test_of_the_study_is_in_one_holm_family():
 
 
 def test_a_row_whose_seeds_tie_reports_the_mde_of_its_test_not_zero():
-    """Review S1: a dosed row whose seeds' gaps tie (sd 0) is tested with the spread floored by the outcome's step
+    """A dosed row whose seeds' gaps tie (sd 0) is tested with the spread floored by the outcome's step
     (`stats.floored_sd`); its MDE is that test's, > 0, in the study's family and in `dose_table` alone. Catches an
     MDE from the raw spread (a tie read as "MDE 0": any cost would have been detected)."""
     from rlwb.core.measure import stats
@@ -488,7 +488,7 @@ def test_a_row_whose_seeds_tie_reports_the_mde_of_its_test_not_zero():
 
 
 def test_the_regime_contrast_is_the_bypass_vs_decoupled_contrast_across_ppo_regimes():
-    """Issue 46 (c): at weights@0.1 bypass loses 0.18 more than decoupled with one update per batch, 0.02 more with
+    """At weights@0.1 bypass loses 0.18 more than decoupled with one update per batch, 0.02 more with
     four: the regime contrast (four minus one, seed by seed) is +0.16, with its interval, in the family."""
     p = MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=["none@engine"],
                                    weight_noise=[0.1], updates_per_batch=[1, 4], regime_doses=["weights@0.1"],
@@ -503,7 +503,7 @@ def test_the_regime_contrast_is_the_bypass_vs_decoupled_contrast_across_ppo_regi
 
 
 def test_the_pipeline_is_calibrated_where_the_null_holds():
-    """Issue 46 (e): rows whose runs differ from their clean twins by noise alone (as a placebo: an independent
+    """Rows whose runs differ from their clean twins by noise alone (as a placebo: an independent
     sampling stream) are called a cost or gain at the unadjusted 5% level about 5% of the time (400 rows through
     dose_table's test; the binomial 3-sd band), and after the study's Holm almost never."""
     rng = np.random.default_rng(46)
@@ -529,7 +529,7 @@ def test_the_pipeline_is_calibrated_where_the_null_holds():
 
 
 def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_path):
-    """Issue 46 (i): `rlwb audit`'s report puts a raw-logprob engine's k3 against the ratio kind's BMDLs and another
+    """`rlwb audit`'s report puts a raw-logprob engine's k3 against the ratio kind's BMDLs and another
     engine's against the distribution kinds', from the newest study run of record per model, as a multiple of each
     BMDL, saying they were measured on small embedded models; without a run of record it says so."""
     from rlwb.core.measure import dose_response
@@ -567,7 +567,7 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
 
 
 def test_the_horizon_figure_draws_each_blocks_gap_with_its_interval_and_the_collapse_step():
-    """Issue 46 (h): one error-bar series per long row (block gaps with their 95% intervals) and a vertical line at
+    """One error-bar series per long row (block gaps with their 95% intervals) and a vertical line at
     the step its collapse starts; a run without long rows says so."""
     import matplotlib.pyplot as plt
 

@@ -218,7 +218,7 @@ def contrast_metrics(con: pd.DataFrame) -> dict[str, float]:
 
 
 def one_family(table: pd.DataFrame, bench: pd.DataFrame, con: pd.DataFrame, hm: dict) -> dict[str, float]:
-    """One Holm family per study (issue 46): every dosed row and engine point that is not a control (the placebo
+    """One Holm family per study: every dosed row and engine point that is not a control (the placebo
     rows included), every trend test across doses, every paired contrast and every long-horizon change test, Holm
     over all m of them at once; a row's or contrast's MDE at alpha / m, the family's strictest level (noncentral t).
     Why one: the conclusion reads them together, and a reader cannot tell which of several families a claim was

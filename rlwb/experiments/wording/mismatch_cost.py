@@ -16,7 +16,7 @@ BMD_BOUNDED, BMD_BELOW, BMD_NOT_BOUNDED = "bounded", "below the tested range", "
 
 
 def benchmark_line(r, bmr_fraction: float) -> str:
-    """One bullet for a (kind, PPO regime, arm) benchmark row of notebook 08 (`mismatch_cost.benchmark_table`):
+    """One bullet for a (kind, PPO regime, arm) benchmark row of notebook 08 (`comparisons.benchmark_table`):
     "keep k3 below X" where the data bound X (the BMDL inside the tested doses), "the data cannot bound X" where
     they do not, with the trend across doses beside it (slope of the paired gap per decade of k3, 95% interval,
     Holm-adjusted p in the study's one family)."""
@@ -79,7 +79,7 @@ def regime_line(table, first: int) -> str:
 
 
 def contrast_lines(con) -> list[str]:
-    """One bullet per paired contrast of notebook 08 (`mismatch_cost.contrast_table`): a difference shown with its
+    """One bullet per paired contrast of notebook 08 (`comparisons.contrast_table`): a difference shown with its
     interval, or a null as a null with its interval and MDE (never "the same")."""
     out = []
     for r in con.itertuples():
@@ -94,7 +94,7 @@ def contrast_lines(con) -> list[str]:
 
 
 def horizon_lines(hz, metrics: dict) -> list[str]:
-    """One bullet per long-horizon row of notebook 08 (`mismatch_cost.horizon_table`): its gap per block of steps
+    """One bullet per long-horizon row of notebook 08 (`comparisons.horizon_table`): its gap per block of steps
     with intervals, whether the gap grows, shrinks or shows no change (last block minus first, unadjusted paired t
     at 5%), and the step a collapse starts where one was seen."""
     out = []
