@@ -137,8 +137,8 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         raise _Interrupted()
 
     # Both raise rlwb's own BaseException, not KeyboardInterrupt: a library that swallows KeyboardInterrupt
-    # inside its event loop (seen once: a sweep's Ctrl-C, sent while papermill started a kernel, was lost and
-    # the sweep ran on) cannot swallow this one, and `stop` records the signal even if something did.
+    # inside its event loop (a Ctrl-C sent while papermill starts a kernel, lost there, lets a sweep run on)
+    # cannot swallow this one, and `stop` records the signal even if something did.
     old_term = signal.signal(signal.SIGTERM, on_signal)
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_env = os.environ.get("RLWB_RUN_DIR")

@@ -76,7 +76,7 @@ def test_a_trend_every_seed_shares_is_the_sign_flip_p_not_zero():
 
 @pytest.mark.parametrize("n,sd_seed,sd_cell", [(8, 0.05, 0.05), (6, 0.1, 0.03)])
 def test_the_bmdl_covers_the_true_benchmark_dose_in_a_simulation(n, sd_seed, sd_cell):
-    """Issue 46 (f): on hand-made curves with noise at the study's doses (k3 0.01, 0.1, 1), a true mean cost of 0.1 per
+    """On hand-made curves with noise at the study's doses (k3 0.01, 0.1, 1), a true mean cost of 0.1 per
     decade above k3 0.01 (BMR 0.15: true BMD 10^-0.5), seeds with their own offsets and slopes and per-cell noise,
     the BMDL lies at or below the true BMD in >= 95% of studies (nominal 95%, one-sided; 600 studies, the bound
     3 binomial sd below), and the BMD is recovered (median within 15%). The fitted mean's crossing taken as the BMDL

@@ -100,4 +100,5 @@ def test_notebook_07_resumes_run_by_run(default_model, tmp_path, monkeypatch):
     whole, resumed, started = interrupted_then_resumed(tmp_path, monkeypatch, default_model, which_correction, p, 4)
     assert [(i["preset"], i.get("from_run")) for i in started] == [("vllm-v1-fixed", "cut"), ("vllm-v1-bf16", None)]
     same_result(whole, resumed)
-    pd.testing.assert_frame_equal(resumed.ranking, whole.ranking)
+    timing = [c for c in whole.ranking if c in ("step_s", "correction_ms")]  # wall time, as the metrics' TIMING
+    pd.testing.assert_frame_equal(resumed.ranking.drop(columns=timing), whole.ranking.drop(columns=timing))

@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 
 from rlwb.experiments import mismatch_cost as mc
+from rlwb.experiments.mismatch_study import analysis, comparisons, design, execution
+from rlwb.experiments.wording import mismatch_cost as words_08
 from rlwb.params.schemas.mismatch_cost import MismatchCostParams
 
 SEEDS, STEPS = range(6), range(10)
@@ -42,7 +44,7 @@ def kl_zero(c: pd.DataFrame) -> dict:
 
 def table(costs):
     c = curves(costs)
-    return mc.dose_table(c, MismatchCostParams(), kl_zero(c)).set_index(["label", "arm"])
+    return analysis.dose_table(c, MismatchCostParams(), kl_zero(c)).set_index(["label", "arm"])
 
 
 CLEAN = {("clean", "none@engine"): 0.0, ("clean", "none@trainer"): 0.0}
@@ -75,21 +77,22 @@ def test_a_control_that_shows_an_effect_fails():
 
 def test_a_ratio_dose_far_from_its_intended_k3_is_flagged():
     row = SimpleNamespace(label="ratio@0.1", k3_intended=0.1, k3_achieved=0.03)
-    assert not mc.dose_achieved(row) and mc.dose_achieved(SimpleNamespace(k3_intended=0.1, k3_achieved=0.11))
+    assert not analysis.dose_achieved(row)
+    assert analysis.dose_achieved(SimpleNamespace(k3_intended=0.1, k3_achieved=0.11))
 
 
 @pytest.mark.parametrize("kw", [{}, {"num_seeds": 8}, {"max_digits": 2, "model": "qwen2-chat"}])
 def test_held_out_problems_are_never_trained_on(kw):
     p = MismatchCostParams(**kw)
-    trained = mc.trained_problems(p)
-    problems, what = mc.held_out(p, mc.HELDOUT_PROBLEMS, mc.HELDOUT_SEED)
-    assert len(problems) >= mc.HELDOUT_PROBLEMS // 4 and "held-out" in what
+    trained = design.trained_problems(p)
+    problems, what = design.held_out(p, design.HELDOUT_PROBLEMS, design.HELDOUT_SEED)
+    assert len(problems) >= design.HELDOUT_PROBLEMS // 4 and "held-out" in what
     assert not {(q.a, q.b) for q in problems} & trained and len({(q.a, q.b) for q in problems}) == len(problems)
 
 
 def test_a_task_too_small_to_hold_out_is_named_as_such():
     p = MismatchCostParams(max_digits=1, num_seeds=6)  # 100 problems, all of them drawn in training
-    problems, what = mc.held_out(p, mc.HELDOUT_PROBLEMS, mc.HELDOUT_SEED)
+    problems, what = design.held_out(p, design.HELDOUT_PROBLEMS, design.HELDOUT_SEED)
     assert len(problems) == 100 and "not held out" in what
 
 
@@ -107,16 +110,16 @@ def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported(
     from rlwb.experiments.wording import mismatch_cost as wording
 
     c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.0})
-    t = mc.dose_table(c, MismatchCostParams(), kl_zero(c))
-    m = mc.dose_metrics(t, c)
+    t = analysis.dose_table(c, MismatchCostParams(), kl_zero(c))
+    m = analysis.dose_metrics(t, c)
     plc = t.set_index(["label", "arm"]).loc[("placebo", "none@engine")]
     assert np.isfinite(plc["p_holm"]) and plc["verdict"] == "no cost shown" and plc["control"] == ""
     assert m["placebo/rows"] == 1 and m["placebo/false_positive_rate"] == 0
     assert "(passes" in wording.placebo_line(m)
     # a placebo that differs from its clean twin as much as a real cost does is a false positive, and says so
     c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.2})
-    t = mc.dose_table(c, MismatchCostParams(), kl_zero(c))
-    m = mc.dose_metrics(t, c)
+    t = analysis.dose_table(c, MismatchCostParams(), kl_zero(c))
+    m = analysis.dose_metrics(t, c)
     assert m["placebo/false_positive_rate_holm"] == 1 and "**fails**" in wording.placebo_line(m)
 
 
@@ -145,10 +148,10 @@ def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_de
 
     p = MismatchCostParams(arms=["none@engine"], placebo_arms=[])
     c = ratio_curves(per_decade)
-    t = mc.dose_table(c, p, {})
-    m = mc.dose_metrics(t, c)
+    t = analysis.dose_table(c, p, {})
+    m = analysis.dose_metrics(t, c)
     assert m["clean/none@engine/reward_gain"] == pytest.approx(0.27)
-    b = mc.benchmark_table(t, c, m, p.bmr_fraction)
+    b = comparisons.benchmark_table(t, c, m, p.bmr_fraction)
     assert len(b) == 1 and b["bmr"].iloc[0] == pytest.approx(0.0675)
     r = next(b.itertuples())
     line = wording.benchmark_line(r, p.bmr_fraction)
@@ -159,8 +162,8 @@ def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_de
     else:
         assert r.status == "not bounded" and np.isnan(r.bmdl) and r.trend_p_holm > 0.05
         assert "cannot bound" in line and "keep k3 below" not in line
-    assert mc.benchmark_metrics(b)["ratio/none@engine/bmdl_bounded"] == float(bool(per_decade))
-    one = mc.benchmark_table(t[t["label"].isin(["clean", "ratio@1"])], c, m, p.bmr_fraction)
+    assert comparisons.benchmark_metrics(b)["ratio/none@engine/bmdl_bounded"] == float(bool(per_decade))
+    one = comparisons.benchmark_table(t[t["label"].isin(["clean", "ratio@1"])], c, m, p.bmr_fraction)
     assert one["status"].iloc[0] == "no benchmark" and "1 dose: no curve to fit" in wording.benchmark_line(
         next(one.itertuples()), p.bmr_fraction)
 
@@ -183,8 +186,8 @@ def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_on
         c.loc[r, "reward_mean"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
         c.loc[r, "heldout_greedy_acc"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
     p = MismatchCostParams(arms=list(arms), placebo_arms=[])
-    t = mc.dose_table(c, p, kl_zero(c))
-    con = mc.contrast_table(t, c).set_index(["contrast", "label", "arm"])
+    t = analysis.dose_table(c, p, kl_zero(c))
+    con = comparisons.contrast_table(t, c).set_index(["contrast", "label", "arm"])
     tis = con.loc[("correction", "weights@0.1", "tis@trainer")]
     assert tis["vs_arm"] == "none@trainer" and tis["diff"] == pytest.approx(0.15, abs=0.01)
     assert tis["verdict"] == "differs" and tis["ci_low"] > 0
@@ -220,10 +223,10 @@ def test_a_long_horizon_gap_that_grows_and_a_collapse_are_named():
     c = pd.DataFrame(rows)
     p = MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=[0.1], steps=10, long_steps=40,
                                    long_doses=["ratio@0.1"])
-    t = mc.dose_table(c, p, {}).set_index("label")
+    t = analysis.dose_table(c, p, {}).set_index("label")
     assert t.loc["ratio@0.1+long", "horizon"] == 40 and t.loc["ratio@0.1", "horizon"] == 10
     assert t.loc["ratio@0.1", "gap"] == pytest.approx(-0.02 - 0.001 * np.mean(SEEDS))  # paired with the short clean
-    hz, m = mc.horizon_table(c, 10)
+    hz, m = comparisons.horizon_table(c, 10)
     assert list(hz["block_start"]) == [0, 10, 20, 30] and (np.diff(hz["gap"]) < 0).all()
     assert m["ratio@0.1+long/none@engine/gap_change"] == pytest.approx(-0.03, abs=0.002)
     assert m["ratio@0.1+long/none@engine/gap_change_p"] < 0.05
@@ -232,17 +235,17 @@ def test_a_long_horizon_gap_that_grows_and_a_collapse_are_named():
     assert np.isnan(m["clean+long/none@engine/grad_spike_step"])
     line = wording.horizon_lines(hz, m)[0]
     assert "the cost grows" in line and "gradient-norm spikes from step 25" in line and "steps 30-39" in line
-    mm = mc.dose_metrics(t.reset_index(), c)
+    mm = analysis.dose_metrics(t.reset_index(), c)
     assert mm["ratio/none@engine/max_dose_gap"] == pytest.approx(t.loc["ratio@0.1", "gap"])  # the short row's
 
 
 def test_long_horizon_jobs_have_their_own_clean_twins():
     p = MismatchCostParams(arms=["none@engine", "none@trainer"], long_steps=120, long_doses=["ratio@1"],
                                    long_arms=["none@engine"], num_seeds=2)
-    js = [j for j in mc.jobs(p) if j.steps]
+    js = [j for j in design.training_runs(p) if j.steps]
     assert sorted({(j.label, j.arm) for j in js}) == [("clean+long", "none@engine"), ("ratio@1+long", "none@engine")]
-    assert all(j.steps == 120 and mc.config(p, j).steps == 120 for j in js)
-    assert mc.jobs(p)[-1].label == "rerun" and mc.jobs(p)[-1].steps == 0
+    assert all(j.steps == 120 and design.config(p, j).steps == 120 for j in js)
+    assert design.training_runs(p)[-1].label == "rerun" and design.training_runs(p)[-1].steps == 0
     from rlwb.errors import ParamError
 
     with pytest.raises(ParamError, match="must exceed"):
@@ -264,7 +267,7 @@ def test_the_dose_answer_reads_the_first_regime_at_the_studys_horizon():
     one-line answer (the sort by dose is not stable across rows of one dose)."""
     t = pd.DataFrame({"label": ["clean", "ratio@1", "ratio@1+ppo4", "ratio@1+long", "clean+ppo4"],
                       "dose": [0.0, 1.0, 1.0, 1.0, 0.0]})
-    assert mc.first_regime(t)["label"].tolist() == ["clean", "ratio@1"]
+    assert design.first_regime(t)["label"].tolist() == ["clean", "ratio@1"]
 
 
 def study_params(**kw):
@@ -274,10 +277,10 @@ def study_params(**kw):
 
 
 def test_the_study_trains_v1s_point_with_every_arm_and_the_length_scaled_geo_rs():
-    """Issue 46: V1's real point with every arm of `arms` (`point_arms` is all of them), the length-scaled Geo-RS
+    """V1's real point with every arm of `arms` (`point_arms` is all of them), the length-scaled Geo-RS
     among the arms, and `row_arms` trimming only the rows the study.yaml header names."""
     p = study_params()
-    js = mc.jobs(p)
+    js = design.training_runs(p)
     assert "geo_rs_len@trainer" in p.arm_labels and set(p.point_arm_labels) == set(p.arm_labels)
     arms_at = lambda label: {j.arm for j in js if j.label == label}  # noqa: E731
     assert arms_at("vllm-v1") == set(p.arm_labels)
@@ -300,7 +303,7 @@ def test_row_arms_restricts_a_row_and_refuses_what_is_not_a_row_or_an_arm():
                                    point_arms=["none@engine", "tis@trainer"],
                                    row_arms=["ratio@0.1 tis@trainer", "vllm-v1@T1.0 none@engine",
                                              "ratio@5 tis@trainer"])
-    js = mc.jobs(p)
+    js = design.training_runs(p)
     assert {j.arm for j in js if j.label == "ratio@0.1"} == {"tis@trainer"}
     assert {j.arm for j in js if j.label == "ratio@1"} == set(p.arm_labels)  # unlisted: every arm
     assert {j.arm for j in js if j.label == "vllm-v1"} == {"none@engine", "tis@trainer"}  # point_arms
@@ -322,7 +325,7 @@ class FakeEngine:
 
 
 def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_temperature(monkeypatch):
-    """Issue 46: an engine point's trained policy is scored by a base-preset engine (not its own bf16 / raw-logprob
+    """An engine point's trained policy is scored by a base-preset engine (not its own bf16 / raw-logprob
     engine) at the study's temperature (not the point's); a base-preset run by its own lane engine, the same
     preset. The scorer's engine starts once, on the first point run, is recorded (`on_start`: run.json's engines)
     under its own key beside the base engine's, and closes. Catches a scorer engine missing from run.json."""
@@ -343,15 +346,16 @@ def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_tempera
             return {"preset": "vllm-v1-fixed", "vllm_version": "0.11.0"}
 
     monkeypatch.setattr(worker, "EngineWorker", Worker)
-    monkeypatch.setattr(mc, "policy_reward", lambda m, engine, codec, probs, p, t: calls.append((engine.name, t))
+    monkeypatch.setattr(execution, "policy_reward", lambda m, engine, codec, probs, p, t: calls.append((engine.name, t))
                         or 0.5)
     p = MismatchCostParams(engine_points=["vllm-v1-fixed@bf16", "vllm-v1@T1.0"], temperature=0.7)
     recorded = []
-    scorer = mc.CleanScorer(p.engines[0], "model", p.dtype, recorded.append)
-    base_job = mc.Job("ratio", 0.1, "none@engine", 0, p.engines[0], 0.7, "ratio@0.1")
-    point = mc.Job("engine", float("nan"), "none@engine", 0, "vllm-v1-fixed@bf16", 0.7, "vllm-v1-fixed@bf16")
-    t1 = mc.Job("engine", float("nan"), "none@engine", 0, "vllm-v1", 1.0, "vllm-v1@T1")
-    clean_t1 = mc.Job("clean", 0.0, "none@engine", 0, p.engines[0], 1.0, "clean@T1")
+    scorer = execution.CleanScorer(p.engines[0], "model", p.dtype, recorded.append)
+    base_job = design.TrainingRun("ratio", 0.1, "none@engine", 0, p.engines[0], 0.7, "ratio@0.1")
+    point = design.TrainingRun("engine", float("nan"), "none@engine", 0, "vllm-v1-fixed@bf16", 0.7,
+                               "vllm-v1-fixed@bf16")
+    t1 = design.TrainingRun("engine", float("nan"), "none@engine", 0, "vllm-v1", 1.0, "vllm-v1@T1")
+    clean_t1 = design.TrainingRun("clean", 0.0, "none@engine", 0, p.engines[0], 1.0, "clean@T1")
     for job, lane in ((base_job, "lane"), (point, "bf16 lane"), (t1, "v1 lane"), (clean_t1, "lane")):
         scorer.policy_reward(None, job, FakeEngine(lane), None, [], p)
     assert calls == [("lane", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7),
@@ -372,7 +376,7 @@ def test_the_analysis_is_a_function_of_the_archived_curves():
     c["policy_reward"] = 0.7 - c["label"].map({"clean": 0.0, "ratio@0.1": 0.2, "weights@0.1": 0.05})
     p = MismatchCostParams(arms=["none@engine", "none@trainer"], engine_points=[], num_seeds=6)
     res = mc.analyze(c, p)
-    old = mc.dose_table(c.drop(columns="kl_to_clean"), p, kl)
+    old = analysis.dose_table(c.drop(columns="kl_to_clean"), p, kl)
     pd.testing.assert_frame_equal(res.doses.drop(columns="kl_to_clean"), old.drop(columns="kl_to_clean"))
     assert res.doses.set_index(["label", "arm"]).loc[("ratio@0.1", "none@engine"), "kl_to_clean"] == pytest.approx(
         0.035)
@@ -392,7 +396,7 @@ def with_policy(c: pd.DataFrame, pr: dict, initial: float = 0.3) -> pd.DataFrame
 
 
 def test_the_benchmark_response_is_a_fraction_of_the_clean_gain_in_the_tested_outcome():
-    """Issue 46 (a): the gaps are policy-reward gaps, so the BMR is 25% of the clean run's policy-reward gain over
+    """The gaps are policy-reward gaps, so the BMR is 25% of the clean run's policy-reward gain over
     the initial policy (0.6 + mean seed offset - 0.3), not of its training-reward gain (0.27)."""
     c = ratio_curves(0.1)
     labels = c[["label", "arm"]].drop_duplicates().itertuples(index=False)
@@ -432,7 +436,7 @@ def family_curves() -> pd.DataFrame:
 
 
 def test_every_test_of_the_study_is_in_one_holm_family():
-    """Issue 46 (b): dosed rows (placebo included, controls not), trend tests, contrasts and the horizon test are
+    """Dosed rows (placebo included, controls not), trend tests, contrasts and the horizon test are
     adjusted together: each p_holm is Holm over all m p's at once, and the MDE is at alpha / m."""
     from rlwb.core.measure import stats
 
@@ -460,7 +464,7 @@ def test_every_test_of_the_study_is_in_one_holm_family():
 
 
 def test_a_row_whose_seeds_tie_reports_the_mde_of_its_test_not_zero():
-    """Review S1: a dosed row whose seeds' gaps tie (sd 0) is tested with the spread floored by the outcome's step
+    """A dosed row whose seeds' gaps tie (sd 0) is tested with the spread floored by the outcome's step
     (`stats.floored_sd`); its MDE is that test's, > 0, in the study's family and in `dose_table` alone. Catches an
     MDE from the raw spread (a tie read as "MDE 0": any cost would have been detected)."""
     from rlwb.core.measure import stats
@@ -473,7 +477,7 @@ def test_a_row_whose_seeds_tie_reports_the_mde_of_its_test_not_zero():
     twin = c[c["label"] == "clean"].set_index(["arm", "seed", "step"])["policy_reward"]
     c.loc[tie, "policy_reward"] = [twin[(a, s_, t)] - 0.05 for a, s_, t in zip(c.loc[tie, "arm"], c.loc[tie, "seed"],
                                                                                 c.loc[tie, "step"])]
-    res, alone = mc.analyze(c, p), mc.dose_table(c, p)
+    res, alone = mc.analyze(c, p), analysis.dose_table(c, p)
     for t, m in ((res.doses, res.metrics["family/tests"]), (alone, int(alone["p_holm"].notna().sum()))):
         t = t.set_index(["label", "arm"])
         for arm in ("none@engine", "none@trainer"):
@@ -484,7 +488,7 @@ def test_a_row_whose_seeds_tie_reports_the_mde_of_its_test_not_zero():
 
 
 def test_the_regime_contrast_is_the_bypass_vs_decoupled_contrast_across_ppo_regimes():
-    """Issue 46 (c): at weights@0.1 bypass loses 0.18 more than decoupled with one update per batch, 0.02 more with
+    """At weights@0.1 bypass loses 0.18 more than decoupled with one update per batch, 0.02 more with
     four: the regime contrast (four minus one, seed by seed) is +0.16, with its interval, in the family."""
     p = MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=["none@engine"],
                                    weight_noise=[0.1], updates_per_batch=[1, 4], regime_doses=["weights@0.1"],
@@ -499,7 +503,7 @@ def test_the_regime_contrast_is_the_bypass_vs_decoupled_contrast_across_ppo_regi
 
 
 def test_the_pipeline_is_calibrated_where_the_null_holds():
-    """Issue 46 (e): rows whose runs differ from their clean twins by noise alone (as a placebo: an independent
+    """Rows whose runs differ from their clean twins by noise alone (as a placebo: an independent
     sampling stream) are called a cost or gain at the unadjusted 5% level about 5% of the time (400 rows through
     dose_table's test; the binomial 3-sd band), and after the study's Holm almost never."""
     rng = np.random.default_rng(46)
@@ -516,7 +520,7 @@ def test_the_pipeline_is_calibrated_where_the_null_holds():
                        "engine": "vllm-v1-fixed", "policy_reward": r["pr"], "initial_policy_reward": 0.3}
                       for r in rows for t in range(2)])
     p = MismatchCostParams(arms=["none@engine"], placebo_arms=[], engine_points=[], num_seeds=6)
-    t = mc.dose_table(c, p)
+    t = analysis.dose_table(c, p)
     plc = t[t["kind"] == "placebo"]
     assert len(plc) == n_rows
     rate = float((plc["p"] < 0.05).mean())
@@ -525,7 +529,7 @@ def test_the_pipeline_is_calibrated_where_the_null_holds():
 
 
 def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_path):
-    """Issue 46 (i): `rlwb audit`'s report puts a raw-logprob engine's k3 against the ratio kind's BMDLs and another
+    """`rlwb audit`'s report puts a raw-logprob engine's k3 against the ratio kind's BMDLs and another
     engine's against the distribution kinds', from the newest study run of record per model, as a multiple of each
     BMDL, saying they were measured on small embedded models; without a run of record it says so."""
     from rlwb.core.measure import dose_response
@@ -563,7 +567,7 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
 
 
 def test_the_horizon_figure_draws_each_blocks_gap_with_its_interval_and_the_collapse_step():
-    """Issue 46 (h): one error-bar series per long row (block gaps with their 95% intervals) and a vertical line at
+    """One error-bar series per long row (block gaps with their 95% intervals) and a vertical line at
     the step its collapse starts; a run without long rows says so."""
     import matplotlib.pyplot as plt
 
@@ -603,9 +607,9 @@ def test_the_answer_leads_with_the_finding():
     contrasts = pd.DataFrame([{"contrast": "one-sided vs symmetric", "label": "vllm-v1", "arm": "none@engine",
                                "diff": -0.06, "p_holm": 0.047, "mde": 0.08, "verdict": "differs"}])
     bullets = ["ratio mismatch, `none@engine`: no dose ...", "ratio mismatch, `tis@trainer`: no dose ..."]
-    text = mc.answer_line("none@engine", bench, contrasts, bullets)
+    text = words_08.answer_line("none@engine", dr.first_regime_benchmarks(bench), contrasts, bullets)
     assert text.startswith("One-sided (vllm-v1) vs symmetric ratio error at matched k3, `none@engine`: worse by "
                            "-0.060 (Holm p 0.047). Tolerable k3 for `none@engine` (BMDL): ratio < 1.4e-01; weights "
                            "below the smallest dose (1.0e-03).")
     assert text.endswith("ratio mismatch, `none@engine`: no dose ...") and "tis@trainer" not in text
-    assert mc.answer_line("none@engine", pd.DataFrame(), pd.DataFrame(), bullets) == bullets[0]
+    assert words_08.answer_line("none@engine", pd.DataFrame(), pd.DataFrame(), bullets) == bullets[0]

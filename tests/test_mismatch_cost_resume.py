@@ -17,6 +17,7 @@ import yaml
 from rlwb import archive, sweep
 from rlwb.errors import ParamError
 from rlwb.experiments import mismatch_cost as mc
+from rlwb.experiments.mismatch_study import design, execution
 from rlwb.job_store import JobStore, job_key
 from rlwb.params.schemas.mismatch_cost import MismatchCostParams
 
@@ -80,11 +81,11 @@ def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
             run.record_engine({**vllm, **other})
     assert run.record["engines"]["vllm-v1-fixed"]["vllm_version"] == "0.11.0"  # a refused engine is not recorded
     # an engine none of whose jobs is left: its record comes from the run resumed from, tagged as that run's
-    todo = mc.jobs(p)
+    todo = design.training_runs(p)
     store = JobStore(tmp_path / "jobs", "new", source_dir=src / "data" / "jobs",
                      source_record={"run_id": "src", "engines": {"vllm-v1-fixed": vllm}})
-    assert mc.reused_engines(store, todo, dict.fromkeys(todo)) == [{**vllm, "from_run": "src"}]
-    assert mc.reused_engines(store, todo, dict.fromkeys(todo[:-1])) == []  # one job left: started here
+    assert execution.reused_engines(store, todo, dict.fromkeys(todo)) == [{**vllm, "from_run": "src"}]
+    assert execution.reused_engines(store, todo, dict.fromkeys(todo[:-1])) == []  # one job left: started here
     assert archive.resume_check(src, NB, replace(p, concurrent_runs=2), here)["run_id"] == "src"
     for other, what in ((replace(p, lr=1e-4), "param lr"), (replace(p, ratio_k3=[0.1]), "param ratio_k3")):
         with pytest.raises(ParamError, match=what):
@@ -117,7 +118,7 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
     number (its probe dropped). Catches a store that keeps only KL values (the pending run's KL lost: NaN) or
     keys jobs by less than every field (the rerun taken for the first clean run)."""
     p = tiny()
-    todo = mc.jobs(p)
+    todo = design.training_runs(p)
     clean, dosed = todo[0], next(j for j in todo if j.kind == "ratio" and j.twin == todo[0].twin)
     rerun = todo[-1]
     assert rerun.kind == "rerun" and rerun.twin == clean.twin and job_key(rerun) != job_key(clean)
@@ -126,7 +127,7 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
     probe = {j: torch.log_softmax(torch.randn(5, 7, generator=g), -1) for j in (clean, dosed, rerun)}
     src = run_dir(tmp_path, "src", p)
     store = JobStore(src / "data" / "jobs", "src")
-    kl = mc.TwinKL(todo, store)
+    kl = execution.TwinKL(todo, store)
     store.put_shared("start", {"initial_heldout_greedy_acc": 0.25})
     for j in (dosed, rerun):  # finished before their twin (the interrupted run never finishes it)
         kl.add(j, probe[j])
@@ -135,12 +136,12 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
     # the resume: the two reused, the clean twin trained now
     new = run_dir(tmp_path, "new", p)
     store2 = JobStore(new / "data" / "jobs", "new", source_dir=src / "data" / "jobs")
-    kl2, start, done = mc.TwinKL(todo, store2), {}, {}
-    assert set(mc.reuse(store2, todo, kl2, start, done)) == {dosed, rerun}
+    kl2, start, done = execution.TwinKL(todo, store2), {}, {}
+    assert set(execution.reuse(store2, todo, kl2, start, done)) == {dosed, rerun}
     assert start == {"initial_heldout_greedy_acc": 0.25} and done[dosed]["t_step"].tolist() == [1.0, 2.0]
     kl2.add(clean, probe[clean])
-    want = mc.kl_divergence(probe[clean], probe[dosed])
-    assert kl2.values[dosed] == want and kl2.values[rerun] == mc.kl_divergence(probe[clean], probe[rerun])
+    want = execution.kl_divergence(probe[clean], probe[dosed])
+    assert kl2.values[dosed] == want and kl2.values[rerun] == execution.kl_divergence(probe[clean], probe[rerun])
     kept = new / "data" / "jobs"
     assert json.loads((kept / f"{job_key(dosed)}.kl.json").read_text())["kl_to_clean"] == want
     assert not (kept / f"{job_key(dosed)}.probe.pt").exists()  # known now: its probe went
@@ -149,8 +150,8 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
     kl2.add(clean, probe[clean])
     store2.save(clean, pd.DataFrame({"step": [0, 1], "label": clean.label, "t_step": [1.0, 2.0]}), 1.0)
     third = JobStore(tmp_path / "third" / "data" / "jobs", "third", source_dir=new / "data" / "jobs")
-    kl3, done3 = mc.TwinKL(todo, third), {}
-    assert set(mc.reuse(third, todo, kl3, {}, done3)) == {clean, dosed, rerun}
+    kl3, done3 = execution.TwinKL(todo, third), {}
+    assert set(execution.reuse(third, todo, kl3, {}, done3)) == {clean, dosed, rerun}
     assert kl3.values[dosed] == want
     nowhere = {"cpu": None, "gpu": None}
     assert store2.provenance()["parts"] == {"src": {"jobs": 2, "wall_s": 6.0, "host": nowhere},
@@ -161,7 +162,7 @@ def test_a_job_counts_as_kept_only_once_its_curve_is(tmp_path, monkeypatch):
     """`JobStore.save` writes the job's meta after its curve, and the provenance counts only metas with a
     curve: a run killed between the two files (or a curve that failed to write) counts no job it has not kept.
     Catches the meta written first, or a provenance that counts every meta."""
-    todo = mc.jobs(tiny())
+    todo = design.training_runs(tiny())
     store = JobStore(tmp_path / "jobs", "run", {"cpu": "x", "gpu": None, "cores": 2})
     df = pd.DataFrame({"step": [0, 1], "t_step": [1.0, 2.0]})
     store.save(todo[0], df, 2.0)
@@ -296,28 +297,28 @@ def test_a_resumed_study_equals_an_uninterrupted_one(default_model, tmp_path, mo
     card = json.loads((Path(default_model.path) / "model.json").read_text())
     rec = {"model": {"weights_sha256_16": card.get("weights_sha256_16")}}
     whole_dir, cut_dir, resumed_dir = (run_dir(tmp_path, n, p, **rec) for n in ("whole", "cut", "resumed"))
-    real, trained = mc.train, []
+    real, trained = execution.train, []
 
     def counting(*a, **k):
         trained.append(a[2])
         return real(*a, **k)
 
-    monkeypatch.setattr(mc, "train", counting)
+    monkeypatch.setattr(execution, "train", counting)
     whole = mc.run(p, default_model.path, progress=False, store=archive.Run(whole_dir).jobs())
-    assert len(trained) == len(mc.jobs(p)) == 9
+    assert len(trained) == len(design.training_runs(p)) == 9
 
     def cut_after_5(*a, **k):
         if len(trained) == 9 + 5:
             raise KeyboardInterrupt
         return counting(*a, **k)
 
-    monkeypatch.setattr(mc, "train", cut_after_5)
+    monkeypatch.setattr(execution, "train", cut_after_5)
     with pytest.raises(KeyboardInterrupt):
         mc.run(p, default_model.path, progress=False, store=archive.Run(cut_dir).jobs())
     kept = cut_dir / "data" / "jobs"
     assert len(list(kept.glob("*.parquet"))) == 5 and (kept / "start.json").exists()
     assert len(list(kept.glob("*.probe.pt"))) == 4  # the 4 clean runs' probes: their twins' KLs need them
-    monkeypatch.setattr(mc, "train", counting)
+    monkeypatch.setattr(execution, "train", counting)
     del trained[:]
     archive.update_record(resumed_dir, resume={"from": str(cut_dir)})  # as `rlwb run --resume-from` records it
     resumed = mc.run(p, default_model.path, progress=False, store=archive.Run(resumed_dir).jobs())

@@ -228,7 +228,7 @@ def conclusion(metrics: dict, p, engines: list[str], panels: pd.DataFrame, sourc
 
 
 def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) -> dict:
-    """Each audited engine's measured k3 beside notebook 08's benchmark doses of its kind of mismatch (issue 46):
+    """Each audited engine's measured k3 beside notebook 08's benchmark doses of its kind of mismatch:
     the ratio kind for an engine that reports raw logprobs (it samples right, reports wrong), the distribution
     kinds (perturbed weights, stale weights) otherwise, per arm: the BMDL and its status, from the study's runs of
     record (`dose_response.study_benchmarks`, measured on rlwb's small embedded models). `runs` empty: no study run

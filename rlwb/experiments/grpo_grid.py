@@ -260,7 +260,7 @@ def floor_breaches(curves: pd.DataFrame) -> dict[str, float]:
     """`<engine>/floor_breach_k3`: the largest per-step k3 of an engine that should sit at the float floor against
     the fp32 trainer (fp32, processed logprobs: `engine_expects`, from its read-back settings) but measured k3 above
     rlwb's float floor for divergences (`formatting.KL_FLOOR`) in this run; nothing for engines at their floor.
-    Why: one archived notebook-03 run found V0 at k3 1.5e-8 on every seed where every other run measured 1.7e-13;
+    Why: an engine can leave its floor in one run (k3 1e-8 on every seed where its other runs measure 1e-13);
     such a run measures other engine numerics than the ones it names and must say so (`floor_lines`), not pass as
     a reproduction. `curves` holds only runs the engine's numerics alone decide (a notebook that perturbs an engine
     on purpose passes its clean runs)."""

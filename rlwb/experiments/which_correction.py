@@ -170,7 +170,7 @@ def ranking(metrics: dict, curves: pd.DataFrame, p) -> pd.DataFrame:
                                          for n in r.loc[tested, "n"]]
         # The verdict words stay here, not in wording/: they are data (the `ranking` table's `verdict` column, archived
         # in data/ranking.parquet, coloured by rlwb/plots/which_correction.py and asserted by tests/test_race.py and
-        # tests/test_notebooks.py); wording.race_verdict_line only groups rows by them (wording.RACE_VERDICTS).
+        # tests/test_notebooks.py); wording_07.race_verdict_line only groups rows by them (wording_07.RACE_VERDICTS).
         r.loc[tested, "verdict"] = [
             "recovers" if pe < stats.ALPHA else
             ("falls short" if g < 0 else "above baseline") if pdf < stats.ALPHA else "inconclusive"

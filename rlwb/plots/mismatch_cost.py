@@ -161,7 +161,7 @@ FIGURES["geo_rs_survivors"] = ("curves", geo_rs_survivors)
 
 
 def horizon_gaps(horizon, style: str = "notebook"):
-    """The long-horizon rows (`mismatch_cost.horizon_table`): per dosed row and arm, the training reward's gap to
+    """The long-horizon rows (`comparisons.horizon_table`): per dosed row and arm, the training reward's gap to
     the long clean run per block of steps (mean over seeds at the block's middle, 95% t interval as error bars),
     and the step any collapse starts (gradient-norm spikes: dashed; entropy collapse: dotted), or a note that none
     was seen. Empty axes with a note where the run has no long rows."""

@@ -34,7 +34,9 @@ where the data cannot place the BMDL inside them, the result says so (`status`).
 Limits: one model (linear in log dose), no model averaging; a cost that is flat and then drops sharply is fitted by
 a line that crosses the BMR early, which errs towards a lower (more conservative) BMDL.
 
-Pure numpy/scipy functions of arrays; nothing here touches an engine or a model.
+The statistics (`dose_trend`, `benchmark_dose`) are pure numpy/scipy functions of arrays; nothing here touches an
+engine or a model. `study_benchmarks` alone reads files: the benchmark tables of notebook 08's runs of record
+(docs/runs), picked by that notebook's dose params (what `rlwb audit` places an engine's k3 against).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def accumulate_policy_gradient(model: torch.nn.Module, prompt_ids: list[list[int
 def kept_sequences(corr: corrections.Correction, mask: torch.Tensor) -> float:
     """How many of the batch's sequences keep at least one token in the loss after a correction's weights and masks:
     the survivors a sequence-level rejection (Geo-RS) leaves; the loss averages over their tokens only, so a step
-    with one or two survivors moves Adam a full step on them (issue 46's point 8)."""
+    with one or two survivors moves Adam a full step on them."""
     live = ((corr.weights * corr.keep) != 0) & mask.bool()
     return float(live.any(-1).sum())
 
@@ -126,7 +126,7 @@ def policy_updates(model: torch.nn.Module, opt: torch.optim.Optimizer, prompt_id
 
     Why several: with one update the decoupled ratio pi_theta / pi_old is exactly 1 (old = the same weights), so
     PPO's clip acts only when the engine's logprobs are the denominator (bypass); from the second mini-batch on the
-    weights have moved and the clip acts in both modes (issue 46)."""
+    weights have moved and the clip acts in both modes."""
     k = cfg.updates_per_batch
     n_seq = len(completion_ids)
     if k == 1:

@@ -1,6 +1,6 @@
 """Engine-trainer mismatch at known doses, for measuring what it costs a GRPO run (notebook 08).
 
-Two kinds, both applied on the real engine path of `rlwb.core.rl.grpo` (the engine still samples; only what it
+Three kinds, each applied on the real engine path of `rlwb.core.rl.grpo` (the engine still samples; only what it
 reports or which weights it samples with is changed):
 
 - *ratio mismatch* (`logprob_noise_k3`): the engine samples from the trainer's policy, but the logprobs it
@@ -11,7 +11,6 @@ reports or which weights it samples with is changed):
 - *distribution mismatch* (`engine_weight_noise`): the engine samples with weights theta + s * rms(theta) * z,
   z ~ N(0, 1) drawn once per seed (a fixed perturbation, like a lower-precision engine's rounding), at relative
   scale s. Its k3 depends on the model, so the achieved k3 is measured, not intended.
-
 - *stale weights* (`engine_lag`): the engine samples at step t with the weights of step t - k (k updates
   behind, as an asynchronous trainer whose engine lags), the trainer scores with the current ones. Its logprobs
   are exact for what it sampled, so the PPO ratio against them (old_logprobs: engine, PipelineRL / verl bypass)

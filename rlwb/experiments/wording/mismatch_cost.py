@@ -1,11 +1,13 @@
-"""How notebook 08 (`rlwb.experiments.mismatch_cost`) words its verdicts (issue 46): benchmark doses, placebo rows,
-PPO regimes, the tested contrasts and the long horizon. Takes plain values and tables; imports nothing of rlwb above
-the leaf utilities."""
+"""How notebook 08 (`rlwb.experiments.mismatch_cost`) words its verdicts: the conclusion and the one-line answer,
+the dose-by-dose answer, the benchmark doses, placebo rows, PPO regimes, the tested contrasts, the long horizon, the
+real engines on the same axes, the controls and the doses achieved. Takes plain values and tables (the experiment
+decides, and passes what it computed); imports nothing of rlwb above the leaf utilities and the shared wording."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from rlwb.experiments.wording import floor_lines
 from rlwb.formatting import metric
 
 # The benchmark's statuses, as `rlwb.core.measure.dose_response` names them (this layer imports no core module:
@@ -14,7 +16,7 @@ BMD_BOUNDED, BMD_BELOW, BMD_NOT_BOUNDED = "bounded", "below the tested range", "
 
 
 def benchmark_line(r, bmr_fraction: float) -> str:
-    """One bullet for a (kind, PPO regime, arm) benchmark row of notebook 08 (`mismatch_cost.benchmark_table`):
+    """One bullet for a (kind, PPO regime, arm) benchmark row of notebook 08 (`comparisons.benchmark_table`):
     "keep k3 below X" where the data bound X (the BMDL inside the tested doses), "the data cannot bound X" where
     they do not, with the trend across doses beside it (slope of the paired gap per decade of k3, 95% interval,
     Holm-adjusted p in the study's one family)."""
@@ -77,7 +79,7 @@ def regime_line(table, first: int) -> str:
 
 
 def contrast_lines(con) -> list[str]:
-    """One bullet per paired contrast of notebook 08 (`mismatch_cost.contrast_table`): a difference shown with its
+    """One bullet per paired contrast of notebook 08 (`comparisons.contrast_table`): a difference shown with its
     interval, or a null as a null with its interval and MDE (never "the same")."""
     out = []
     for r in con.itertuples():
@@ -92,7 +94,7 @@ def contrast_lines(con) -> list[str]:
 
 
 def horizon_lines(hz, metrics: dict) -> list[str]:
-    """One bullet per long-horizon row of notebook 08 (`mismatch_cost.horizon_table`): its gap per block of steps
+    """One bullet per long-horizon row of notebook 08 (`comparisons.horizon_table`): its gap per block of steps
     with intervals, whether the gap grows, shrinks or shows no change (last block minus first, unadjusted paired t
     at 5%), and the step a collapse starts where one was seen."""
     out = []
@@ -112,3 +114,219 @@ def horizon_lines(hz, metrics: dict) -> list[str]:
         out.append(f"- {label} `{arm}`: {blocks}; {verdict} (change {ch:+.3f}, {which} {pv:.2g})"
                    + (f"; {', '.join(events)}" if events else "; no collapse seen") + ".")
     return out
+
+
+def paired_gap_text(r) -> str:
+    """A row's paired gap to its clean twin with its 95% interval, then the same for the trained policy's own greedy
+    accuracy (a dose or point row)."""
+    return (f"{r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], own greedy accuracy "
+            f"{r.heldout_gap:+.3f} [{r.heldout_gap_ci_low:+.3f}, {r.heldout_gap_ci_high:+.3f}]")
+
+
+def dose_answer_lines(metrics: dict, table, dosed, arms) -> list[str]:
+    """One bullet per (dosed kind, arm): the doses at which a cost is shown (each row's own test, Holm
+    in the study's family), or the null with its MDE. Which k3 is tolerable is the benchmark dose's answer (its BMDL),
+    not the first dose that showed a cost (a NOAEL-style threshold depends on which doses were tried)."""
+    out = []
+    for kind in dosed:
+        d = table[table["kind"] == kind]
+        for arm in arms:
+            a = d[(d["arm"] == arm) & (d["control"] == "")].sort_values("dose")
+            if a.empty:
+                continue
+            top = a.iloc[-1]
+            costs = a[a["verdict"] == "costs"]
+            if len(costs):
+                at = ", ".join(f"k3 {metric('k3', r.k3_achieved, '.1e')} ({r.gap:+.3f})" for r in costs.itertuples())
+                out.append(f"- {kind} mismatch, `{arm}`: a cost shown at {at} of {len(a)} dose(s) tested (largest "
+                           f"dose: {paired_gap_text(top)}).")
+            else:
+                out.append(f"- {kind} mismatch, `{arm}`: no dose up to k3 {metric('k3', top.k3_achieved, '.1e')} "
+                           f"measurably cost reward (largest dose: {paired_gap_text(top)}; MDE {top.mde:.3f}): a cost "
+                           f"below the MDE is not ruled out.")
+    return out
+
+
+def engine_point_lines(table) -> list[str]:
+    """One bullet per real engine point (not the controls): its measured k3 and its cost per arm."""
+    out = []
+    pts = table[(table["kind"] == "engine") & (table["control"] == "")]
+    for label, d in pts.groupby("label", sort=False):
+        arms = "; ".join(f"`{r.arm}` {paired_gap_text(r)} ({r.verdict})" for r in d.itertuples())
+        out.append(f"- `{label}` (k3 {metric('k3', d['k3_achieved'].mean(), '.1e')}, "
+                   f"{'raw' if d['raw_logprobs'].iloc[0] else 'processed'} logprobs): {arms}.")
+    return out
+
+
+def dose_control_lines(metrics: dict, table, arms) -> list[str]:
+    """The study's controls, each with whether it passes and what a failure means."""
+    ctl = []
+    for a in arms:
+        if f"clean/{a}/reward_gain" not in metrics:
+            continue
+        g, lo = metrics[f"clean/{a}/reward_gain"], metrics[f"clean/{a}/reward_gain_ci_low"]
+        ok = np.isfinite(lo) and lo > 0
+        ctl.append(f"clean `{a}` learns: reward {g:+.3f} [{lo:+.3f}, {metrics[f'clean/{a}/reward_gain_ci_high']:+.3f}] "
+                   + ("(passes)" if ok else "(**fails**: with no gain to lose, a cost cannot be measured here)"))
+    blind = table[table["control"] == "ratio-blind"]
+    if len(blind):
+        ok = bool((blind["verdict"] == "null (passes)").all())
+        ctl.append("`none@trainer` under ratio mismatch trains bitwise as its clean run at every dose (every seed's "
+                   "reward curve equal, KL to its clean twin 0) "
+                   + ("(passes: the reported logprobs never reach its update)" if ok else
+                      "(**fails**: the reported logprobs reached an update that should not read them; the design "
+                      "or the loop is wrong)"))
+    t1 = table[table["control"] == "T=1"]
+    for r in t1.itertuples():
+        ok = r.verdict == "null (passes)"
+        ctl.append(f"`{r.label}` `{r.arm}` at T = 1, where raw logprobs are the processed ones (k3 "
+                   f"{metric('k3', r.k3_achieved, '.1e')}): gap {paired_gap_text(r)}, MDE {r.mde:.3f} "
+                   + ("(passes: no cost shown)" if ok else "(**fails**: a cost with no ratio mismatch means the "
+                                                           "design is wrong)"))
+    if "control/rerun/identical" in metrics:
+        ok = metrics["control/rerun/identical"] == 1.0
+        ctl.append("the first clean run, trained twice, gives bitwise the same reward curve "
+                   + ("(passes: pairing by seed compares like with like)" if ok else
+                      "(**fails**: the engine or the loop does not reproduce a run, so seed pairing leaves noise "
+                      "in every gap; the intervals still hold, the power is lower)"))
+    return ctl
+
+
+def answer_line(first: str, bench, contrasts, bullets: list[str]) -> str:
+    """`CostResult.answer`'s text: the contrast a follow-up run exists for, the tolerable k3 of arm `first` per kind
+    (`bench`: the benchmark rows of the first PPO regime at the study's horizon), then the dose-by-dose verdicts of
+    that arm (all arms' when it has none)."""
+    parts = []
+    if len(contrasts) and "contrast" in contrasts:
+        for r in contrasts[contrasts["contrast"] == "one-sided vs symmetric"].itertuples():
+            parts.append(f"One-sided ({r.label}) vs symmetric ratio error at matched k3, `{r.arm}`: "
+                         + (f"{'worse' if r.diff < 0 else 'better'} by {r.diff:+.3f} (Holm p {r.p_holm:.2g})."
+                            if r.verdict == "differs" else f"no difference shown ({r.diff:+.3f}, MDE {r.mde:.3f})."))
+    if len(bench) and "status" in bench:
+        rows = bench[bench["arm"] == first]
+        said = {BMD_BOUNDED: lambda r: f"{r.kind} < {r.bmdl:.1e}",
+                BMD_BELOW: lambda r: f"{r.kind} below the smallest dose ({r.k3_min:.1e})",
+                BMD_NOT_BOUNDED: lambda r: f"{r.kind} no bound up to {r.k3_max:.1e}"}
+        keep = [said[r.status](r) for r in rows.itertuples() if r.status in said]
+        if keep:
+            parts.append(f"Tolerable k3 for `{first}` (BMDL): " + "; ".join(keep) + ".")
+    parts += [b for b in bullets if f"`{first}`" in b] or bullets
+    return " ".join(parts)
+
+
+def conclusion(metrics: dict, table, regimes, first: int, p, bench, con, hz, *, words: dict[str, str], answer_rows,
+               doses, dosed, kinds: dict[str, str]) -> str:
+    """Notebook 08's conclusion. `table`: the rows of the first PPO regime (`first` updates per batch) at the study's
+    horizon; `regimes`: every row; `answer_rows`: the rows the dose-by-dose answer reads; `doses`: the first arm's
+    rows with each ratio dose's noise `sigma` and whether it was `achieved`; `words`: the tested `outcome`, the
+    `timing` note, the `heldout` and `probe` problem sets, in words; `dosed` and `kinds`: the kinds of dose, in order,
+    and what each is."""
+    temps = sorted(set(table["temperature"]))
+    lines = [f"**Setup.** Base engine `{p.engines[0]}` ({p.dtype}), {p.steps} steps × {p.prompts_per_step} prompts × "
+             f"{p.group_size} completions, T={p.temperature:g}"
+             + (f" (points also at T = {', '.join(f'{t:g}' for t in temps if t != p.temperature)})"
+                if len(temps) > 1 else "")
+             + f", lr={p.lr:g}, {p.num_seeds} seeds paired across every arm and dose (same initial weights, prompts, "
+             f"sampling seeds and noise). Cost = {words['outcome']} minus the same arm's "
+             f"clean run at the same temperature, seed by seed, with a 95% t interval; a cost is a t test of that gap "
+             f"(the outcome's rounding step in its variance), Holm-corrected in **one family** of "
+             f"{family_text(metrics)} (controls apart, tested alone); MDE = the smallest cost these seeds detect "
+             f"with 80% power at α/m, the family's strictest level (noncentral t). "
+             f"{words['timing']}"]
+    lines += floor_lines(metrics)
+    lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
+                 + "\n".join(dose_answer_lines(metrics, answer_rows, dosed, p.arm_labels)))
+    if bench is not None and len(bench):
+        lines.append(f"**Tolerable mismatch** (benchmark dose: per kind and arm, a line in log k3 fitted to the "
+                     f"paired gaps of every dose, seed by seed; BMR = {p.bmr_fraction:.0%} of the arm's clean gain "
+                     f"in the tested outcome, its trained policy's minus the initial policy's; the BMDL is the "
+                     f"lower 95% bound of the k3 where the cost reaches it, a Fieller-type inversion, inside the "
+                     f"tested doses only; trend p's are Holm-adjusted in the study's one family):\n"
+                     + "\n".join(benchmark_line(r, p.bmr_fraction) for r in bench.itertuples()))
+    plc = placebo_line(metrics)
+    if plc:
+        lines.append(plc)
+    reg = regime_line(regimes, first) if "updates" in regimes else ""
+    if reg:
+        lines.append(reg)
+    if con is not None and len(con):
+        lines.append("**Contrasts** (each a per-seed difference of two rows' gaps, 95% t interval, Holm p in the "
+                     "study's one family; corrections against the uncorrected decoupled arm `none@trainer`, not "
+                     "against bypass; `regime`: the bypass-vs-decoupled contrast under several updates per batch "
+                     "minus under one, seed by seed):\n" + "\n".join(contrast_lines(con)))
+    if hz is not None and len(hz):
+        lines.append(f"**Horizon** ({p.long_steps} steps; the training reward's gap to the long clean run per block "
+                     f"of {p.steps} steps, 95% interval over seeds; change = last block minus first, paired t test, "
+                     f"Holm p in the study's one family):\n" + "\n".join(horizon_lines(hz, metrics)))
+    pts = engine_point_lines(table)
+    if pts:
+        lines.append("**Real engines on the same axes** (paired to the clean run at their temperature):\n"
+                     + "\n".join(pts))
+    ctl = dose_control_lines(metrics, table, p.arm_labels)
+    if ctl:
+        lines.append("**Controls.** " + "; ".join(ctl) + ".")
+    lines.append("**Doses achieved** (mean k3 per token over steps and seeds, first arm). " + doses_text(doses, kinds))
+    lines.append(f"Each gap above is the tested outcome ({words['outcome']}); after it, the trained "
+                 f"policy's own greedy accuracy on {words['heldout']} (no engine in "
+                 f"between). The final training reward (what the run's engine sampled: under a distribution dose not "
+                 f"the trained policy's) is the secondary outcome, `train_gap` in the table" + lag_text(table) + ".")
+    lines.append("`kl_to_clean`: mean KL per token from the clean twin's trained policy (same arm and seed, dose 0) to "
+                 f"this run's, on a fixed probe of {words['probe']} with their correct "
+                 "answers: what a dose did to the policy whether or not reward shows it.")
+    return "\n\n".join(lines)
+
+
+def family_text(metrics: dict) -> str:
+    """The study's one Holm family in words: how many tests of each part."""
+    if "family/tests" not in metrics:
+        return "every dosed row that is not a control (placebo rows included)"
+    parts = [(metrics.get(f"family/{k}", 0), w) for k, w in (("rows", "dosed rows and points (placebo rows "
+                                                                       "included)"), ("trends", "trend tests"),
+                                                              ("contrasts", "contrasts"), ("horizon", "horizon tests"))]
+    return f"{int(metrics['family/tests'])} tests: " + ", ".join(f"{int(n)} {w}" for n, w in parts if n)
+
+
+def outcome_text(outcome: str, p, heldout: str, final_frac: float) -> str:
+    """The tested outcome in words (`heldout`: the held-out problems in words; `final_frac`: the share of the last
+    steps the final training reward averages)."""
+    if outcome == "policy_reward":
+        return (f"the trained policy's reward on {heldout}, "
+                f"{p.policy_samples} sample{'s' if p.policy_samples != 1 else ''} each at T={p.temperature:g} from "
+                f"the clean base engine `{p.engines[0]}` ({p.dtype}) holding the trained weights unperturbed, for "
+                f"every row, engine points and other temperatures included (no dose between the policy and its "
+                f"reward)")
+    return f"the final training reward (last {final_frac:.0%} of steps)"
+
+
+def lag_text(table) -> str:
+    """The bias a stale engine's lag alone puts into the training reward: k x the clean run's late reward slope."""
+    st = table[(table["kind"] == "stale") & table["lag_bias"].notna()] if "lag_bias" in table else table.iloc[:0]
+    if st.empty:
+        return ""
+    return ("; on stale rows it is biased by the lag alone (k × the clean run's late reward slope per step): "
+            + ", ".join(f"{r.label} `{r.arm}` {r.lag_bias:+.3f} (training-reward gap {r.train_gap:+.3f})"
+                        for r in st.itertuples()))
+
+
+def doses_text(first, kinds: dict[str, str]) -> str:
+    """The doses as intended and as measured (`first`: the first arm's rows, each ratio dose with its noise's
+    `sigma` and whether it was `achieved`; `kinds`: what each kind of dose is)."""
+    parts = []
+    ratio = first[first["kind"] == "ratio"]
+    if len(ratio):
+        parts.append("Ratio mismatch (zero-mean Gaussian noise of std sqrt(2 ln(1 + k3)) on the reported logprobs; "
+                     "intended → measured k3, and the measured mean log r, which symmetric noise keeps near 0): "
+                     + ", ".join(f"{metric('k3', r.k3_intended, '.0e')} → {metric('k3', r.k3_achieved, '.2e')} "
+                                 f"(σ {r.sigma:.3f}, mean log r {-r.k1_achieved:+.3f})"
+                                 for r in ratio.itertuples()) + ".")
+        off = [r for r in ratio.itertuples() if not r.achieved]
+        if off:
+            parts.append("**Warning: dose not achieved** (measured k3 outside [0.5, 2] × intended): "
+                         + ", ".join(f"{r.label} {r.k3_achieved:.2e} for {r.k3_intended:.0e}" for r in off)
+                         + ". The dose path is wrong, not the engine.")
+    for kind, what in (("weights", "weight noise {:g} × rms"), ("stale", "{:g} update(s) behind")):
+        d = first[first["kind"] == kind]
+        if len(d):
+            parts.append(f"{kinds[kind][0].upper()}{kinds[kind][1:]}: " + ", ".join(
+                f"{what.format(r.dose)} → k3 {metric('k3', r.k3_achieved, '.2e')}" for r in d.itertuples()) + ".")
+    return " ".join(parts) or "No doses in this run."

@@ -10,7 +10,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rlwb.experiments.wording import RACE_VERDICTS, floor_lines, race_verdict_line
+from rlwb.experiments.wording import floor_lines
+
+RACE_VERDICTS = ("recovers", "falls short", "above baseline", "inconclusive")
+
+
+def race_verdict_line(level) -> str:
+    """Notebook 07's rows of one level grouped by verdict (`recovers: ...; falls short: ...`), each correction with
+    its paired gap, interval and MDE (and, where it falls short, what it removes); "" when no row has a verdict."""
+    parts = []
+    for v in RACE_VERDICTS:
+        g = level[level["verdict"] == v]
+        if len(g):
+            parts.append(f"{v}: " + ", ".join(
+                f"`{r.correction}` ({r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}], MDE {r.mde:.3f}"
+                + (f"; removes {r.masked_frac:.0%} of tokens, ESS {r.ess:.2f}" if v == "falls short" else "")
+                + ")" for r in g.itertuples()))
+    return "; ".join(parts) + "." if parts else ""
 
 
 def finding(rank: pd.DataFrame, levels: list[str], margin: float) -> str:

@@ -1,0 +1,294 @@
+"""Notebook 08's analysis, per run and per row: each run's outcomes (`per_seed`), its paired gaps to its clean twin
+(`seed_gaps`), one row per dose row and arm with its interval, test and verdict (`dose_table`), the controls, and
+the metrics of the rows (`dose_metrics`). Pure pandas on the curves: an archived run's analysis is redone from its
+data/curves.parquet alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from rlwb.core.measure import stats
+from rlwb.experiments.grpo_grid import FINAL_FRAC, edge_steps, floor_breaches, reward_gain
+from rlwb.experiments.mismatch_study.design import DOSED, HELDOUT_PROBLEMS, HELDOUT_SEED, LONG, held_out
+
+KEYS = ["kind", "label", "dose", "temperature", "updates", "horizon", "arm", "seed"]
+
+
+def with_defaults(curves: pd.DataFrame) -> pd.DataFrame:
+    """Curves archived before the PPO regimes and the policy outcome existed: one update per batch, no policy
+    reward (the training reward is then the tested outcome)."""
+    if "updates" not in curves:
+        curves = curves.assign(updates=1)
+    if "policy_reward" not in curves:
+        curves = curves.assign(policy_reward=np.nan)
+    # each run's horizon (its step count): a long-horizon row pairs with the clean run of its own length
+    return curves.assign(horizon=curves.groupby(["label", "arm", "seed"])["step"].transform("max") + 1)
+
+
+def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per run: final reward (last FINAL_FRAC of steps), area under the reward curve (mean reward over all steps),
+    final entropy, mean gradient norm, clip fraction, engine-trainer k3, the trained policy's own greedy
+    accuracy and its reward sampled with no dose in between (`policy_reward`)."""
+    curves = with_defaults(curves)
+    # each horizon's own last steps (a long-horizon row's final window is its own, not the short runs')
+    final = pd.concat([curves[(curves["horizon"] == h) & curves["step"].isin(edge_steps(range(int(h)), FINAL_FRAC))]
+                       for h in curves["horizon"].unique()])
+    g = curves.groupby(KEYS, sort=False, dropna=False)
+    out = pd.DataFrame({"auc": g["reward_mean"].mean(), "grad_norm": g["grad_norm"].mean(),
+                        "clip_frac": g["clip_frac"].mean(), "k3": g["mismatch_k3"].mean(),
+                        "k1": g["mismatch_k1"].mean() if "mismatch_k1" in curves else np.nan,
+                        "raw_logprobs": g["raw_logprobs"].first(),
+                        # runs archived before the held-out score have no such column: they recompute without it
+                        "heldout_acc": g["heldout_greedy_acc"].first() if "heldout_greedy_acc" in curves else np.nan,
+                        "policy_reward": g["policy_reward"].first(),
+                        "kl_to_clean": g["kl_to_clean"].first() if "kl_to_clean" in curves else np.nan})
+    fin = final.groupby(KEYS, sort=False, dropna=False)
+    out["reward_final"] = fin["reward_mean"].mean()
+    out["entropy"] = fin["entropy"].mean()
+    return out.reset_index()
+
+
+def control_of(kind: str, arm: str, temperature: float, raw: bool) -> str:
+    """Which null control a row is ("" if none): `ratio-blind` (the update never reads the reported logprobs:
+    `none@trainer` under ratio doses), `T=1` (an engine reporting raw logprobs at T = 1, where raw = processed)."""
+    if kind == "ratio" and arm == "none@trainer":
+        return "ratio-blind"
+    if kind == "engine" and raw and temperature == 1.0:
+        return "T=1"
+    return ""
+
+
+def panel_of(kind: str, raw: bool) -> str:
+    """The dose-response panel a row belongs to: its kind; a real engine joins `ratio` when it reports raw logprobs
+    (it samples right, reports wrong) and `weights` (distribution mismatch) otherwise."""
+    return kind if kind != "engine" else "ratio" if raw else "weights"
+
+
+def outcome_of(s: pd.DataFrame) -> str:
+    """The tested outcome: the trained policy's reward sampled with no dose in between (`policy_reward`) where every
+    run has one, else the final training reward (runs with `policy_samples` 0, or archived before it existed)."""
+    return "policy_reward" if s["policy_reward"].notna().all() else "reward_final"
+
+
+def late_slope(curves: pd.DataFrame) -> float:
+    """The clean runs' reward slope per step over the second half of their steps (least squares on the mean over
+    seeds): what a stale engine's lag of k updates alone takes off the training reward (k x this), since the
+    engine's reward is that of weights k steps back."""
+    c = curves.groupby("step")["reward_mean"].mean()
+    c = c[c.index >= c.index.max() / 2]
+    if len(c) < 2:
+        return float("nan")
+    return float(np.polyfit(c.index.to_numpy(dtype=float), c.to_numpy(), 1)[0])
+
+
+def outcome_resolution(p, outcome: str) -> float:
+    """The step of the tested outcome (`stats.paired_gap_test`'s `resolution`): the trained policy's reward is a mean
+    of held-out problems x `policy_samples` rewards of 0 or 1; the final training reward a mean over the last
+    FINAL_FRAC of steps of prompts x group rewards."""
+    if outcome == "policy_reward":
+        return 1.0 / (len(held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[0]) * max(1, p.policy_samples))
+    return 1.0 / (p.prompts_per_step * p.group_size * len(edge_steps(range(p.steps), FINAL_FRAC)))
+
+
+def seed_gaps(s: pd.DataFrame) -> pd.DataFrame:
+    """Per run that is not a clean run: its outcomes minus its clean twin's (same temperature, PPO regime, arm and
+    seed): `gap` (the tested outcome, `outcome_of`), `train_gap` (final training reward) and `heldout_gap` (own
+    greedy accuracy). One row per (label, arm, seed)."""
+    outcome = outcome_of(s)
+    on = ["temperature", "updates", "horizon", "arm", "seed"]
+    cols = list(dict.fromkeys([outcome, "reward_final", "heldout_acc"]))
+    clean = s.loc[s["kind"] == "clean", on + cols].rename(columns={c: c + "_clean" for c in cols})
+    d = s[s["kind"] != "clean"].merge(clean, on=on, how="left")
+    return d.assign(gap=d[outcome] - d[outcome + "_clean"], train_gap=d["reward_final"] - d["reward_final_clean"],
+                    heldout_gap=d["heldout_acc"] - d["heldout_acc_clean"])
+
+
+def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
+    """One row per (label, arm): the dose as intended and as achieved (mean k3 per token over steps and seeds), the
+    outcomes, and each outcome's gap to the same arm's clean run at the same temperature and PPO regime, paired by
+    seed (95% t interval), with the smallest gap the seeds could detect (`mde`: 80% power at the Holm family's
+    strictest level, noncentral t). `outcome` names the tested one (`outcome_of`: the trained policy's reward with
+    no dose in between; the training reward's gap is `train_gap`, secondary, and for stale rows `lag_bias` is what
+    the lag alone takes off it). verdict: a t test of gap = 0 per dosed row, Holm-corrected over every dosed row
+    that is not a control, the placebo rows included (the clean run again on independent sampling: a "costs" or
+    "gains" there is a false positive): "costs" / "gains" where it rejects, "no cost shown" where it does not (read
+    the MDE beside it). Controls (`control_of`) are tested alone, unadjusted (the stricter test for a null): "null
+    (passes)" / "**fails**"."""
+    curves = with_defaults(curves)
+    s = per_seed(curves)
+    if kl:  # KL values by job (runs archived before `kl_to_clean` was a column of the curves)
+        by_run = {(j.label, j.arm, j.seed): v for j, v in kl.items()}
+        s["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(s["label"], s["arm"], s["seed"])]
+    outcome = outcome_of(s)
+    q = outcome_resolution(p, outcome)
+    gaps = seed_gaps(s)
+    slope = {k: late_slope(d) for k, d in
+             curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "horizon", "arm"])}
+    rows = []
+    for (label, arm), d in s.groupby(["label", "arm"], sort=False):
+        kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
+            d["raw_logprobs"].iloc[0])
+        updates, horizon = int(d["updates"].iloc[0]), int(d["horizon"].iloc[0])
+        d = d.set_index("seed")
+        row = {"kind": kind, "label": label, "dose": dose, "temperature": temp, "updates": updates,
+               "horizon": horizon, "arm": arm,
+               "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
+               "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
+               "k3_intended": dose if kind == "ratio" else float("nan"),
+               "k3_achieved": float(d["k3"].mean()), "k1_achieved": float(d["k1"].mean()),
+               "reward_final": float(d["reward_final"].mean()), "policy_reward": float(d["policy_reward"].mean()),
+               "auc": float(d["auc"].mean()), "entropy": float(d["entropy"].mean()),
+               "grad_norm": float(d["grad_norm"].mean()), "clip_frac": float(d["clip_frac"].mean()),
+               "kl_to_clean": float(d["kl_to_clean"].mean()), "seeds": len(d),
+               "heldout_acc": float(d["heldout_acc"].mean())}
+        g = gaps[(gaps["label"] == label) & (gaps["arm"] == arm)]
+        for col in ("gap", "train_gap", "heldout_gap"):
+            v = g[col].dropna().to_numpy()
+            row[col] = float(v.mean()) if v.size else float("nan")
+            row[f"{col}_ci_low"], row[f"{col}_ci_high"] = stats.seed_ci(v)
+        gap = g["gap"].dropna().to_numpy()
+        row["lag_bias"] = (-dose * slope.get((temp, updates, horizon, arm), float("nan")) if kind == "stale"
+                           else float("nan"))
+        row["identical"] = identical_curves(curves, label, arm, temp, d.index, updates, horizon)
+        row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
+        row["q_eff"] = q  # the step of the tested outcome its test floors the spread with (`stats.floored_sd`)
+        row["mde"] = float("nan")  # set below, at the Holm family's level
+        base = s[(s["kind"] == "clean") & (s["temperature"] == temp) & (s["updates"] == updates)
+                 & (s["horizon"] == horizon) & (s["arm"] == arm)].set_index("seed")
+        for col in ("auc", "entropy", "grad_norm", "clip_frac"):
+            row[f"{col}_gap"] = float((d[col] - base[col]).mean()) if kind != "clean" else 0.0
+        row["p"] = stats.paired_gap_test(gap, margin=1.0, resolution=q).p_diff if kind != "clean" else float("nan")
+        rows.append(row)
+    t = pd.DataFrame(rows)
+    # rewards are multiples of 1/(completions x steps averaged): a difference's last bits are rounding, not signal
+    # (an identical pair of seeds reads -2.8e-17 otherwise)
+    cols = [c for c in t.columns if c.endswith(("gap", "_ci_low", "_ci_high")) and c != "identical"]
+    t[cols] = t[cols].round(12)
+    t["p_holm"], t["verdict"] = np.nan, np.where(t["kind"].isin(["clean", "rerun"]), t["kind"], "n/a")
+    tested = ~t["kind"].isin(["clean", "rerun"]) & t["p"].notna()
+    family, ctl = tested & (t["control"] == ""), tested & (t["control"] != "")
+    m = int(family.sum())
+    if m:  # every dosed row that is not a control is a test: Holm over all of them, the MDE at the strictest level
+        t.loc[family, "p_holm"] = stats.holm(t.loc[family, "p"])
+        t.loc[family, "mde"] = mdes(t.loc[family], "gap_sd", stats.ALPHA / m)
+        t.loc[family, "verdict"] = ["costs" if ph < stats.ALPHA and g < 0 else "gains" if ph < stats.ALPHA
+                                    else "no cost shown" for ph, g in zip(t.loc[family, "p_holm"],
+                                                                          t.loc[family, "gap"])]
+    if ctl.any():
+        t.loc[ctl, "mde"] = mdes(t.loc[ctl], "gap_sd", stats.ALPHA)
+        t.loc[ctl, "verdict"] = ["null (passes)" if control_passes(r) else "fails" for r in t[ctl].itertuples()]
+    return t
+
+
+def control_passes(r) -> bool:
+    """A `ratio-blind` control must train bitwise as its clean twin (the reported logprobs cannot reach it); a
+    `T=1` control must show no cost at the unadjusted level (its gap's 95% interval holds 0)."""
+    if r.control == "ratio-blind":
+        return bool(r.identical) and r.kl_to_clean == 0
+    return bool(r.gap_ci_low <= 0 <= r.gap_ci_high) if np.isfinite(r.gap_ci_low) else r.gap == 0
+
+
+def identical_curves(curves: pd.DataFrame, label: str, arm: str, temperature: float, seeds, updates: int = 1,
+                     horizon: int | None = None) -> bool:
+    """Does every seed of (label, arm) have bitwise its clean twin's whole reward curve?"""
+    curves = with_defaults(curves)
+    cur = curves[(curves["label"] == label) & (curves["arm"] == arm)]
+    horizon = int(cur["horizon"].max()) if horizon is None and len(cur) else horizon
+    twin = curves[(curves["kind"] == "clean") & (curves["arm"] == arm) & (curves["temperature"] == temperature)
+                  & (curves["updates"] == updates) & (curves["horizon"] == horizon) & curves["seed"].isin(list(seeds))]
+    a, b = (c.sort_values(["seed", "step"])["reward_mean"].to_numpy() for c in (cur, twin))
+    return bool(len(a) == len(b) and len(a) and (a == b).all())
+
+
+def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
+    """`<label>/<arm>/<outcome>` for every row (`clean/<arm>/...` for the clean runs), the clean arms' learning
+    (`clean/<arm>/reward_gain` with its interval: last minus first 10% of steps, paired by seed; `outcome_gain`, the
+    same in the tested outcome, `outcome_gain`), per dosed kind
+    and arm the gap at its largest dose (`max_dose_gap`; the tolerable k3 is the benchmark dose's, `benchmark_table`),
+    and the controls (`control/...`: 1 passes, 0 fails)."""
+    out = {}
+    outcome = table["outcome"].iloc[0] if "outcome" in table and len(table) else "reward_final"
+    for r in table.itertuples():
+        for col in ("k3_achieved", "reward_final", "auc", "gap", "gap_ci_low", "gap_ci_high", "mde", "entropy_gap",
+                    "clip_frac", "grad_norm_gap", "kl_to_clean", "heldout_acc", "heldout_gap", "heldout_gap_ci_low",
+                    "heldout_gap_ci_high"):
+            out[f"{r.label}/{r.arm}/{col}"] = float(getattr(r, col))
+        out[f"{r.label}/{r.arm}/identical_to_clean"] = float(r.identical)
+        if r.control:
+            out[f"control/{r.label}/{r.arm}"] = float(r.verdict == "null (passes)")
+    for (label, arm), d in curves[curves["kind"] == "clean"].groupby(["label", "arm"], sort=False):
+        first, last = reward_gain(d)
+        gain = (last - first).to_numpy()
+        out[f"{label}/{arm}/reward_gain"] = float(gain.mean())
+        out[f"{label}/{arm}/reward_gain_ci_low"], out[f"{label}/{arm}/reward_gain_ci_high"] = stats.seed_ci(gain)
+        og = outcome_gain(d, outcome)
+        out[f"{label}/{arm}/outcome_gain"] = float(og.mean()) if og.size else float("nan")
+        out[f"{label}/{arm}/outcome_gain_ci_low"], out[f"{label}/{arm}/outcome_gain_ci_high"] = stats.seed_ci(og)
+    for (kind, arm), d in table[table["kind"].isin(DOSED) & ~table["label"].str.contains("+ppo", regex=False)
+                                & ~table["label"].str.endswith(LONG)].groupby(["kind", "arm"], sort=False):
+        d = d.sort_values("dose")
+        out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
+    out.update(rejection_metrics(curves))
+    placebo = table[table["kind"] == "placebo"]
+    if len(placebo):  # the clean run again on independent sampling: every rejection is a false positive
+        out["placebo/rows"] = float(len(placebo))
+        out["placebo/false_positive_rate"] = float((placebo["p"] < stats.ALPHA).mean())
+        out["placebo/false_positive_rate_holm"] = float((placebo["p_holm"] < stats.ALPHA).mean())
+    rerun = table[table["kind"] == "rerun"]
+    if len(rerun):
+        out["control/rerun/identical"] = float(rerun["identical"].iloc[0])
+    out.update(floor_breaches(curves[curves["kind"].isin(["clean", "rerun"])]))  # the doses leave it on purpose
+    return out
+
+
+INITIAL = {"policy_reward": "initial_policy_reward", "heldout_acc": "initial_heldout_greedy_acc"}
+
+
+def outcome_gain(clean: pd.DataFrame, outcome: str) -> np.ndarray:
+    """One clean configuration's gain in the tested outcome, per seed: its trained policy's outcome minus the initial
+    policy's, scored the same way (`initial_outcomes`; one value for the study). The benchmark response is a fraction
+    of it, so the BMR and the gaps it is compared with are in the same outcome. For the training reward (runs
+    with `policy_samples` 0, or archived before the policy outcome) the training reward's gain, last minus first
+    GAIN_FRAC of steps; for a policy outcome without the initial policy's (archived before it was measured),
+    empty: no benchmark response, said so."""
+    if outcome == "reward_final":
+        first, last = reward_gain(clean)
+        return (last - first).to_numpy()
+    col = INITIAL["policy_reward"]
+    if col not in clean or clean[col].isna().all():
+        return np.array([])
+    per = clean.groupby("seed")[["policy_reward", col]].first()
+    return (per["policy_reward"] - per[col]).to_numpy()
+
+
+def rejection_metrics(curves: pd.DataFrame) -> dict[str, float]:
+    """Per run label and arm of a sequence-rejecting correction (Geo-RS: `geo_rs` in its name), grouped under the
+    `geo_rs/` prefix: the surviving sequences per step (mean, min over steps and seeds), the steps with none (the
+    update then moves on momentum only), the fraction of tokens masked, and the mean completion length the finding
+    is scoped to (Geo-RS's geometric-mean band is tighter on short completions than on long ones)."""
+    out = {}
+    if "kept_seqs" not in curves:
+        return out
+    rej = curves[curves["arm"].str.contains("geo_rs")]
+    for (label, arm), d in rej.groupby(["label", "arm"], sort=False):
+        k = f"geo_rs/{label}/{arm}"
+        out.update({f"{k}/survivors_mean": float(d["kept_seqs"].mean()), f"{k}/survivors_min": float(
+            d["kept_seqs"].min()), f"{k}/zero_survivor_steps": float((d["kept_seqs"] == 0).sum()),
+                    f"{k}/masked_frac": float(d["masked_frac"].mean()),
+                    f"{k}/completion_tokens": float(d["completion_tokens"].mean())})
+    return out
+
+
+def mdes(t: pd.DataFrame, sd: str, level: float) -> list[float]:
+    """Each row's MDE at `level` for the test its p comes from: its seeds' spread (column `sd`) floored by its
+    outcome's step (`q_eff`, `stats.floored_sd`), so a row whose seeds tie reads the MDE of that test, not 0."""
+    q = t["q_eff"] if "q_eff" in t else pd.Series(0.0, index=t.index)
+    return [stats.minimal_detectable_gap(stats.floored_sd(s, qe), n, level)
+            for s, qe, n in zip(t[sd], q, t["seeds"])]
+
+
+def dose_achieved(r) -> bool:
+    """An intended ratio dose is achieved when the measured k3 is within a factor 2 of it (the noise is drawn per
+    token, so over a run's thousands of tokens the mean sits far closer; a factor 2 is a broken dose path)."""
+    return bool(0.5 <= r.k3_achieved / r.k3_intended <= 2.0)

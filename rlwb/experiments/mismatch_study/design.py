@@ -1,0 +1,161 @@
+"""Notebook 08's study design: which GRPO runs the study trains (`training_runs`, from the params' grammar of arms,
+dose rows, engine points, PPO regimes and long-horizon rows), what each is called in tables and metric keys, the
+GRPO settings each runs with (`config`), and the fixed problem sets every trained policy is scored and probed on.
+Nothing here trains or measures: `execution` runs these, `analysis` and `comparisons` read their curves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from rlwb.core.data import tasks
+from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
+
+DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
+
+
+KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
+         "weights": "distribution mismatch (engine samples with perturbed weights)",
+         "stale": "distribution mismatch (engine samples with weights some updates behind)",
+         "engine": "a real engine setting (notebooks 01/06), placed on the axes by its measured k3"}
+
+
+DOSE_UNIT = {"ratio": "intended k3", "weights": "relative weight noise", "stale": "updates behind"}
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """One GRPO run of the study: which mismatch (`kind` and `dose`, or a real engine `point`), which arm, which
+    seed, on which engine and at which temperature. Its clean twin is the clean run of the same arm and seed at the same
+    temperature."""
+
+    kind: str  # clean | ratio | weights | stale | engine | placebo | rerun
+    dose: float  # intended k3 (ratio), relative weight noise (weights), updates behind (stale); 0 clean; NaN engine
+    arm: str
+    seed: int
+    engine: str
+    temperature: float
+    label: str  # the row's name in tables and metric keys: clean, clean@T0.5, ratio@0.01, vllm-v1@T0.5, rerun,
+    # placebo, and in a further PPO regime the label + `+ppo<updates>` (clean+ppo4, ratio@1+ppo4)
+    updates: int = 1  # policy updates per rollout batch (the PPO regime)
+    stream: int = 0  # sampling-seed stream: 0, or 1 for a placebo (the clean run with independent sampling)
+    steps: int = 0  # the run's GRPO steps: 0 the study's `steps`, else `long_steps` (label + `+long`)
+
+    @property
+    def twin(self) -> tuple[float, int, int, str, int]:
+        return self.temperature, self.updates, self.steps, self.arm, self.seed
+
+    @property
+    def name(self) -> str:
+        """What its files in the job store are named by (`job_store.job_key`: with a hash of every field)."""
+        return f"{self.label}.{self.arm}.s{self.seed}"
+
+
+def training_runs(p) -> list[TrainingRun]:
+    """Every run: each arm clean (dose 0) at the notebook's temperature (and at every other temperature a point
+    uses, the arms of the points there), at every dose of each kind, each point engine with `point_arms`, the
+    placebo arms' clean runs again on an independent sampling-seed stream (same prompts), and the first clean run
+    again (the reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); a row named in
+    `row_arms` trains only the arms listed there. Each further regime trains `regime_arms` (every arm if empty)
+    clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed runs find their twins' policies
+    ready."""
+    base, T = p.engines[0], p.temperature
+    u0, further = p.updates_per_batch[0], p.updates_per_batch[1:]
+    doses = [(kind, float(d), f"{kind}@{d:g}") for kind, values in (("ratio", p.ratio_k3),
+                                                                  ("weights", p.weight_noise),
+                                                                  ("stale", p.stale_steps)) for d in values]
+    points = [(e, t, p.arms_of(entry, p.point_arm_labels)) for entry, (e, t) in zip(p.engine_points, p.points)]
+    out = [TrainingRun("clean", 0.0, a, s, base, T, "clean", u0) for a in p.arm_labels for s in p.seeds]
+    for t in dict.fromkeys(t for _, t, _ in points if t != T):  # the points' own temperatures: their arms only
+        used = {a for _, pt, arms in points if pt == t for a in arms}
+        out += [TrainingRun("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in p.arm_labels if a in used
+                for s in p.seeds]
+    regime_arms = [a for a in p.arm_labels if not p.regime_arms or a in {p._label(r) for r in p.regime_arms}]
+    out += [TrainingRun("clean", 0.0, a, s, base, T, "clean" + regime_suffix(u, u0), u) for u in further
+            for a in regime_arms for s in p.seeds]
+    out += [TrainingRun(kind, d, a, s, base, T, label, u0) for kind, d, label in doses
+            for a in p.arms_of(label, p.arm_labels) for s in p.seeds]
+    out += [TrainingRun(kind, d, a, s, base, T, label + regime_suffix(u, u0), u) for u in further
+            for kind, d, label in doses if not p.regime_doses or label in p.regime_doses
+            for a in regime_arms for s in p.seeds]
+    out += [TrainingRun("engine", float("nan"), a, s, e, t, point_label(e, t, T), u0) for e, t, arms in points
+            for a in arms for s in p.seeds]
+    out += [TrainingRun("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in p.placebo_arm_labels
+            for s in p.seeds]
+    if p.long_steps:  # the long horizon: its own clean twins, first regime only
+        long_arms = [a for a in p.arm_labels if not p.long_arms or a in {p._label(r) for r in p.long_arms}]
+        out[:0] = [TrainingRun("clean", 0.0, a, s, base, T, "clean" + LONG, u0, steps=p.long_steps) for a in long_arms
+                   for s in p.seeds]
+        out += [TrainingRun(kind, d, a, s, base, T, label + LONG, u0, steps=p.long_steps) for kind, d, label in doses
+                if label in p.long_doses for a in long_arms for s in p.seeds]
+    first = next(j for j in out if j.steps == 0)
+    return out + [replace(first, kind="rerun", label="rerun")]
+
+
+LONG = "+long"  # what a long-horizon row's label gains
+
+
+def first_regime(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the first PPO regime at the study's horizon: the dose-by-dose answer reads these, so that a
+    `+ppo<k>` or `+long` row of the same dose never stands in for the largest dose."""
+    label = table["label"].astype(str)
+    return table[~label.str.contains("+ppo", regex=False) & ~label.str.contains(LONG, regex=False)]
+
+
+def regime_suffix(updates: int, first: int) -> str:
+    """What a row's label gains in a further PPO regime: `+ppo<updates>` (none in the first regime)."""
+    return "" if updates == first else f"+ppo{updates}"
+
+
+def clean_label(t: float, base_t: float) -> str:
+    return "clean" if t == base_t else f"clean@T{t:g}"
+
+
+def point_label(engine: str, t: float, base_t: float) -> str:
+    return engine if t == base_t else f"{engine}@T{t:g}"
+
+
+def kind_label(kind: str, updates: int, first: int) -> str:
+    """A (kind, PPO regime)'s name in metric keys: `ratio`, or `ratio+ppo4` in a further regime."""
+    return kind + regime_suffix(updates, first)
+
+
+def config(p, job: TrainingRun) -> GRPOConfig:
+    corr, _, mode = job.arm.partition("@")
+    dose = {job.kind: job.dose}
+    cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, logprob_noise_k3=dose.get("ratio", 0.0),
+                                   engine_weight_noise=dose.get("weights", 0.0),
+                                   engine_lag=int(dose.get("stale", 0)))
+    return replace(cfg, old_logprobs=mode, temperature=job.temperature, updates_per_batch=job.updates,
+                   sampling_stream=job.stream, steps=job.steps or p.steps)
+
+
+PROBE_SEED, PROBE_PROBLEMS = 999_983, 32
+
+
+# the trained policy's own greedy accuracy, no engine in between (`trainer.greedy_rewards`): on distribution doses
+# the training reward is what the perturbed or stale engine sampled, not what the run trained
+HELDOUT_SEED, HELDOUT_PROBLEMS = 999_979, 128
+
+
+def trained_problems(p) -> set[tuple[int, int]]:
+    """Every (a, b) some run of this study trains on: each seed's fresh problems per step (`step_problem_seed`),
+    known before any run starts."""
+    return {(q.a, q.b) for s in p.seeds for step in range(max(p.steps, p.long_steps))
+            for q in tasks.make_problems(p.prompts_per_step, seed=step_problem_seed(s, step), max_digits=p.max_digits)}
+
+
+def held_out(p, n: int, seed: int) -> tuple[list[tasks.Problem], str]:
+    """Up to `n` distinct problems from the task's distribution that no run of the study trains on, and what they
+    are in words. A task too small to hold any out (1-digit sums: 100 problems, nearly all drawn in training)
+    gets its distinct problems instead, named as such: an accuracy on problems the runs trained on."""
+    trained = trained_problems(p)
+    pool = list(dict.fromkeys((q.a, q.b) for q in tasks.make_problems(50 * n, seed=seed, max_digits=p.max_digits)))
+    unseen = [ab for ab in pool if ab not in trained]
+    if len(unseen) >= n // 4:
+        unseen = unseen[:n]
+        return [tasks.Problem(a, b) for a, b in unseen], f"{len(unseen)} held-out problems (none trained on)"
+    return ([tasks.Problem(a, b) for a, b in pool[:n]],
+            f"{min(n, len(pool))} distinct problems of the task, not held out (it has {len(pool)}, and the runs train "
+            f"on {len(trained)} of them)")

@@ -1,0 +1,285 @@
+"""Notebook 08's study on real engines: every training run from the same initial weights (`train_study`), each
+kept in the run's job store the moment it finishes and, in a resumed run, taken over from the run it resumes
+(`reuse`); every trained policy scored by a clean engine (`CleanScorer`) and probed against its clean twin's
+(`TwinKL`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from rlwb.core.data import tokenizer
+from rlwb.core.rl.grpo import train
+from rlwb.core.scoring.trainer import completion_logprobs, greedy_rewards
+from rlwb.engines.worker import reports_raw_logprobs
+from rlwb.experiments.base import OnStart
+from rlwb.experiments.grpo_grid import one_phase, run_grid
+from rlwb.experiments.mismatch_study.design import (
+    HELDOUT_PROBLEMS,
+    HELDOUT_SEED,
+    PROBE_PROBLEMS,
+    PROBE_SEED,
+    TrainingRun,
+    config,
+    held_out,
+    training_runs,
+)
+
+
+def train_study(p, model_path, *, on_start: OnStart = None, progress: bool = True,
+                store=None) -> tuple[pd.DataFrame, int, int]:
+    """(curves, runs reused, runs in all): every training run from the same initial weights (`grpo_grid.run_grid`):
+    the base engine's first, then each point engine's. Every run's tested outcome is sampled by a clean engine
+    (`CleanScorer`); the curves hold every per-run number the analysis needs (`kl_to_clean` included).
+
+    With `store` (the run's job store, `archive.Run.jobs()`) each job is kept the moment it finishes, so an
+    interrupted study keeps its finished jobs; in a run that resumes one (`rlwb run --resume-from`) the store offers
+    that run's finished jobs, which are reused instead of trained again (`reuse`). Jobs are seeded and independent,
+    so a resumed study's curves are the uninterrupted study's, bar the wall-time columns."""
+    todo = training_runs(p)
+    engines = list(dict.fromkeys(j.engine for j in todo))
+    order = [j for e in engines for j in todo if j.engine == e]  # run_grid's order: engine by engine
+    kl, raw = TwinKL(todo, store), {}
+    start: dict[str, float] = {}  # the initial policy's outcomes, measured once (`initial_outcomes`)
+    done: dict[TrainingRun, pd.DataFrame] = {}
+    reused = reuse(store, todo, kl, start, done) if store is not None and store.resuming else []
+    if store is not None:
+        store.start(len(todo))
+    if on_start and reused:
+        for info in reused_engines(store, todo, done):
+            on_start(info)
+    codec = tokenizer.PromptCodec(model_path, p.chat_template)
+    probe = probe_batch(codec, p)
+    heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
+    scorer = CleanScorer(p.engines[0], model_path, p.dtype, on_start)
+    start_lock, done_lock = threading.Lock(), threading.Lock()
+    from rlwb.progress import progress_bar
+
+    bar = progress_bar(total=len(todo), initial=len(done), desc="jobs (reused: done)" if done else "jobs",
+                       disable=not progress)
+
+    def one_run(m, engine, job: TrainingRun, initial, should_stop) -> pd.DataFrame:
+        t0 = time.time()
+        with start_lock:
+            if not start and job.engine == scorer.preset:
+                start.update(initial_outcomes(m, engine, initial, codec, heldout, p))
+                if store is not None:
+                    store.put_shared("start", start)
+        df = train(m, engine, config(p, job), initial, progress=progress,
+                   desc=f"{job.label} {job.arm} seed {job.seed}", codec=codec, on_step=lambda _res: should_stop())
+        with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe
+            full = completion_logprobs(m, probe, p.temperature, full=True)["full"].float().cpu()
+        kl.add(job, full)
+        df["heldout_greedy_acc"] = float(greedy_rewards(m, codec, heldout, p.max_tokens).mean())
+        if p.policy_samples:
+            df["policy_reward"] = scorer.policy_reward(m, job, engine, codec, heldout, p)
+            df["outcome_engine"], df["outcome_temperature"] = scorer.preset, p.temperature
+        for i, (k, v) in enumerate((("kind", job.kind), ("label", job.label), ("dose", job.dose),
+                                    ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature),
+                                    ("updates", job.updates))):
+            df.insert(1 + i, k, v)
+        return df.assign(engine=job.engine, stream=job.stream, **start).assign(_wall_s=time.time() - t0)
+
+    def finished(job: TrainingRun, df: pd.DataFrame) -> pd.DataFrame:
+        wall = float(df.pop("_wall_s").iloc[0])
+        df = df.assign(raw_logprobs=raw[job.engine])
+        if store is not None:
+            df = store.save(job, df, wall)  # read back: a fresh job's frame is what a reused one's is
+        with done_lock:
+            done[job] = df
+            bar.update(1)
+        return df
+
+    def plan(w):
+        raw[w.preset.name] = reports_raw_logprobs(w.info())
+        return one_phase([j for j in todo if j.engine == w.preset.name and j not in done])
+
+    left = list(dict.fromkeys(j.engine for j in todo if j not in done))
+    try:
+        if left:
+            run_grid(p, model_path, left, plan, one_run, on_start=on_start, progress=progress, on_done=finished)
+    finally:
+        scorer.close()
+        bar.close()
+    curves = pd.concat([done[j] for j in order], ignore_index=True)
+    curves["raw_logprobs"] = curves["raw_logprobs"].astype(bool)
+    # each run's KL to its clean twin, known once both finished: a column of the curves, so `analyze` needs no more
+    by_run = {(j.label, j.arm, j.seed): v for j, v in kl.values.items()}
+    curves["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(curves["label"], curves["arm"],
+                                                                        curves["seed"])]
+    if store is not None:
+        store.finish(drop=("probe.pt",))  # every KL is in the curves now
+    return curves, len(reused), len(todo)
+
+
+def reused_engines(store, todo: list[TrainingRun], done: dict) -> list[dict]:
+    """The engines no job of this run needs (every job of theirs reused): their records in the run resumed from,
+    each tagged `from_run` (the run's record then says which were started here and which were not)."""
+    engines = dict.fromkeys(j.engine for j in todo)
+    return [info for e in engines if all(j in done for j in todo if j.engine == e) and (info := store.reused_engine(e))]
+
+
+def reuse(store, todo: list[TrainingRun], kl: TwinKL, start: dict, done: dict) -> list[TrainingRun]:
+    """Take over every job of `todo` the run resumed from finished (`store.offered`) and whose KL to its clean twin
+    can be had: its curve into `done`, its KL (or its probe, while the KL waits for its twin) into `kl`, the initial
+    policy's outcomes into `start`. A clean run's probe is what its twins' KLs need (a finished study dropped them:
+    such a clean run trains again). Returns the jobs reused."""
+    start.update(store.shared("start") or {})
+    reused = []
+    for job in sorted(todo, key=lambda j: j.kind != "clean"):  # clean first: their twins' KLs need them
+        have_kl, have_probe = store.offered(job, "kl.json"), store.offered(job, "probe.pt")
+        usable = have_probe if job.kind == "clean" else have_kl or have_probe
+        if not store.offered(job) or not usable or not start:
+            continue
+        done[job] = store.take(job)
+        if have_kl and job.kind != "clean":
+            kl.known(job, store.get_json(job, "kl.json")["kl_to_clean"])
+        else:
+            kl.add(job, store.get_tensor(job, "probe.pt"))
+        reused.append(job)
+    return reused
+
+
+POLICY_SEED = 999_961
+
+
+def initial_outcomes(model, engine, initial: dict, codec, problems, p) -> dict[str, float]:
+    """The tested outcomes of the *initial* policy, as every trained one is scored (`initial_policy_reward`: sampled
+    by the base engine at the study's T with the same fixed seed; `initial_heldout_greedy_acc`: greedy, no engine):
+    what a clean run's gain in the tested outcome is measured from (the benchmark response). `model` and `engine`
+    are a lane's trainer and base engine before its run; `train` reloads the initial weights into both after."""
+    model.load_state_dict(initial)
+    out = {"initial_heldout_greedy_acc": float(greedy_rewards(model, codec, problems, p.max_tokens).mean())}
+    if p.policy_samples:
+        out["initial_policy_reward"] = policy_reward(model, engine, codec, problems, p, p.temperature)
+    return out
+
+
+class CleanScorer:
+    """Where every run's tested outcome is sampled: the study's base preset (`engines[0]`, fp32 at `dtype`: the
+    trainer's distribution to the float floor) at the study's temperature, holding the trained weights
+    unperturbed, whatever engine and temperature the run trained with. A run on the base preset is scored by its
+    own engine (the same preset); an engine point's run by a base-preset engine of the scorer's own, started on
+    first use and shared by the lanes (a lock): a point is a way of *training*, and its trained policy is scored as
+    every other row's is, so each row's outcome is comparable with its clean run's (a bf16 point scored by its
+    bf16 engine, or V1 at T 1 scored at T 1, would mix the engine's sampling into the outcome)."""
+
+    def __init__(self, preset: str, model_path, dtype: str, on_start: OnStart = None):
+        self.preset, self._model, self._dtype, self._on_start = preset, model_path, dtype, on_start
+        self._own = None
+        self._lock = threading.Lock()
+
+    def policy_reward(self, model, job: TrainingRun, engine, codec, problems, p) -> float:
+        if job.engine == self.preset:
+            return policy_reward(model, engine, codec, problems, p, p.temperature)
+        with self._lock:
+            if self._own is None:
+                from rlwb.engines.worker import EngineWorker
+
+                self._own = EngineWorker(self.preset, self._model, dtype=self._dtype)
+                if self._on_start:  # run.json's record of it, beside the base engine's (the same preset)
+                    self._on_start({**self._own.info(), "preset": self.scorer_key, "role": "clean scorer"})
+            return policy_reward(model, self._own, codec, problems, p, p.temperature)
+
+    @property
+    def scorer_key(self) -> str:
+        return f"{self.preset}#clean-scorer"
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+
+
+def policy_reward(model, engine, codec, problems, p, temperature: float) -> float:
+    """The trained policy's mean task reward on `problems` (`p.policy_samples` completions each at `temperature`,
+    one fixed sampling seed for every run: paired), sampled by `engine` after the trained weights are loaded into
+    it unperturbed: no dose between the policy and its reward. Under a distribution dose the training reward is
+    what the perturbed or stale engine sampled; this is what the run trained. `CleanScorer` picks the engine (the
+    base preset) and the temperature (the study's) for every run."""
+    from rlwb.core.data import tasks as task_mod
+    from rlwb.engines.worker import Sampling
+
+    engine.update_weights({k: v.detach() for k, v in model.state_dict().items()})
+    engine.reset_prefix_cache()
+    prompts = [codec.encode_task(q) for q in problems for _ in range(p.policy_samples)]
+    comps = engine.generate(prompts, Sampling(temperature=temperature, max_tokens=p.max_tokens, seed=POLICY_SEED))
+    return float(np.mean([task_mod.reward(problems[i // p.policy_samples], codec.decode(c.token_ids))
+                          for i, c in enumerate(comps)]))
+
+
+class TwinKL:
+    """KL from each run's clean twin's trained policy to its own, on the probe, computed as soon as both exist.
+    Only clean policies still awaited by a run and runs still awaiting their twin are held (on a real vocabulary
+    each [tokens, V] tensor is tens of MB). Two lanes finish runs in their own threads, hence the lock. With a
+    job store each value is kept as soon as it is known, and each probe a later value needs (a clean run's; a
+    run's whose twin has not finished) until then, so a resumed study computes the same KLs."""
+
+    def __init__(self, todo: list[TrainingRun], store=None):
+        self.values: dict[TrainingRun, float] = {}
+        self._users = {}
+        for j in todo:
+            if j.kind != "clean":
+                self._users[j.twin] = self._users.get(j.twin, 0) + 1
+        self._clean: dict = {}
+        self._pending: dict[TrainingRun, torch.Tensor] = {}
+        self._lock = threading.Lock()
+        self._store = store
+
+    def add(self, job: TrainingRun, full: torch.Tensor) -> None:
+        with self._lock:
+            if job.kind == "clean":
+                self.values[job] = 0.0
+                if self._store is not None:
+                    self._store.put_tensor(job, "probe.pt", full)
+                    self._store.put_json(job, "kl.json", {"kl_to_clean": 0.0})
+                self._clean[job.twin] = full
+                for other in [o for o in self._pending if o.twin == job.twin]:
+                    self._use(other, self._pending.pop(other))
+                if not self._users.get(job.twin):  # no run left that needs it
+                    self._clean.pop(job.twin, None)
+            elif job.twin in self._clean:
+                self._use(job, full)
+            else:
+                self._pending[job] = full
+                if self._store is not None:
+                    self._store.put_tensor(job, "probe.pt", full)
+
+    def known(self, job: TrainingRun, value: float) -> None:
+        """A run whose KL a resumed study reuses (`reuse`): its twin's probe is one user less needed."""
+        with self._lock:
+            self.values[job] = value
+            self._users[job.twin] -= 1
+            if not self._users[job.twin]:
+                self._clean.pop(job.twin, None)
+
+    def _use(self, job: TrainingRun, full: torch.Tensor) -> None:
+        self.values[job] = kl_divergence(self._clean[job.twin], full)
+        if self._store is not None:
+            self._store.put_json(job, "kl.json", {"kl_to_clean": self.values[job]})
+            self._store.drop(job, "probe.pt")
+        self._users[job.twin] -= 1
+        if not self._users[job.twin]:
+            del self._clean[job.twin]
+
+
+def probe_batch(codec, p):
+    """A fixed probe: task prompts no run trains on (`held_out`), each followed by its correct answer
+    (teacher-forced), where the trained policies' distributions are compared (`kl_to_clean`)."""
+    from rlwb.core.scoring.trainer import make_batch
+
+    problems, _ = held_out(p, PROBE_PROBLEMS, PROBE_SEED)
+    return make_batch([codec.encode_task(q) for q in problems],
+                      [codec.encode_continuation(str(q.a + q.b)) for q in problems])
+
+
+def kl_divergence(ref: torch.Tensor, lp: torch.Tensor) -> float:
+    """Mean over probe tokens of KL(ref ‖ lp), both [tokens, V] log-distributions (in float64): a dosed run's
+    trained policy against its clean twin's (same arm and seed at dose 0), how far a dose moved the policy
+    whether or not reward shows it."""
+    ref, lp = ref.double(), lp.double()
+    return float((ref.exp() * (ref - lp)).sum(-1).mean())
