@@ -164,17 +164,17 @@ def pending(state: dict) -> list[dict]:
 def unfinished_run(notebook: str, files: list[str], overrides: dict, outputs: Path,
                    say=lambda msg: None) -> str | None:
     """The unfinished run of a cell its rerun can resume from: a run of the notebook under `outputs` that did not
-    finish (archived as failed or interrupted, or a `.tmp-*` directory a killed `rlwb run` left, its process gone)
-    with the cell's params (bar `archive.NON_COMPUTATIONAL`), the current git commit on a clean tree in both, and
-    at least one kept job (`archive.kept_jobs`); of several, the one with the most kept jobs, then the newest. None
-    otherwise (`say` tells why a candidate is passed over). The run itself checks again, the model build too
-    (`archive.resume_check`, `Run.jobs()`)."""
+    finish (archived as failed or interrupted, or a `.tmp-*` directory a killed `rlwb run` left, its process gone),
+    kept at least one job (`archive.kept_jobs`) and passes the very check the runner makes before it resumes
+    (`archive.resume_check`: params bar `archive.NON_COMPUTATIONAL`, commit on a clean tree in both, environment);
+    of several, the one with the most kept jobs, then the newest. None otherwise (`say` tells why a candidate is
+    passed over). A run passed over here is never picked and then refused, so a cell cannot fail on it each time.
+    The model build and engines are checked by the run itself (`Run.jobs()`, `Run.record_engine`)."""
     base = Path(outputs) / notebook
     if not base.is_dir():
         return None
-    want = params_mod.load(notebook, files, overrides).to_dict()
-    loose = archive.NON_COMPUTATIONAL
-    here = archive.git_info()
+    params = params_mod.load(notebook, files, overrides)
+    here = archive.start_record(notebook, "", params)
     best, best_key = None, None
     for d in sorted(base.iterdir()):
         rec = archive.read_record(d)
@@ -183,12 +183,10 @@ def unfinished_run(notebook: str, files: list[str], overrides: dict, outputs: Pa
             continue
         if d.name.startswith(".tmp-") and _alive(d.name.rsplit("-", 1)[-1]):
             continue  # a run still going
-        theirs = params_mod.read_yaml(d / "params.yaml")
-        if {k: v for k, v in theirs.items() if k not in loose} != {k: v for k, v in want.items() if k not in loose}:
-            continue
-        if rec.get("git_commit") != here["git_commit"] or rec.get("git_dirty") is not False or here["git_dirty"]:
-            say(f"  not resuming from {d} ({jobs} finished jobs): commit {rec.get('git_commit')} "
-                f"(dirty: {rec.get('git_dirty')}) there, {here['git_commit']} (dirty: {here['git_dirty']}) here")
+        try:
+            archive.resume_check(d, notebook, params, here)
+        except ParamError as e:
+            say(f"  not resuming from {d} ({jobs} finished jobs): {e}")
             continue
         key = (jobs, rec.get("started_at") or "", d.name)
         if best_key is None or key > best_key:

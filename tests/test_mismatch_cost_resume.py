@@ -207,11 +207,17 @@ def test_threads_of_one_process_write_one_json_file_safely(tmp_path):
 def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
     """`rlwb sweep --resume` passes the run option `resume_from` for notebook 08 (never a cell param): the cell's
     unfinished run (failed, or a killed run's .tmp dir) with its params, on the current clean commit, with the most
-    kept jobs. Catches a sweep that resumes from a finished run, another cell's run or another commit's, or from
-    nothing, or puts resume_from among the cell's params."""
+    kept jobs. Catches a sweep that resumes from a finished run, another cell's run, another commit's or another
+    environment's (which the runner would refuse, failing the cell at every rerun), or from nothing, or puts
+    resume_from among the cell's params."""
     monkeypatch.setattr(sweep.archive, "git_info", lambda: {"git_commit": COMMIT, "git_dirty": False})
     cell = {"num_seeds": 2, "steps": 2}
     p = mc_params = MismatchCostParams(**cell)
+    here = sweep.archive.start_record("08_mismatch_cost", "", p)
+    this_env = {k: here[k] for k in ("python", "packages", "host")}
+
+    def run_dir(root: Path, name: str, p, status: str = "failed", **rec) -> Path:  # a run of this environment
+        return globals()["run_dir"](root, name, p, status, **{**this_env, **rec})
 
     def with_jobs(d: Path, n: int) -> Path:
         (d / "data" / "jobs").mkdir(parents=True, exist_ok=True)
@@ -223,6 +229,7 @@ def test_sweep_resume_finds_the_cells_unfinished_run(tmp_path, monkeypatch):
     with_jobs(run_dir(tmp_path, "20260101-000000-ok", p, status="ok"), 9)
     with_jobs(run_dir(tmp_path, "20260101-000001-other", replace(p, lr=1e-3)), 9)
     with_jobs(run_dir(tmp_path, "20260101-000002-oldcommit", p, git_commit="f" * 40), 9)
+    with_jobs(run_dir(tmp_path, "20260101-000002-otherhost", p, **ENV), 9)  # another python, CPU and packages
     few = with_jobs(run_dir(tmp_path, "20260101-000003-few", replace(p, concurrent_runs=1)), 2)
     # a run archived when resume_from was a param: its params.yaml still holds it
     (few / "params.yaml").write_text(yaml.safe_dump({**replace(p, concurrent_runs=1).to_dict(), "resume_from": "x"}))
