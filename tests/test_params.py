@@ -5,6 +5,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 import yaml
 
@@ -28,6 +29,10 @@ REPO = Path(__file__).resolve().parent.parent
     ("01_logprob_mismatch", {"full_vocab": 1}, r"'full_vocab' must be true or false, got 1"),
     ("01_logprob_mismatch", {"temperature": True}, r"'temperature' must be a number, got True \(bool\)"),
     ("01_logprob_mismatch", {"temperature": "0.7"}, r"'temperature' must be a number, got '0.7' \(str\)"),
+    # numpy's scalars (a parameters cell that computes a value): np.float32(0.1) would hash as 0.10000000149011612
+    ("01_logprob_mismatch", {"temperature": np.float32(0.7)}, r"'temperature' must be a number, got .*\(float32\)"),
+    ("01_logprob_mismatch", {"temperature": np.float64(0.7)}, r"'temperature' must be a number, got .*\(float64\)"),
+    ("01_logprob_mismatch", {"prompts": np.int64(3)}, r"'prompts' must be an int, got .*\(int64\)"),
     ("01_logprob_mismatch", {"temperature": float("inf")}, r"'temperature' must be finite, got inf"),
     ("01_logprob_mismatch", {"full_vocab": "yes"}, r"'full_vocab' must be true or false"),
     ("01_logprob_mismatch", {"temperature": 0}, r"'temperature' must be > 0"),

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Annotated
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import PydanticCustomError
 
 from rlwb.errors import ParamError
 from rlwb.params.schemas.base import Params
@@ -60,6 +61,14 @@ def _value_rules(meta: dict) -> AfterValidator:
     return AfterValidator(rules)
 
 
+def _plain_number(value):
+    """A float setting takes a Python int or float only: pydantic's strict float still takes numpy's scalars, and
+    `np.float32(0.1)` would enter the params (and their hash) as 0.10000000149011612."""
+    if type(value) not in (int, float):
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return value
+
+
 @functools.cache
 def model(schema: type[Params]) -> type[BaseModel]:
     """The pydantic model that checks a schema's values: each field's type (strict) with its `param` rules, the
@@ -73,7 +82,9 @@ def model(schema: type[Params]) -> type[BaseModel]:
         m, tp = f.metadata, hints[f.name]
         bounds = {k: m[k] for k in ("ge", "gt", "le", "lt") if m[k] is not None}
         is_list = typing.get_origin(tp) is list
-        item = Annotated[typing.get_args(tp)[0] if is_list else tp, Field(**bounds), _value_rules(m)]
+        item_type = typing.get_args(tp)[0] if is_list else tp
+        plain = (BeforeValidator(_plain_number),) if item_type is float else ()
+        item = Annotated[(item_type, *plain, Field(**bounds), _value_rules(m))]
         ann = Annotated[list[item], Field(min_length=0 if m["allow_empty"] else 1)] if is_list else item
         default = Field(default_factory=f.default_factory) if f.default is MISSING else Field(default=f.default)
         spec[f.name] = (ann, default)
