@@ -177,7 +177,10 @@ class Run:
         run (`from_run`: an engine none of this run's jobs needed) is kept as it is."""
         key = info.get("preset", info.get("engine", "?"))
         if self.resumes is not None and "from_run" not in info:
-            theirs = (read_record(self.resumes, {}) or {}).get("engines") or {}
+            source = read_record(self.resumes)
+            if source is None:  # gone or unreadable since the runner checked it: nothing to hold the engine to
+                raise ParamError(refusal(self.resumes, ["its record is gone or unreadable"]))
+            theirs = source.get("engines") or {}
             if why := engine_differences(theirs.get(key), info):
                 raise ParamError(refusal(self.resumes, why))
         engines = self.record.get("engines") or {}

@@ -45,7 +45,7 @@ class JobStore:
     with each job). `source_dir`: the job store of the run this one resumes (None: a run from scratch), whose
     record is `source_record`; its jobs are offered (`offered`) and taken over (`take`: hard-linked where the
     file system allows, else copied; the source is never changed). `record(resume)` keeps this run's `resume`
-    record (the archive's `Run.update_record`)."""
+    record (the archive's `Run._update_run_json`)."""
 
     def __init__(self, root: Path, run_id: str | None, host: dict | None = None, *, source_dir: Path | None = None,
                  source_record: dict | None = None, record: Callable[[dict], None] | None = None):

@@ -94,7 +94,7 @@ NOTEBOOKS: dict[str, Notebook] = {record.stem: record for record in (
     Notebook(CorrectionRaceParams, "which peer's off-policy correction recovers the no-mismatch baseline, per "
              "mismatch level", Needs(1, "train")),
     # notebook 03's loop, one engine; the doses change what it reports or the weights it samples with; an engine
-    # point's run beside a base-preset engine that scores its trained policy (mismatch_cost.CleanScorer)
+    # point's run beside a base-preset engine that scores its trained policy (mismatch_study.execution.CleanScorer)
     Notebook(MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
              "seed, per kind of mismatch and correction", Needs(2, "train"),
              reads=("benchmarks",)),  # `rlwb audit` places an engine's k3 against them (dose_response.study_benchmarks)

@@ -13,7 +13,7 @@ from rlwb import archive
 from rlwb import params as params_mod
 from rlwb.experiments import grpo_grid, toy_grpo, which_correction
 
-# metrics of wall time, which no two runs share (the baselines of /work/baseline differ there too)
+# metrics of wall time, which no two runs share (two runs of one commit differ there too)
 TIMING = ("/step_s_mean", "/step_s_median", "/correction_ms_mean")
 
 

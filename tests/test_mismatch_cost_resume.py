@@ -80,6 +80,11 @@ def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
         with pytest.raises(ParamError, match=what):
             run.record_engine({**vllm, **other})
     assert run.record["engines"]["vllm-v1-fixed"]["vllm_version"] == "0.11.0"  # a refused engine is not recorded
+    kept = (src / "run.json").read_text()
+    (src / "run.json").write_text("{not json")  # the source's record gone bad since the runner checked it
+    with pytest.raises(ParamError, match="its record is gone or unreadable"):
+        run.record_engine(vllm)
+    (src / "run.json").write_text(kept)
     # an engine none of whose jobs is left: its record comes from the run resumed from, tagged as that run's
     todo = design.training_runs(p)
     store = JobStore(tmp_path / "jobs", "new", source_dir=src / "data" / "jobs",

@@ -21,7 +21,6 @@ KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
          "engine": "a real engine setting (notebooks 01/06), placed on the axes by its measured k3"}
 
 
-DOSE_UNIT = {"ratio": "intended k3", "weights": "relative weight noise", "stale": "updates behind"}
 
 
 @dataclass(frozen=True)
