@@ -15,8 +15,9 @@ def add_run(sub) -> None:
     r.add_argument("notebook", help="path or stem, e.g. notebooks/01_logprob_mismatch.ipynb")
     run_options(r, "override one param; VALUE is YAML ('[0.6, 1.0]', '7', 'true')")
     r.add_argument("--resume-from", metavar="RUN_DIR",
-                   help="notebooks 03, 07, 08: reuse the finished jobs of this archived run of the same computation (refused "
-                        "otherwise, before compute); a run option, not a param (not in params.yaml nor its hash)")
+                   help="notebooks 03, 07, 08: reuse the finished jobs of this archived run of the same computation "
+                        "(refused otherwise, before compute); a run option, not a param (not in params.yaml nor its "
+                        "hash)")
     r.set_defaults(fn=cmd_run)
 
 
