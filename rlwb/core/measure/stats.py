@@ -223,18 +223,18 @@ def mismatch_cis(log_ratios: Sequence[np.ndarray], clip_eps: float = 0.2, n_boot
 
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:
-    """Holm-Bonferroni adjusted p-values (Holm 1979, https://www.jstor.org/stable/4615733): the i-th smallest of
-    m is multiplied by (m - i), running maxima keep the order, capped at 1. Rejecting where adjusted < alpha
-    holds the family-wise error rate at alpha for any dependence between the tests. NaNs stay NaN and do not
-    count in m."""
+    """Holm-Bonferroni adjusted p-values (Holm 1979, https://www.jstor.org/stable/4615733), statsmodels'
+    `multipletests(method="holm")`: the i-th smallest of m is multiplied by (m - i), running maxima keep the order,
+    capped at 1. Rejecting where adjusted < alpha holds the family-wise error rate at alpha for any dependence
+    between the tests. NaNs stay NaN and do not count in m (statsmodels has no NaN policy: only the finite ones go
+    in)."""
+    from statsmodels.stats.multitest import multipletests
+
     p = np.asarray(pvalues, dtype=np.float64)
     out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    order = ok[np.argsort(p[ok], kind="stable")]
-    m, running = len(order), 0.0
-    for i, j in enumerate(order):
-        running = max(running, min(1.0, (m - i) * p[j]))
-        out[j] = running
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], method="holm")[1]
     return out
 
 
