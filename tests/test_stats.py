@@ -97,6 +97,25 @@ def test_seed_ci_is_the_student_t_interval():
     ref = st.t.interval(0.95, 2, loc=np.mean(v), scale=st.sem(v))
     assert (lo, hi) == pytest.approx(ref)
     assert all(np.isnan(stats.seed_ci([0.5])))
+    assert stats.seed_ci([0.25, 0.25, 0.25]) == (0.25, 0.25)  # no spread: the point, no interval around it
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
+def test_seed_ci_is_mean_plus_minus_the_t_quantile_times_the_standard_error(n):
+    """scipy's `ttest_1samp(...).confidence_interval` against m -+ t_{1-a/2, n-1} sd / sqrt(n) written out, on
+    continuous and quantised (ties) seeds at two levels: equal to 1e-15 of |m| + h (scipy divides the variance by
+    n before the square root: the last bit can differ, never more)."""
+    rng = np.random.default_rng(n)
+    for alpha in (0.05, 0.01):
+        for _ in range(50):
+            v = rng.normal(rng.normal(0, 3), rng.exponential(), n)
+            if rng.random() < 0.3:
+                v = np.round(v * 64) / 64
+            m, h = v.mean(), st.t.ppf(1 - alpha / 2, n - 1) * v.std(ddof=1) / np.sqrt(n)
+            if h == 0:
+                continue
+            lo, hi = stats.seed_ci(v, alpha)
+            assert abs(lo - (m - h)) <= 1e-15 * (abs(m) + h) and abs(hi - (m + h)) <= 1e-15 * (abs(m) + h), v
 
 
 def test_p_values_are_uniform_under_the_null():

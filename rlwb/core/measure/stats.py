@@ -125,18 +125,18 @@ def proportion_ci(successes: int, n: int, alpha: float = ALPHA) -> tuple[float, 
 
 
 def seed_ci(values: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
-    """Student-t interval of the mean across seeds (few seeds: a bootstrap would be degenerate).
-    One seed gives (nan, nan): no interval can be claimed."""
+    """Student-t interval of the mean across seeds (few seeds: a bootstrap would be degenerate), scipy's
+    `ttest_1samp(...).confidence_interval`. One seed gives (nan, nan): no interval can be claimed; no spread across
+    seeds gives the point (m, m) (scipy would warn about the zero variance)."""
     from scipy import stats as st
 
     v = np.asarray(values, dtype=np.float64)
     if v.size < 2:
         return float("nan"), float("nan")
-    m, se = v.mean(), v.std(ddof=1) / np.sqrt(v.size)
-    if se == 0:
-        return float(m), float(m)
-    h = st.t.ppf(1 - alpha / 2, v.size - 1) * se
-    return float(m - h), float(m + h)
+    if v.std(ddof=1) == 0:
+        return float(v.mean()), float(v.mean())
+    ci = st.ttest_1samp(v, 0.0).confidence_interval(1 - alpha)
+    return float(ci.low), float(ci.high)
 
 
 @dataclass(frozen=True)
