@@ -326,11 +326,31 @@ def test_minimal_detectable_gap_against_the_noncentral_t_and_the_normal_formula(
     assert np.isnan(stats.minimal_detectable_gap(1.0, 1)) and stats.minimal_detectable_gap(0.0, 5) == 0
 
 
+def test_paired_t_power_is_statsmodels_power_where_that_is_defined_and_finite_where_it_is_not():
+    """statsmodels' `TTestPower().power` (two-sided one-sample t, its own noncentral t route: 1 - nctdtr above,
+    nctdtr below) is an independent implementation of the same power: equal to 1e-12 wherever it is finite. Far in
+    the lower tail scipy's noncentral t cdf is NaN, and so is statsmodels' power; ours takes that tail as the upper
+    tail of -T (symmetry) and stays a probability."""
+    from statsmodels.stats.power import TTestPower
+
+    compared = 0
+    for n in (2, 3, 5, 8, 16):
+        for alpha in (0.05, 0.05 / 12, 0.05 / 80, 0.05 / 200):
+            for d in (0.0, 0.1, 0.5, 1.0, 3.0, 30.0):
+                ours = stats.paired_t_power(d * 0.7, 0.7, n, alpha)
+                assert 0 <= ours <= 1
+                theirs = TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative="two-sided")
+                if np.isfinite(theirs):
+                    assert abs(ours - theirs) < 1e-12, (n, alpha, d, ours, theirs)
+                    compared += 1
+    assert compared >= 60
+
+
 @pytest.mark.parametrize("n,m", [(8, 40), (4, 30), (6, 10)])
 def test_minimal_detectable_gap_has_its_power_in_a_simulation_and_the_central_shortcut_does_not(n, m):
     """Simulated paired t tests (40,000 studies of n seeds, gap sd 1) at a Holm family's strictest level alpha/m
     reject at the MDE with rate 0.80 within Monte Carlo error (4 standard errors, 0.008), and the central-t shortcut
-    (t_{1-a/2} + t_{0.8}) sd / sqrt(n) it replaced falls below 0.80 there (issue 46: 0.72-0.76 at m ~ 40)."""
+    (t_{1-a/2} + t_{0.8}) sd / sqrt(n) falls below 0.80 there (0.72-0.76 at m ~ 40)."""
     from scipy import stats as st
 
     alpha, reps = 0.05 / m, 40_000
@@ -358,7 +378,7 @@ def test_a_common_nonzero_gap_is_tested_by_sign_flips_not_called_certain():
 
 
 def test_paired_gap_test_is_continuous_through_ties_of_a_discrete_outcome():
-    """Issue 46 (d): with the outcome's resolution q, a tie and a near-tie get nearby p's (no jump from the sign-flip
+    """With the outcome's resolution q, a tie and a near-tie get nearby p's (no jump from the sign-flip
     p to the t test's ~0), a tie is never read as infinite precision (p_equiv > 0), and the tie's p is the t test
     with sd^2 = q^2 / 6 (a variance floor for outcomes quantised at step q: a tie of n seeds cannot give zero
     variance; not Sheppard's correction, which subtracts h^2 / 12 from grouped-data variances)."""
