@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "rlwb"
 # engine-side code runs in the engines' own interpreters and imports nothing of rlwb's kernel side
 ENGINE_SIDE = {"server.py", "vllm_ext.py", "fork_server.py"}
-LEAF = ("rlwb.errors", "rlwb.jsonfile", "rlwb.paths", "rlwb.progress", "rlwb.timing", "rlwb.formatting")
+LEAF = ("rlwb.errors", "rlwb.jsonfile", "rlwb.paths", "rlwb.progress", "rlwb.timing", "rlwb.formatting",
+        "rlwb.host")
 # layer -> the layers its modules may import (leaf utilities are importable from everywhere). core is split by
 # domain; each of its subpackages names the core subpackages below it (docs/architecture.md draws the same map).
 ALLOWED = {
