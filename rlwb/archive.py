@@ -35,7 +35,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from rlwb import timing
+from rlwb import host, timing
 from rlwb.errors import ParamError
 from rlwb.jsonfile import read_json, write_json  # noqa: F401  (re-exported: archive.read_json, archive.write_json)
 from rlwb.paths import REPO_ROOT, outputs_dir
@@ -91,14 +91,7 @@ def package_versions() -> dict:
 
 
 def host_info() -> dict:
-    cpu = platform.processor() or None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = host.cpu()["model"] or None
     gpu = None
     try:
         import torch

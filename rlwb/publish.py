@@ -12,8 +12,9 @@ problem and what to do):
 
 - a finished run (`status: ok`): a failed run answers nothing;
 - made from a committed tree (`git_dirty: false`, a commit recorded): its code must be the commit it names;
-- on a model build with a published checksum that its weights match (`rlwb.core.models.store.with_published`):
-  anyone can get the same weights (`rlwb build-model`), so a rerun can be compared with it;
+- on a model build with a published checksum that its weights match
+  (`rlwb.core.models.published_builds.with_published`): anyone can get the same weights (`rlwb build-model`), so a
+  rerun can be compared with it;
 - small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. When a run is larger, what no
   figure and no number needs is left out (the run's logs, the figures' SVG copies, the tables' wall-clock
   columns, data tables that no figure is drawn from and nothing reads from a run of record: `optional_files`)
@@ -56,7 +57,7 @@ def tree_bytes(path: Path) -> int:
 
 def check_publishable(run_dir: Path) -> dict:
     """The run's run.json when it may become a run of record; else `PublishRefused` naming the first problem."""
-    from rlwb.core.models.store import with_published
+    from rlwb.core.models.published_builds import with_published
 
     info = archive.read_record(run_dir)
     if info is None:
@@ -80,8 +81,8 @@ def check_publishable(run_dir: Path) -> dict:
     card = with_published(card)
     if card["weights_match_published"] is None:
         raise PublishRefused(f"{name}'s model build {card.get('weights_sha256_16')} ({card.get('name')}) has no "
-                             f"published checksum (rlwb/core/models/store.py PUBLISHED_WEIGHTS): publish the build "
-                             f"first or rerun on a published one")
+                             f"published checksum (rlwb/core/models/published_builds.py PUBLISHED_WEIGHTS): publish "
+                             f"the build first or rerun on a published one")
     if card["weights_match_published"] is False:
         raise PublishRefused(f"{name}'s model build {card.get('weights_sha256_16')} differs from the published one, "
                              f"{card['weights_published_sha256_16']}: rerun on the published build (rlwb build-model)")

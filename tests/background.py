@@ -43,10 +43,9 @@ COMMAND_TIMEOUT = 1200  # s per command, as in the foreground (`conftest.rlwb`'s
 
 
 def available_gib() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 2**20
-    return float("inf")
+    import psutil
+
+    return psutil.virtual_memory().available / 2**30
 
 
 def _make_cgroup(path: Path, shares: int | None = None) -> Path | None:

@@ -74,6 +74,22 @@ def test_a_trend_every_seed_shares_is_the_sign_flip_p_not_zero():
     assert dose_trend(doses, np.zeros((3, 3))).p == 1.0
 
 
+def test_the_trend_interval_is_the_t_interval_of_the_per_seed_slopes():
+    """The slopes fitted one seed at a time (`np.polyfit`), then m -+ t_{1-a/2, n-1} sd / sqrt(n) written out: the
+    trend's interval (scipy's `ttest_1samp(...).confidence_interval`) equals it to 1e-12 of |m| + h (polyfit is a
+    second least-squares route to the slopes: they agree to rounding, not bitwise)."""
+    from scipy import stats as st
+
+    for seed, n in ((1, 3), (2, 8)):
+        gaps = seeds_of(lambda d: -0.1 * (np.log10(d) + 2), n=n, sd=0.05, seed=seed)
+        slopes = np.array([np.polyfit(np.log10(DOSES), g, 1)[0] for g in gaps])
+        m, h = slopes.mean(), st.t.ppf(0.975, n - 1) * slopes.std(ddof=1) / np.sqrt(n)
+        t = dr.dose_trend(DOSES, gaps)
+        assert abs(t.slope - m) <= 1e-12 * abs(m)  # two least-squares routes to the same slopes
+        assert abs(t.ci_low - (m - h)) <= 1e-12 * (abs(m) + h) and abs(t.ci_high - (m + h)) <= 1e-12 * (abs(m) + h)
+        assert t.p == pytest.approx(st.ttest_1samp(slopes, 0.0).pvalue, rel=1e-9)
+
+
 @pytest.mark.parametrize("n,sd_seed,sd_cell", [(8, 0.05, 0.05), (6, 0.1, 0.03)])
 def test_the_bmdl_covers_the_true_benchmark_dose_in_a_simulation(n, sd_seed, sd_cell):
     """On hand-made curves with noise at the study's doses (k3 0.01, 0.1, 1), a true mean cost of 0.1 per

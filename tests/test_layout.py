@@ -16,7 +16,7 @@ PKG = REPO / "rlwb"
 # engine-side code runs in the engines' own interpreters and imports nothing of rlwb's kernel side
 ENGINE_SIDE = {"server.py", "vllm_ext.py", "fork_server.py"}
 LEAF = ("rlwb.errors", "rlwb.jsonfile", "rlwb.paths", "rlwb.progress", "rlwb.timing", "rlwb.formatting",
-        "rlwb.run_record")
+        "rlwb.run_record", "rlwb.host")
 # layer -> the layers its modules may import (leaf utilities are importable from everywhere). core is split by
 # domain; each of its subpackages names the core subpackages below it (docs/architecture.md draws the same map).
 ALLOWED = {

@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from rlwb.core.models import llama, store
+from rlwb import host
+from rlwb.core.models import llama, pinned_build, published_builds, store
 
 
 def test_same_recipe_same_weights_and_different_seed_differs(monkeypatch):
@@ -12,9 +13,9 @@ def test_same_recipe_same_weights_and_different_seed_differs(monkeypatch):
     import torch
 
     torch.set_num_threads(2)
-    a = store.weights_hash(llama.train(r, progress=False))
-    b = store.weights_hash(llama.train(r, progress=False))
-    c = store.weights_hash(llama.train(replace(r, seed=1), progress=False))
+    a = pinned_build.weights_hash(llama.train(r, progress=False))
+    b = pinned_build.weights_hash(llama.train(r, progress=False))
+    c = pinned_build.weights_hash(llama.train(replace(r, seed=1), progress=False))
     assert a == b
     assert a != c
 
@@ -61,10 +62,10 @@ def _unpinned_train_hash(env_over: dict, steps: int) -> str:
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in store.BUILD_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in pinned_build.BUILD_ENV}
     code = ("import torch; torch.set_num_threads(2)\nfrom dataclasses import replace\n"
-            "from rlwb.core.models import llama, store\n"
-            f"print(store.weights_hash(llama.train(replace(llama.ModelRecipe(), train_steps={steps}), "
+            "from rlwb.core.models import llama, pinned_build\n"
+            f"print(pinned_build.weights_hash(llama.train(replace(llama.ModelRecipe(), train_steps={steps}), "
             "progress=False)))")
     r = subprocess.run([sys.executable, "-c", code], env={**env, **env_over}, capture_output=True, text=True,
                        check=True)
@@ -82,7 +83,7 @@ def test_build_is_bit_identical_whatever_cpu_the_caller_looks_like(tmp_path):
     the reproduction test below."""
     steps = 10
     recipe = replace(llama.ModelRecipe(), train_steps=steps)
-    base = {k: v for k, v in os.environ.items() if k not in store.BUILD_ENV}
+    base = {k: v for k, v in os.environ.items() if k not in pinned_build.BUILD_ENV}
     callers = {
         "machine default": {},
         "AVX2-only machine": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
@@ -93,22 +94,23 @@ def test_build_is_bit_identical_whatever_cpu_the_caller_looks_like(tmp_path):
     cards = {}
     for name, over in callers.items():
         cache = tmp_path / name.replace(" ", "_").replace(",", "")
-        store.run_pinned_build(recipe, progress=False, env={**base, **over, "RLWB_CACHE": str(cache)})
+        pinned_build.run_pinned_build(recipe, cache / "models" / f"default-{recipe.hash()}", progress=False,
+                                      env={**base, **over, "RLWB_CACHE": str(cache)})
         cards[name] = json.loads(next(cache.glob("models/default-*/model.json")).read_text())
     checksums = {name: c["weights_sha256_16"] for name, c in cards.items()}
     assert len(set(checksums.values())) == 1, checksums
     assert {c["build_cpu_capability"] for c in cards.values()} == {"AVX2"}
-    assert all(c["build_env"] == store.BUILD_ENV for c in cards.values())
+    assert all(c["build_env"] == pinned_build.BUILD_ENV for c in cards.values())
     # control: without the pins, ATen's kernel choice alone changes the weights
     assert _unpinned_train_hash({"ATEN_CPU_CAPABILITY": "default"}, steps) != \
         _unpinned_train_hash({"ATEN_CPU_CAPABILITY": "avx2"}, steps)
 
 
-def test_build_outside_the_pinned_process_is_refused(monkeypatch):
-    for k in store.BUILD_ENV:
+def test_build_outside_the_pinned_process_is_refused(monkeypatch, tmp_path):
+    for k in pinned_build.BUILD_ENV:
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(RuntimeError, match="BUILD_ENV"):
-        store._build_here(llama.ModelRecipe(), force=False, progress=False)
+        pinned_build.build_here(llama.ModelRecipe(), tmp_path / "model", force=False, progress=False)
 
 
 @pytest.mark.slow  # trains the recipe (minutes)
@@ -124,17 +126,17 @@ def test_the_recipe_built_here_reproduces_its_vendors_published_build(recipe_bui
     built = store.build_default_model(progress=False, from_recipe=True)
     card = built.card
     assert built.path.name.endswith("-recipe") and "source" not in card
-    vendor = store.build_vendor(card)
-    assert vendor == store.host_cpu()["vendor"]
-    builds = store.PUBLISHED_WEIGHTS[card["recipe_hash"]]
+    vendor = published_builds.build_vendor(card)
+    assert vendor == host.cpu()["vendor"]
+    builds = published_builds.PUBLISHED_WEIGHTS[card["recipe_hash"]]
     assert vendor in builds, f"no published default build for {vendor} CPUs: record {card['weights_sha256_16']}"
     assert card["weights_sha256_16"] == builds[vendor], card["host_cpu"]
     assert card["weights_match_published"] is True
     # the CLI that built it in the background said so too (0: matches the published build); None: built here
     assert cli_exit in (None, 0), "`rlwb build-model --from-recipe` exited 1 (DIFFERS) on a match"
-    assert card["weights_reference_build"] is (vendor == store.REFERENCE_VENDOR)
+    assert card["weights_reference_build"] is (vendor == published_builds.REFERENCE_VENDOR)
     shipped = json.loads((store.shipped_build(llama.ModelRecipe()) / "model.json").read_text())
-    assert (card["weights_sha256_16"] == shipped["weights_sha256_16"]) is (vendor == store.REFERENCE_VENDOR)
+    assert (card["weights_sha256_16"] == shipped["weights_sha256_16"]) is (vendor == published_builds.REFERENCE_VENDOR)
 
 
 @pytest.mark.parametrize("name", ["default", "qwen2-chat"])
@@ -154,11 +156,11 @@ def test_every_machine_runs_the_shipped_build_and_never_trains_it(name, tmp_path
     recipe = store.recipe_for(name)
     assert store.shipped_build(recipe) is not None, (
         f"no shipped build of {name} recipe {recipe.hash()} (qwen2-chat's recipe hashes this interpreter's stdlib)")
-    ref = store.PUBLISHED_WEIGHTS[recipe.hash()][store.REFERENCE_VENDOR]
+    ref = published_builds.PUBLISHED_WEIGHTS[recipe.hash()][published_builds.REFERENCE_VENDOR]
     m = store.build_embedded_model(name, progress=False)
     assert m.card["weights_sha256_16"] == ref and m.card["source"].startswith("shipped with rlwb")
     loaded = AutoModelForCausalLM.from_pretrained(m.path, dtype=torch.float32)
-    assert store.weights_hash(loaded) == ref
+    assert pinned_build.weights_hash(loaded) == ref
     card = json.loads((m.path / "model.json").read_text())
     (m.path / "model.json").write_text(json.dumps({**card, "weights_sha256_16": "another-vendors-build"}))
     again = store.build_embedded_model(name, progress=False)
@@ -172,7 +174,7 @@ def test_a_corrupted_shipped_build_is_refused(tmp_path, monkeypatch):
     src = store.shipped_build(llama.ModelRecipe())
     shutil.copytree(src, pub / src.name)
     (pub / src.name / "tokenizer.json").write_text("{}")
-    monkeypatch.setattr(store, "PUBLISHED_DIR", pub)
+    monkeypatch.setattr(published_builds, "PUBLISHED_DIR", pub)
     monkeypatch.setenv("RLWB_CACHE", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="does not match its SHA256SUMS .*tokenizer.json"):
         store.build_default_model(progress=False)
@@ -183,20 +185,21 @@ def test_published_verdict_reads_the_vendor_a_card_was_built_on():
     cache carried from an AMD machine to an Intel one still reads as the AMD build, and the verdict says which
     build the README's numbers come from."""
     recipe = llama.ModelRecipe().hash()
-    amd, intel = (store.PUBLISHED_WEIGHTS[recipe][v] for v in ("AuthenticAMD", "GenuineIntel"))
+    amd, intel = (published_builds.PUBLISHED_WEIGHTS[recipe][v] for v in ("AuthenticAMD", "GenuineIntel"))
     old_amd = {"recipe_hash": recipe, "weights_sha256_16": amd, "host_cpu": {"model": "AMD EPYC 9R14", "isa": "avx512"}}
-    card = store.with_published(old_amd)
+    card = published_builds.with_published(old_amd)
     assert card["weights_match_published"] and card["weights_reference_build"]
-    assert store.published_verdict(card) == "matches the published AuthenticAMD build"
-    on_intel = store.with_published({**old_amd, "weights_sha256_16": intel,
+    assert published_builds.published_verdict(card) == "matches the published AuthenticAMD build"
+    on_intel = published_builds.with_published({**old_amd, "weights_sha256_16": intel,
                                       "host_cpu": {"model": "x", "vendor": "GenuineIntel"}})
     assert on_intel["weights_match_published"] and not on_intel["weights_reference_build"]
-    assert "README's numbers come from the AuthenticAMD build" in store.published_verdict(on_intel)
-    wrong = store.with_published({**old_amd, "weights_sha256_16": intel})
+    assert "README's numbers come from the AuthenticAMD build" in published_builds.published_verdict(on_intel)
+    wrong = published_builds.with_published({**old_amd, "weights_sha256_16": intel})
     assert wrong["weights_match_published"] is False
-    assert store.published_verdict(wrong) == f"DIFFERS from the published AuthenticAMD build {amd}"
-    other = store.with_published({**old_amd, "host_cpu": {"vendor": "HygonGenuine"}})
-    assert other["weights_match_published"] is None and "no published build" in store.published_verdict(other)
+    assert published_builds.published_verdict(wrong) == f"DIFFERS from the published AuthenticAMD build {amd}"
+    other = published_builds.with_published({**old_amd, "host_cpu": {"vendor": "HygonGenuine"}})
+    assert other["weights_match_published"] is None
+    assert "no published build" in published_builds.published_verdict(other)
 
 
 def test_concurrent_builds_of_one_recipe_build_it_once(tmp_path, monkeypatch):
@@ -210,7 +213,7 @@ def test_concurrent_builds_of_one_recipe_build_it_once(tmp_path, monkeypatch):
     recipe = replace(llama.ModelRecipe(), train_steps=1)
     calls = []
 
-    def fake_build(r, *, force=False, progress=True, env=None, out=None):
+    def fake_build(r, out, *, base=None, force=False, progress=True, env=None):
         calls.append(r.hash())
         time.sleep(1.0)
         out.mkdir(parents=True)
@@ -225,3 +228,29 @@ def test_concurrent_builds_of_one_recipe_build_it_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert calls == [recipe.hash()] and len(got) == 2 and got[0] == got[1]
+
+
+def test_the_build_lock_holds_across_processes_and_ends_with_a_killed_holder(tmp_path):
+    """A process holding a build's lock keeps every other process out (a try with a timeout fails), and the lock ends
+    when its holder is killed (SIGKILL: no cleanup runs): the next builder takes it at once."""
+    import subprocess
+    import sys
+    import time
+
+    from filelock import FileLock, Timeout
+
+    out = tmp_path / "default-abc"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from rlwb.core.models.store import build_lock\nwith build_lock(Path(sys.argv[1])):\n"
+                               "    print('held', flush=True)\n    time.sleep(600)\n", str(out)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(Timeout):
+            FileLock(out.with_name(out.name + ".lock")).acquire(timeout=0.5)
+    finally:
+        holder.kill()
+        holder.wait()
+    t = time.monotonic()
+    with store.build_lock(out):
+        assert time.monotonic() - t < 5

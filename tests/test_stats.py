@@ -97,6 +97,25 @@ def test_seed_ci_is_the_student_t_interval():
     ref = st.t.interval(0.95, 2, loc=np.mean(v), scale=st.sem(v))
     assert (lo, hi) == pytest.approx(ref)
     assert all(np.isnan(stats.seed_ci([0.5])))
+    assert stats.seed_ci([0.25, 0.25, 0.25]) == (0.25, 0.25)  # no spread: the point, no interval around it
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
+def test_seed_ci_is_mean_plus_minus_the_t_quantile_times_the_standard_error(n):
+    """scipy's `ttest_1samp(...).confidence_interval` against m -+ t_{1-a/2, n-1} sd / sqrt(n) written out, on
+    continuous and quantised (ties) seeds at two levels: equal to 1e-15 of |m| + h (scipy divides the variance by
+    n before the square root: the last bit can differ, never more)."""
+    rng = np.random.default_rng(n)
+    for alpha in (0.05, 0.01):
+        for _ in range(50):
+            v = rng.normal(rng.normal(0, 3), rng.exponential(), n)
+            if rng.random() < 0.3:
+                v = np.round(v * 64) / 64
+            m, h = v.mean(), st.t.ppf(1 - alpha / 2, n - 1) * v.std(ddof=1) / np.sqrt(n)
+            if h == 0:
+                continue
+            lo, hi = stats.seed_ci(v, alpha)
+            assert abs(lo - (m - h)) <= 1e-15 * (abs(m) + h) and abs(hi - (m + h)) <= 1e-15 * (abs(m) + h), v
 
 
 def test_p_values_are_uniform_under_the_null():
@@ -246,6 +265,33 @@ def test_holm_against_the_textbook_example():
                                rtol=1e-12)
 
 
+def _holm_step_down(p):
+    """Holm's adjustment written out (the i-th smallest of m finite p's times m - i, running maxima, capped at 1)."""
+    p = np.asarray(p, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    running = 0.0
+    for i, j in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+        running = max(running, min(1.0, (len(ok) - i) * p[j]))
+        out[j] = running
+    return out
+
+
+def test_holm_is_bitwise_the_step_down_procedure_through_ties_ones_and_nans():
+    """statsmodels' `multipletests` gives exactly (bitwise) the step-down values written out by hand, on random
+    families of 0 to 90 p-values with ties (rounded p's), p = 1 and NaNs (which stay NaN and are not counted)."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        p = rng.random(rng.integers(0, 90)) ** rng.uniform(0.2, 5)
+        if p.size and rng.random() < 0.4:
+            p = np.round(p, 2)
+        if p.size and rng.random() < 0.3:
+            p[rng.integers(0, p.size, 3)] = rng.choice([1.0, np.nan])
+        got, want = stats.holm(p), _holm_step_down(p)
+        assert np.array_equal(got, want, equal_nan=True), p
+    assert stats.holm([]).shape == (0,) and np.isnan(stats.holm([np.nan])).all()
+
+
 def test_tost_rejects_exactly_when_the_90_percent_interval_lies_inside_the_margin():
     """Schuirmann (1987): TOST at level alpha is equivalent to the (1 - 2 alpha) t interval of the mean lying
     inside +-margin; and at sd = equivalence_sd_max with a zero mean gap its p-value is alpha exactly."""
@@ -280,11 +326,31 @@ def test_minimal_detectable_gap_against_the_noncentral_t_and_the_normal_formula(
     assert np.isnan(stats.minimal_detectable_gap(1.0, 1)) and stats.minimal_detectable_gap(0.0, 5) == 0
 
 
+def test_paired_t_power_is_statsmodels_power_where_that_is_defined_and_finite_where_it_is_not():
+    """statsmodels' `TTestPower().power` (two-sided one-sample t, its own noncentral t route: 1 - nctdtr above,
+    nctdtr below) is an independent implementation of the same power: equal to 1e-12 wherever it is finite. Far in
+    the lower tail scipy's noncentral t cdf is NaN, and so is statsmodels' power; ours takes that tail as the upper
+    tail of -T (symmetry) and stays a probability."""
+    from statsmodels.stats.power import TTestPower
+
+    compared = 0
+    for n in (2, 3, 5, 8, 16):
+        for alpha in (0.05, 0.05 / 12, 0.05 / 80, 0.05 / 200):
+            for d in (0.0, 0.1, 0.5, 1.0, 3.0, 30.0):
+                ours = stats.paired_t_power(d * 0.7, 0.7, n, alpha)
+                assert 0 <= ours <= 1
+                theirs = TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative="two-sided")
+                if np.isfinite(theirs):
+                    assert abs(ours - theirs) < 1e-12, (n, alpha, d, ours, theirs)
+                    compared += 1
+    assert compared >= 60
+
+
 @pytest.mark.parametrize("n,m", [(8, 40), (4, 30), (6, 10)])
 def test_minimal_detectable_gap_has_its_power_in_a_simulation_and_the_central_shortcut_does_not(n, m):
     """Simulated paired t tests (40,000 studies of n seeds, gap sd 1) at a Holm family's strictest level alpha/m
     reject at the MDE with rate 0.80 within Monte Carlo error (4 standard errors, 0.008), and the central-t shortcut
-    (t_{1-a/2} + t_{0.8}) sd / sqrt(n) it replaced falls below 0.80 there (issue 46: 0.72-0.76 at m ~ 40)."""
+    (t_{1-a/2} + t_{0.8}) sd / sqrt(n) falls below 0.80 there (0.72-0.76 at m ~ 40)."""
     from scipy import stats as st
 
     alpha, reps = 0.05 / m, 40_000
@@ -312,7 +378,7 @@ def test_a_common_nonzero_gap_is_tested_by_sign_flips_not_called_certain():
 
 
 def test_paired_gap_test_is_continuous_through_ties_of_a_discrete_outcome():
-    """Issue 46 (d): with the outcome's resolution q, a tie and a near-tie get nearby p's (no jump from the sign-flip
+    """With the outcome's resolution q, a tie and a near-tie get nearby p's (no jump from the sign-flip
     p to the t test's ~0), a tie is never read as infinite precision (p_equiv > 0), and the tie's p is the t test
     with sd^2 = q^2 / 6 (a variance floor for outcomes quantised at step q: a tie of n seeds cannot give zero
     variance; not Sheppard's correction, which subtracts h^2 / 12 from grouped-data variances)."""

@@ -134,7 +134,8 @@ def test_a_setting_that_cannot_run_here_raises_the_library_error(setup):
 def test_random_init_model_has_the_published_shapes_and_its_seed_decides_its_weights(tmp_path):
     from rlwb import memory_plan as mp
     from rlwb.core.models import random_init as RM
-    from rlwb.core.models.store import EMBEDDED_RECIPES, weights_hash
+    from rlwb.core.models.pinned_build import weights_hash
+    from rlwb.core.models.store import EMBEDDED_RECIPES
 
     recipe = EMBEDDED_RECIPES["qwen2.5-0.5b-random"]
     assert mp.ModelShape.from_config(recipe.config).params() == 494_032_768  # Qwen2.5-0.5B's published count

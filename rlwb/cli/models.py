@@ -21,7 +21,8 @@ def add_build_model(sub) -> None:
 
 
 def cmd_build_model(a) -> int:
-    from rlwb.core.models.store import build_embedded_model, published_verdict
+    from rlwb.core.models.published_builds import published_verdict
+    from rlwb.core.models.store import build_embedded_model
 
     m = build_embedded_model(a.model, force=a.force, from_recipe=a.from_recipe)
     print(json.dumps(m.card, indent=2))

@@ -34,7 +34,7 @@ def _model_fields(model: dict | None) -> dict | None:
         return None
     card = model.get("card") or {}
     if card.get("recipe_hash"):
-        from rlwb.core.models.store import published_verdict
+        from rlwb.core.models.published_builds import published_verdict
 
         return {"embedded": True, "name": str(card.get("name", "default")), "params": f"{card.get('params', 0):,}",
                 "recipe": card["recipe_hash"], "weights": str(card.get("weights_sha256_16")),

@@ -106,9 +106,9 @@ def dose_trend(doses, gaps, alpha: float = ALPHA) -> Trend:
     if sd <= 1e-12 * max(1.0, abs(m)):  # every seed's slope the same: the t statistic is undefined; the exact
         # sign-flip test's p (n slopes all of one sign: 2 / 2^n, as stats.paired_gap_test) instead of a p of 0
         return Trend(m, m, m, 1.0 if m == 0 else min(1.0, 2.0 / 2 ** n), n)
-    se = sd / np.sqrt(n)
-    h = st.t.ppf(1 - alpha / 2, n - 1) * se
-    return Trend(m, m - h, m + h, float(st.ttest_1samp(b, 0.0).pvalue), n)
+    t = st.ttest_1samp(b, 0.0)
+    ci = t.confidence_interval(1 - alpha)
+    return Trend(m, float(ci.low), float(ci.high), float(t.pvalue), n)
 
 
 BOUNDED, BELOW_RANGE, NOT_BOUNDED, NO_BMR = "bounded", "below the tested range", "not bounded", "no benchmark"

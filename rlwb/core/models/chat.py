@@ -15,7 +15,8 @@ This model takes that path and has natural-text entropy:
   open-ended prompts), then SFT on the arithmetic task in chat form with the default policy's habit (half the
   targets write the sum reversed), so GRPO has a direction the reward alone reveals.
 
-Built, cached, checksummed and pinned exactly like the default policy (`rlwb.core.models.store`).
+Built, cached, checksummed and pinned exactly like the default policy (`rlwb.core.models.store`,
+`pinned_build`).
 """
 
 from __future__ import annotations

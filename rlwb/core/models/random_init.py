@@ -5,8 +5,8 @@ a GPU) only show at a real model's sizes, and no hub is reachable from these mac
 machines) to download one. The published config (`config.json` of the checkpoint, every field that decides a
 shape or a numeric path: hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate 4,864, vocabulary 151,936,
 RoPE theta 1e6, RMSNorm eps 1e-6, tied embeddings) is built with transformers' own initialisation from a fixed
-seed, in the pinned child process every embedded model is built in (`rlwb.core.models.store.BUILD_ENV`), so one
-recipe gives one checksum per CPU vendor, whatever machine (a GPU box included) builds it.
+seed, in the pinned child process every embedded model is built in (`rlwb.core.models.pinned_build.BUILD_ENV`), so
+one recipe gives one checksum per CPU vendor, whatever machine (a GPU box included) builds it.
 
 What it is not: a trained policy. Its next-token distributions are nearly uniform over the vocabulary (entropy
 ~11.7 nats), so it measures kernels and shapes, never behaviour. Its tokenizer is the chat model's byte-level

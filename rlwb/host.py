@@ -1,0 +1,28 @@
+"""What machine this is: the CPU's model, vendor and widest vector ISA, read from /proc/cpuinfo.
+
+psutil (used for processes and memory) reports neither the CPU's model nor its flags, so this is the one reader of
+/proc/cpuinfo: the archive records the model in every run.json, the model build records vendor and ISA in a build's
+card (the vendor selects the published build)."""
+
+from __future__ import annotations
+
+import platform
+import re
+from pathlib import Path
+
+
+def cpu() -> dict:
+    """{"model", "vendor", "isa"}: the first CPU's model name (platform.processor() where /proc/cpuinfo has none),
+    its vendor_id ("unknown" where absent) and "avx512" / "avx2" / "other" from its flags; without /proc/cpuinfo,
+    platform.processor() and an "unknown" ISA, and no vendor (a build's card then names it by the model's name)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"model": platform.processor(), "isa": "unknown"}
+    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+    vendor = re.search(r"^vendor_id\s*:\s*(.*)$", text, re.M)
+    flags_line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    flags = set(flags_line.group(1).split()) if flags_line else set()
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+    return {"model": model.group(1).strip() if model else platform.processor(), "isa": isa,
+            "vendor": vendor.group(1).strip() if vendor else "unknown"}
