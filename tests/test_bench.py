@@ -16,6 +16,7 @@ import torch
 from rlwb.bench import throughput as bench
 from rlwb.bench import trl_vllm_peer
 from rlwb.engines.presets import resolve_preset
+from rlwb.plots import bench as bench_plots
 
 
 def test_median_step_adds_up_where_phase_medians_do_not():
@@ -32,6 +33,46 @@ def test_median_step_adds_up_where_phase_medians_do_not():
     assert sum(even[k] for k in phases) == pytest.approx(even["step"])
     with pytest.raises(ValueError, match="one time per step"):
         bench.median_step({"rollout": [1.0], "update": []})
+
+
+def test_rlwb_figures_redraws_the_bench_run_of_record_from_its_bench_json(tmp_path):
+    """`rlwb figures` (`regenerate_figures`) on a copy of the shipped bench run of record redraws its figures from
+    bench.json alone (`rlwb.plots.bench`): the same figures, each pixel-close to the shipped PNG (same size, mean
+    |difference| below 1% of full scale) and naming the run."""
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    from rlwb.paths import REPO_ROOT
+    from rlwb.plots import figure_source
+    from rlwb.reports.figures import regenerate_figures
+
+    (run,) = sorted((REPO_ROOT / "docs" / "runs" / "bench").iterdir())[-1:]
+    copy = tmp_path / "bench" / run.name
+    shutil.copytree(run, copy)
+    for png in copy.glob("figures/*"):
+        png.unlink()
+    written = regenerate_figures(copy, formats=("png",))
+    assert sorted(p.name for p in written) == sorted(p.name for p in (run / "figures").glob("*.png"))
+    assert {p.stem for p in written} == set(bench_plots.FIGURES)  # the run of record measured both
+    for png in written:
+        shipped = np.asarray(Image.open(run / "figures" / png.name).convert("RGB"), dtype=float)
+        redrawn = np.asarray(Image.open(png).convert("RGB"), dtype=float)
+        assert shipped.shape == redrawn.shape, png.name
+        assert np.abs(shipped - redrawn).mean() < 0.01 * 255, png.name
+        assert figure_source(png) == f"bench/{run.name}"
+
+
+def test_a_bench_without_a_measurement_draws_no_empty_figure():
+    """Only the tokens/s of `hf` at two batch sizes: the throughput figure with one bar per batch size, no scaling
+    figure; nothing measured: no figure at all."""
+    res = {"settings": {"batch_sizes": [1, 2]}, "machine": {"cores": 2}, "tput/hf/bs1": 10.0, "tput/hf/bs2": 19.0,
+           "tput/vllm-v0/bs1": 5.0}  # vllm-v0 at one batch size only: not a measured preset
+    assert bench_plots.measured_presets(res) == ["hf"]
+    figs = dict(bench_plots.draw(res))
+    assert list(figs) == ["throughput"] and len(figs["throughput"].axes[0].patches) == 2
+    assert list(bench_plots.draw({**{k: v for k, v in res.items() if not k.startswith("tput/")}})) == []
 
 
 @pytest.mark.engines
@@ -92,7 +133,7 @@ def test_trl_vllm_peer_runs_the_same_algorithm_as_rlwb(default_model, tmp_path):
     for key in (f"scaling/trl_vllm/n{n}", f"scaling/rlwb/n{n}", "trl_vllm/no_correction/trl",
                 "trl_vllm/no_correction/rlwb"):
         assert res[f"{key}/step_s"] > 0 and res[f"{key}/tok_s"] > 0, key
-    fig = bench.scaling_figure({**res, "machine": {"cores": 2}})
+    fig = bench_plots.scaling({**res, "machine": {"cores": 2}})
     assert fig is not None
     fig.savefig(tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 10_000

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "rlwb"
 # engine-side code runs in the engines' own interpreters and imports nothing of rlwb's kernel side
-ENGINE_SIDE = {"server.py", "vllm_ext.py", "fork_server.py"}
+ENGINE_SIDE = {"server.py", "vllm_backend.py", "hf_backend.py", "vllm_ext.py", "fork_server.py"}
 LEAF = ("rlwb.errors", "rlwb.jsonfile", "rlwb.paths", "rlwb.progress", "rlwb.timing", "rlwb.formatting",
         "rlwb.run_record", "rlwb.host")
 # layer -> the layers its modules may import (leaf utilities are importable from everywhere). core is split by
@@ -190,7 +190,7 @@ def test_the_record_check_sees_path_arithmetic_and_skips_docstrings():
 
 
 def test_engine_side_code_imports_nothing_kernel_side():
-    """server.py, vllm_ext.py and fork_server.py run under the engines' interpreters (vLLM's torch and
+    """server.py, its backends, vllm_ext.py and fork_server.py run under the engines' interpreters (vLLM's torch and
     transformers), where only rlwb.engines' own engine-side files are on the path."""
     for f in (PKG / "engines").glob("*.py"):
         if f.name in ENGINE_SIDE:

@@ -79,7 +79,7 @@ def test_build_is_bit_identical_whatever_cpu_the_caller_looks_like(tmp_path):
     an AVX2-only machine's (ATen and MKL limited to AVX2) or one with no vector kernels at all; the control
     shows the same math unpinned depends on those settings, so the assertion can fail. 10 SFT steps: the kernels are
     chosen when torch loads and every step runs all of them, so a caller's setting that reached the math shows from the
-    first step (the unpinned control differs at 3 steps and at 10, measured 2026-11-25); the full 400-step build is
+    first step (the unpinned control differs at 3 steps and at 10, measured); the full 400-step build is
     the reproduction test below."""
     steps = 10
     recipe = replace(llama.ModelRecipe(), train_steps=steps)

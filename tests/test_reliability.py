@@ -138,7 +138,7 @@ def test_workers_listen_on_no_tcp_port(engine):
 
 
 def test_no_insecure_serialization_and_named_extension():
-    src = (REPO / "rlwb" / "engines" / "server.py").read_text()
+    src = (REPO / "rlwb" / "engines" / "vllm_backend.py").read_text()
     assert 'worker_extension_cls"] = "vllm_ext.RlwbWorkerExtension"' in src
     assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in src
     assert 'env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION"' in (REPO / "rlwb" / "engines" / "worker.py").read_text()

@@ -40,7 +40,7 @@ def main(spec_path: str) -> None:
     from rlwb.engines.worker import Sampling, generate_requests, without_aliases
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engines"))
-    from server import VllmBackend  # rlwb/engines/server.py: the class the worker process runs
+    from vllm_backend import VllmBackend  # rlwb/engines/vllm_backend.py: the class the worker process runs
 
     with open(spec_path) as f:
         cfg = json.load(f)

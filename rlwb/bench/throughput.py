@@ -1,10 +1,11 @@
 """`rlwb bench`: throughput and overhead ratios measured in one run (never timed tests).
 
-Writes `outputs/bench/<UTC start>/`: `bench.json` (every number), `bench.md` (a table), `figures/throughput.*` and
-`figures/scaling.*`, and `run.json`, the provenance a notebook run has (`archive.start_record`: commit and whether the
-tree was clean, host, packages, each engine's `info()`, the model build's card; `status: ok` only once everything is
-written, a failure archived as failed), so a bench run can be published as a run of record
-(`rlwb publish outputs/bench/<run id>` -> `docs/runs/bench/<run id>/`). Every number is measured here. Keys:
+Writes `outputs/bench/<UTC start>/`: `bench.json` (every number), `bench.md` (a table: `experiments/wording/bench.py`),
+`figures/throughput.*` and `figures/scaling.*` (`plots/bench.py`, drawn from bench.json alone), and `run.json`, the
+provenance a notebook run has (`archive.start_record`: commit and whether the tree was clean, host, packages, each
+engine's `info()`, the model build's card; `status: ok` only once everything is written, a failure archived as
+failed), so a bench run can be published as a run of record (`rlwb publish outputs/bench/<run id>` ->
+`docs/runs/bench/<run id>/`). Every number is measured here. Keys:
     tput/<preset>/bs<N>                       generated tokens/s (fixed length, EOS ignored, median of repeats)
     retention/vllm-v1-fixed_vs_vllm-v0/bs<N>  ratio of the two
     worker_overhead_ratio                     rlwb worker generate / llm.generate in one process, same engine spec
@@ -45,6 +46,8 @@ from rlwb.core.data import tasks
 from rlwb.core.data.tokenizer import encode_prompt
 from rlwb.engines.presets import resolve_preset
 from rlwb.engines.worker import EngineWorker, Sampling
+from rlwb.experiments.wording import bench as wording
+from rlwb.plots import bench as bench_plots
 
 PRESETS = ["hf", "vllm-v0", "vllm-v1", "vllm-v1-fixed"]
 
@@ -67,8 +70,8 @@ def throughput(w: EngineWorker, bs: int, max_tokens: int, repeats: int) -> float
 
 _DIRECT = textwrap.dedent("""
     import json, os, sys, time
-    sys.path.insert(0, sys.argv[2])  # rlwb/engines: the worker's own server module
-    from server import VllmBackend
+    sys.path.insert(0, sys.argv[2])  # rlwb/engines: the worker's own backend module
+    from vllm_backend import VllmBackend
     cfg = json.loads(open(sys.argv[1]).read())
     engine = VllmBackend(cfg["spec"])  # the engine rlwb's worker builds from the same spec
     prompts, params = engine.requests_to_vllm(cfg["requests"], full=False)
@@ -435,9 +438,10 @@ def run(outputs: Path, quick: bool = False, progress: bool = True, measure=measu
                "started_at": record["started_at"], "settings": cfg, **measure(model_path, cfg, handle, progress)}
         res["finished_at"] = archive.utc_now()
         archive.write_json(tmp / "bench.json", res)
-        (tmp / "bench.md").write_text(markdown(res))
+        presets = bench_plots.measured_presets(res)
+        (tmp / "bench.md").write_text(wording.markdown(res, presets, list(GRPO_PHASES)))
         save_figures(res, tmp / "figures", f"{archive.BENCH}/{final.name}")
-        handle.record_provenance(answer=answer(res))
+        handle.record_provenance(answer=wording.answer(res, presets))
     except KeyboardInterrupt:
         error = "interrupted"
     except Exception as e:  # archived as failed, with what failed
@@ -454,143 +458,15 @@ def run(outputs: Path, quick: bool = False, progress: bool = True, measure=measu
     return final
 
 
-def _measured_presets(res: dict) -> list[str]:
-    bss = res["settings"]["batch_sizes"]
-    return [p for p in PRESETS if all(f"tput/{p}/bs{b}" in res for b in bss)]
-
-
-def answer(res: dict) -> str:
-    """The bench's finding in one line, for the runs' index: its ratios, each saying what it compares."""
-    bss = res["settings"]["batch_sizes"]
-    at = " / ".join(map(str, bss))
-    ratios = [res.get(f"retention/vllm-v1-fixed_vs_vllm-v0/bs{b}") for b in bss]
-    parts = []
-    if all(r is not None for r in ratios):
-        parts.append(f"vllm-v1-fixed samples {' / '.join(f'{r:.2f}' for r in ratios)}× vllm-v0's tokens/s at "
-                     f"batch {at}")
-    else:
-        for p in _measured_presets(res):
-            rates = " / ".join(f"{res[f'tput/{p}/bs{b}']:.0f}" for b in bss)
-            parts.append(f"{p} samples {rates} tokens/s at batch {at}")
-    for key, said in (("worker_overhead_ratio", "rlwb's worker takes {:.2f}× llm.generate's time in one process"),
-                      ("grpo/rlwb_vs_minimal", "rlwb's GRPO step {:.2f}× a minimal loop's"),
-                      ("speedup_vs_trl_vllm", "TRL + vLLM's step {:.2f}× rlwb's (same algorithm)")):
-        if isinstance(res.get(key), (int, float)):
-            parts.append(said.format(res[key]))
-    machine = res["machine"]
-    return "; ".join(parts) + f" ({machine.get('gpu') or machine.get('cpu')}, {machine.get('cores')} cores)"
-
-
-def markdown(res: dict) -> str:
-    bss = res["settings"]["batch_sizes"]
-    lines = [f"Measured {res['started_at']} on {res['machine']['cpu']} ({res['machine']['cores']} cores), fp32, "
-             f"{res['settings']['max_tokens']} tokens per request, median of {res['settings']['repeats']}.", "",
-             "| preset | " + " | ".join(f"bs {b} tok/s" for b in bss) + " |", "|---|" + "---|" * len(bss)]
-    for p in _measured_presets(res):
-        lines.append(f"| `{p}` | " + " | ".join(f"{res[f'tput/{p}/bs{b}']:.0f}" for b in bss) + " |")
-    table = ["", "| ratio | value |", "|---|---|"]
-    lines += table
-    for b in bss:
-        if (ratio := res.get(f"retention/vllm-v1-fixed_vs_vllm-v0/bs{b}")) is not None:
-            lines.append(f"| vllm-v1-fixed / vllm-v0 throughput, bs {b} | {ratio:.2f} |")
-    for k in ("worker_overhead_ratio", "grpo/step_s", "grpo/minimal_step_s", "grpo/rlwb_vs_minimal",
-              *(f"grpo/{ph}_vs_minimal" for ph in GRPO_PHASES), "trl/step_s",
-              "speedup_vs_trl", "trl_vllm/step_s", "speedup_vs_trl_vllm", "trl_vllm/no_correction/trl/step_s",
-              "speedup_vs_trl_vllm/no_correction", "trl_vllm/vllm_threads/step_s", "trl_vllm/thread_reset_cost",
-              "memory/score_peak_mb", "memory/naive_peak_mb"):
-        if res.get(k) is not None:
-            lines.append(f"| {k} | {res[k]:.3g} |")
-    if res.get("trl/reason"):
-        lines.append(f"| TRL | {res['trl/reason']} |")
-    for k in ("trl_vllm/stock", "trl_vllm/stock_reason", "trl_vllm/reason"):
-        if res.get(k):
-            lines.append(f"| {k} | {res[k]} |")
-    if res.get("trl_vllm/patches"):
-        lines.append(f"| trl_vllm/patches | {'; '.join(res['trl_vllm/patches'])} |")
-    for d in res.get("trl_vllm/differences") or []:
-        lines.append(f"| TRL + vLLM vs rlwb, not made equal | {d} |")
-    if lines[-len(table):] == table:  # no ratio measured (a partial bench): no empty table
-        del lines[-len(table):]
-    return "\n".join(lines) + "\n"
-
-
 def save_figures(res: dict, figures: Path, source: str | None = None, style: str = "notebook") -> list[Path]:
-    """The bench's figures (`draw_figures`) as `figures/<name>.{png,pdf,svg}`, each naming the run that made it
-    (`source`: `bench/<run id>`); returns the PNGs."""
+    """The bench's figures (`rlwb.plots.bench`, drawn from `res` alone as `rlwb figures` redraws them) as
+    `figures/<name>.{png,pdf,svg}`, each naming the run that made it (`source`: `bench/<run id>`); returns the PNGs."""
     import matplotlib.pyplot as plt
 
     from rlwb import plots
 
     written = []
-    for name, fig in draw_figures(res, style):
+    for name, fig in bench_plots.draw(res, style):
         written.append(plots.save_figure(fig, Path(figures) / name, source))
         plt.close(fig)
     return written
-
-
-def draw_figures(res: dict, style: str = "notebook"):
-    """(name, figure) for each figure a bench's results hold, drawn from bench.json alone (`rlwb figures` on a
-    bench run redraws them so): `throughput`, and `scaling` when TRL + vLLM was measured."""
-    yield "throughput", throughput_figure(res, style)
-    fig = scaling_figure(res, style)
-    if fig is not None:
-        yield "scaling", fig
-
-
-def throughput_figure(res: dict, style: str = "notebook"):
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from rlwb import plots
-
-    plots.set_style(style)
-    bss, presets = res["settings"]["batch_sizes"], _measured_presets(res)
-    fig, ax = plt.subplots(figsize=plots.figsize(style))
-    w = 0.8 / len(PRESETS)
-    for i, p in enumerate(presets):
-        ax.bar(np.arange(len(bss)) + (i - (len(presets) - 1) / 2) * w, [res[f"tput/{p}/bs{b}"] for b in bss], w,
-               label=p, color=plots.engine_color(p))
-    ax.set_xticks(range(len(bss)), [f"batch {b}" for b in bss])
-    ax.set_yscale("log")
-    ax.set_ylabel("generated tokens / s")
-    ax.set_title(f"Rollout throughput on {res['machine']['cores']} CPU cores (fp32, tiny model)")
-    ax.grid(axis="x", visible=False)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    return fig
-
-
-def scaling_figure(res: dict, style: str = "notebook"):
-    """Step time and completion-token throughput vs completions per step, rlwb vs TRL + vLLM (same engine); None
-    when neither loop was measured."""
-    import matplotlib.pyplot as plt
-
-    from rlwb import plots
-
-    loops = {"rlwb": ("rlwb, vllm-v1-fixed worker", "#009E73", "-"),
-             "trl_vllm": ("TRL GRPOTrainer, vLLM colocate", "#D55E00", "--")}
-    series = {lp: sorted((int(k.split("/")[2][1:]), v) for k, v in res.items()
-                         if k.startswith(f"scaling/{lp}/") and k.endswith("/step_s") and v) for lp in loops}
-    if not any(series.values()):
-        return None
-    plots.set_style(style)
-    fig, axes = plt.subplots(1, 2, figsize=plots.figsize(style, 1.3))
-    for lp, (label, color, ls) in loops.items():
-        pts = series[lp]
-        if not pts:
-            continue
-        n = [c for c, _ in pts]
-        axes[0].plot(n, [v for _, v in pts], marker="o", color=color, ls=ls, label=label)
-        axes[1].plot(n, [res[f"scaling/{lp}/n{c}/tok_s"] for c in n], marker="o", color=color, ls=ls, label=label)
-    ticks = sorted({c for pts in series.values() for c, _ in pts})
-    for ax, ylabel in zip(axes, ("seconds per GRPO step (median)", "completion tokens / s")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.minorticks_off()
-        ax.set_xlabel("completions per step (group 8)")
-        ax.set_ylabel(ylabel)
-    axes[0].legend(fontsize="small", loc="upper left")
-    fig.suptitle(f"GRPO step scaling on {res['machine']['cores']} CPU cores: same vLLM engine settings (fp32), "
-                 f"both with TRL's IS correction (rlwb: trl.sequence_mask)", fontsize="medium")
-    fig.tight_layout()
-    return fig

@@ -31,12 +31,12 @@ def draw_figures(run_dir: str | os.PathLike, style: str = "notebook") -> Iterato
 
     nb = notebook_of(run_dir)
     if nb == archive.BENCH:  # `rlwb bench`: its figures are drawn from its numbers
-        from rlwb.bench.throughput import draw_figures as bench_figures
+        from rlwb.plots import bench as bench_plots
 
         res = archive.read_json(run_dir / "bench.json")
         if res is None:
             raise FileNotFoundError(f"{run_dir / 'bench.json'} is missing or unreadable: cannot rebuild its figures")
-        yield from bench_figures(res, style)
+        yield from bench_plots.draw(res, style)
         return
     if nb not in NOTEBOOKS:
         raise ValueError(f"no figure recipes for notebook {nb!r}")
