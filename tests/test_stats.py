@@ -279,14 +279,15 @@ def _holm_step_down(p):
 
 def test_holm_is_bitwise_the_step_down_procedure_through_ties_ones_and_nans():
     """statsmodels' `multipletests` gives exactly (bitwise) the step-down values written out by hand, on random
-    families of 0 to 90 p-values with ties (rounded p's), p = 1 and NaNs (which stay NaN and are not counted)."""
+    families of 0 to 90 p-values with ties (rounded p's), p = 1 and NaNs (which stay NaN and are not counted), each
+    case in every fourth family (multipletests takes ~50 ms a family: 40 families, not hundreds)."""
     rng = np.random.default_rng(7)
-    for _ in range(300):
-        p = rng.random(rng.integers(0, 90)) ** rng.uniform(0.2, 5)
-        if p.size and rng.random() < 0.4:
+    for k in range(40):
+        p = rng.random(rng.integers(1, 90)) ** rng.uniform(0.2, 5)
+        if k % 4 == 1:
             p = np.round(p, 2)
-        if p.size and rng.random() < 0.3:
-            p[rng.integers(0, p.size, 3)] = rng.choice([1.0, np.nan])
+        if k % 4 in (2, 3):
+            p[rng.integers(0, p.size, 3)] = 1.0 if k % 4 == 2 else np.nan
         got, want = stats.holm(p), _holm_step_down(p)
         assert np.array_equal(got, want, equal_nan=True), p
     assert stats.holm([]).shape == (0,) and np.isnan(stats.holm([np.nan])).all()
