@@ -108,6 +108,15 @@ class EngineParams(Params):
                                        "on (required), off", choices=list(CHAT_TEMPLATE_MODES))
 
 
+class SeededRuns:
+    """The seeds of a notebook that trains `num_seeds` GRPO runs per configuration (03, 07, 08): seed, seed+1, ...,
+    the same in every configuration, so that configurations are paired by seed."""
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(self.num_seeds)]
+
+
 CORRECTIONS_DOC = ("off-policy corrections, names from rlwb.core.rl.correction_catalog (none, tis, verl.geo_rs, "
                    "icepop, ...; with old_logprobs engine only rejection ones: none, mis, verl.geo_rs, ...)")
 

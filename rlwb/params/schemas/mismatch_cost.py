@@ -11,7 +11,7 @@ from rlwb.core.checked_fields import param
 from rlwb.core.rl.correction_catalog import check_modes
 from rlwb.core.rl.grpo_config import GRPOSettings
 from rlwb.errors import ParamError
-from rlwb.params.schemas.base import EngineParams, check_engine, concurrent_runs_param, engine_list
+from rlwb.params.schemas.base import EngineParams, SeededRuns, check_engine, concurrent_runs_param, engine_list
 
 
 def check_arm(arm: str) -> str | None:
@@ -56,7 +56,7 @@ def check_point(entry: str) -> str | None:
 
 
 @dataclass
-class MismatchCostParams(GRPOSettings, EngineParams):
+class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
     """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
     RETIRED: typing.ClassVar[dict[str, str]] = {
         "resume_from": "a run option now, not a param: `rlwb run --resume-from RUN_DIR` (`rlwb sweep --resume`)"}
@@ -115,10 +115,6 @@ class MismatchCostParams(GRPOSettings, EngineParams):
                                       "policy's; the benchmark dose is where the fitted cost reaches it)",
                                 gt=0, le=1)
     concurrent_runs: int = concurrent_runs_param()
-
-    @property
-    def seeds(self) -> list[int]:
-        return [self.seed + i for i in range(self.num_seeds)]
 
     def __post_init__(self):
         if len(self.engines) != 1:

@@ -10,11 +10,11 @@ from rlwb.core.checked_fields import param
 from rlwb.core.rl.correction_catalog import CORRECTIONS, check_modes
 from rlwb.core.rl.grpo_config import GRPOSettings
 from rlwb.core.rl.mismatch_breaker import MONITORED
-from rlwb.params.schemas.base import CORRECTIONS_DOC, EngineParams, concurrent_runs_param, engine_list
+from rlwb.params.schemas.base import CORRECTIONS_DOC, EngineParams, SeededRuns, concurrent_runs_param, engine_list
 
 
 @dataclass
-class GRPOParams(GRPOSettings, EngineParams):
+class GRPOParams(GRPOSettings, EngineParams, SeededRuns):
     """The GRPO loop's settings come from `GRPOSettings` (one source); these are notebook 03's own."""
 
     NOTEBOOK: typing.ClassVar[str] = "03_toy_grpo"
@@ -37,10 +37,6 @@ class GRPOParams(GRPOSettings, EngineParams):
     drift_metric: str = param("mismatch_k3", "per-step curve column the drift monitor watches (ess trips below "
                                              "the threshold, the others above)", choices=list(MONITORED))
     concurrent_runs: int = concurrent_runs_param()
-
-    @property
-    def seeds(self) -> list[int]:
-        return [self.seed + i for i in range(self.num_seeds)]
 
     def __post_init__(self):
         check_modes(self.corrections, self.old_logprobs)

@@ -10,11 +10,11 @@ from rlwb.core.checked_fields import param
 from rlwb.core.rl.correction_catalog import CORRECTIONS, check_modes
 from rlwb.core.rl.grpo_config import GRPOSettings
 from rlwb.errors import ParamError
-from rlwb.params.schemas.base import CORRECTIONS_DOC, EngineParams, concurrent_runs_param, engine_list
+from rlwb.params.schemas.base import CORRECTIONS_DOC, EngineParams, SeededRuns, concurrent_runs_param, engine_list
 
 
 @dataclass
-class CorrectionRaceParams(GRPOSettings, EngineParams):
+class CorrectionRaceParams(GRPOSettings, EngineParams, SeededRuns):
     """Notebook 07: the GRPO loop's settings (decoupled by default: the mode peers define IS corrections in)
     plus the race's levels and corrections."""
 
@@ -37,10 +37,6 @@ class CorrectionRaceParams(GRPOSettings, EngineParams):
     margin: float = param(0.05, "equivalence margin on the final-reward gap: a correction recovers a level when "
                                 "its gap to the baseline is shown inside +-margin (TOST, Holm-corrected)", gt=0, lt=1)
     concurrent_runs: int = concurrent_runs_param()
-
-    @property
-    def seeds(self) -> list[int]:
-        return [self.seed + i for i in range(self.num_seeds)]
 
     def __post_init__(self):
         check_modes(self.corrections, self.old_logprobs)
