@@ -207,8 +207,11 @@ def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, m
         curves[job] = store.save(job, df, wall) if store is not None else df  # read back, as a taken one is
         return curves[job]
 
+    def corrections(engine: str) -> list[str]:
+        return corrections_for(engine) if corrections_for else list(p.corrections)
+
     def phases(engine: str) -> Iterator[list[GridRun]]:
-        wanted = corrections_for(engine) if corrections_for else list(p.corrections)
+        wanted = corrections(engine)
         skip = getattr(p, "skip_at_floor", False) and "none" in wanted and len(wanted) > 1
         runs = [[GridRun(engine, c, s) for c in wanted for s in p.seeds]]
         if skip:
@@ -236,8 +239,8 @@ def train_grid(p, model_path, on_start: OnStart = None, progress: bool = True, m
             on_start(info)
 
     def plan(w):
-        wanted = corrections_for(w.preset.name) if corrections_for else list(p.corrections)
-        return len(wanted) * len(p.seeds), ([j for j in phase if not taken(j)] for phase in phases(w.preset.name))
+        return (len(corrections(w.preset.name)) * len(p.seeds),
+                ([j for j in phase if not taken(j)] for phase in phases(w.preset.name)))
 
     if left:
         run_grid(p, model_path, left, plan, one_run, on_start=on_start, progress=progress, on_done=finished)
