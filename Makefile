@@ -4,10 +4,12 @@ VENV := .venv
 RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
-# pytest-xdist workers (a module stays whole on one worker). 0: one process, the default. Two workers were measured
-# on 2 cores / 24 GiB (2026-11-25): each keeps its own session engines, free memory fell to ~0.6 GiB and engine
-# starts failed, so CI runs in one process (tests/README.md).
-TEST_WORKERS ?= 0
+# pytest-xdist workers, one per core of CI's machines; the tests that share a session engine, server or run go to one
+# worker (`--dist loadgroup`, tests/conftest.py SESSION_GROUPS). 0: one process. Two workers put the trainer's and the
+# engines' OpenMP threads (two each) four to two cores: passive waiting lets a waiting thread give its core to the
+# other worker instead of spinning on it (it changes when a thread sleeps, not what it computes).
+TEST_WORKERS ?= 2
+TEST_OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: setup kernel-side kernel engines v1 v0 versions peers trl-vllm browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
 
@@ -56,7 +58,7 @@ realistic: setup                     ## every notebook on the realistic embedded
 	$(RLWB) index
 
 test: setup lint                     ## lint, then the whole test suite (real engines included)
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=$(TEST_OMP_WAIT_POLICY) $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: kernel                    ## the tests that start no engine, notebook or browser (~1.5 min): while developing
 	$(VENV)/bin/python -m pytest -m "not slow and not engines and not browser" $(PYTEST_ARGS)

@@ -4,11 +4,9 @@ Why: on CI's 2 cores the suite's wall time is what counts, and "this test took 4
 worked for it or one sat idle (an engine start, a kernel's imports and a papermill run are single-threaded; the
 trainer and the V0 and HF engines run two OpenMP threads). This plugin reads the machine-wide CPU counters of
 /proc/stat before and after each test (setup, call and teardown, as the JUnit times are), so every process counts:
-pytest, the engine workers, notebook kernels, vLLM servers, and the runs made ahead in the background
-(tests/background.py). `busy` is user + system time at normal priority, which includes the background's runs where
-they run in a cgroup (their low priority is a CPU share, not a nice value), `nice` the time of niced processes (the
-background's fallback where no cgroup can be made), `idle` idle + iowait; all in CPU-seconds, so on 2 cores busy +
-nice + idle is about twice the wall time.
+pytest and its xdist workers, the engine workers, notebook kernels and vLLM servers. `busy` is user + system time
+at normal priority, `nice` the time of niced processes, `idle` idle + iowait; all in CPU-seconds, so on 2 cores
+busy + nice + idle is about twice the wall time.
 
 usage:
   make test PYTEST_ARGS="-p scripts.suite_cpu"        # writes outputs/tests/cpu.json (RLWB_SUITE_CPU=FILE: elsewhere)

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,67 +35,32 @@ def finished_run(r: subprocess.CompletedProcess) -> Path:
     return run_dir
 
 
-# The runs started ahead in the background (tests/background.py): name -> the `rlwb` command lines it runs, one after
-# another, given the folder it owns (the tests that use a run are in `ahead_jobs`). A test gets them through `ahead`,
-# which runs them itself where the session queued none (under xdist, RLWB_TEST_AHEAD=0, or a job of another name).
-AHEAD = {
-    # notebook 00's smoke run three times into one archive: a and b identical (seed 0), c the newest (seed 5)
-    "notebook00_runs": lambda d: [(notebook_args("00_default_policy", *extra, "--outputs", str(d)), {})
-                                  for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20"))],
-    "audit_smoke_run": lambda d: [(["audit", "-f", "params/10_audit/smoke.yaml", "--outputs", str(d)], {})],
-    # from an empty RLWB_CACHE of its own: the run builds its model itself
-    "model built inside a run": lambda d: [(notebook_args("00_default_policy", "-p", "model", "qwen2-chat-smoke",
-                                                          "--outputs", str(d / "out")),
-                                            {"RLWB_CACHE": str(d / "cache")})],
-}
-SHARED_SMOKE = {"00_default_policy": "notebook00_runs", "10_audit": "audit_smoke_run"}  # smoke runs shared by fixtures
-
-
-def ahead_commands(name: str, folder: Path) -> list[tuple[list[str], dict]]:
-    if name.startswith("smoke "):  # test_notebooks' smoke run of one notebook, into the folder as RLWB_OUTPUTS
-        return [(notebook_args(name.removeprefix("smoke ")), {"RLWB_OUTPUTS": str(folder)})]
-    return AHEAD[name](folder)
-
-
-def own_ahead_job(item) -> str | None:
-    """The background job whose run only test `item` asserts on (a smoke run, the model built inside a run)."""
-    name, params = getattr(item, "originalname", None), getattr(getattr(item, "callspec", None), "params", {})
-    if name == "test_notebook_smoke" and params["stem"] not in SHARED_SMOKE:
-        return f"smoke {params['stem']}"
-    if name == "test_a_model_built_inside_a_run_stays_out_of_its_report":
-        return "model built inside a run"
-    return None
-
-
-def ahead_jobs(item) -> list[str]:
-    """The background jobs whose runs test `item` asserts on, in the order it uses them."""
-    name, params = getattr(item, "originalname", None), getattr(getattr(item, "callspec", None), "params", {})
-    shared = [SHARED_SMOKE[params["stem"]]] if name == "test_notebook_smoke" and params["stem"] in SHARED_SMOKE else []
-    own = own_ahead_job(item)
-    fixtures = [f for f in SHARED_SMOKE.values() if f in getattr(item, "fixturenames", ())]
-    return ([own] if own else []) + shared + fixtures
-
-
-_AHEAD: dict = {}  # "background": the session's tests.background.Background, when it has one
-
-
-def ahead(name: str, folder: Path, timeout: int = 1200) -> tuple[Path, list[subprocess.CompletedProcess]]:
-    """(the folder the runs went into, their completed `rlwb` commands) of job `name`: waited for where this session
-    queued it in the background, else run here, now, into `folder`: the same commands (the background adds only
-    OMP_WAIT_POLICY=PASSIVE, which changes no number, and runs them with pytest's environment at collection)."""
-    background = _AHEAD.get("background")
-    job = background.wait(name) if background is not None else None
-    if job is not None:
-        if job.error is not None:
-            raise RuntimeError(f"the background runner could not run {name!r}") from job.error
-        assert job.results, f"the session closed before the background ran {name!r}"
-        return job.dir, job.results
+def rlwb_runs(commands: list[tuple[list[str], dict]], timeout: int = 1200) -> list[subprocess.CompletedProcess]:
+    """`rlwb` command lines (args, extra environment) run one after another, stopping at the first that fails."""
     results = []
-    for args, env in ahead_commands(name, folder):
+    for args, env in commands:
         results.append(rlwb(*args, env=env, timeout=timeout))
         if results[-1].returncode != 0:
             break
-    return folder, results
+    return results
+
+
+# pytest-xdist groups (`make test` runs `--dist loadgroup`): a test that asks for one of these session fixtures, or for
+# a fixture that does, runs on the one worker that holds it, so the session makes it once: the engine workers (each a
+# real vLLM or HF process, ~1.3-1.7 GiB), the vLLM servers, notebook 00's shared runs, the audit run. Everything else
+# is spread test by test over the workers. A test that asks for two of them goes with the first listed here (the
+# other is then made on that worker too).
+SESSION_GROUPS = {"engine": "engines", "vllm_server": "engines", "notebook00_runs": "notebook00_runs",
+                  "audit_smoke_run": "audit_smoke_run"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = next((g for f, g in SESSION_GROUPS.items() if f in getattr(item, "fixturenames", ())), None)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +70,9 @@ def notebook00_runs(tmp_path_factory, default_model) -> tuple[Path, list[Path]]:
     test_notebooks' smoke of 00). `a` and `b` have identical params (seed 0: bitwise-equal metrics); `c`, the
     newest, has seed 5 and `eval_prompts 20` (other params: drift, other quoted numbers). Read-only: a test that
     changes an archive or a run copies it first (`copy_archive`)."""
-    out, results = ahead("notebook00_runs", tmp_path_factory.mktemp("notebook00-archive"))
+    out = tmp_path_factory.mktemp("notebook00-archive")
+    results = rlwb_runs([(notebook_args("00_default_policy", *extra, "--outputs", str(out)), {})
+                         for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20"))])
     assert len(results) == 3, results[-1].stderr[-3000:]
     return out, [finished_run(r) for r in results]
 
@@ -141,8 +107,8 @@ def audit_smoke_run(tmp_path_factory, default_model) -> Path:
     """`rlwb audit -f params/10_audit/smoke.yaml` once (notebook 10 through papermill, archived and reported like
     every notebook), shared by test_notebooks' smoke of 10 and test_audit's re-scoring (its source run).
     Read-only."""
-    _, (result,) = ahead("audit_smoke_run", tmp_path_factory.mktemp("audit-archive"))
-    return finished_run(result)
+    out = tmp_path_factory.mktemp("audit-archive")
+    return finished_run(rlwb("audit", "-f", "params/10_audit/smoke.yaml", "--outputs", str(out), timeout=1200))
 
 
 def copy_archive(root: Path, dest: Path) -> tuple[Path, dict[str, Path]]:
@@ -159,80 +125,6 @@ def chromium(*args: str, profile: Path, timeout: int = 120) -> subprocess.Comple
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--hide-scrollbars", f"--user-data-dir={profile}"]
     return subprocess.run([exe, *flags, *args], capture_output=True, text=True, timeout=timeout)
-
-
-# The default recipe trained from scratch (test_models' check of the shipped weights) is 98 s of 2-thread CPU work on
-# idle cores (188 CPU-seconds, measured 2026-11-26) and nothing else in the suite waits on it. When that test is
-# selected, collection starts the very build the test makes (`rlwb build-model --from-recipe`, into a fresh cache of
-# its own) beside the background queue, at the same low priority (tests/background.py), and moves the test to the end
-# of the (shuffled, --lf/--ff-reordered) order: the build takes the cycles the other tests leave idle and the test then
-# asserts on it. Priority and OMP_WAIT_POLICY are not among the build's pins and change no bit (the test compares the
-# checksum with the published one). Under xdist each worker collects every test, so there the test builds in the
-# foreground.
-RECIPE_TEST = "test_the_recipe_built_here_reproduces_its_vendors_published_build"
-_RECIPE_BUILD: dict = {}
-
-
-def pytest_collection_finish(session):
-    """After every reordering hook (pytest-randomly's shuffle, --lf/--ff): the recipe's test last and its build
-    started; the runs the selected tests assert on queued in the background, in the order the tests need them
-    (`ahead_jobs`; RLWB_TEST_AHEAD=0 runs each in its test instead)."""
-    from tests.background import Background
-
-    if os.environ.get("PYTEST_XDIST_WORKER") or session.config.getoption("collectonly"):
-        return
-    flag = os.environ.get("RLWB_TEST_AHEAD", "1")
-    if flag not in ("0", "1"):
-        raise pytest.UsageError(f"RLWB_TEST_AHEAD={flag!r}: use 1 (start the suite's CLI runs ahead, in the "
-                                "background) or 0 (each test runs its own)")
-    items = session.items
-    if flag == "1":  # a test whose run is its own goes after the others (their shuffled order kept among themselves),
-        # so that its run has the whole suite to be made in the background; shared runs are queued where first needed
-        items[:] = [i for i in items if not own_ahead_job(i)] + [i for i in items if own_ahead_job(i)]
-    names = list(dict.fromkeys(n for item in items for n in ahead_jobs(item))) if flag == "1" else []
-    at = [i for i, item in enumerate(items) if item.name == RECIPE_TEST]
-    if not names and not at:
-        return
-    background = _AHEAD["background"] = Background(REPO, session.config._tmp_path_factory.mktemp("ahead"))
-    if at:
-        items.append(items.pop(at[0]))
-        cache = Path(tempfile.mkdtemp(prefix="rlwb-recipe-build-"))
-        proc = background.launch("recipe-build", [*RLWB, "build-model", "--from-recipe"],
-                                 {"RLWB_CACHE": str(cache), "OMP_WAIT_POLICY": "PASSIVE"}, cache / "build.log")
-        _RECIPE_BUILD.update(proc=proc, cache=cache)
-    for name in names:
-        folder = background.root / name.replace(" ", "-")  # in pytest's temporary directory, kept as a test's are
-        background.add(name, lambda d, name=name: [([*RLWB, *args], {**env, "OMP_WAIT_POLICY": "PASSIVE"})
-                                                   for args, env in ahead_commands(name, d)], folder)
-    background.start()
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """Stop what the background still runs (interrupted, or its test never ran: -x) and remove its cgroups."""
-    background, cache = _AHEAD.pop("background", None), _RECIPE_BUILD.get("cache")
-    try:
-        if background is not None:
-            background.close()
-    finally:
-        if cache is not None:
-            shutil.rmtree(cache, ignore_errors=True)
-
-
-@pytest.fixture
-def recipe_build_cache(tmp_path) -> tuple[Path, int | None]:
-    """(cache, exit status of the background CLI or None): an RLWB_CACHE holding the default recipe built from
-    scratch by this session's background build, or an empty one where none was started (under xdist), so the test
-    builds it in the foreground. A background build that did not finish its work (crashed, killed: exit status other
-    than 0 = matches the published build, 1 = differs) fails here with its log, rather than being redone silently."""
-    proc = _RECIPE_BUILD.get("proc")
-    if proc is None:
-        return tmp_path, None
-    proc.wait(timeout=3600)
-    cache = _RECIPE_BUILD["cache"]
-    log = (cache / "build.log").read_text(errors="replace")
-    assert proc.returncode in (0, 1) and list(cache.glob("models/default-*-recipe/model.json")), (
-        f"the background recipe build (`rlwb build-model --from-recipe`) exited {proc.returncode}:\n{log[-3000:]}")
-    return cache, proc.returncode
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Every notebook end to end with its smoke params through `rlwb run` (real papermill, real engines), its
-report as a reader sees it (headless Chromium), and notebook hygiene. One parametrized smoke test: its run
-comes from `tests.conftest.ahead` (started ahead in the background, or run by the test); what each notebook must show
-is in `CHECKS`."""
+report as a reader sees it (headless Chromium), and notebook hygiene. One parametrized smoke test: it runs the
+notebook with its smoke params (00's and 10's are the session's shared runs); what each notebook must show is in
+`CHECKS`."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import SHARED_SMOKE, ahead, check_figures_fit, chromium, finished_run
+from tests.conftest import SESSION_GROUPS, check_figures_fit, chromium, finished_run, notebook_args, rlwb
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
@@ -486,21 +486,24 @@ def test_a_report_renders_in_chromium(notebook00_runs, tmp_path):
     assert 'id="Answer"' in dom.stdout and 'class="rlwb-provenance"' in dom.stdout
 
 
+# notebook 00's and 10's smoke runs are the session's shared ones (tests/conftest.py `notebook00_runs`,
+# `audit_smoke_run`: 10's through `rlwb audit -f params/10_audit/smoke.yaml`, which is `rlwb run` of notebook 10), so
+# their tests go to the xdist group of that fixture (it is asked for by name below, which pytest cannot see)
+SHARED_SMOKE = {"00_default_policy": "notebook00_runs", "10_audit": "audit_smoke_run"}
 SMOKE = [pytest.param(stem, marks=[pytest.mark.slow]
-                      + ([pytest.mark.engines] if stem != "00_default_policy" else []), id=stem) for stem in CHECKS]
+                      + ([pytest.mark.engines] if stem != "00_default_policy" else [])
+                      + ([pytest.mark.xdist_group(SESSION_GROUPS[SHARED_SMOKE[stem]])] if stem in SHARED_SMOKE else []),
+                      id=stem)
+         for stem in CHECKS]
 
 
 @pytest.mark.parametrize("stem", SMOKE)
 def test_notebook_smoke(stem, outputs, default_model, request):
-    # notebook 00's and 10's smoke runs are the session's shared ones (tests/conftest.py `notebook00_runs`,
-    # `audit_smoke_run`: 10's through `rlwb audit -f params/10_audit/smoke.yaml`, which is `rlwb run` of notebook 10);
-    # the others are `rlwb run` of the notebook with its smoke params, started ahead in the background where the
-    # session could (conftest `ahead`)
     if stem in SHARED_SMOKE:  # notebook00_runs is (archive, [a, b, c]): 00's smoke run is `a`
         shared = request.getfixturevalue(SHARED_SMOKE[stem])
         d = shared[1][0] if SHARED_SMOKE[stem] == "notebook00_runs" else shared
-    else:
-        d = finished_run(ahead(f"smoke {stem}", outputs)[1][0])
+    else:  # `rlwb run` of the notebook with its smoke params, into `outputs` (RLWB_OUTPUTS)
+        d = finished_run(rlwb(*notebook_args(stem), timeout=1200))
     CHECKS[stem](d, json.loads((d / "metrics.json").read_text()))
     # time to report, split by phase (rlwb.timing): the phases and `other` add up to the run's wall time
     info = json.loads((d / "run.json").read_text())
@@ -518,10 +521,11 @@ def test_a_model_built_inside_a_run_stays_out_of_its_report(tmp_path):
     """From an empty RLWB_CACHE the run builds its model itself (the fresh-machine case, whatever ran before): the
     build's progress goes to the run's logs/progress.log (echoed by `rlwb run` to the terminal), never into the
     notebook's outputs or report.html."""
-    folder, (r,) = ahead("model built inside a run", tmp_path)  # conftest.AHEAD: --outputs out, RLWB_CACHE cache
+    r = rlwb(*notebook_args("00_default_policy", "-p", "model", "qwen2-chat-smoke", "--outputs", str(tmp_path / "out")),
+             env={"RLWB_CACHE": str(tmp_path / "cache")}, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     d = Path(r.stdout.strip().splitlines()[-1])
-    assert (folder / "cache" / "models").is_dir()  # it really built here
+    assert (tmp_path / "cache" / "models").is_dir()  # it really built here
     assert "SFT chat arithmetic" in (d / "logs" / "progress.log").read_text() and "SFT chat arithmetic" in r.stderr
     book = nbformat.read(d / "notebook.ipynb", as_version=4)
     streams = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"]
