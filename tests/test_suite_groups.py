@@ -1,5 +1,5 @@
 """The suite's own machinery: the pytest-xdist groups that keep each session engine, server and shared run on one
-worker (tests/conftest.py `SESSION_GROUPS`). A group that names no fixture would leave its tests spread over both
+worker (tests/conftest.py `XDIST_GROUPS`). A group that names no fixture would leave its tests spread over both
 workers, each making its own engines (memory) and shared runs (time), with no test failing: these tests fail
 instead."""
 
@@ -12,29 +12,30 @@ from tests import conftest
 from tests.test_notebooks import SHARED_SMOKE
 
 
-def session_fixtures() -> set[str]:
-    """The names of the session-scoped fixtures tests/conftest.py defines."""
+def shared_fixtures() -> set[str]:
+    """The names of the session- and module-scoped fixtures tests/conftest.py defines."""
     tree = ast.parse(Path(conftest.__file__).read_text())
     out = set()
     for node in tree.body:
         if isinstance(node, ast.FunctionDef):
             for dec in node.decorator_list:
                 if (isinstance(dec, ast.Call) and ast.unparse(dec.func) == "pytest.fixture"
-                        and any(k.arg == "scope" and ast.literal_eval(k.value) == "session" for k in dec.keywords)):
+                        and any(k.arg == "scope" and ast.literal_eval(k.value) in ("session", "module")
+                                for k in dec.keywords)):
                     out.add(node.name)
     return out
 
 
-def test_every_group_is_named_after_a_session_fixture():
-    assert set(conftest.SESSION_GROUPS) <= session_fixtures()
+def test_every_group_is_named_after_a_shared_fixture():
+    assert set(conftest.XDIST_GROUPS) <= shared_fixtures()
     # notebook 00's and 10's smoke tests ask for their shared run by name (pytest cannot see it) and take the
     # fixture's group explicitly
-    assert set(SHARED_SMOKE.values()) <= set(conftest.SESSION_GROUPS)
+    assert set(SHARED_SMOKE.values()) <= set(conftest.XDIST_GROUPS)
 
 
 def test_a_test_that_asks_for_the_session_engines_runs_in_their_group(engine, request):
     # asking for `engine` starts no engine (it is a factory): this test only reads the mark collection gave it
-    assert request.node.get_closest_marker("xdist_group").args[0] == conftest.SESSION_GROUPS["engine"] == "engines"
+    assert request.node.get_closest_marker("xdist_group").args[0] == conftest.XDIST_GROUPS["engine"] == "engines"
 
 
 @pytest.fixture
