@@ -1,6 +1,7 @@
 """Notebook 08's doses (`rlwb.core.rl.mismatch_doses`): the ratio dose hits its intended k3, is paired (the same noise
 for every arm of a seed and step, token by token) and stays symmetric where the policy is confident; the weight dose is
-a fixed perturbation per seed of the stated relative size. Pure functions: no engine needed."""
+a fixed perturbation per seed of the stated relative size. The kinds are a registry (`DOSE_KINDS`), and a misspelt
+kind is refused with the name it resembles. Pure functions: no engine needed."""
 
 import math
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from rlwb.core.rl import mismatch_doses
+from rlwb.errors import ParamError
 
 
 @pytest.mark.parametrize("k3", [1e-4, 1e-2, 1e-1])
@@ -79,3 +81,21 @@ def test_lagged_weights_hand_the_engine_the_weights_of_lag_updates_ago():
     assert seen == [0.0, 0.0, 1.0, 2.0, 3.0]
     with pytest.raises(ValueError, match=">= 1"):
         mismatch_doses.LaggedWeights(w, lag=0)
+
+
+def test_the_registry_holds_the_three_kinds_in_report_order():
+    kinds = mismatch_doses.dose_kinds()
+    assert [(k.name, k.param, k.unit) for k in kinds] == [
+        ("ratio", "ratio_k3", float), ("weights", "weight_noise", float), ("stale", "stale_steps", int)]
+    assert mismatch_doses.kinds_for(raw=True) == ["ratio"]
+    assert mismatch_doses.kinds_for(raw=False) == ["weights", "stale"]
+    with pytest.raises(ParamError, match=r"unknown dose kind 'ratoi'; did you mean 'ratio'\?"):
+        mismatch_doses.dose_kind("ratoi")
+    with pytest.raises(ValueError, match="registered already"):
+        mismatch_doses.register_dose_kind("ratio", **{f: getattr(kinds[0], f) for f in ("order", "title", "panel_title",
+                                                                                       "param", "doses", "doc")})(
+            mismatch_doses.Dose)
+    with pytest.raises(ValueError, match="not be one of the study's other rows"):
+        mismatch_doses.DoseKind("clean", mismatch_doses.Dose, 9, "t", "t", "clean_doses", (), "d")
+    assert isinstance(mismatch_doses.start("", 0.0, 0, {}), mismatch_doses.Dose)  # no kind: a clean run
+

@@ -11,6 +11,7 @@ import pandas as pd
 
 from rlwb.core.data import tasks
 from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
+from rlwb.core.rl.mismatch_doses import DOSE_KINDS
 
 DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
 
@@ -121,11 +122,12 @@ def kind_label(kind: str, updates: int, first: int) -> str:
 
 
 def config(p, job: TrainingRun) -> GRPOConfig:
+    """The GRPO settings `job` runs with: the params' loop settings, its arm's correction and mode, its dose (a
+    dose row's kind and dose; none for the other rows), temperature, regime, sampling stream and steps."""
     corr, _, mode = job.arm.partition("@")
-    dose = {job.kind: job.dose}
-    cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, logprob_noise_k3=dose.get("ratio", 0.0),
-                                   engine_weight_noise=dose.get("weights", 0.0),
-                                   engine_lag=int(dose.get("stale", 0)))
+    dosed = job.kind in DOSE_KINDS
+    cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, dose_kind=job.kind if dosed else "",
+                                   dose=job.dose if dosed else 0.0)
     return replace(cfg, old_logprobs=mode, temperature=job.temperature, updates_per_batch=job.updates,
                    sampling_stream=job.stream, steps=job.steps or p.steps)
 
