@@ -12,16 +12,12 @@ import pandas as pd
 
 from rlwb.core.data import tasks
 from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
-from rlwb.core.rl.mismatch_doses import DOSE_KINDS
-
-DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
+from rlwb.core.rl.mismatch_doses import DOSE_KINDS, dose_kinds
 
 
-KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
-         "weights": "distribution mismatch (engine samples with perturbed weights)",
-         "stale": "distribution mismatch (engine samples with weights some updates behind)",
-         "engine": "a real engine setting (notebooks 01/06), placed on the axes by its measured k3"}
-
+def dosed_kinds() -> list[str]:
+    """The kinds with a numeric dose (`mismatch_doses.DOSE_KINDS`), in the order the report shows them."""
+    return [k.name for k in dose_kinds()]
 
 
 @dataclass(frozen=True)
