@@ -121,6 +121,8 @@ def test_the_audit_reads_the_study_not_a_newer_follow_up(tmp_path):
     layout."""
     import pandas as pd
 
+    from rlwb.core.rl.mismatch_doses import dose_kinds
+
     def run(name: str, model: str, rows: list[tuple[str, str, float]], ratio_k3=(0.01, 0.1)) -> None:
         d = tmp_path / name
         (d / "data").mkdir(parents=True)
@@ -131,7 +133,9 @@ def test_the_audit_reads_the_study_not_a_newer_follow_up(tmp_path):
     run("20260101-000000-study", "default", [("ratio", dr.BOUNDED, 0.14), ("weights+ppo4", dr.NO_BMR, np.nan)])
     run("20260102-000000-followup", "default", [("ratio", dr.NO_BMR, np.nan)], ratio_k3=(0.0015,))
     run("20260101-000000-chat", "qwen2-chat", [("ratio", dr.BELOW_RANGE, 0.1)])
-    got = {r["model"]: (r["run"], list(r["benchmarks"]["name"])) for r in dr.study_benchmarks(tmp_path)}
+    dose_params = [k.param for k in dose_kinds()]  # what the audit passes: each kind's list of doses
+    got = {r["model"]: (r["run"], list(r["benchmarks"]["name"])) for r in dr.study_benchmarks(tmp_path, dose_params)}
     assert got == {"default": ("20260101-000000-study", ["ratio"]), "qwen2-chat": ("20260101-000000-chat", ["ratio"])}
     run("20260103-000000-study2", "default", [("ratio", dr.NO_BMR, np.nan)])  # a study whose clean run gained nothing
-    assert {r["model"]: r["run"] for r in dr.study_benchmarks(tmp_path)}["default"] == "20260103-000000-study2"
+    assert {r["model"]: r["run"] for r in dr.study_benchmarks(tmp_path, dose_params)}["default"] == (
+        "20260103-000000-study2")

@@ -160,13 +160,17 @@ def test_the_architecture_page_names_every_module():
     assert not missing, missing
 
 
-def code_strings(tree: ast.AST) -> list[str]:
+def code_string_nodes(tree: ast.AST) -> list[ast.Constant]:
     """Every string constant of `tree` but docstrings (what the code uses, not what it says of itself)."""
     docs = {id(n.body[0].value) for n in ast.walk(tree)
             if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
             and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
             and id(n) not in docs]
+
+
+def code_strings(tree: ast.AST) -> list[str]:
+    return [n.value for n in code_string_nodes(tree)]
 
 
 def test_a_runs_record_has_one_owner():
@@ -344,6 +348,62 @@ def test_the_notebook_recipe_names_every_table_of_notebooks():
               if any(2 * len(stems) >= len(NOTEBOOKS) for _, stems in stems_listed(f.read_text(), NOTEBOOKS))}
     assert tables, "the check finds the tables the tests keep per notebook"
     assert tables <= listed, sorted(tables - listed)
+
+
+def kinds_named(source: str, kinds) -> list[tuple[int, str, bool]]:
+    """(line, string, False) of each code string of Python `source` (docstrings aside) that names a kind of dose: the
+    kind itself (`"ratio"`), one of its rows (`"ratio@0.01"`) or metric keys (`"ratio/none@engine/..."`), or its
+    parameter (`"ratio_k3"`); (line, the kinds, True) of each collection literal naming two kinds or more (a table of
+    kinds)."""
+    names = {k.name for k in kinds}
+    words = names | {k.param for k in kinds}
+    tree = ast.parse(source)
+    found = [(n.lineno, n.value, False) for n in code_string_nodes(tree)
+             if n.value in words or n.value.partition("@")[0] in names or n.value.partition("/")[0] in names]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+            items = [*node.keys, *node.values] if isinstance(node, ast.Dict) else node.elts
+            hits = sorted({i.value for i in items if isinstance(i, ast.Constant) and i.value in names})
+            if len(hits) >= 2:
+                found.append((node.lineno, ", ".join(hits), True))
+    return found
+
+
+def test_only_the_dose_kind_recipe_names_a_kind_of_dose():
+    """A kind of dose is declared once, in its registration (`mismatch_doses.DOSE_KINDS`): the schema, the study's
+    grammar, the loop, the analysis, the figures, the wording, the benchmark reader and the audit iterate over the
+    registry, so a new kind is the files of its recipe. Every module that reads the registry names no kind itself,
+    and no module of the package or the scripts holds a table of kinds, but those the recipe lists."""
+    from rlwb.core.rl.mismatch_doses import dose_kinds
+
+    listed = {path for path, _ in recipes()["A kind of mismatch dose"]}
+    kinds = dose_kinds()
+    assert kinds and "rlwb/core/rl/mismatch_doses.py" in listed
+    code = [*PKG.rglob("*.py"), *(REPO / "scripts").rglob("*.py")]
+    readers = {f for f in code if "mismatch_doses" in f.read_text()}
+    assert len(readers) >= 8, sorted(map(str, readers))  # the check sees the modules that iterate over the kinds
+    bad = {}
+    for f in code:
+        source = f.read_text()
+        hits = kinds_named(source, kinds)
+        if f not in readers:  # a module that never reads the registry may use the words otherwise ("stale" cache)
+            hits = [h for h in hits if h[2]]
+        if hits and str(f.relative_to(REPO)) not in listed:
+            bad[str(f.relative_to(REPO))] = hits
+    assert not bad, bad
+
+
+def test_the_dose_kind_check_catches_a_kind_named_in_code():
+    """The check above on code written to break it, and on code it must let pass."""
+    from types import SimpleNamespace
+
+    kinds = [SimpleNamespace(name="ratio", param="ratio_k3"), SimpleNamespace(name="stale", param="stale_steps")]
+    src = ('"""ratio and stale in a docstring."""\nif kind == "ratio":\n    key = "stale/none@engine/gap"\n'
+           'rows = ("ratio", "stale")\nx = p["ratio_k3"]\nlabel = "ratio@0.01"\n')
+    assert sorted(kinds_named(src, kinds)) == [(2, "ratio", False), (3, "stale/none@engine/gap", False),
+                                               (4, "ratio", False), (4, "ratio, stale", True), (4, "stale", False),
+                                               (5, "ratio_k3", False), (6, "ratio@0.01", False)]
+    assert kinds_named('"""ratio."""\nf"{kind}@{dose:g}"\nwhat = "the ratio error"\n', kinds) == []
 
 
 def test_each_cli_command_is_registered_once_beside_its_handler():

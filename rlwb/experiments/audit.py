@@ -21,6 +21,7 @@ from rlwb.core.data.tokenizer import PromptCodec
 from rlwb.core.measure import metrics as M
 from rlwb.core.measure.framework_metrics import panel
 from rlwb.core.prompts import from_file
+from rlwb.core.rl.mismatch_doses import dose_kinds, kinds_for
 from rlwb.core.scoring.external import ExternalScorer
 from rlwb.core.scoring.rollouts import Rollouts, rollouts_from_frame, sample_and_score
 from rlwb.core.scoring.trainer import TrainerScorer
@@ -229,19 +230,19 @@ def conclusion(metrics: dict, p, engines: list[str], panels: pd.DataFrame, sourc
 
 def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) -> dict:
     """Each audited engine's measured k3 beside notebook 08's benchmark doses of its kind of mismatch:
-    the ratio kind for an engine that reports raw logprobs (it samples right, reports wrong), the distribution
-    kinds (perturbed weights, stale weights) otherwise, per arm: the BMDL and its status, from the study's runs of
-    record (`dose_response.study_benchmarks`, measured on rlwb's small embedded models). `runs` empty: no study run
-    of record yet."""
+    the kinds that sample right for an engine that reports raw logprobs (it samples right, reports wrong: ratio),
+    the distribution kinds otherwise (perturbed weights, stale weights; `mismatch_doses.kinds_for`), per arm:
+    the BMDL and its status, from the study's runs of record (`dose_response.study_benchmarks`, measured on rlwb's
+    small embedded models). `runs` empty: no study run of record yet."""
     from rlwb.core.measure import dose_response
 
-    runs = dose_response.study_benchmarks(runs_dir)
+    runs = dose_response.study_benchmarks(runs_dir, [k.param for k in dose_kinds()])
     engines = []
     for e, raw in reports_raw.items():
         k3 = metrics.get(f"{e}/k3_mean")
         if k3 is None:
             continue
-        kinds = ["ratio"] if raw else ["weights", "stale"]
+        kinds = kinds_for(raw)
         per_run = []
         for r in runs:
             b = r["benchmarks"]

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from rlwb.core.measure import dose_response
-from rlwb.core.rl.mismatch_doses import logprob_noise_sigma
+from rlwb.core.rl.mismatch_doses import DOSE_KINDS, dose_kinds
 from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import FINAL_FRAC, timing_note
 from rlwb.experiments.mismatch_study.analysis import (
@@ -43,13 +43,12 @@ from rlwb.experiments.mismatch_study.comparisons import (
     one_family,
 )
 from rlwb.experiments.mismatch_study.design import (
-    DOSED,
     HELDOUT_PROBLEMS,
     HELDOUT_SEED,
-    KINDS,
     LONG,
     PROBE_PROBLEMS,
     PROBE_SEED,
+    dosed_kinds,
     first_regime,
     held_out,
 )
@@ -87,7 +86,8 @@ class CostResult(Result):
         arm's verdict per kind of mismatch."""
         bench = (dose_response.first_regime_benchmarks(self.benchmarks) if "name" in self.benchmarks
                  else self.benchmarks)
-        bullets = words_08.dose_answer_lines(self.metrics, first_regime(self.doses), DOSED, self.params.arm_labels)
+        bullets = words_08.dose_answer_lines(self.metrics, first_regime(self.doses), dosed_kinds(),
+                                             self.params.arm_labels)
         return one_line(words_08.answer_line(self.params.arm_labels[0], bench, self.contrasts,
                                              [b[2:] for b in bullets]), limit=400)
 
@@ -149,14 +149,22 @@ def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None
              "timing": timing_note(p, sorted(set(table["engine"]))), "heldout": heldout,
              "probe": held_out(p, PROBE_PROBLEMS, PROBE_SEED)[1]}
     return words_08.conclusion(metrics, table, regimes, first, p, bench, con, hz, words=words,
-                               answer_rows=first_regime(table), doses=first_arm_doses(table, p), dosed=DOSED,
-                               kinds=KINDS)
+                               answer_rows=first_regime(table), doses=first_arm_doses(table, p), kinds=kind_words())
+
+
+def kind_words() -> list[dict]:
+    """What the wording says of each kind of dose, in the report's order (`mismatch_doses.DoseKind`): its name,
+    what it is, whether a dose is an intended k3, and how its doses read."""
+    return [{"name": k.name, "title": k.title, "intended_k3": k.intended_k3, "dose_words": k.dose_words,
+             "intended_words": k.intended_words} for k in dose_kinds()]
 
 
 def first_arm_doses(table: pd.DataFrame, p) -> pd.DataFrame:
-    """The first arm's rows, each ratio dose with the noise's `sigma` it was drawn with and whether the measured k3
-    `achieved` it (`dose_achieved`): what the conclusion's doses paragraph states."""
+    """The first arm's rows, each intended-k3 dose (a ratio dose) with the noise's `sigma` it was drawn with (where
+    its kind says) and whether the measured k3 `achieved` it (`dose_achieved`): what the conclusion's doses
+    paragraph states."""
     first = table[table["arm"] == p.arm_labels[0]]
-    rows = [(r, r.kind == "ratio") for r in first.itertuples()]
-    return first.assign(sigma=[logprob_noise_sigma(r.k3_intended) if ratio else np.nan for r, ratio in rows],
-                        achieved=[dose_achieved(r) if ratio else True for r, ratio in rows])
+    rows = [(r, DOSE_KINDS[r.kind] if r.kind in DOSE_KINDS and DOSE_KINDS[r.kind].intended_k3 else None)
+            for r in first.itertuples()]
+    return first.assign(sigma=[k.noise_sd(r.k3_intended) if k and k.noise_sd else np.nan for r, k in rows],
+                        achieved=[dose_achieved(r) if k else True for r, k in rows])

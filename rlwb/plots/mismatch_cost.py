@@ -8,16 +8,19 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from rlwb.core.rl.mismatch_doses import dose_kinds
 from rlwb.plots.style import FLOOR_VALUE, OKABE_ITO, figsize, seed_band
 
-KIND_TITLE = {"ratio": "ratio mismatch\n(reported logprobs off, sampling right)",
-              "weights": "distribution mismatch\n(engine samples perturbed weights)",
-              "stale": "distribution mismatch\n(engine weights updates behind)"}
 MARKERS = "osD^v<>"
 
 
 def _arm_style(arms):
     return {a: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for i, a in enumerate(arms)}
+
+
+def kind_titles() -> dict[str, str]:
+    """Each kind of dose's panel title, in the report's order (`mismatch_doses.DOSE_KINDS`)."""
+    return {k.name: k.panel_title for k in dose_kinds()}
 
 
 def point_name(label: str, base: str) -> str:
@@ -35,7 +38,8 @@ def dose_response(doses, style: str = "notebook"):
     only (further regimes and long rows have their own tables)."""
     if "updates" in doses:  # one regime and one horizon per line
         doses = doses[(doses["updates"] == doses["updates"].iloc[0]) & ~doses["label"].str.endswith("+long")]
-    kinds = [k for k in KIND_TITLE if (doses["kind"] == k).any()]
+    titles = kind_titles()
+    kinds = [k for k in titles if (doses["kind"] == k).any()]
     base = doses.loc[doses["kind"] == "clean", "engine"].iloc[0] if (doses["kind"] == "clean").any() else ""
     arms = list(dict.fromkeys(doses["arm"]))
     sty = _arm_style(arms)
@@ -78,7 +82,7 @@ def dose_response(doses, style: str = "notebook"):
         ax.axhline(0, color="0.4", ls="--", lw=1)
         ax.axvline(lo_x, color="0.8", lw=0.8, zorder=0)
         ax.set_xscale("log")
-        ax.set_title(KIND_TITLE[kind], fontsize="medium")
+        ax.set_title(titles[kind], fontsize="medium")
     narrow = ncol < 3  # one or two panels: the long titles wrap
     fig.supxlabel("measured k3(engine ‖ trainer) per token" + ("\n" if narrow else " ")
                   + "(grey line: dose 0, the float floor; ★ real engines)", fontsize="medium")
@@ -102,7 +106,7 @@ def reward_curves(curves, style: str = "notebook"):
     base_t = curves.loc[curves["label"] == "clean", "temperature"]
     shown = ["clean"] + [curves.loc[curves["dose"] == curves.loc[curves["kind"] == k, "dose"].max(), "label"]
                          .loc[lambda s, k=k: s.str.startswith(k + "@") & ~s.str.contains("+", regex=False)].iloc[0]
-                         for k in KIND_TITLE if (curves["kind"] == k).any()]
+                         for k in kind_titles() if (curves["kind"] == k).any()]
     fig, axes = plt.subplots(1, len(shown), figsize=figsize(style, 0.4 * len(shown) + 0.3), sharey=True,
                              squeeze=False)
     for ax, label in zip(axes[0], shown):

@@ -36,11 +36,12 @@ a line that crosses the BMR early, which errs towards a lower (more conservative
 
 The statistics (`dose_trend`, `benchmark_dose`) are pure numpy/scipy functions of arrays; nothing here touches an
 engine or a model. `study_benchmarks` alone reads files: the benchmark tables of notebook 08's runs of record
-(docs/runs), picked by that notebook's dose params (what `rlwb audit` places an engine's k3 against).
+(docs/runs), picked by the dose params its caller names (what `rlwb audit` places an engine's k3 against).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -195,13 +196,14 @@ def first_regime_benchmarks(bench: pd.DataFrame) -> pd.DataFrame:
     return bench[~bench["name"].astype(str).str.contains("+", regex=False)]
 
 
-def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
+def study_benchmarks(runs_dir: str | Path | None = None, dose_params: Iterable[str] = ()) -> list[dict]:
     """The benchmark doses of notebook 08's study runs of record, newest run per model: for each, `run` (its id),
     `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
     from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
-    run counts as the study's only if its params give some kind of mismatch two doses or more (a curve to fit) and it
-    has a benchmark table; a follow-up with one dose per kind (`params/08_mismatch_cost/one_sided.yaml`) is not one,
-    and a newer such run must not hide the study.
+    run counts as the study's only if its params give some kind of mismatch two doses or more (a curve to fit: each
+    of `dose_params` is a parameter listing one kind's doses, the caller's `DoseKind.param`s, this domain importing
+    no other) and it has a benchmark table; a follow-up with one dose per kind
+    (`params/08_mismatch_cost/one_sided.yaml`) is not one, and a newer such run must not hide the study.
     Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
     import pandas as pd
     import yaml
@@ -216,7 +218,7 @@ def study_benchmarks(runs_dir: str | Path | None = None) -> list[dict]:
             continue
         params = yaml.safe_load(params_file.read_text()) or {}
         # a study fits a curve: two doses of a kind at least (a params file without the dose lists: the defaults')
-        doses = [len(params[k] or []) for k in ("ratio_k3", "weight_noise", "stale_steps") if k in params]
+        doses = [len(params[k] or []) for k in dose_params if k in params]
         bench = pd.read_parquet(bench_file)
         if (doses and max(doses) < 2) or bench.empty or "bmdl" not in bench:
             continue

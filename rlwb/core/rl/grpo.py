@@ -161,8 +161,9 @@ def policy_updates(model: torch.nn.Module, opt: torch.optim.Optimizer, prompt_id
 
 def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
               ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None,
-              engine_noise: dict | None = None, lagged: mismatch_doses.LaggedWeights | None = None) -> StepResult:
+              dose: mismatch_doses.Dose | None = None) -> StepResult:
     codec = codec or tokenizer.PromptCodec()
+    dose = dose or mismatch_doses.Dose()
     t0 = time.perf_counter()
     problems = tasks.make_problems(cfg.prompts_per_step, seed=step_problem_seed(cfg.seed, step),
                                   max_digits=cfg.max_digits)
@@ -181,8 +182,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     width = max(lengths)
     mask = _pad([np.ones(n) for n in lengths], width).bool().to(dev)
     logp_engine = _pad([c.logprobs for c in comps], width).to(dev)
-    # a ratio-mismatch dose: what the engine reports is off, what it sampled is not (rlwb.core.rl.mismatch_doses)
-    logp_engine = mismatch_doses.noisy_logprobs(logp_engine, mask, cfg.logprob_noise_k3, cfg.seed, step)
+    # a dose on what the engine reports (mismatch_doses): what it reports is off, what it sampled is not
+    logp_engine = dose.reported(logp_engine, mask, step)
     # The trainer's logprobs before the update. An unsplit update's forward pass is at these same weights, so
     # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
     # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass,
@@ -195,7 +196,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     cur, logp_trainer_old = (logp, logp.detach()) if shared else (None, logp)
     adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
     e_flat, t_flat = logp_engine[mask].double().cpu().numpy(), logp_trainer_old[mask].double().cpu().numpy()
-    mm = M.mismatch_metrics(e_flat, t_flat, dosed=cfg.logprob_noise_k3 > 0)
+    mm = M.mismatch_metrics(e_flat, t_flat, dosed=dose.reports)
     t2 = time.perf_counter()
 
     behaviour = logp_engine if cfg.old_logprobs == "engine" else logp_trainer_old
@@ -212,11 +213,10 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
                                        cfg, behaviour, adv, mask, weights, keep, ref, cur=cur)
     t3 = time.perf_counter()
 
-    # moved to CPU and written to shared memory by the worker client; a distribution-mismatch dose adds its fixed
-    # perturbation to what the engine samples with, or holds the engine `engine_lag` updates behind (the trainer
-    # keeps the current, clean weights)
-    engine.update_weights(lagged.push(model.state_dict()) if lagged is not None
-                          else mismatch_doses.perturbed(model.state_dict(), engine_noise))
+    # moved to CPU and written to shared memory by the worker client; a distribution-mismatch dose changes what
+    # the engine samples with (perturbed weights, or weights some updates behind); the trainer keeps the current,
+    # clean weights
+    engine.update_weights(dose.synced(model.state_dict()))
     t4 = time.perf_counter()
     row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
            "clip_frac": st.clip_frac, "ratio_mean": st.ratio_mean, "ratio_abs_log_mean": st.ratio_abs_log_mean,
@@ -244,15 +244,16 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
 
     check_modes([cfg.correction], cfg.old_logprobs)  # a weighting correction on pi_theta/pi_engine: refused
     torch.manual_seed(cfg.seed)
-    engine_noise = (mismatch_doses.weight_noise(initial_state or model.state_dict(), cfg.engine_weight_noise, cfg.seed)
-                    if cfg.engine_weight_noise else None)
+    # the run's dose (none for a clean run), drawn from the initial weights: the same in every arm of a seed
+    dose = mismatch_doses.start(cfg.dose_kind, cfg.dose, cfg.seed, initial_state or model.state_dict())
     if initial_state is not None:
         model.load_state_dict(initial_state)
-        engine.update_weights(mismatch_doses.perturbed(initial_state, engine_noise))
+        engine.update_weights(dose.initial(initial_state))
         engine.reset_prefix_cache()
-    elif engine_noise:
-        engine.update_weights(mismatch_doses.perturbed(model.state_dict(), engine_noise))
-    lagged = mismatch_doses.LaggedWeights(model.state_dict(), cfg.engine_lag) if cfg.engine_lag else None
+    else:
+        state = model.state_dict()
+        if (first := dose.initial(state)) is not state:  # a dose that changes the engine's starting weights
+            engine.update_weights(first)
     ref_model = None
     if cfg.beta:
         import copy
@@ -262,7 +263,7 @@ def train(model: torch.nn.Module, engine: EngineWorker, cfg: GRPOConfig, initial
     rows = []
     bar = progress_bar(range(cfg.steps), desc=desc, disable=not progress, leave=False)
     for step in bar:
-        res = grpo_step(step, model, opt, engine, cfg, ref_model, codec, engine_noise, lagged)
+        res = grpo_step(step, model, opt, engine, cfg, ref_model, codec, dose)
         rows.append(res.row)
         bar.set_postfix(reward=f"{res.row['reward_mean']:.2f}", k3=f"{res.row['mismatch_k3']:.1e}")
         if on_step:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from rlwb.core.checked_fields import param
+from rlwb.core.rl.mismatch_doses import dose_kind
 
 
 @dataclass
@@ -45,9 +46,10 @@ class GRPOConfig(GRPOSettings):
     seed: int = 0
     beta: float = 0.0
     max_grad_norm: float = 1.0
-    logprob_noise_k3: float = 0.0  # ratio mismatch dose: intended k3 of noise on the reported logprobs (mismatch_doses)
-    engine_weight_noise: float = 0.0  # distribution mismatch dose: relative weight noise of the engine (mismatch_doses)
-    engine_lag: int = 0  # distribution mismatch dose: the engine samples with the weights of this many updates ago
+    # a mismatch dose (notebook 08): a kind of `rlwb.core.rl.mismatch_doses.DOSE_KINDS` ("": none) and its dose, in
+    # that kind's unit (an intended k3, a relative weight noise, updates behind, ...)
+    dose_kind: str = ""
+    dose: float = 0.0
     # policy updates per rollout batch: the batch cut into this many mini-batches, one optimizer step each (PPO's
     # several updates per batch; the decoupled ratio pi_theta / pi_old is 1 only on the first): `grpo.policy_updates`
     updates_per_batch: int = 1
@@ -56,6 +58,8 @@ class GRPOConfig(GRPOSettings):
     sampling_stream: int = 0
 
     def __post_init__(self):
+        if self.dose_kind:
+            dose_kind(self.dose_kind)  # an unknown kind is refused here, not at the run's first step
         if self.updates_per_batch < 1:
             raise ValueError(f"updates_per_batch must be >= 1, got {self.updates_per_batch}")
         if self.updates_per_batch > self.prompts_per_step * self.group_size:

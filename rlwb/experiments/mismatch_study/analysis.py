@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 
 from rlwb.core.measure import stats
+from rlwb.core.rl.mismatch_doses import DOSE_KINDS, kinds_for
 from rlwb.experiments.grpo_grid import FINAL_FRAC, edge_steps, floor_breaches, reward_gain
-from rlwb.experiments.mismatch_study.design import DOSED, HELDOUT_PROBLEMS, HELDOUT_SEED, LONG, held_out
+from rlwb.experiments.mismatch_study.design import HELDOUT_PROBLEMS, HELDOUT_SEED, LONG, dosed_kinds, held_out
 
 KEYS = ["kind", "label", "dose", "temperature", "updates", "horizon", "arm", "seed"]
 
@@ -50,19 +51,21 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def control_of(kind: str, arm: str, temperature: float, raw: bool) -> str:
-    """Which null control a row is ("" if none): `ratio-blind` (the update never reads the reported logprobs:
-    `none@trainer` under ratio doses), `T=1` (an engine reporting raw logprobs at T = 1, where raw = processed)."""
-    if kind == "ratio" and arm == "none@trainer":
-        return "ratio-blind"
+    """Which null control a row is ("" if none): `<kind>-blind` (the kind's `blind_arm`, which the dose cannot
+    reach: `ratio-blind`, `none@trainer` under ratio doses, whose update never reads the reported logprobs), `T=1`
+    (an engine reporting raw logprobs at T = 1, where raw = processed)."""
+    if kind in DOSE_KINDS and arm == DOSE_KINDS[kind].blind_arm:
+        return f"{kind}-blind"
     if kind == "engine" and raw and temperature == 1.0:
         return "T=1"
     return ""
 
 
 def panel_of(kind: str, raw: bool) -> str:
-    """The dose-response panel a row belongs to: its kind; a real engine joins `ratio` when it reports raw logprobs
-    (it samples right, reports wrong) and `weights` (distribution mismatch) otherwise."""
-    return kind if kind != "engine" else "ratio" if raw else "weights"
+    """The dose-response panel a row belongs to: its kind; a real engine joins the first kind of its mismatch
+    (`mismatch_doses.kinds_for`): `ratio` when it reports raw logprobs (it samples right, reports wrong), `weights`
+    (a distribution mismatch) otherwise."""
+    return kind if kind != "engine" else kinds_for(raw)[0]
 
 
 def outcome_of(s: pd.DataFrame) -> str:
@@ -135,7 +138,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                "horizon": horizon, "arm": arm,
                "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
                "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
-               "k3_intended": dose if kind == "ratio" else float("nan"),
+               "k3_intended": dose if kind in DOSE_KINDS and DOSE_KINDS[kind].intended_k3 else float("nan"),
                "k3_achieved": float(d["k3"].mean()), "k1_achieved": float(d["k1"].mean()),
                "reward_final": float(d["reward_final"].mean()), "policy_reward": float(d["policy_reward"].mean()),
                "auc": float(d["auc"].mean()), "entropy": float(d["entropy"].mean()),
@@ -148,8 +151,8 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
             row[col] = float(v.mean()) if v.size else float("nan")
             row[f"{col}_ci_low"], row[f"{col}_ci_high"] = stats.seed_ci(v)
         gap = g["gap"].dropna().to_numpy()
-        row["lag_bias"] = (-dose * slope.get((temp, updates, horizon, arm), float("nan")) if kind == "stale"
-                           else float("nan"))
+        row["lag_bias"] = (-dose * slope.get((temp, updates, horizon, arm), float("nan"))
+                           if kind in DOSE_KINDS and DOSE_KINDS[kind].lag else float("nan"))
         row["identical"] = identical_curves(curves, label, arm, temp, d.index, updates, horizon)
         row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
         row["q_eff"] = q  # the step of the tested outcome its test floors the spread with (`stats.floored_sd`)
@@ -182,9 +185,9 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
 
 
 def control_passes(r) -> bool:
-    """A `ratio-blind` control must train bitwise as its clean twin (the reported logprobs cannot reach it); a
-    `T=1` control must show no cost at the unadjusted level (its gap's 95% interval holds 0)."""
-    if r.control == "ratio-blind":
+    """A `<kind>-blind` control must train bitwise as its clean twin (the dose cannot reach it); a `T=1` control
+    must show no cost at the unadjusted level (its gap's 95% interval holds 0)."""
+    if r.control.endswith("-blind"):
         return bool(r.identical) and r.kl_to_clean == 0
     return bool(r.gap_ci_low <= 0 <= r.gap_ci_high) if np.isfinite(r.gap_ci_low) else r.gap == 0
 
@@ -225,8 +228,9 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         og = outcome_gain(d, outcome)
         out[f"{label}/{arm}/outcome_gain"] = float(og.mean()) if og.size else float("nan")
         out[f"{label}/{arm}/outcome_gain_ci_low"], out[f"{label}/{arm}/outcome_gain_ci_high"] = stats.seed_ci(og)
-    for (kind, arm), d in table[table["kind"].isin(DOSED) & ~table["label"].str.contains("+ppo", regex=False)
-                                & ~table["label"].str.endswith(LONG)].groupby(["kind", "arm"], sort=False):
+    dosed = table[table["kind"].isin(dosed_kinds()) & ~table["label"].str.contains("+ppo", regex=False)
+                  & ~table["label"].str.endswith(LONG)]
+    for (kind, arm), d in dosed.groupby(["kind", "arm"], sort=False):
         d = d.sort_values("dose")
         out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
     out.update(rejection_metrics(curves))
@@ -289,6 +293,7 @@ def mdes(t: pd.DataFrame, sd: str, level: float) -> list[float]:
 
 
 def dose_achieved(r) -> bool:
-    """An intended ratio dose is achieved when the measured k3 is within a factor 2 of it (the noise is drawn per
-    token, so over a run's thousands of tokens the mean sits far closer; a factor 2 is a broken dose path)."""
+    """An intended k3 dose (a ratio dose) is achieved when the measured k3 is within a factor 2 of it (the noise is
+    drawn per token, so over a run's thousands of tokens the mean sits far closer; a factor 2 is a broken dose
+    path)."""
     return bool(0.5 <= r.k3_achieved / r.k3_intended <= 2.0)

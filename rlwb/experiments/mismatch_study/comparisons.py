@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 
 from rlwb.core.measure import dose_response, stats
+from rlwb.core.rl.mismatch_doses import dose_kinds
 from rlwb.experiments.mismatch_study.analysis import mdes, per_seed, seed_gaps, with_defaults
-from rlwb.experiments.mismatch_study.design import DOSED, LONG, kind_label, regime_suffix
+from rlwb.experiments.mismatch_study.design import LONG, dosed_kinds, kind_label, regime_suffix
 
 
 def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bmr_fraction: float) -> pd.DataFrame:
@@ -26,7 +27,7 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bm
     gaps = seed_gaps(per_seed(curves))
     first = int(table["updates"].iloc[0]) if len(table) else 1
     rows = []
-    sel = table[table["kind"].isin(DOSED) & (table["control"] == "")]
+    sel = table[table["kind"].isin(dosed_kinds()) & (table["control"] == "")]
     for (kind, updates, long, arm), d in sel.groupby(["kind", "updates", table["label"].str.endswith(LONG), "arm"],
                                                      sort=False):
         d = d.sort_values("dose")
@@ -190,7 +191,9 @@ def contrast_table(table: pd.DataFrame, curves: pd.DataFrame, resolution: float 
             if {"none@engine", UNCORRECTED} <= b_ok:
                 add("regime", label, "none@engine", label, UNCORRECTED,
                     f"bypass vs decoupled at {label} minus at {base}", minus=(base,))
-    ratio = table[table["kind"] == "ratio"]
+    # the symmetric ratio errors a raw engine's one-sided one is matched with: kinds that sample right, at an
+    # intended k3
+    ratio = table[table["kind"].isin([k.name for k in dose_kinds() if k.samples_right and k.intended_k3])]
     for r in table[(table["kind"] == "engine") & table["raw_logprobs"] & (table["control"] == "")].itertuples():
         cand = ratio[(ratio["temperature"] == r.temperature) & (ratio["updates"] == r.updates)
                      & (ratio["arm"] == r.arm)]

@@ -1,7 +1,8 @@
 """Notebook 08's study design: which GRPO runs the study trains (`training_runs`, from the params' grammar of arms,
-dose rows, engine points, PPO regimes and long-horizon rows), what each is called in tables and metric keys, the
-GRPO settings each runs with (`config`), and the fixed problem sets every trained policy is scored and probed on.
-Nothing here trains or measures: `execution` runs these, `analysis` and `comparisons` read their curves."""
+dose rows, engine points, PPO regimes and long-horizon rows, parsed by `grammar.parse`), what each is called in tables
+and metric keys, the GRPO settings each runs with (`config`), and the fixed problem sets every trained policy is
+scored and probed on. Nothing here trains or measures: `execution` runs these, `analysis` and `comparisons` read
+their curves."""
 
 from __future__ import annotations
 
@@ -11,16 +12,12 @@ import pandas as pd
 
 from rlwb.core.data import tasks
 from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
-
-DOSED = ("ratio", "weights", "stale")  # kinds with a numeric dose, in the order the report shows them
-
-
-KINDS = {"ratio": "ratio mismatch (reported logprobs off, sampling right)",
-         "weights": "distribution mismatch (engine samples with perturbed weights)",
-         "stale": "distribution mismatch (engine samples with weights some updates behind)",
-         "engine": "a real engine setting (notebooks 01/06), placed on the axes by its measured k3"}
+from rlwb.core.rl.mismatch_doses import DOSE_KINDS, dose_kinds
 
 
+def dosed_kinds() -> list[str]:
+    """The kinds with a numeric dose (`mismatch_doses.DOSE_KINDS`), in the order the report shows them."""
+    return [k.name for k in dose_kinds()]
 
 
 @dataclass(frozen=True)
@@ -29,8 +26,8 @@ class TrainingRun:
     seed, on which engine and at which temperature. Its clean twin is the clean run of the same arm and seed at the same
     temperature."""
 
-    kind: str  # clean | ratio | weights | stale | engine | placebo | rerun
-    dose: float  # intended k3 (ratio), relative weight noise (weights), updates behind (stale); 0 clean; NaN engine
+    kind: str  # clean | engine | placebo | rerun, or a kind of `mismatch_doses.DOSE_KINDS` (ratio, weights, stale)
+    dose: float  # in the kind's unit (an intended k3, a relative weight noise, updates behind); 0 clean; NaN engine
     arm: str
     seed: int
     engine: str
@@ -59,35 +56,30 @@ def training_runs(p) -> list[TrainingRun]:
     `row_arms` trains only the arms listed there. Each further regime trains `regime_arms` (every arm if empty)
     clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed runs find their twins' policies
     ready."""
+    g = p.grammar
     base, T = p.engines[0], p.temperature
-    u0, further = p.updates_per_batch[0], p.updates_per_batch[1:]
-    doses = [(kind, float(d), f"{kind}@{d:g}") for kind, values in (("ratio", p.ratio_k3),
-                                                                  ("weights", p.weight_noise),
-                                                                  ("stale", p.stale_steps)) for d in values]
-    points = [(e, t, p.arms_of(entry, p.point_arm_labels)) for entry, (e, t) in zip(p.engine_points, p.points)]
-    out = [TrainingRun("clean", 0.0, a, s, base, T, "clean", u0) for a in p.arm_labels for s in p.seeds]
-    for t in dict.fromkeys(t for _, t, _ in points if t != T):  # the points' own temperatures: their arms only
-        used = {a for _, pt, arms in points if pt == t for a in arms}
-        out += [TrainingRun("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in p.arm_labels if a in used
+    u0, further = g.regimes[0], g.regimes[1:]
+    out = [TrainingRun("clean", 0.0, a, s, base, T, "clean", u0) for a in g.arms for s in p.seeds]
+    for t in dict.fromkeys(pt.temperature for pt in g.points if pt.temperature != T):  # their arms only
+        used = {a for pt in g.points if pt.temperature == t for a in pt.arms}
+        out += [TrainingRun("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in g.arms if a in used
                 for s in p.seeds]
-    regime_arms = [a for a in p.arm_labels if not p.regime_arms or a in {p._label(r) for r in p.regime_arms}]
     out += [TrainingRun("clean", 0.0, a, s, base, T, "clean" + regime_suffix(u, u0), u) for u in further
-            for a in regime_arms for s in p.seeds]
-    out += [TrainingRun(kind, d, a, s, base, T, label, u0) for kind, d, label in doses
-            for a in p.arms_of(label, p.arm_labels) for s in p.seeds]
-    out += [TrainingRun(kind, d, a, s, base, T, label + regime_suffix(u, u0), u) for u in further
-            for kind, d, label in doses if not p.regime_doses or label in p.regime_doses
-            for a in regime_arms for s in p.seeds]
-    out += [TrainingRun("engine", float("nan"), a, s, e, t, point_label(e, t, T), u0) for e, t, arms in points
-            for a in arms for s in p.seeds]
-    out += [TrainingRun("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in p.placebo_arm_labels
+            for a in g.regime_arms for s in p.seeds]
+    out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label, u0) for r in g.doses
+            for a in g.arms_of(r.label, g.arms) for s in p.seeds]
+    out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label + regime_suffix(u, u0), u) for u in further
+            for r in g.regime_rows for a in g.regime_arms for s in p.seeds]
+    out += [TrainingRun("engine", float("nan"), a, s, pt.engine, pt.temperature,
+                        point_label(pt.engine, pt.temperature, T), u0) for pt in g.points for a in pt.arms
             for s in p.seeds]
-    if p.long_steps:  # the long horizon: its own clean twins, first regime only
-        long_arms = [a for a in p.arm_labels if not p.long_arms or a in {p._label(r) for r in p.long_arms}]
-        out[:0] = [TrainingRun("clean", 0.0, a, s, base, T, "clean" + LONG, u0, steps=p.long_steps) for a in long_arms
-                   for s in p.seeds]
-        out += [TrainingRun(kind, d, a, s, base, T, label + LONG, u0, steps=p.long_steps) for kind, d, label in doses
-                if label in p.long_doses for a in long_arms for s in p.seeds]
+    out += [TrainingRun("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in g.placebo_arms
+            for s in p.seeds]
+    if g.long_steps:  # the long horizon: its own clean twins, first regime only
+        out[:0] = [TrainingRun("clean", 0.0, a, s, base, T, "clean" + LONG, u0, steps=g.long_steps)
+                   for a in g.long_arms for s in p.seeds]
+        out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label + LONG, u0, steps=g.long_steps)
+                for r in g.long_rows for a in g.long_arms for s in p.seeds]
     first = next(j for j in out if j.steps == 0)
     return out + [replace(first, kind="rerun", label="rerun")]
 
@@ -121,11 +113,12 @@ def kind_label(kind: str, updates: int, first: int) -> str:
 
 
 def config(p, job: TrainingRun) -> GRPOConfig:
+    """The GRPO settings `job` runs with: the params' loop settings, its arm's correction and mode, its dose (a
+    dose row's kind and dose; none for the other rows), temperature, regime, sampling stream and steps."""
     corr, _, mode = job.arm.partition("@")
-    dose = {job.kind: job.dose}
-    cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, logprob_noise_k3=dose.get("ratio", 0.0),
-                                   engine_weight_noise=dose.get("weights", 0.0),
-                                   engine_lag=int(dose.get("stale", 0)))
+    dosed = job.kind in DOSE_KINDS
+    cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, dose_kind=job.kind if dosed else "",
+                                   dose=job.dose if dosed else 0.0)
     return replace(cfg, old_logprobs=mode, temperature=job.temperature, updates_per_batch=job.updates,
                    sampling_stream=job.stream, steps=job.steps or p.steps)
 

@@ -168,10 +168,10 @@ def dose_control_lines(metrics: dict, table, arms) -> list[str]:
         ok = np.isfinite(lo) and lo > 0
         ctl.append(f"clean `{a}` learns: reward {g:+.3f} [{lo:+.3f}, {metrics[f'clean/{a}/reward_gain_ci_high']:+.3f}] "
                    + ("(passes)" if ok else "(**fails**: with no gain to lose, a cost cannot be measured here)"))
-    blind = table[table["control"] == "ratio-blind"]
-    if len(blind):
-        ok = bool((blind["verdict"] == "null (passes)").all())
-        ctl.append("`none@trainer` under ratio mismatch trains bitwise as its clean run at every dose (every seed's "
+    blind = table[table["control"].str.endswith("-blind")] if len(table) else table
+    for (kind, arm), rows in blind.groupby(["kind", "arm"], sort=False):  # an arm the kind's dose cannot reach
+        ok = bool((rows["verdict"] == "null (passes)").all())
+        ctl.append(f"`{arm}` under {kind} mismatch trains bitwise as its clean run at every dose (every seed's "
                    "reward curve equal, KL to its clean twin 0) "
                    + ("(passes: the reported logprobs never reach its update)" if ok else
                       "(**fails**: the reported logprobs reached an update that should not read them; the design "
@@ -215,12 +215,12 @@ def answer_line(first: str, bench, contrasts, bullets: list[str]) -> str:
 
 
 def conclusion(metrics: dict, table, regimes, first: int, p, bench, con, hz, *, words: dict[str, str], answer_rows,
-               doses, dosed, kinds: dict[str, str]) -> str:
+               doses, kinds: list[dict]) -> str:
     """Notebook 08's conclusion. `table`: the rows of the first PPO regime (`first` updates per batch) at the study's
     horizon; `regimes`: every row; `answer_rows`: the rows the dose-by-dose answer reads; `doses`: the first arm's
     rows with each ratio dose's noise `sigma` and whether it was `achieved`; `words`: the tested `outcome`, the
-    `timing` note, the `heldout` and `probe` problem sets, in words; `dosed` and `kinds`: the kinds of dose, in order,
-    and what each is."""
+    `timing` note, the `heldout` and `probe` problem sets, in words; `kinds`: the kinds of dose, in order, each as
+    `doses_text` reads it."""
     temps = sorted(set(table["temperature"]))
     lines = [f"**Setup.** Base engine `{p.engines[0]}` ({p.dtype}), {p.steps} steps × {p.prompts_per_step} prompts × "
              f"{p.group_size} completions, T={p.temperature:g}"
@@ -235,7 +235,7 @@ def conclusion(metrics: dict, table, regimes, first: int, p, bench, con, hz, *, 
              f"{words['timing']}"]
     lines += floor_lines(metrics)
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
-                 + "\n".join(dose_answer_lines(metrics, answer_rows, dosed, p.arm_labels)))
+                 + "\n".join(dose_answer_lines(metrics, answer_rows, [k["name"] for k in kinds], p.arm_labels)))
     if bench is not None and len(bench):
         lines.append(f"**Tolerable mismatch** (benchmark dose: per kind and arm, a line in log k3 fitted to the "
                      f"paired gaps of every dose, seed by seed; BMR = {p.bmr_fraction:.0%} of the arm's clean gain "
@@ -299,34 +299,40 @@ def outcome_text(outcome: str, p, heldout: str, final_frac: float) -> str:
 
 
 def lag_text(table) -> str:
-    """The bias a stale engine's lag alone puts into the training reward: k x the clean run's late reward slope."""
-    st = table[(table["kind"] == "stale") & table["lag_bias"].notna()] if "lag_bias" in table else table.iloc[:0]
+    """The bias a stale engine's lag alone puts into the training reward: k x the clean run's late reward slope
+    (`lag_bias`, set on the rows of a kind whose dose is a lag)."""
+    st = table[table["lag_bias"].notna()] if "lag_bias" in table else table.iloc[:0]
     if st.empty:
         return ""
-    return ("; on stale rows it is biased by the lag alone (k × the clean run's late reward slope per step): "
+    return (f"; on {' / '.join(dict.fromkeys(st['kind']))} rows it is biased by the lag alone (k × the clean run's "
+            "late reward slope per step): "
             + ", ".join(f"{r.label} `{r.arm}` {r.lag_bias:+.3f} (training-reward gap {r.train_gap:+.3f})"
                         for r in st.itertuples()))
 
 
-def doses_text(first, kinds: dict[str, str]) -> str:
-    """The doses as intended and as measured (`first`: the first arm's rows, each ratio dose with its noise's
-    `sigma` and whether it was `achieved`; `kinds`: what each kind of dose is)."""
+def doses_text(first, kinds: list[dict]) -> str:
+    """The doses as intended and as measured, kind by kind (`first`: the first arm's rows, each intended-k3 dose with
+    its noise's `sigma` (NaN where its kind draws none) and whether it was `achieved`; `kinds`: each kind's `name`,
+    `title`, whether a dose is an `intended_k3`, and its doses in words: `intended_words` before an intended kind's
+    doses, `dose_words` for one dose of a measured kind)."""
     parts = []
-    ratio = first[first["kind"] == "ratio"]
-    if len(ratio):
-        parts.append("Ratio mismatch (zero-mean Gaussian noise of std sqrt(2 ln(1 + k3)) on the reported logprobs; "
-                     "intended → measured k3, and the measured mean log r, which symmetric noise keeps near 0): "
-                     + ", ".join(f"{metric('k3', r.k3_intended, '.0e')} → {metric('k3', r.k3_achieved, '.2e')} "
-                                 f"(σ {r.sigma:.3f}, mean log r {-r.k1_achieved:+.3f})"
-                                 for r in ratio.itertuples()) + ".")
-        off = [r for r in ratio.itertuples() if not r.achieved]
+    for k in kinds:
+        d = first[first["kind"] == k["name"]]
+        if not len(d):
+            continue
+        title = k["title"][0].upper() + k["title"][1:]
+        if not k["intended_k3"]:
+            parts.append(f"{title}: " + ", ".join(
+                f"{k['dose_words'].format(r.dose)} → k3 {metric('k3', r.k3_achieved, '.2e')}" for r in d.itertuples())
+                + ".")
+            continue
+        parts.append(f"{k['intended_words'] or title}: "
+                     + ", ".join(f"{metric('k3', r.k3_intended, '.0e')} → {metric('k3', r.k3_achieved, '.2e')} ("
+                                 + (f"σ {r.sigma:.3f}, " if np.isfinite(r.sigma) else "")
+                                 + f"mean log r {-r.k1_achieved:+.3f})" for r in d.itertuples()) + ".")
+        off = [r for r in d.itertuples() if not r.achieved]
         if off:
             parts.append("**Warning: dose not achieved** (measured k3 outside [0.5, 2] × intended): "
                          + ", ".join(f"{r.label} {r.k3_achieved:.2e} for {r.k3_intended:.0e}" for r in off)
                          + ". The dose path is wrong, not the engine.")
-    for kind, what in (("weights", "weight noise {:g} × rms"), ("stale", "{:g} update(s) behind")):
-        d = first[first["kind"] == kind]
-        if len(d):
-            parts.append(f"{kinds[kind][0].upper()}{kinds[kind][1:]}: " + ", ".join(
-                f"{what.format(r.dose)} → k3 {metric('k3', r.k3_achieved, '.2e')}" for r in d.itertuples()) + ".")
     return " ".join(parts) or "No doses in this run."

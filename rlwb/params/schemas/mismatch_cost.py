@@ -1,22 +1,24 @@
 """Notebook 08's parameters: the GRPO loop's settings plus the study's grammar (arms, dose rows, engine points,
-rows trained with fewer arms, PPO regimes, long-horizon rows) and the checks that keep it consistent."""
+rows trained with fewer arms, PPO regimes, long-horizon rows). Each registered kind of dose
+(`rlwb.core.rl.mismatch_doses.DOSE_KINDS`) brings its own list of doses (`with_dose_lists`); the params are valid when
+the grammar parses (`rlwb.experiments.mismatch_study.grammar.parse`, which `design.training_runs` reads too)."""
 
 from __future__ import annotations
 
-import re
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 
 from rlwb.core.checked_fields import param
-from rlwb.core.rl.correction_catalog import check_modes
 from rlwb.core.rl.grpo_config import GRPOSettings
+from rlwb.core.rl.mismatch_doses import dose_kinds
 from rlwb.errors import ParamError
+from rlwb.experiments.mismatch_study.grammar import StudyGrammar, parse, split_point
 from rlwb.params.schemas.base import EngineParams, SeededRuns, check_engine, concurrent_runs_param, engine_list
 
 
 def check_arm(arm: str) -> str | None:
     """`<correction>` or `<correction>@<mode>`: a catalogue correction and the old_logprobs mode it is run in
-    (`MismatchCostParams.__post_init__` checks the mode is one the correction is defined for)."""
+    (the study's grammar, `grammar.parse`, checks the mode is one the correction is defined for)."""
     from rlwb.core.rl.correction_catalog import CATALOG
 
     corr, at, mode = arm.partition("@")
@@ -26,25 +28,13 @@ def check_arm(arm: str) -> str | None:
     return None
 
 
-DOSE_ROW = re.compile(r"(ratio|weights|stale)@\d+(\.\d*)?(e-?\d+)?")
-
-
 def check_row_arms(entry: str) -> str | None:
-    """'<row> <arm> [<arm> ...]': a row name and at least one arm (`MismatchCostParams.__post_init__` checks the
+    """'<row> <arm> [<arm> ...]': a row name and at least one arm (the study's grammar, `grammar.parse`, checks the
     row exists and the arms are arms of the study)."""
     parts = entry.split()
     if len(parts) < 2:
         return f"row_arms entry {entry!r} must be '<row> <arm> [<arm> ...]' (e.g. 'ratio@0.01 none@engine tis@trainer')"
     return next((check_arm(a) for a in parts[1:] if check_arm(a)), None)
-
-
-POINT_T = re.compile(r"@T(\d+(?:\.\d*)?)$")  # `vllm-v1@T0.5`: an engine point at its own temperature
-
-
-def split_point(entry: str, default_t: float) -> tuple[str, float]:
-    """`<engine>[@T<temperature>]` -> (engine, temperature); without a temperature, the notebook's."""
-    m = POINT_T.search(entry)
-    return (entry[: m.start()], float(m.group(1))) if m else (entry, default_t)
 
 
 def check_point(entry: str) -> str | None:
@@ -55,28 +45,40 @@ def check_point(entry: str) -> str | None:
     return check_engine(engine)
 
 
+def with_dose_lists(cls):
+    """A class decorator, applied before `dataclass`: a field listing the doses of each registered kind of dose that
+    `cls` has no field for yet (its `DoseKind.param`, with its default, doc and bound), after the field `arms` where
+    `cls` declares one, else after its own fields. Why: a kind is declared once, in its registration, and the
+    parameters cell and `default.yaml` (`rlwb sync-params`) follow from it."""
+    have = {f.name for f in fields(cls)} if is_dataclass(cls) else set()
+    own = dict(cls.__dict__.get("__annotations__", {}))
+    new = {}
+    for k in dose_kinds():
+        if k.param not in have and k.param not in own:
+            new[k.param] = f"list[{k.unit.__name__}]"
+            setattr(cls, k.param, param(list(k.doses), k.doc, gt=k.gt, ge=k.ge, allow_empty=True))
+    at = list(own).index("arms") + 1 if "arms" in own else len(own)
+    names = list(own)
+    cls.__annotations__ = {**{n: own[n] for n in names[:at]}, **new, **{n: own[n] for n in names[at:]}}
+    return cls
+
+
 @dataclass
+@with_dose_lists
 class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
     """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
     RETIRED: typing.ClassVar[dict[str, str]] = {
         "resume_from": "a run option now, not a param: `rlwb run --resume-from RUN_DIR` (`rlwb sweep --resume`)"}
 
     NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
-    HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final", "ratio/none@engine/max_dose_gap",
-                                             "weights/none@engine/max_dose_gap", "stale/none@trainer/max_dose_gap"]
+    HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final"] + [
+        f"{k.name}/{k.headline_arm}/max_dose_gap" for k in dose_kinds()]
 
     engines: list[str] = engine_list(["vllm-v1-fixed"], "the one engine preset every arm samples from (fp32 "
                                                         "vllm-v1-fixed: no mismatch at dose 0)")
     arms: list[str] = param(["none@engine", "none@trainer", "tis@trainer"],
                             "<correction>@<old_logprobs mode> trained at every dose (a bare name takes "
                             "old_logprobs); none@trainer is the control ratio mismatch cannot reach", check=check_arm)
-    ratio_k3: list[float] = param([1e-2, 1e-1, 1.0], "ratio-mismatch doses: intended mean k3 per token of "
-                                                     "Gaussian noise on the engine's reported logprobs", gt=0,
-                                  allow_empty=True)
-    weight_noise: list[float] = param([0.03], "distribution-mismatch doses: the engine samples with weights "
-                                                    "plus this times their rms times N(0, 1)", gt=0, allow_empty=True)
-    stale_steps: list[int] = param([2], "distribution-mismatch doses: the engine samples with the weights of this many "
-                                        "updates ago (an asynchronous trainer's lag)", ge=1, allow_empty=True)
     engine_points: list[str] = param(["vllm-v1", "vllm-v1@T1.0"], "real engines placed on the dose-response: "
                                      "<preset>[@knob...][@T<temperature>], each trained with point_arms and paired "
                                      "with the base engine at its temperature (vllm-v1 at T 1 is the null control)",
@@ -120,90 +122,32 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
         if len(self.engines) != 1:
             raise ParamError(f"parameter 'engines' must name one preset (every arm and dose samples from it, so gaps "
                              f"are paired), got {self.engines}")
-        for name, values in (("arms", self.arm_labels), ("ratio_k3", self.ratio_k3),
-                             ("weight_noise", self.weight_noise), ("stale_steps", self.stale_steps)):
-            if len(set(values)) != len(values):
-                raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
-            if name != "arms" and len({f"{v:g}" for v in values}) != len(values):  # runs are labelled `<kind>@<v:g>`
-                raise ParamError(f"parameter {name!r} has doses that print alike ({[f'{v:g}' for v in values]}): "
-                                 f"their runs would share one label")
-        for label in self.arm_labels:
-            corr, _, mode = label.partition("@")
-            check_modes([corr], mode, param=f"arms ({label})")
-        if self.engine_points and not set(self.point_arm_labels) <= set(self.arm_labels):
-            raise ParamError(f"parameter 'point_arms' must be a subset of 'arms' (each point is paired with the clean "
-                             f"run of the same arm), got {self.point_arms} with arms {self.arms}")
-        if len(set(self.points)) != len(self.points):
-            raise ParamError(f"parameter 'engine_points' lists an engine at one temperature twice: "
-                             f"{self.engine_points}")
-        if not {self._label(a) for a in self.placebo_arms} <= set(self.arm_labels):
-            raise ParamError(f"parameter 'placebo_arms' must be a subset of 'arms' (a placebo is paired with the clean "
-                             f"run of the same arm), got {self.placebo_arms} with arms {self.arms}")
-        if not {self._label(a) for a in self.regime_arms} <= set(self.arm_labels):
-            raise ParamError(f"parameter 'regime_arms' must be a subset of 'arms', got {self.regime_arms} with arms "
-                             f"{self.arms}")
-        if len(set(self.updates_per_batch)) != len(self.updates_per_batch):
-            raise ParamError(f"parameter 'updates_per_batch' lists a regime twice: {self.updates_per_batch}")
-        if max(self.updates_per_batch) > self.prompts_per_step * self.group_size:
-            raise ParamError(f"parameter 'updates_per_batch' {self.updates_per_batch}: a rollout batch has only "
-                             f"{self.prompts_per_step * self.group_size} sequences to cut into mini-batches")
-        labels = {f"{k}@{v:g}" for k, vs in (("ratio", self.ratio_k3), ("weights", self.weight_noise),
-                                              ("stale", self.stale_steps)) for v in vs}
-        if not set(self.long_doses) <= labels:
-            raise ParamError(f"parameter 'long_doses' names rows no dose list has: "
-                             f"{sorted(set(self.long_doses) - labels)} (the doses are {sorted(labels)})")
-        if self.long_steps and self.long_steps <= self.steps:
-            raise ParamError(f"parameter 'long_steps' ({self.long_steps}) must exceed 'steps' ({self.steps}), or be 0")
-        if (self.long_doses or self.long_arms) and not self.long_steps:
-            raise ParamError("parameters 'long_doses' / 'long_arms' need 'long_steps' > 0")
-        if not {self._label(a) for a in self.long_arms} <= set(self.arm_labels):
-            raise ParamError(f"parameter 'long_arms' must be a subset of 'arms', got {self.long_arms}")
-        rows = {}
-        for entry in self.row_arms:
-            row, *arms = entry.split() or [""]
-            if not arms:
-                raise ParamError(f"parameter 'row_arms': entry {entry!r} must be '<row> <arm> [<arm> ...]'")
-            if row in rows:
-                raise ParamError(f"parameter 'row_arms' lists row {row!r} twice")
-            if row not in self.engine_points and not DOSE_ROW.fullmatch(row):  # a dose row this grid cell
-                # lacks (a sweep's smaller ratio_k3) is allowed: the entry applies where the row exists
-                raise ParamError(f"parameter 'row_arms': {row!r} is neither a dose row (<kind>@<dose>, e.g. "
-                                 f"{sorted(labels)[:2]}) nor an engine point ({self.engine_points})")
-            bad = [a for a in arms if self._label(a) not in self.arm_labels]
-            if bad:
-                raise ParamError(f"parameter 'row_arms': row {row!r} names arms not in 'arms': {bad}")
-            rows[row] = arms
-        if not set(self.regime_doses) <= labels:
-            raise ParamError(f"parameter 'regime_doses' names rows no dose list has: "
-                             f"{sorted(set(self.regime_doses) - labels)} (the doses are {sorted(labels)})")
+        parse(self)  # the study's grammar: its first broken rule is the error
+
+    @property
+    def grammar(self) -> StudyGrammar:
+        """The study's arms, dose rows, engine points and subsets, parsed from these params."""
+        return parse(self)
 
     @property
     def arm_labels(self) -> list[str]:
         """Every arm as `<correction>@<mode>` (a bare name takes `old_logprobs`)."""
-        return [self._label(a) for a in self.arms]
+        return list(self.grammar.arms)
 
     @property
     def point_arm_labels(self) -> list[str]:
-        return [self._label(a) for a in self.point_arms]
+        return list(self.grammar.point_arms)
 
     @property
     def placebo_arm_labels(self) -> list[str]:
-        return [self._label(a) for a in self.placebo_arms]
-
-    def _label(self, arm: str) -> str:
-        return arm if "@" in arm else f"{arm}@{self.old_logprobs}"
+        return list(self.grammar.placebo_arms)
 
     def arms_of(self, row: str, default: list[str]) -> list[str]:
         """The arm labels row `row` (a dose label, or an engine point as `engine_points` writes it) trains:
         its `row_arms` entry in the order of `arms`, else `default`."""
-        for entry in self.row_arms:
-            name, *arms = entry.split()
-            if name == row:
-                listed = {self._label(a) for a in arms}
-                return [a for a in self.arm_labels if a in listed]
-        return list(default)
+        return self.grammar.arms_of(row, default)
 
     @property
     def points(self) -> list[tuple[str, float]]:
         """(engine preset, temperature) of every engine point."""
-        return [split_point(e, self.temperature) for e in self.engine_points]
+        return [(pt.engine, pt.temperature) for pt in self.grammar.points]
