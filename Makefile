@@ -5,7 +5,7 @@ RLWB := $(VENV)/bin/rlwb
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_ARGS ?=
 # pytest-xdist workers, one per core of CI's machines; the tests that share a session engine, server or run go to one
-# worker (`--dist loadgroup`, tests/conftest.py SESSION_GROUPS). 0: one process. Two workers put the trainer's and the
+# worker (`--dist loadgroup`, tests/conftest.py XDIST_GROUPS). 0: one process. Two workers put the trainer's and the
 # engines' OpenMP threads (two each) four to two cores: passive waiting lets a waiting thread give its core to the
 # other worker instead of spinning on it (it changes when a thread sleeps, not what it computes).
 TEST_WORKERS ?= 2
