@@ -1,6 +1,7 @@
 """Parameter validation: every class of bad input is rejected before compute, naming the key."""
 
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -223,3 +224,22 @@ def test_a_parameter_doc_with_an_equals_sign_is_refused():
     with pytest.raises(ValueError, match="contains '='"):
         param(1, "runs at once; 1 = one at a time")
     assert param(1, "runs at once; 1 means one at a time").metadata["doc"].endswith("one at a time")
+
+
+@pytest.mark.parametrize(("notebook", "name", "value"), [
+    ("07_which_correction", "corrections", ["none", "icepop", "icepop"]),
+    ("07_which_correction", "engines", ["vllm-v1-fixed", "vllm-v1-fixed"]),
+    ("10_audit", "engines", ["vllm-v1-processed", "vllm-v1-processed"]),
+    ("06_engine_knobs", "knobs", ["bf16", "bf16"]),
+    ("06_engine_knobs", "moe_knobs", ["bf16", "bf16"]),
+    ("09_trainer_settings", "grid_settings", ["fp32", "fp32"]),
+    ("09_trainer_settings", "prompt_sources", ["task", "task"]),
+])
+def test_a_list_that_must_not_repeat_refuses_a_repeat(notebook, name, value):
+    """A grid axis or a set of engines listed twice would run (or count) the same thing twice: `param(unique=True)`
+    refuses it at validation, with the list in the message; the same list without the repeat passes."""
+    from rlwb.params.validation import load
+
+    with pytest.raises(ParamError, match=re.escape(f"parameter {name!r} lists an entry twice: {value}")):
+        load(notebook, overrides={name: value})
+    load(notebook, overrides={name: list(dict.fromkeys(value))})

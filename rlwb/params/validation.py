@@ -61,6 +61,12 @@ def _value_rules(meta: dict) -> AfterValidator:
     return AfterValidator(rules)
 
 
+def _no_repeats(values: list) -> list:
+    if len(set(values)) != len(values):
+        raise PydanticCustomError("not_unique", "lists an entry twice")
+    return values
+
+
 def _plain_number(value):
     """A float setting takes a Python int or float only: pydantic's strict float still takes numpy's scalars, and
     `np.float32(0.1)` would enter the params (and their hash) as 0.10000000149011612."""
@@ -72,7 +78,8 @@ def _plain_number(value):
 @functools.cache
 def model(schema: type[Params]) -> type[BaseModel]:
     """The pydantic model that checks a schema's values: each field's type (strict) with its `param` rules, the
-    ranges as pydantic constraints, a list's rules on each item and its length unless `allow_empty`.
+    ranges as pydantic constraints, a list's rules on each item, its length unless `allow_empty`, no repeated item
+    where `unique`.
 
     Built from the dataclass rather than declared as one: the declarations are shared with core
     (`GRPOSettings` is also the base of a run's `GRPOConfig`, which the loop builds without validating), and a list
@@ -85,7 +92,8 @@ def model(schema: type[Params]) -> type[BaseModel]:
         item_type = typing.get_args(tp)[0] if is_list else tp
         plain = (BeforeValidator(_plain_number),) if item_type is float else ()
         item = Annotated[(item_type, *plain, Field(**bounds), _value_rules(m))]
-        ann = Annotated[list[item], Field(min_length=0 if m["allow_empty"] else 1)] if is_list else item
+        once = (AfterValidator(_no_repeats),) if m.get("unique") else ()
+        ann = Annotated[(list[item], Field(min_length=0 if m["allow_empty"] else 1), *once)] if is_list else item
         default = Field(default_factory=f.default_factory) if f.default is MISSING else Field(default=f.default)
         spec[f.name] = (ann, default)
     return create_model(schema.__name__, __config__=STRICT, **spec)
@@ -103,12 +111,12 @@ def unknown_message(schema: type[Params], unknown) -> str:
 
 def error_message(schema: type[Params], errors: list[dict]) -> str:
     """One line for pydantic's errors: the unknown keys, else the first problem as a field-by-field check meets
-    it (in field order; a list's item types, then its items' rules, then its length)."""
+    it (in field order; a list's item types, then its items' rules, then its length, then its repeats)."""
     unknown = [e["loc"][0] for e in errors if e["type"] in ("extra_forbidden", "invalid_key")]  # a YAML `1: x`
     if unknown:
         return unknown_message(schema, unknown)
     order = {f.name: (i, f) for i, f in enumerate(fields(schema))}
-    stage = {**dict.fromkeys(TYPE_ERRORS, 0), "too_short": 2}
+    stage = {**dict.fromkeys(TYPE_ERRORS, 0), "too_short": 2, "not_unique": 3}
 
     def key(e):
         return order[e["loc"][0]][0], stage.get(e["type"], 1), e["loc"][1:]
@@ -130,6 +138,8 @@ def error_message(schema: type[Params], errors: list[dict]) -> str:
         return f"parameter {label!r} must be {word} {f.metadata[rule]}, got {item(value)!r}"
     if kind == "too_short":
         return f"parameter {label!r} must not be an empty list"
+    if kind == "not_unique":
+        return f"parameter {label!r} lists an entry twice: {value}"
     if kind == "value_error":
         return f"parameter {label!r}: {e['ctx']['error']}"
     return f"parameter {label!r}: {e['msg']}"

@@ -64,7 +64,7 @@ class AuditParams(Params):
                                                                "from the repository root", check=check_prompts_file)
     engines: list[str] = param(["vllm-v1-processed"], "engine presets (params/engines.yaml) or server URLs "
                                                       "(http://host:port/v1, OpenAI-compatible)",
-                               check=check_audit_engine, allow_empty=True)
+                               check=check_audit_engine, allow_empty=True, unique=True)
     served_model: str = param("", "the model name at the server URLs (empty: the one model the server serves)")
     trainer: str = param("hf", "the scorer: hf (rlwb's transformers scorer) or a command behind the external-scorer "
                                "contract (README), run from the repository root")
@@ -91,5 +91,3 @@ class AuditParams(Params):
         if not self.rollouts_from and not (self.prompts_file and self.engines):
             raise ParamError("parameters 'prompts_file' and 'engines' are needed to sample (or rollouts_from to "
                              "re-score an archived run)")
-        if len(set(self.engines)) != len(self.engines):
-            raise ParamError(f"parameter 'engines' lists an entry twice: {self.engines}")

@@ -61,11 +61,11 @@ def check_model(value: str) -> str | None:
     return None
 
 
-def engine_list(default: list[str], doc: str):
+def engine_list(default: list[str], doc: str, unique: bool = False):
     """The `engines` parameter: preset names from params/engines.yaml, optionally with knobs from
     params/engine_knobs.yaml (`vllm-v1-fixed@kv-fp8`), whose environments exist. No `choices` list: composed
     names are open-ended, and `check_engine`'s error names the presets and knobs there are."""
-    return param(default, doc, check=check_engine)
+    return param(default, doc, check=check_engine, unique=unique)
 
 
 def concurrent_runs_param():

@@ -10,7 +10,6 @@ from rlwb.core.checked_fields import DTYPES, param
 from rlwb.core.data.tokenizer import CHAT_TEMPLATE_MODES
 from rlwb.core.prompts.generated import PROMPT_SOURCES
 from rlwb.engines.presets import available_knobs
-from rlwb.errors import ParamError
 from rlwb.params.schemas.base import Params, check_engine, check_model, check_preset_name
 
 KNOBS_DOC = "knobs (params/engine_knobs.yaml) applied one at a time to the baseline"
@@ -30,10 +29,10 @@ class EngineKnobParams(Params):
     knobs: list[str] = param(["bf16", "fp16", "bf16-head-rlwb", "bf16-head-native", "kv-fp8", "kv-fp8-e4m3",
                               "kv-fp8-e5m2", "chunked-prefill", "prefix-caching", "async-scheduling",
                               "batch-invariant", "ngram-spec", "tp2", "tp2-ray"], KNOBS_DOC, choices=available_knobs,
-                             allow_empty=True)
+                             allow_empty=True, unique=True)
     versions: list[str] = param(["vllm-v0", "vllm-v1-0.28", "vllm-v1-0.31"],
                                 "other vLLM builds (presets with their own environment) run on the same prompts",
-                                check=check_preset_name, allow_empty=True)
+                                check=check_preset_name, allow_empty=True, unique=True)
     dtype: str = param("float32", "engine dtype where the preset and knob do not set one", choices=DTYPES)
     chat_template: str = param("auto", "task prompts through the tokenizer's chat template: auto (when it has one), "
                                        "on (required), off", choices=list(CHAT_TEMPLATE_MODES))
@@ -49,11 +48,7 @@ class EngineKnobParams(Params):
     throughput_repeats: int = param(3, "timed generate calls per knob (median tokens/s)", ge=1)
     moe: bool = param(True, "run the MoE router audit")
     moe_model: str = param("qwen2-moe-chat", "embedded MoE model of the router audit", check=check_model)
-    moe_knobs: list[str] = param(["bf16"], "knobs of the router audit (beside the baseline)", choices=available_knobs)
+    moe_knobs: list[str] = param(["bf16"], "knobs of the router audit (beside the baseline)", choices=available_knobs,
+                                 unique=True)
     moe_prompts: int = param(32, "prompts of the router audit (sampled one request at a time)", ge=1)
 
-    def __post_init__(self):
-        for name in ("knobs", "versions", "moe_knobs"):
-            values = getattr(self, name)
-            if len(set(values)) != len(values):
-                raise ParamError(f"parameter {name!r} lists an entry twice: {values}")

@@ -10,7 +10,6 @@ from rlwb.core.checked_fields import DTYPES, param
 from rlwb.core.data.tokenizer import CHAT_TEMPLATE_MODES
 from rlwb.core.prompts.generated import PROMPT_SOURCES
 from rlwb.core.scoring.trainer_choices import check_setting
-from rlwb.errors import ParamError
 from rlwb.params.schemas.base import Params, check_engine, check_model, check_preset_name
 
 SETTINGS_DOC = ("trainer settings: entries of rlwb.core.scoring.trainer_choices.CATALOG joined by + (bf16+fp32-head), "
@@ -35,30 +34,25 @@ class TrainerSettingsParams(Params):
                                        "on (required), off", choices=list(CHAT_TEMPLATE_MODES))
     prompt_sources: list[str] = param(["task", "open_ended"], "prompt sources sampled, each with `prompts` prompts: "
                                                               "task (peaked) and open_ended (the policy's entropy)",
-                                      choices=list(PROMPT_SOURCES))
+                                      choices=list(PROMPT_SOURCES), unique=True)
     prompts: int = param(32, "prompts per source", ge=1)
     max_tokens: int = param(32, "max completion tokens per request", ge=1)
     temperature: float = param(1.0, "sampling temperature (> 0); every setting scores under it", gt=0, le=10)
     settings: list[str] = param(["batch1", "left-pad", "packed", "eager", "flex", "flash2", "bf16", "bf16+fp32-head",
                                  "bf16-autocast", "fp16", "mb4+grad", "mb4+grad+checkpointing", "compile"],
-                                SETTINGS_DOC, check=check_setting, allow_empty=True)
+                                SETTINGS_DOC, check=check_setting, allow_empty=True, unique=True)
     batch_size: int = param(64, "sequences per forward of the settings that keep the scorer's batches", ge=1)
     grid_engines: list[str] = param(["vllm-v1-fixed@bf16", "vllm-v1-fixed@bf16-head-native"],
                                     "bf16 engine presets of the fp32-head grid: without, then with an fp32 lm_head "
                                     "(one whose environment is missing is a row with the error)",
-                                    check=check_preset_name, allow_empty=True)
+                                    check=check_preset_name, allow_empty=True, unique=True)
     grid_settings: list[str] = param(["fp32", "bf16", "bf16+fp32-head"], "trainer settings of the fp32-head grid "
                                                                          "(each scores every grid engine's samples; "
                                                                          "with fp32 among them each engine joins the "
-                                                                         "ranking)", check=check_setting)
+                                                                         "ranking)", check=check_setting, unique=True)
     compare_run: str = param("latest", "notebook 06 run whose engine knobs are ranked beside the trainer settings: "
                                        "latest (of this run's archive), a run directory, or none")
 
-    def __post_init__(self):
-        for name in ("prompt_sources", "settings", "grid_engines", "grid_settings"):
-            values = getattr(self, name)
-            if len(set(values)) != len(values):
-                raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
 
     def trainer_forward(self, context: int, prompt_allowance: int) -> tuple[int, int]:
         """The largest forward (GPU memory plan): a scorer batch of the sequences."""

@@ -25,10 +25,11 @@ class CorrectionRaceParams(GRPOSettings, EngineParams, SeededRuns):
     # the last level is notebook 06's worst knob that runs here (an fp8 e5m2 KV cache: on qwen2-chat k3 5e-3, the
     # only knob over NeMo-RL's token_mult_prob_error bound)
     engines: list[str] = engine_list(["vllm-v1-fixed", "vllm-v1-raw", "vllm-v1-bf16", "vllm-v1-fixed@kv-fp8-e5m2"],
-                                     "mismatch levels (engine presets); the first is the no-mismatch baseline")
+                                     "mismatch levels (engine presets); the first is the no-mismatch baseline",
+                                     unique=True)
     corrections: list[str] = param(["none", "verl.token_tis", "verl.seq_mis", "verl.geo_rs", "icepop",
                                     "trl.sequence_mask", "miles.tis_geo_norm"], CORRECTIONS_DOC,
-                                   choices=CORRECTIONS)
+                                   choices=CORRECTIONS, unique=True)
     old_logprobs: str = param("trainer", "behaviour logprobs in the PPO ratio: trainer (decoupled, as the "
                                          "peers define IS corrections) or engine", choices=["engine", "trainer"])
     steps: int = param(20, "GRPO steps per run", ge=1)
@@ -43,10 +44,6 @@ class CorrectionRaceParams(GRPOSettings, EngineParams, SeededRuns):
         if "none" not in self.corrections:
             raise ParamError("parameter 'corrections' must include 'none': the uncorrected run at each level is "
                              "what the corrections are measured against")
-        for name in ("engines", "corrections"):
-            values = getattr(self, name)
-            if len(set(values)) != len(values):
-                raise ParamError(f"parameter {name!r} lists an entry twice: {values}")
 
     def corrections_for(self, engine: str) -> list[str]:
         """The corrections run on `engine`'s rollouts: `none` alone on the baseline level (the first engine)
