@@ -2,13 +2,24 @@
 
 psutil (used for processes and memory) reports neither the CPU's model nor its flags, so this is the one reader of
 /proc/cpuinfo: the archive records the model in every run.json, the model build records vendor and ISA in a build's
-card (the vendor selects the published build)."""
+card (the vendor selects the published build), and the V0 build script reads the flags (it loads this file by path:
+it runs in the engine environment, where rlwb is not installed). Standard library only, for that reason."""
 
 from __future__ import annotations
 
 import platform
 import re
 from pathlib import Path
+
+
+def cpu_flags() -> set[str]:
+    """The first CPU's flags (`avx2`, `avx512f`, ...); empty without /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    return set(line.group(1).split()) if line else set()
 
 
 def cpu() -> dict:
@@ -21,8 +32,7 @@ def cpu() -> dict:
         return {"model": platform.processor(), "isa": "unknown"}
     model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
     vendor = re.search(r"^vendor_id\s*:\s*(.*)$", text, re.M)
-    flags_line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    flags = set(flags_line.group(1).split()) if flags_line else set()
+    flags = cpu_flags()
     isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
     return {"model": model.group(1).strip() if model else platform.processor(), "isa": isa,
             "vendor": vendor.group(1).strip() if vendor else "unknown"}

@@ -52,12 +52,15 @@ def log(msg: str) -> None:
 
 
 def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    m = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    return set(m.group(1).split()) if m else set()
+    """rlwb's one reader of /proc/cpuinfo (`rlwb/host.py`), loaded by path: this runs in the V0 environment, where
+    rlwb is not installed."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "rlwb" / "host.py"
+    spec = importlib.util.spec_from_file_location("rlwb_host", path)
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    return host.cpu_flags()
 
 
 def host_supports(isa: str, flags: set[str] | None = None) -> bool:
