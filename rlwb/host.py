@@ -12,27 +12,34 @@ import re
 from pathlib import Path
 
 
-def cpu_flags() -> set[str]:
-    """The first CPU's flags (`avx2`, `avx512f`, ...); empty without /proc/cpuinfo."""
+def _cpuinfo() -> str | None:
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return None
+
+
+def _flags(text: str) -> set[str]:
     line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
     return set(line.group(1).split()) if line else set()
+
+
+def cpu_flags() -> set[str]:
+    """The first CPU's flags (`avx2`, `avx512f`, ...); empty without /proc/cpuinfo."""
+    text = _cpuinfo()
+    return _flags(text) if text is not None else set()
 
 
 def cpu() -> dict:
     """{"model", "vendor", "isa"}: the first CPU's model name (platform.processor() where /proc/cpuinfo has none),
     its vendor_id ("unknown" where absent) and "avx512" / "avx2" / "other" from its flags; without /proc/cpuinfo,
     platform.processor() and an "unknown" ISA, and no vendor (a build's card then names it by the model's name)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    text = _cpuinfo()
+    if text is None:
         return {"model": platform.processor(), "isa": "unknown"}
     model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
     vendor = re.search(r"^vendor_id\s*:\s*(.*)$", text, re.M)
-    flags = cpu_flags()
+    flags = _flags(text)
     isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
     return {"model": model.group(1).strip() if model else platform.processor(), "isa": isa,
             "vendor": vendor.group(1).strip() if vendor else "unknown"}

@@ -35,16 +35,6 @@ def finished_run(r: subprocess.CompletedProcess) -> Path:
     return run_dir
 
 
-def rlwb_runs(commands: list[tuple[list[str], dict]], timeout: int = 1200) -> list[subprocess.CompletedProcess]:
-    """`rlwb` command lines (args, extra environment) run one after another, stopping at the first that fails."""
-    results = []
-    for args, env in commands:
-        results.append(rlwb(*args, env=env, timeout=timeout))
-        if results[-1].returncode != 0:
-            break
-    return results
-
-
 # pytest-xdist groups (`make test` runs `--dist loadgroup`): a test that asks for one of these fixtures, or for a
 # fixture that does, runs on the one worker that holds it, so it is made once: the session's engine workers (each a
 # real vLLM or HF process, ~1.3-1.7 GiB), a module's vLLM servers (~2.3 GiB each: on the engines' worker, so that two
@@ -71,9 +61,11 @@ def notebook00_runs(tmp_path_factory, default_model) -> tuple[Path, list[Path]]:
     test_notebooks' smoke of 00). `a` and `b` have identical params (seed 0: bitwise-equal metrics); `c`, the
     newest, has seed 5 and `eval_prompts 20` (other params: drift, other quoted numbers). Read-only: a test that
     changes an archive or a run copies it first (`copy_archive`)."""
-    out = tmp_path_factory.mktemp("notebook00-archive")
-    results = rlwb_runs([(notebook_args("00_default_policy", *extra, "--outputs", str(out)), {})
-                         for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20"))])
+    out, results = tmp_path_factory.mktemp("notebook00-archive"), []
+    for extra in ((), (), ("-p", "seed", "5", "-p", "eval_prompts", "20")):
+        results.append(rlwb(*notebook_args("00_default_policy", *extra, "--outputs", str(out)), timeout=1200))
+        if results[-1].returncode != 0:
+            break
     assert len(results) == 3, results[-1].stderr[-3000:]
     return out, [finished_run(r) for r in results]
 

@@ -57,8 +57,8 @@ def with_dose_lists(cls):
         if k.param not in have and k.param not in own:
             new[k.param] = f"list[{k.unit.__name__}]"
             setattr(cls, k.param, param(list(k.doses), k.doc, gt=k.gt, ge=k.ge, allow_empty=True))
-    at = list(own).index("arms") + 1 if "arms" in own else len(own)
     names = list(own)
+    at = names.index("arms") + 1 if "arms" in own else len(names)
     cls.__annotations__ = {**{n: own[n] for n in names[:at]}, **new, **{n: own[n] for n in names[at:]}}
     return cls
 
