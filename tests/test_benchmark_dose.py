@@ -49,11 +49,11 @@ def test_the_true_model_alone_recovers_its_parameters_and_the_bounds_bracket_its
 
 
 def test_the_bmdl_covers_the_true_bmd_in_a_small_simulation():
-    """The suite's version of scripts/bmd_coverage.py (docs/benchmark_dose.md has the 400-study table): 40 studies
-    of the exponential truth at 08's design with 10 seeds, 300 resamples each. Measured: 38 of the 36-40 bounded
-    studies covered at these seeds; the assertion fails only on a clear loss of coverage (at 95% true coverage,
-    fewer than 33 of 37 hits has probability < 2%)."""
-    c = bd.simulate_coverage("exponential", seeds=10, studies=40, n_boot=300, seed=3)
+    """The suite's version of scripts/bmd_coverage.py (docs/benchmark_dose.md has the 300-study table): 40 studies
+    of the exponential truth at 08's design with 10 seeds, 200 resamples each. Measured: 38 bounded, 36 covered;
+    the assertion fails only on a clear loss of coverage (at 95% true coverage, 5 or more misses in 38 has
+    probability 0.04)."""
+    c = bd.simulate_coverage("exponential", seeds=10, studies=40, n_boot=200, seed=3)
     assert c.bounded >= 30
     assert c.hits >= c.bounded - 4, c
     assert c.low < 0.95 or c.rate >= 0.95
@@ -194,6 +194,7 @@ def test_per_model_fits_agree_with_epas_bmds_on_synthetic_curves():
     _agree(rows)
 
 
+@pytest.mark.slow  # 34 BMDS sessions (~1 s each) and our profile bounds
 @pytest.mark.parametrize("run", STUDIES_08)
 def test_per_model_fits_agree_with_epas_bmds_on_notebook_08s_studies(run):
     rows08 = bd.study08_rows(RUNS_08 / run)
