@@ -208,6 +208,6 @@ def test_per_model_fits_agree_with_epas_bmds_on_notebook_08s_studies(run):
             continue
         rows += _compare(bd.fit_bmd(s, None, None, restricted=True, n_boot=50), o)
     # 3 dose groups in most rows: only the linear model has a degree of freedom left, and the 4-group ratio rows'
-    # other models put their BMD above the tested doses; the synthetic curves above compare all five
-    assert len(rows) >= 10 and {r[0] for r in rows} == {"linear"}
+    # other models mostly put their BMD above the tested doses; the synthetic curves above compare all five
+    assert len(rows) >= 10 and {r[0] for r in rows} >= {"linear"}
     _agree(rows)
