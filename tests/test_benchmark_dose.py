@@ -1,0 +1,213 @@
+"""The benchmark-dose fit (`rlwb.core.measure.benchmark_dose`) on synthetic studies and on notebook 08's runs of
+record: a known BMD recovered, the BMDL's coverage by simulation, a saturated fit and a BMD above the tested doses
+never reported as a bound, a fit that fails its test of fit refused, the dose scale not deciding the answer, bad
+input refused by name, and agreement with EPA's own engine (pybmds, `.venvs/bmds`) model by model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlwb.core.measure import benchmark_dose as bd
+
+REPO = Path(__file__).resolve().parents[1]
+DOSES = list(bd.DESIGN_08)
+RUNS_08 = REPO / "docs" / "runs" / "08_mismatch_cost"
+STUDIES_08 = ["20261126-024114-2b6c3cd5", "20261126-045326-a73028f7"]  # the default model's and qwen2-chat's
+
+
+def study_of(truth: str, seeds: int, sd: float = bd.SD_08, seed: int = 0, baseline: float = 0.0):
+    rng = np.random.default_rng(seed)
+    return bd.simulate(bd.TRUTHS[truth][0], DOSES, seeds, sd, rng, baseline=baseline)
+
+
+@pytest.mark.parametrize("truth", ["exponential", "hill"])
+def test_a_known_bmd_is_recovered_from_a_large_study(truth):
+    true = bd.TRUTHS[truth][1]
+    c, y = study_of(truth, seeds=2000, seed=2, baseline=0.5)  # the outcome measured from an untrained policy at 0.5
+    r = bd.fit_bmd(DOSES, c, y, baseline=0.5, n_boot=300, profile=False)
+    assert r.status == bd.BOUNDED and r.bound == r.bmdl
+    assert r.bmd == pytest.approx(true, rel=0.05)
+    assert r.bmdl <= true <= r.bmdu and r.bmdu / r.bmdl < 1.3
+    assert r.clean_gain == pytest.approx(bd.GAIN_08, abs=0.02)
+    assert r.error_control.startswith("one-sided 95%") and "this row alone" in r.error_control
+    assert r.boot is not None and r.boot.size == 300
+
+
+def test_the_true_model_alone_recovers_its_parameters_and_the_bounds_bracket_its_bmd():
+    # noiseless-ish exponential 3: a exp(-(b d)^g) with a 0.3, b 2, g 1 (BMDS's parameter names and scale)
+    c, y = study_of("exponential", seeds=50, sd=1e-4, seed=2)
+    r = bd.fit_bmd(DOSES, c, y, models=("exp3",), n_boot=200, restricted=True)
+    (m,) = r.models
+    assert m.params["a"] == pytest.approx(0.3, rel=1e-3) and m.params["b"] == pytest.approx(2.0, rel=1e-2)
+    assert m.params["d"] == pytest.approx(1.0, abs=1e-2) and m.passes and m.weight == 1.0
+    assert m.bmd == pytest.approx(bd.TRUTHS["exponential"][1], rel=1e-3)
+    assert m.bmdl < m.bmd < m.bmdu and m.bmdu / m.bmdl < 1.01
+
+
+def test_the_bmdl_covers_the_true_bmd_in_a_small_simulation():
+    """The suite's version of scripts/bmd_coverage.py (docs/benchmark_dose.md has the 300-study table): 40 studies
+    of the exponential truth at 08's design with 10 seeds, 200 resamples each. Measured: 38 bounded, 36 covered;
+    the assertion fails only on a clear loss of coverage (at 95% true coverage, 5 or more misses in 38 has
+    probability 0.04)."""
+    c = bd.simulate_coverage("exponential", seeds=10, studies=40, n_boot=200, seed=3)
+    assert c.bounded >= 30
+    assert c.hits >= c.bounded - 4, c
+    assert c.low < 0.95 or c.rate >= 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("truth", list(bd.TRUTHS))
+def test_the_bmdl_coverage_is_at_least_95_percent(truth):
+    """200 studies per truth (10 seeds): the coverage's Clopper-Pearson 95% interval must reach 95% (it is not
+    shown to fall short) and its estimate be at least 93%."""
+    c = bd.simulate_coverage(truth, seeds=10, studies=200, n_boot=500, seed=4)
+    assert c.high >= 0.95 and c.rate >= 0.93, c
+
+
+def test_a_saturated_fit_is_flagged_and_never_a_bound():
+    # two doses + the clean run = 3 dose groups: Exp5 and Hill (4 mean parameters) are saturated
+    c, y = study_of("exponential", seeds=10, seed=5)
+    r = bd.fit_bmd(DOSES[:2], c, y[:, :2], models=("exp5", "hill"), n_boot=100)
+    assert r.status == bd.SATURATED and math.isnan(r.bound) and math.isnan(r.bmdl)
+    assert all(m.saturated and not m.passes and m.weight == 0 and math.isnan(m.gof_p) for m in r.models)
+    # with the linear model beside them the row is fitted by the model that has a degree of freedom left
+    r = bd.fit_bmd(DOSES[:2], c, y[:, :2], n_boot=100)
+    sat = {m.model: m.saturated for m in r.models}
+    assert sat == {"linear": False, "power": True, "exp3": True, "exp5": True, "hill3": True, "hill": True}
+    assert {m.model for m in r.models if m.weight > 0} <= {"linear"}
+    # one dose: every model is saturated (BMDS refuses fewer than 3 groups)
+    assert bd.fit_bmd(DOSES[:1], c, y[:, :1], n_boot=50).status == bd.SATURATED
+
+
+def test_a_bmd_beyond_the_highest_dose_is_not_reported_as_bounded():
+    rng = np.random.default_rng(6)
+    c, y = bd.simulate(lambda d: 0.3 * (1 - 0.1 * np.asarray(d)), DOSES, 20, 0.02, rng)  # true BMD 2.5, above 1
+    r = bd.fit_bmd(DOSES, c, y, n_boot=200, profile=False)
+    assert r.status == bd.ABOVE_RANGE and r.bmd > 1.0 and math.isnan(r.bound)
+    flat = bd.simulate(lambda d: 0.3 + 0 * np.asarray(d), DOSES, 20, 0.02, rng)
+    r = bd.fit_bmd(DOSES, *flat, n_boot=200, profile=False)
+    assert r.status == bd.ABOVE_RANGE and math.isnan(r.bound)
+
+
+def test_a_curve_no_model_describes_is_refused():
+    rng = np.random.default_rng(7)
+    # the cost rises, vanishes, then rises again: no monotone model passes test 4 with 30 tight seeds
+    c, y = bd.simulate(lambda d: np.interp(d, [0, 0.03, 0.1, 0.3, 1], [0.3, 0.1, 0.3, 0.1, 0.3]), DOSES, 30, 0.02,
+                       rng)
+    r = bd.fit_bmd(DOSES, c, y, n_boot=100, profile=False)
+    assert r.status == bd.NO_FIT and math.isnan(r.bound)
+    assert all(not m.passes and m.gof_p < bd.GOF_LEVEL for m in r.models)
+
+
+def test_no_benchmark_without_a_clean_gain():
+    rng = np.random.default_rng(8)
+    c, y = bd.simulate(lambda d: -0.1 + 0 * np.asarray(d), DOSES, 10, 0.02, rng)
+    assert bd.fit_bmd(DOSES, c, y, n_boot=50, profile=False).status == bd.NO_BENCHMARK
+
+
+def test_the_dose_scale_does_not_decide_the_answer():
+    c, y = study_of("exponential", seeds=30, seed=9)
+    cmp = bd.compare_dose_scales(DOSES, c, y, n_boot=300, profile=False)
+    assert cmp.linear.dose_scale == "linear" and cmp.log.dose_scale == "log"
+    assert cmp.linear.status == cmp.log.status == bd.BOUNDED
+    assert cmp.agree and 0.67 < cmp.bmdl_ratio < 1.5
+    assert cmp.log.bmdl <= bd.TRUTHS["exponential"][1] and cmp.linear.bmdl <= bd.TRUTHS["exponential"][1]
+
+
+def test_pairing_by_seed_keeps_each_seeds_clean_run_with_its_doses():
+    # a strong seed effect shared by a seed's runs: the bootstrap that resamples seeds whole sees the paired
+    # contrast's small spread; shuffling the clean runs against the dosed ones (breaking the pairs) widens it
+    rng = np.random.default_rng(10)
+    c, y = bd.simulate(bd.TRUTHS["exponential"][0], DOSES, 10, 0.085, rng, rho=0.9)
+    paired = bd.fit_bmd(DOSES, c, y, n_boot=400, profile=False)
+    broken = bd.fit_bmd(DOSES, rng.permutation(c), y, n_boot=400, profile=False)
+    assert paired.bmdu / paired.bmdl < broken.bmdu / broken.bmdl
+
+
+@pytest.mark.parametrize("doses,clean,dosed,match", [
+    ([0.1, 1.0], np.zeros(4), np.zeros((4, 3)), r"dosed must be \[seeds, doses\]"),
+    ([[0.1, 1.0]], np.zeros(4), np.zeros((4, 2)), "1-d array"),
+    ([0.1, 1.0], np.zeros((4, 1)), np.zeros((4, 2)), "clean must be 1-d"),
+    ([-0.1, 1.0], np.zeros(4), np.zeros((4, 2)), "must not be negative"),
+    ([0.0, 1.0], np.zeros(4), np.zeros((4, 2)), "dose 0 is the clean run"),
+    ([0.1, 0.1], np.zeros(4), np.zeros((4, 2)), "distinct"),
+    ([0.1, np.nan], np.zeros(4), np.zeros((4, 2)), "finite"),
+    ([0.1, 1.0], np.array([0, 0, np.nan, 0]), np.zeros((4, 2)), r"clean has a missing .* at \(2,\)"),
+    ([0.1, 1.0], np.zeros(4), np.array([[0, 0], [0, 0], [0, np.nan], [0, 0]]), r"dosed has .* at \(2, 1\)"),
+    ([0.1, 1.0], np.zeros(2), np.zeros((2, 2)), "at least 3 seeds"),
+])
+def test_bad_input_is_refused_by_name(doses, clean, dosed, match):
+    with pytest.raises(bd.BMDInputError, match=match):
+        bd.fit_bmd(doses, clean, dosed)
+
+
+@pytest.mark.parametrize("kw,match", [({"bmr": 0.0}, "bmr must be > 0"), ({"bmr": 1.5}, "bmr must be > 0"),
+                                      ({"bmr_type": "extra"}, "bmr_type"), ({"models": ("gamma",)}, "unknown"),
+                                      ({"dose_scale": "sqrt"}, "dose_scale")])
+def test_bad_settings_are_refused_by_name(kw, match):
+    c, y = study_of("linear", seeds=5)
+    with pytest.raises(ValueError, match=match):
+        bd.fit_bmd(DOSES, c, y, n_boot=10, **kw)
+
+
+# ------------------------------------------------------------------------------- agreement with EPA's engine ---
+
+def _compare(mine: bd.BMDResult, theirs: dict) -> list[tuple[str, float, float]]:
+    """(model, our BMD / BMDS's - 1, our BMDL / BMDS's - 1) for each model both fit to the same optimum (log-
+    likelihoods within 1e-3: a flat likelihood does not identify the BMD) with a BMD inside the tested doses (beyond
+    them the same likelihood holds BMDs apart: 08's ratio/tis row, Exp3 1.43 here and 1.22 in BMDS, both above 1);
+    and our fit is never worse than BMDS's (log-likelihood at least BMDS's, every model)."""
+    out = []
+    for m in mine.models:
+        o = theirs["models"].get(m.model)
+        if not o or o["loglik"] is None:
+            continue
+        assert m.loglik >= o["loglik"] - 1e-3, (m.model, m.loglik, o["loglik"])
+        if m.saturated or abs(m.loglik - o["loglik"]) > 1e-3 or o["bmd"] is None or not (
+                np.isfinite(m.bmd) and m.bmd <= mine.dose_max):
+            continue
+        both0 = m.bmdl == 0 and o["bmdl"] == 0  # the profile never falls by 2.706 above dose 0: no lower bound
+        out.append((m.model, m.bmd / o["bmd"] - 1, 0.0 if both0 else m.bmdl / o["bmdl"] - 1))
+    return out
+
+
+def _agree(rows):
+    """BMD within 0.5%, BMDL within 1.5% (our profile is on a grid of the shape parameters: an upper bound on the
+    profile likelihood's fall, so a BMDL a little above BMDS's); Exp5's BMDL only from above (BMDS's optimizer can
+    stay on its c bound and miss a lower profile: docs/benchmark_dose.md)."""
+    for model, dbmd, dbmdl in rows:
+        assert abs(dbmd) < 0.005, (model, dbmd)
+        assert dbmdl < 0.015 and (model == "exp5" or dbmdl > -0.015), (model, dbmdl)
+
+
+def test_per_model_fits_agree_with_epas_bmds_on_synthetic_curves():
+    studies = [bd.study(DOSES, *study_of(t, seeds=10, seed=20 + i)) for i, t in enumerate(bd.TRUTHS)]
+    theirs = bd.bmds_fit([s.group_stats() for s in studies])
+    rows = []
+    for s, o in zip(studies, theirs):
+        rows += _compare(bd.fit_bmd(s, None, None, restricted=True, n_boot=50), o)
+    assert {r[0] for r in rows} == set(bd.BMDS_NAMES) and len(rows) >= 13
+    _agree(rows)
+
+
+@pytest.mark.slow  # 34 BMDS sessions (~1 s each) and our profile bounds
+@pytest.mark.parametrize("run", STUDIES_08)
+def test_per_model_fits_agree_with_epas_bmds_on_notebook_08s_studies(run):
+    rows08 = bd.study08_rows(RUNS_08 / run)
+    assert len(rows08) >= 15 and all(r["clean"].size in (6, 8) for r in rows08)
+    studies = [bd.study(r["doses"], r["clean"], r["dosed"], r["baseline"]) for r in rows08]
+    theirs = bd.bmds_fit([s.group_stats() for s in studies])
+    rows = []
+    for s, o in zip(studies, theirs):
+        if len(s.doses) < 2:  # BMDS refuses fewer than 3 dose groups, and says so
+            assert "error" in o and "3 or more" in o["error"]
+            continue
+        rows += _compare(bd.fit_bmd(s, None, None, restricted=True, n_boot=50), o)
+    # 3 dose groups in most rows: only the linear model has a degree of freedom left, and the 4-group ratio rows'
+    # other models mostly put their BMD above the tested doses; the synthetic curves above compare all five
+    assert len(rows) >= 10 and {r[0] for r in rows} >= {"linear"}
+    _agree(rows)
