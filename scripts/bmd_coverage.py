@@ -14,20 +14,21 @@ import argparse
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from rlwb.core.measure import benchmark_dose as bd
+from rlwb.core.measure import bmd_coverage as cov
+from rlwb.core.measure import stats
 
 
 def cell(args):
     truth, seeds, studies, n_boot, seed, bmds_rule, rho, dose_scale, bound = args
     t = time.process_time()
-    c = bd.simulate_coverage(truth, seeds, studies, n_boot=n_boot, seed=seed, bmds_rule=bmds_rule, rho=rho,
+    c = cov.simulate_coverage(truth, seeds, studies, n_boot=n_boot, seed=seed, bmds_rule=bmds_rule, rho=rho,
                              dose_scale=dose_scale, bound=bound)
     return c, (time.process_time() - t) / studies
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--truths", nargs="+", default=list(bd.TRUTHS))
+    ap.add_argument("--truths", nargs="+", default=list(cov.TRUTHS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[10, 30])
     ap.add_argument("--studies", type=int, default=400)
     ap.add_argument("--boot", type=int, default=1000)
@@ -43,7 +44,7 @@ def main() -> None:
              for i, (t, s) in enumerate((t, s) for t in a.truths for s in a.seeds)]
     with ProcessPoolExecutor(a.jobs) as ex:
         out = list(ex.map(cell, cells))
-    print(f"BMR 25% of the clean gain, doses 0 + {list(bd.DESIGN_08)}, sd {bd.SD_08}, rho {a.rho}, "
+    print(f"BMR 25% of the clean gain, doses 0 + {list(cov.DESIGN_08)}, sd {cov.SD_08}, rho {a.rho}, "
           f"{a.boot} resamples, dose scale {a.dose_scale}, bound {a.bound}\n")
     head = "| truth | seeds | studies | bounded | BMDL <= true BMD | 95% interval | median BMDL / BMD |"
     if a.bmds_rule:
@@ -54,7 +55,7 @@ def main() -> None:
         row = (f"| {c.truth} | {c.seeds} | {c.studies} | {c.bounded} | {c.hits}/{c.bounded} = {c.rate:.1%} | "
                f"[{c.low:.1%}, {c.high:.1%}] | {c.median_bmdl_ratio:.2f} |")
         if a.bmds_rule:
-            lo, hi = bd.clopper_pearson(c.bmds_hits, c.bmds_bounded)
+            lo, hi = stats.proportion_ci(c.bmds_hits, c.bmds_bounded, method="exact")
             row += (f" {c.bmds_hits}/{c.bmds_bounded} = {c.bmds_hits / max(c.bmds_bounded, 1):.1%} "
                     f"[{lo:.1%}, {hi:.1%}] |")
         print(row + f"  <!-- {cpu:.2f} s CPU per study -->")

@@ -12,27 +12,29 @@ import numpy as np
 import pytest
 
 from rlwb.core.measure import benchmark_dose as bd
+from rlwb.core.measure import bmd_coverage as cov
+from rlwb.core.measure import bmds_oracle as oracle
 
 REPO = Path(__file__).resolve().parents[1]
-DOSES = list(bd.DESIGN_08)
+DOSES = list(cov.DESIGN_08)
 RUNS_08 = REPO / "docs" / "runs" / "08_mismatch_cost"
 STUDIES_08 = ["20261126-024114-2b6c3cd5", "20261126-045326-a73028f7"]  # the default model's and qwen2-chat's
 
 
-def study_of(truth: str, seeds: int, sd: float = bd.SD_08, seed: int = 0, baseline: float = 0.0):
+def study_of(truth: str, seeds: int, sd: float = cov.SD_08, seed: int = 0, baseline: float = 0.0):
     rng = np.random.default_rng(seed)
-    return bd.simulate(bd.TRUTHS[truth][0], DOSES, seeds, sd, rng, baseline=baseline)
+    return cov.simulate(cov.TRUTHS[truth][0], DOSES, seeds, sd, rng, baseline=baseline)
 
 
 @pytest.mark.parametrize("truth", ["exponential", "hill"])
 def test_a_known_bmd_is_recovered_from_a_large_study(truth):
-    true = bd.TRUTHS[truth][1]
+    true = cov.TRUTHS[truth][1]
     c, y = study_of(truth, seeds=2000, seed=2, baseline=0.5)  # the outcome measured from an untrained policy at 0.5
     r = bd.fit_bmd(DOSES, c, y, baseline=0.5, n_boot=300, profile=False)
     assert r.status == bd.BOUNDED and r.bound == r.bmdl
     assert r.bmd == pytest.approx(true, rel=0.05)
     assert r.bmdl <= true <= r.bmdu and r.bmdu / r.bmdl < 1.3
-    assert r.clean_gain == pytest.approx(bd.GAIN_08, abs=0.02)
+    assert r.clean_gain == pytest.approx(cov.GAIN_08, abs=0.02)
     assert r.error_control.startswith("one-sided 95%") and "this row alone" in r.error_control
     assert r.boot is not None and r.boot.size == 300
 
@@ -44,7 +46,7 @@ def test_the_true_model_alone_recovers_its_parameters_and_the_bounds_bracket_its
     (m,) = r.models
     assert m.params["a"] == pytest.approx(0.3, rel=1e-3) and m.params["b"] == pytest.approx(2.0, rel=1e-2)
     assert m.params["d"] == pytest.approx(1.0, abs=1e-2) and m.passes and m.weight == 1.0
-    assert m.bmd == pytest.approx(bd.TRUTHS["exponential"][1], rel=1e-3)
+    assert m.bmd == pytest.approx(cov.TRUTHS["exponential"][1], rel=1e-3)
     assert m.bmdl < m.bmd < m.bmdu and m.bmdu / m.bmdl < 1.01
 
 
@@ -53,18 +55,18 @@ def test_the_bmdl_covers_the_true_bmd_in_a_small_simulation():
     of the exponential truth at 08's design with 10 seeds, 200 resamples each. Measured: 38 bounded, 36 covered;
     the assertion fails only on a clear loss of coverage (at 95% true coverage, 5 or more misses in 38 has
     probability 0.04)."""
-    c = bd.simulate_coverage("exponential", seeds=10, studies=40, n_boot=200, seed=3)
+    c = cov.simulate_coverage("exponential", seeds=10, studies=40, n_boot=200, seed=3)
     assert c.bounded >= 30
     assert c.hits >= c.bounded - 4, c
     assert c.low < 0.95 or c.rate >= 0.95
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("truth", list(bd.TRUTHS))
+@pytest.mark.parametrize("truth", list(cov.TRUTHS))
 def test_the_bmdl_coverage_is_at_least_95_percent(truth):
     """200 studies per truth (10 seeds): the coverage's Clopper-Pearson 95% interval must reach 95% (it is not
     shown to fall short) and its estimate be at least 93%."""
-    c = bd.simulate_coverage(truth, seeds=10, studies=200, n_boot=500, seed=4)
+    c = cov.simulate_coverage(truth, seeds=10, studies=200, n_boot=500, seed=4)
     assert c.high >= 0.95 and c.rate >= 0.93, c
 
 
@@ -85,10 +87,10 @@ def test_a_saturated_fit_is_flagged_and_never_a_bound():
 
 def test_a_bmd_beyond_the_highest_dose_is_not_reported_as_bounded():
     rng = np.random.default_rng(6)
-    c, y = bd.simulate(lambda d: 0.3 * (1 - 0.1 * np.asarray(d)), DOSES, 20, 0.02, rng)  # true BMD 2.5, above 1
+    c, y = cov.simulate(lambda d: 0.3 * (1 - 0.1 * np.asarray(d)), DOSES, 20, 0.02, rng)  # true BMD 2.5, above 1
     r = bd.fit_bmd(DOSES, c, y, n_boot=200, profile=False)
     assert r.status == bd.ABOVE_RANGE and r.bmd > 1.0 and math.isnan(r.bound)
-    flat = bd.simulate(lambda d: 0.3 + 0 * np.asarray(d), DOSES, 20, 0.02, rng)
+    flat = cov.simulate(lambda d: 0.3 + 0 * np.asarray(d), DOSES, 20, 0.02, rng)
     r = bd.fit_bmd(DOSES, *flat, n_boot=200, profile=False)
     assert r.status == bd.ABOVE_RANGE and math.isnan(r.bound)
 
@@ -96,7 +98,7 @@ def test_a_bmd_beyond_the_highest_dose_is_not_reported_as_bounded():
 def test_a_curve_no_model_describes_is_refused():
     rng = np.random.default_rng(7)
     # the cost rises, vanishes, then rises again: no monotone model passes test 4 with 30 tight seeds
-    c, y = bd.simulate(lambda d: np.interp(d, [0, 0.03, 0.1, 0.3, 1], [0.3, 0.1, 0.3, 0.1, 0.3]), DOSES, 30, 0.02,
+    c, y = cov.simulate(lambda d: np.interp(d, [0, 0.03, 0.1, 0.3, 1], [0.3, 0.1, 0.3, 0.1, 0.3]), DOSES, 30, 0.02,
                        rng)
     r = bd.fit_bmd(DOSES, c, y, n_boot=100, profile=False)
     assert r.status == bd.NO_FIT and math.isnan(r.bound)
@@ -105,7 +107,7 @@ def test_a_curve_no_model_describes_is_refused():
 
 def test_no_benchmark_without_a_clean_gain():
     rng = np.random.default_rng(8)
-    c, y = bd.simulate(lambda d: -0.1 + 0 * np.asarray(d), DOSES, 10, 0.02, rng)
+    c, y = cov.simulate(lambda d: -0.1 + 0 * np.asarray(d), DOSES, 10, 0.02, rng)
     assert bd.fit_bmd(DOSES, c, y, n_boot=50, profile=False).status == bd.NO_BENCHMARK
 
 
@@ -115,14 +117,14 @@ def test_the_dose_scale_does_not_decide_the_answer():
     assert cmp.linear.dose_scale == "linear" and cmp.log.dose_scale == "log"
     assert cmp.linear.status == cmp.log.status == bd.BOUNDED
     assert cmp.agree and 0.67 < cmp.bmdl_ratio < 1.5
-    assert cmp.log.bmdl <= bd.TRUTHS["exponential"][1] and cmp.linear.bmdl <= bd.TRUTHS["exponential"][1]
+    assert cmp.log.bmdl <= cov.TRUTHS["exponential"][1] and cmp.linear.bmdl <= cov.TRUTHS["exponential"][1]
 
 
 def test_pairing_by_seed_keeps_each_seeds_clean_run_with_its_doses():
     # a strong seed effect shared by a seed's runs: the bootstrap that resamples seeds whole sees the paired
     # contrast's small spread; shuffling the clean runs against the dosed ones (breaking the pairs) widens it
     rng = np.random.default_rng(10)
-    c, y = bd.simulate(bd.TRUTHS["exponential"][0], DOSES, 10, 0.085, rng, rho=0.9)
+    c, y = cov.simulate(cov.TRUTHS["exponential"][0], DOSES, 10, 0.085, rng, rho=0.9)
     paired = bd.fit_bmd(DOSES, c, y, n_boot=400, profile=False)
     broken = bd.fit_bmd(DOSES, rng.permutation(c), y, n_boot=400, profile=False)
     assert paired.bmdu / paired.bmdl < broken.bmdu / broken.bmdl
@@ -185,22 +187,29 @@ def _agree(rows):
 
 
 def test_per_model_fits_agree_with_epas_bmds_on_synthetic_curves():
-    studies = [bd.study(DOSES, *study_of(t, seeds=10, seed=20 + i)) for i, t in enumerate(bd.TRUTHS)]
-    theirs = bd.bmds_fit([s.group_stats() for s in studies])
+    studies = [bd.study(DOSES, *study_of(t, seeds=10, seed=20 + i)) for i, t in enumerate(cov.TRUTHS)]
+    theirs = oracle.bmds_fit([s.group_stats() for s in studies])
     rows = []
     for s, o in zip(studies, theirs):
         rows += _compare(bd.fit_bmd(s, None, None, restricted=True, n_boot=50), o)
-    assert {r[0] for r in rows} == set(bd.BMDS_NAMES) and len(rows) >= 13
+    assert {r[0] for r in rows} == set(oracle.BMDS_NAMES) and len(rows) >= 13
     _agree(rows)
 
 
 @pytest.mark.slow  # 34 BMDS sessions (~1 s each) and our profile bounds
 @pytest.mark.parametrize("run", STUDIES_08)
 def test_per_model_fits_agree_with_epas_bmds_on_notebook_08s_studies(run):
-    rows08 = bd.study08_rows(RUNS_08 / run)
-    assert len(rows08) >= 15 and all(r["clean"].size in (6, 8) for r in rows08)
-    studies = [bd.study(r["doses"], r["clean"], r["dosed"], r["baseline"]) for r in rows08]
-    theirs = bd.bmds_fit([s.group_stats() for s in studies])
+    import pandas as pd
+
+    from rlwb import params
+    from rlwb.experiments.mismatch_study import analysis, benchmarks
+
+    curves = pd.read_parquet(RUNS_08 / run / "data" / "curves.parquet")
+    table = analysis.dose_table(curves, params.load("08_mismatch_cost", [RUNS_08 / run / "params.yaml"]))
+    rows08 = benchmarks.row_studies(curves, table)
+    assert len(rows08) >= 15 and all(r.clean.size in (6, 8) for r in rows08)
+    studies = [bd.study(r.doses, r.clean, r.dosed, r.baseline) for r in rows08]
+    theirs = oracle.bmds_fit([s.group_stats() for s in studies])
     rows = []
     for s, o in zip(studies, theirs):
         if len(s.doses) < 2:  # BMDS refuses fewer than 3 dose groups, and says so

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from rlwb.experiments import mismatch_cost as mc
-from rlwb.experiments.mismatch_study import analysis, comparisons, design, execution
+from rlwb.experiments.mismatch_study import analysis, design, execution
 from rlwb.experiments.wording import mismatch_cost as words_08
 from rlwb.params.schemas.mismatch_cost import MismatchCostParams
 
@@ -114,8 +114,18 @@ def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported(
     m = analysis.dose_metrics(t, c)
     plc = t.set_index(["label", "arm"]).loc[("placebo", "none@engine")]
     assert np.isfinite(plc["p_holm"]) and plc["verdict"] == "no cost shown" and plc["control"] == ""
-    assert m["placebo/rows"] == 1 and m["placebo/false_positive_rate"] == 0
-    assert "(passes" in wording.placebo_line(m)
+    assert m["placebo/rows"] == 1 and m["placebo/streams"] == 1 and m["placebo/false_positive_rate"] == 0
+    # 0 of 1: the exact interval reaches 97.5%, and the line says how little one stream bounds
+    assert m["placebo/false_positive_rate_ci_low"] == 0 and m["placebo/false_positive_rate_ci_high"] == (
+        pytest.approx(0.975))
+    assert "(passes" in wording.placebo_line(m) and "[0%, 98%]" in wording.placebo_line(m)
+    assert "bounds the rate only below 98%" in wording.placebo_line(m)
+    # two arms' placebo runs that are the same numbers (arms that train alike without a dose) are one stream
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.0,
+                ("placebo", "none@trainer"): 0.0})
+    m = analysis.dose_metrics(analysis.dose_table(c, MismatchCostParams(), kl_zero(c)), c)
+    assert m["placebo/rows"] == 2 and m["placebo/streams"] == 1
+    assert "1 row the same run as another, counted once" in wording.placebo_line(m)
     # a placebo that differs from its clean twin as much as a real cost does is a false positive, and says so
     c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.2})
     t = analysis.dose_table(c, MismatchCostParams(), kl_zero(c))
@@ -123,143 +133,81 @@ def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported(
     assert m["placebo/false_positive_rate_holm"] == 1 and "**fails**" in wording.placebo_line(m)
 
 
-def ratio_curves(cost_per_decade: float) -> pd.DataFrame:
-    """The clean none@engine run learns 0.5 -> 0.77 over 10 steps (gain 0.27); at ratio doses k3 0.01, 0.1, 1 it
-    loses `cost_per_decade` per decade of k3 above 0.01 (0 at 0.01), with a per-seed wobble."""
+RATIO_DOSES = (0.03, 0.1, 0.3, 1.0)
+
+
+def ratio_curves(loss_scale: float, doses=RATIO_DOSES) -> pd.DataFrame:
+    """The clean none@engine run learns 0.5 -> 0.77 over 10 steps (gain 0.27 in the final training reward over the
+    first steps'); at ratio doses k3 d it keeps exp(-d / loss_scale) of that gain (loss_scale 0: no loss), with a
+    small per-seed wobble. The dose acts from step 0, so its k3 there (`k3_initial`) is d."""
     rows = []
-    for d in (0.0, 0.01, 0.1, 1.0):
+    for d in (0.0, *doses):
         label = "clean" if d == 0 else f"ratio@{d:g}"
+        kept = np.exp(-d / loss_scale) if loss_scale else 1.0
         for s in SEEDS:
-            cost = 0.0 if d == 0 else cost_per_decade * (np.log10(d) + 2) + 0.01 * np.sin(3.0 * s + 7 * d)
+            wobble = 0.004 * np.sin(3.0 * s + 7 * d)
             for t in STEPS:
                 rows.append({"step": t, "kind": label.split("@")[0], "label": label, "dose": d, "temperature": 0.7,
-                             "arm": "none@engine", "seed": s, "reward_mean": 0.5 + 0.03 * t + 0.02 * s - cost,
-                             "grad_norm": 1.0, "clip_frac": 0.0, "mismatch_k3": d, "mismatch_k1": 0.0,
-                             "entropy": 0.5, "raw_logprobs": False, "heldout_greedy_acc": 0.6 - cost,
+                             "arm": "none@engine", "seed": s, "reward_mean": 0.5 + 0.03 * t * kept + 0.02 * s
+                             + (wobble if d else 0.0), "grad_norm": 1.0, "clip_frac": 0.0, "mismatch_k3": d,
+                             "mismatch_k1": 0.0, "entropy": 0.5, "raw_logprobs": False, "heldout_greedy_acc": 0.6,
                              "engine": "vllm-v1-fixed"})
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize("per_decade", [0.1, 0.0])
-def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(per_decade):
-    """BMR = 25% of the clean gain 0.27 = 0.0675: at 0.1 per decade above k3 0.01 the fitted cost reaches it at
-    k3 10^(0.675 - 2) = 0.047, the BMDL below it ("keep k3 below"); a flat curve cannot bound it."""
+@pytest.mark.parametrize("loss_scale", [0.5, 0.0])
+def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(loss_scale):
+    """An exponential loss of the clean gain, exp(-k3 / 0.5): at BMR 25% of the gain the true BMD is
+    0.5 ln(4/3) = 0.144, inside the tested doses: recovered, bracketed by BMDL and BMDU, "keep k3 below" said
+    only where the row is quotable (bounded, and the log dose scale agreeing). No loss: the curve never loses the
+    BMR, the status says the BMD lies above the tested doses and no level is quoted. One dose: a saturated fit,
+    never a bound. The figure's table carries dose 0 as its own group, the fitted curve over the tested doses only,
+    and the BMR mark."""
+    from rlwb.experiments.mismatch_study import benchmarks
     from rlwb.experiments.wording import mismatch_cost as wording
 
-    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[])
-    c = ratio_curves(per_decade)
+    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=list(RATIO_DOSES))
+    c = ratio_curves(loss_scale)
     t = analysis.dose_table(c, p, {})
-    m = analysis.dose_metrics(t, c)
-    assert m["clean/none@engine/reward_gain"] == pytest.approx(0.27)
-    b = comparisons.benchmark_table(t, c, m, p.bmr_fraction)
-    assert len(b) == 1 and b["bmr"].iloc[0] == pytest.approx(0.0675)
+    b, fits = benchmarks.benchmark_table(t, c, p.bmr_fraction)
+    assert len(b) == 1
     r = next(b.itertuples())
+    assert 0.2 < r.clean_gain < 0.3  # the final window's reward over the first window's (the untrained policy)
+    assert r.bmr == pytest.approx(p.bmr_fraction * r.clean_gain) and r.k3_min == 0.03 and r.k3_max == 1.0
     line = wording.benchmark_line(r, p.bmr_fraction)
-    if per_decade:
-        assert r.status == "bounded" and r.bmd == pytest.approx(10 ** (0.675 - 2), rel=0.05) and r.bmdl < r.bmd
-        assert r.trend_slope == pytest.approx(-0.1, abs=0.01) and r.trend_p_holm < 0.05
-        assert "keep k3 below" in line and f"{r.bmdl:.1e}" in line
+    if loss_scale:
+        assert r.status == "bounded" and r.bmd == pytest.approx(0.5 * np.log(4 / 3), rel=0.1)
+        assert r.bmdl < r.bmd < r.bmdu and r.models_passing
+        assert ("keep k3 below" in line and f"{r.bmdl:.1e}" in line) == wording.quotable(r)
+        assert r.trend_slope < 0 and r.trend_p_holm < 0.05
     else:
-        assert r.status == "not bounded" and np.isnan(r.bmdl) and r.trend_p_holm > 0.05
-        assert "cannot bound" in line and "keep k3 below" not in line
-    assert comparisons.benchmark_metrics(b)["ratio/none@engine/bmdl_bounded"] == float(bool(per_decade))
-    one = comparisons.benchmark_table(t[t["label"].isin(["clean", "ratio@1"])], c, m, p.bmr_fraction)
-    assert one["status"].iloc[0] == "no benchmark" and "1 dose: no curve to fit" in wording.benchmark_line(
+        assert r.status == "above tested range" and not wording.quotable(r)
+        assert "keep k3 below" not in line and "no level to quote" in line and "larger doses" in line
+    m = benchmarks.benchmark_metrics(b)
+    assert m["ratio/none@engine/bmdl_bounded"] == float(r.status == "bounded")
+    groups = fits[fits["part"] == "group"]
+    assert groups["dose"].to_numpy() == pytest.approx([0.0, *RATIO_DOSES], rel=1e-9)
+    fitted = fits[fits["part"] == "fit"]
+    assert fitted["dose"].iloc[0] == 0.0 and fitted["dose"].iloc[1:].between(0.03, 1.0).all()
+    assert (fitted["low"] <= fitted["y"] + 1e-12).all() and (fitted["y"] <= fitted["high"] + 1e-12).all()
+    one = benchmarks.benchmark_table(t[t["label"].isin(["clean", "ratio@1"])], c, p.bmr_fraction)[0]
+    assert one["status"].iloc[0] == "saturated" and "no level to quote" in wording.benchmark_line(
         next(one.itertuples()), p.bmr_fraction)
-
-
-def test_contrasts_compare_corrections_with_the_uncorrected_decoupled_arm_and_one_sided_with_symmetric_error():
-    """At weights@0.1 the uncorrected decoupled arm loses 0.2 and TIS 0.05: TIS is better than `none@trainer` by
-    0.15 (not compared with bypass); bypass loses 0.2 too: no mode difference. A raw-logprob point (one-sided) that
-    loses 0.1 more than the symmetric ratio dose of the same k3 is worse by 0.1; each sentence says so."""
-    from rlwb.experiments.wording import mismatch_cost as wording
-
-    arms = ("none@engine", "none@trainer", "tis@trainer")
-    c = curves({**{("clean", a): 0.0 for a in arms}, ("weights@0.1", "none@trainer"): 0.2,
-                ("weights@0.1", "tis@trainer"): 0.05, ("weights@0.1", "none@engine"): 0.2,
-                ("ratio@0.1", "none@engine"): 0.02, ("vllm-v1", "none@engine"): 0.12})
-    pt = c["label"] == "vllm-v1"
-    c.loc[pt, "kind"], c.loc[pt, "raw_logprobs"], c.loc[pt, "dose"] = "engine", True, np.nan
-    c.loc[pt, "mismatch_k3"] = 0.08  # within a factor 2 of the ratio dose's intended 0.1: matched
-    for lab, arm in (("weights@0.1", "tis@trainer"), ("vllm-v1", "none@engine")):  # a spread of their own
-        r = (c["label"] == lab) & (c["arm"] == arm)
-        c.loc[r, "reward_mean"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
-        c.loc[r, "heldout_greedy_acc"] += 0.005 * np.cos(2.0 * c.loc[r, "seed"])
-    p = MismatchCostParams(arms=list(arms), placebo_arms=[])
-    t = analysis.dose_table(c, p, kl_zero(c))
-    con = comparisons.contrast_table(t, c).set_index(["contrast", "label", "arm"])
-    tis = con.loc[("correction", "weights@0.1", "tis@trainer")]
-    assert tis["vs_arm"] == "none@trainer" and tis["diff"] == pytest.approx(0.15, abs=0.01)
-    assert tis["verdict"] == "differs" and tis["ci_low"] > 0
-    mode = con.loc[("mode", "weights@0.1", "none@engine")]
-    assert mode["diff"] == pytest.approx(0, abs=1e-9) and mode["verdict"] == "no difference shown"
-    one = con.loc[("one-sided vs symmetric", "vllm-v1", "none@engine")]
-    assert one["vs_label"] == "ratio@0.1" and one["diff"] == pytest.approx(-0.1, abs=0.01) and one["ci_high"] < 0
-    assert ("correction", "ratio@0.1", "tis@trainer") not in con.index  # no none@trainer row there to compare
-    lines = wording.contrast_lines(con.reset_index())
-    assert any("`tis@trainer` vs `none@trainer` at weights@0.1: better by +0.15" in x for x in lines)
-    assert any("no difference shown" in x and "MDE" in x for x in lines)
-
-
-def test_a_long_horizon_gap_that_grows_and_a_collapse_are_named():
-    """Long rows pair with the long clean run: a cost that grows 0.001 per step shows per 10-step block, grows from
-    the first block to the last, and a gradient-norm spike from step 25 (with entropy halved) is named at that
-    step; the short rows and the benchmark ignore the long ones."""
-    from rlwb.experiments.wording import mismatch_cost as wording
-
-    rows = []
-    for label, steps in (("clean", 10), ("ratio@0.1", 10), ("clean+long", 40), ("ratio@0.1+long", 40)):
-        for s in SEEDS:
-            for t in range(steps):
-                dosed = label.startswith("ratio")
-                cost = (0.001 * t + 0.002 * np.sin(s + t)) if dosed and steps == 40 else 0.02 * dosed
-                late = dosed and steps == 40 and t >= 25
-                rows.append({"step": t, "kind": label.split("@")[0].replace("+long", ""), "label": label,
-                             "dose": 0.1 if dosed else 0.0, "temperature": 0.7, "arm": "none@engine", "seed": s,
-                             "reward_mean": 0.5 + 0.005 * t + 0.02 * s - cost - 0.001 * s * dosed,
-                             "grad_norm": 5.0 if late else 1.0, "clip_frac": 0.0, "mismatch_k3": 0.1 * dosed,
-                             "mismatch_k1": 0.0, "entropy": 0.2 if late else 0.5, "raw_logprobs": False,
-                             "heldout_greedy_acc": 0.6, "engine": "vllm-v1-fixed"})
-    c = pd.DataFrame(rows)
-    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=[0.1], steps=10, long_steps=40,
-                                   long_doses=["ratio@0.1"])
-    t = analysis.dose_table(c, p, {}).set_index("label")
-    assert t.loc["ratio@0.1+long", "horizon"] == 40 and t.loc["ratio@0.1", "horizon"] == 10
-    assert t.loc["ratio@0.1", "gap"] == pytest.approx(-0.02 - 0.001 * np.mean(SEEDS))  # paired with the short clean
-    hz, m = comparisons.horizon_table(c, 10)
-    assert list(hz["block_start"]) == [0, 10, 20, 30] and (np.diff(hz["gap"]) < 0).all()
-    assert m["ratio@0.1+long/none@engine/gap_change"] == pytest.approx(-0.03, abs=0.002)
-    assert m["ratio@0.1+long/none@engine/gap_change_p"] < 0.05
-    assert m["ratio@0.1+long/none@engine/grad_spike_step"] == 25 and m[
-        "ratio@0.1+long/none@engine/entropy_collapse_step"] == 25
-    assert np.isnan(m["clean+long/none@engine/grad_spike_step"])
-    line = wording.horizon_lines(hz, m)[0]
-    assert "the cost grows" in line and "gradient-norm spikes from step 25" in line and "steps 30-39" in line
-    mm = analysis.dose_metrics(t.reset_index(), c)
-    assert mm["ratio/none@engine/max_dose_gap"] == pytest.approx(t.loc["ratio@0.1", "gap"])  # the short row's
-
-
-def test_long_horizon_jobs_have_their_own_clean_twins():
-    p = MismatchCostParams(arms=["none@engine", "none@trainer"], long_steps=120, long_doses=["ratio@1"],
-                                   long_arms=["none@engine"], num_seeds=2)
-    js = [j for j in design.training_runs(p) if j.steps]
-    assert sorted({(j.label, j.arm) for j in js}) == [("clean+long", "none@engine"), ("ratio@1+long", "none@engine")]
-    assert all(j.steps == 120 and design.config(p, j).steps == 120 for j in js)
-    assert design.training_runs(p)[-1].label == "rerun" and design.training_runs(p)[-1].steps == 0
-    from rlwb.errors import ParamError
-
-    with pytest.raises(ParamError, match="must exceed"):
-        MismatchCostParams(long_steps=10)
 
 
 def test_the_wording_knows_every_benchmark_status_the_estimator_gives():
     """The wording layer imports no core module, so it spells the benchmark's statuses itself: they must be the
-    estimator's (a renamed status would otherwise fall through to the wrong sentence)."""
-    from rlwb.core.measure import dose_response
+    estimator's, every one of them (a renamed or new status would otherwise fall through to a bare status)."""
+    from rlwb.core.measure import benchmark_dose as bd
     from rlwb.experiments.wording import mismatch_cost as wording
 
-    assert (wording.BMD_BOUNDED, wording.BMD_BELOW, wording.BMD_NOT_BOUNDED) == (
-        dose_response.BOUNDED, dose_response.BELOW_RANGE, dose_response.NOT_BOUNDED)
+    spelt = {wording.BMD_BOUNDED, wording.BMD_ABOVE, wording.BMD_BELOW, wording.BMD_NO_FIT, wording.BMD_SATURATED,
+             wording.BMD_NO_BENCHMARK, wording.BMD_NOT_BOUNDED}
+    assert spelt == set(bd.STATUSES)
+    for status in bd.STATUSES:  # each has its own reason, never the bare status
+        r = SimpleNamespace(status=status, doses=2, k3_min=0.01, k3_max=1.0, bmd=2.0, bmdl=0.5, bmdl_log=0.4,
+                            status_log=status, clean_gain=0.3)
+        assert wording.benchmark_reason(r) != status
 
 
 def test_the_dose_answer_reads_the_first_regime_at_the_studys_horizon():
@@ -396,24 +344,24 @@ def with_policy(c: pd.DataFrame, pr: dict, initial: float = 0.3) -> pd.DataFrame
 
 
 def test_the_benchmark_response_is_a_fraction_of_the_clean_gain_in_the_tested_outcome():
-    """The gaps are policy-reward gaps, so the BMR is 25% of the clean run's policy-reward gain over
-    the initial policy (0.6 + mean seed offset - 0.3), not of its training-reward gain (0.27)."""
-    c = ratio_curves(0.1)
-    labels = c[["label", "arm"]].drop_duplicates().itertuples(index=False)
-    c = with_policy(c, {(lab, a): 0.6 - (0.0 if lab == "clean" else 0.05 * (np.log10(float(lab[6:])) + 2))
-                        for lab, a in labels})
-    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[])
+    """The fit is of the policy reward, so the BMR is 25% of the clean run's policy-reward gain over the initial
+    policy (0.6 + mean seed offset - 0.3), not of its training-reward gain (0.27): a dose keeping exp(-k3 / 0.5)
+    of the policy-reward gain has its BMD at 0.5 ln(4/3) = 0.144."""
+    c = ratio_curves(0.0)
+    c = with_policy(c, {(lab, a): 0.6 if lab == "clean" else 0.3 + 0.3 * np.exp(-float(lab[6:]) / 0.5)
+                        for lab, a in c[["label", "arm"]].drop_duplicates().itertuples(index=False)})
+    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=list(RATIO_DOSES))
     res = mc.analyze(c, p)
     gain = 0.6 + 0.01 * np.mean(SEEDS) - 0.3
     assert res.metrics["clean/none@engine/outcome_gain"] == pytest.approx(gain)
     assert res.metrics["clean/none@engine/reward_gain"] == pytest.approx(0.27)  # the training reward's: not used
     b = res.benchmarks.iloc[0]
-    assert b["bmr"] == pytest.approx(0.25 * gain) and b["clean_gain"] == pytest.approx(gain)
-    # the fitted policy-reward cost (0.05 per decade above k3 0.01) reaches 0.25 x gain at 10^(bmr / 0.05 - 2)
-    assert b["bmd"] == pytest.approx(10 ** (0.25 * gain / 0.05 - 2), rel=0.1)
+    assert b["clean_gain"] == pytest.approx(gain, rel=0.02) and b["bmr"] == pytest.approx(0.25 * b["clean_gain"])
+    assert b["bmd"] == pytest.approx(0.5 * np.log(4 / 3), rel=0.15) and b["status"] == "bounded"
     # an archived run without the initial policy's outcome has no benchmark response in that outcome: said so
     old = mc.analyze(c.drop(columns="initial_policy_reward"), p)
-    assert np.isnan(old.benchmarks["bmr"].iloc[0]) and old.benchmarks["status"].iloc[0] == "no benchmark"
+    assert np.isnan(old.benchmarks["bmr"].iloc[0]) and old.benchmarks["status"].iloc[0].startswith("no benchmark")
+    assert "not measured" in old.benchmarks["status"].iloc[0]
 
 
 def family_curves() -> pd.DataFrame:
@@ -531,39 +479,45 @@ def test_the_pipeline_is_calibrated_where_the_null_holds():
 def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_path):
     """`rlwb audit`'s report puts a raw-logprob engine's k3 against the ratio kind's BMDLs and another
     engine's against the distribution kinds', from the newest study run of record per model, as a multiple of each
-    BMDL, saying they were measured on small embedded models; without a run of record it says so."""
-    from rlwb.core.measure import dose_response
+    quotable BMDL (bounded, the dose scale agreeing), saying they were measured on small embedded models; a row
+    without a level says why; a study analysed before the benchmark-dose fit quotes nothing; without a run of
+    record it says so."""
     from rlwb.experiments import audit
     from rlwb.experiments.wording import audit as wording
 
-    assert (wording.BMD_BOUNDED, wording.BMD_BELOW, wording.BMD_NOT_BOUNDED) == (
-        dose_response.BOUNDED, dose_response.BELOW_RANGE, dose_response.NOT_BOUNDED)
     metrics = {"raw-engine/k3_mean": 0.01, "bf16-engine/k3_mean": 2e-4}
     none = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "nothing")
     assert none["runs"] == [] and "no study run of record yet" in "\n".join(wording.study_lines(none))
-    for run_id, bmdl in (("20261101-000000-aaaa", 0.5), ("20261201-000000-bbbb", 0.05)):  # the newer one counts
+
+    def study(run_id, bmdl, fitted=True, model="default"):
         d = tmp_path / run_id
         (d / "data").mkdir(parents=True)
-        (d / "params.yaml").write_text("model: default\n")
-        pd.DataFrame([
-            {"kind": "ratio", "arm": "none@engine", "name": "ratio", "status": "bounded", "bmdl": bmdl,
-             "k3_min": 0.01, "k3_max": 1.0},
+        (d / "params.yaml").write_text(f"model: {model}\n")
+        rows = pd.DataFrame([
+            {"kind": "ratio", "arm": "none@engine", "name": "ratio", "status": "bounded", "bmdl": bmdl, "bmd": 0.2,
+             "scale_agree": True, "k3_min": 0.01, "k3_max": 1.0},
             {"kind": "ratio", "arm": "none@engine", "name": "ratio+ppo4", "status": "bounded", "bmdl": 9.0,
-             "k3_min": 0.01, "k3_max": 1.0},
-            {"kind": "weights", "arm": "none@engine", "name": "weights", "status": "below the tested range",
-             "bmdl": 1e-3, "k3_min": 1e-3, "k3_max": 0.02},
-            {"kind": "stale", "arm": "tis@trainer", "name": "stale", "status": "not bounded", "bmdl": np.nan,
-             "k3_min": 5e-3, "k3_max": 0.03}]).to_parquet(d / "data" / "benchmarks.parquet")
+             "bmd": 9.5, "scale_agree": True, "k3_min": 0.01, "k3_max": 1.0},
+            {"kind": "weights", "arm": "none@engine", "name": "weights", "status": "bounded", "bmdl": 1e-3,
+             "bmd": 2e-3, "scale_agree": False, "k3_min": 1e-3, "k3_max": 0.02},
+            {"kind": "stale", "arm": "tis@trainer", "name": "stale", "status": "above tested range",
+             "bmdl": 0.01, "bmd": 0.05, "scale_agree": True, "k3_min": 5e-3, "k3_max": 0.03}])
+        (rows if fitted else rows.drop(columns=["scale_agree", "bmd"])).to_parquet(d / "data" / "benchmarks.parquet")
+
+    for run_id, bmdl in (("20261101-000000-aaaa", 0.5), ("20261201-000000-bbbb", 0.05)):  # the newer one counts
+        study(run_id, bmdl)
+    study("20261101-000000-cccc", 0.14, fitted=False, model="qwen2-chat")
     ctx = audit.study_context(metrics, {"raw-engine": True, "bf16-engine": False}, runs_dir=tmp_path)
-    assert ctx["runs"] == ["20261201-000000-bbbb"]
+    assert ctx["runs"] == ["20261201-000000-bbbb", "20261101-000000-cccc"]
     raw, dist = ctx["engines"]
     assert [x["kind"] for x in raw["runs"][0]["rows"]] == ["ratio"]  # the first regime's row only
     assert {x["kind"] for x in dist["runs"][0]["rows"]} == {"weights", "stale"}
     text = "\n".join(wording.study_lines(ctx))
-    assert "small embedded models" in text and "ratio `none@engine` keep k3 below 5.0e-02 (yours is 0.2x it)" in text
-    assert ("weights `none@engine` keep k3 below the smallest tested k3 1.0e-03 at least (the cost's upper 95% limit "
-            "reaches the benchmark there; yours is 0.2x it)") in text
-    assert "stale `tis@trainer` no bound up to k3 3.0e-02" in text and "model `default`" in text
+    assert "small embedded models" in text
+    assert "ratio `none@engine` keep k3 below 5.0e-02 (BMD 2.0e-01; yours is 0.2x the BMDL)" in text
+    assert "weights `none@engine` no level (the dose scale decides it; tested k3 1.0e-03 to 2.0e-02" in text
+    assert "stale `tis@trainer` no level (above tested range;" in text and "model `default`" in text
+    assert "keep k3 below 1.4e-01" not in text and "analysed before rlwb fitted benchmark doses" in text
 
 
 def test_the_horizon_figure_draws_each_blocks_gap_with_its_interval_and_the_collapse_step():
@@ -596,20 +550,20 @@ def test_the_answer_leads_with_the_finding():
     from rlwb.core.measure import dose_response as dr
 
     bench = pd.DataFrame([
-        {"kind": "ratio", "name": "ratio", "arm": "none@engine", "status": dr.BOUNDED, "bmdl": 0.142, "k3_min": 0.01,
-         "k3_max": 1.0},
-        {"kind": "weights", "name": "weights", "arm": "none@engine", "status": dr.BELOW_RANGE, "bmdl": 1e-3,
-         "k3_min": 1e-3, "k3_max": 2e-2},
-        {"kind": "weights", "name": "weights+ppo4", "arm": "none@engine", "status": dr.NO_BMR, "bmdl": float("nan"),
-         "k3_min": 1e-3, "k3_max": 1e-3},
-        {"kind": "ratio", "name": "ratio", "arm": "tis@trainer", "status": dr.NOT_BOUNDED, "bmdl": float("nan"),
-         "k3_min": 0.01, "k3_max": 1.0}])
+        {"kind": "ratio", "name": "ratio", "arm": "none@engine", "status": "bounded", "bmdl": 0.142, "bmd": 0.3,
+         "scale_agree": True, "k3_min": 0.01, "k3_max": 1.0},
+        {"kind": "weights", "name": "weights", "arm": "none@engine", "status": "bounded", "bmdl": 1e-3,
+         "bmd": 3e-3, "scale_agree": False, "k3_min": 1e-3, "k3_max": 2e-2},
+        {"kind": "weights", "name": "weights+ppo4", "arm": "none@engine", "status": "saturated",
+         "bmdl": float("nan"), "bmd": float("nan"), "scale_agree": False, "k3_min": 1e-3, "k3_max": 1e-3},
+        {"kind": "ratio", "name": "ratio", "arm": "tis@trainer", "status": "above tested range",
+         "bmdl": 0.5, "bmd": 2.0, "scale_agree": True, "k3_min": 0.01, "k3_max": 1.0}])
     contrasts = pd.DataFrame([{"contrast": "one-sided vs symmetric", "label": "vllm-v1", "arm": "none@engine",
                                "diff": -0.06, "p_holm": 0.047, "mde": 0.08, "verdict": "differs"}])
     bullets = ["ratio mismatch, `none@engine`: no dose ...", "ratio mismatch, `tis@trainer`: no dose ..."]
     text = words_08.answer_line("none@engine", dr.first_regime_benchmarks(bench), contrasts, bullets)
     assert text.startswith("One-sided (vllm-v1) vs symmetric ratio error at matched k3, `none@engine`: worse by "
-                           "-0.060 (Holm p 0.047). Tolerable k3 for `none@engine` (BMDL): ratio < 1.4e-01; weights "
-                           "below the smallest dose (1.0e-03).")
+                           "-0.060 (Holm p 0.047). Tolerable k3 for `none@engine` (BMDL): ratio < 1.4e-01 (BMD "
+                           "3.0e-01); weights no level (the dose scale decides it).")
     assert text.endswith("ratio mismatch, `none@engine`: no dose ...") and "tis@trainer" not in text
     assert words_08.answer_line("none@engine", pd.DataFrame(), pd.DataFrame(), bullets) == bullets[0]

@@ -247,8 +247,11 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
         for r in runs:
             b = r["benchmarks"]
             rows = b[b["kind"].isin(kinds)]
-            per_run.append({"run": r["run"], "model": r["model"],
+            # a study analysed before benchmark doses were fitted by EPA's convention has no `scale_agree`
+            per_run.append({"run": r["run"], "model": r["model"], "fitted": "scale_agree" in b,
                             "rows": [{"kind": x.kind, "arm": x.arm, "status": x.status, "bmdl": float(x.bmdl),
+                                      "bmd": float(getattr(x, "bmd", float("nan"))),
+                                      "scale_agree": bool(getattr(x, "scale_agree", False)),
                                       "k3_min": float(x.k3_min), "k3_max": float(x.k3_max)}
                                      for x in rows.itertuples()]})
         engines.append({"engine": e, "k3": float(k3), "raw": bool(raw), "kinds": kinds, "runs": per_run})

@@ -34,9 +34,8 @@ from rlwb.experiments.mismatch_study.analysis import (
     dose_table,
     outcome_resolution,
 )
+from rlwb.experiments.mismatch_study.benchmarks import benchmark_metrics, benchmark_table
 from rlwb.experiments.mismatch_study.comparisons import (
-    benchmark_metrics,
-    benchmark_table,
     contrast_metrics,
     contrast_table,
     horizon_table,
@@ -63,6 +62,8 @@ class CostResult(Result):
     doses: pd.DataFrame  # one row per (label, arm): achieved k3, outcomes, paired gaps with CIs, MDE, verdict
     # one row per (kind, PPO regime, arm): the trend across doses and the benchmark dose (`benchmark_table`)
     benchmarks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # what the dose-response figure draws: dose groups, fitted curves with bands, BMR/BMD/BMDL marks (`benchmark_table`)
+    dose_fits: pd.DataFrame = field(default_factory=pd.DataFrame)
     # one row per paired contrast the conclusion states (`contrast_table`)
     contrasts: pd.DataFrame = field(default_factory=pd.DataFrame)
     # one row per long-horizon row and block of steps: the training-reward gap's trajectory (`horizon_table`)
@@ -70,11 +71,12 @@ class CostResult(Result):
 
     def frames(self) -> dict[str, pd.DataFrame]:
         return {"curves": self.curves, "doses": self.doses, "benchmarks": self.benchmarks,
-                "contrasts": self.contrasts, "horizon": self.horizon}
+                "dose_fits": self.dose_fits, "contrasts": self.contrasts, "horizon": self.horizon}
 
     def summary(self) -> pd.DataFrame:
-        cols = ["kind", "label", "arm", "k3_achieved", "reward_final", "gap", "gap_ci_low", "gap_ci_high", "mde",
-                "verdict", "train_gap", "heldout_gap", "auc_gap", "entropy_gap", "kl_to_clean", "clip_frac"]
+        cols = ["kind", "label", "arm", "k3_initial", "k3_achieved", "reward_final", "gap", "gap_ci_low",
+                "gap_ci_high", "mde", "verdict", "train_gap", "heldout_gap", "auc_gap", "entropy_gap", "kl_to_clean",
+                "clip_frac"]
         return self.doses[~self.doses["kind"].isin(["clean", "rerun"])][cols].set_index(["kind", "label", "arm"])
 
     def conclusion(self) -> str:
@@ -114,7 +116,7 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     (`one_family`)."""
     table = dose_table(curves, p)
     q = outcome_resolution(p, table["outcome"].iloc[0]) if len(table) else 0.0
-    bench = benchmark_table(table, curves, dose_metrics(table, curves), p.bmr_fraction)
+    bench, fits = benchmark_table(table, curves, p.bmr_fraction)
     con = contrast_table(table, curves, q)
     hz, hm = horizon_table(curves, p.steps, 1.0 / (p.prompts_per_step * p.group_size * p.steps))
     family = one_family(table, bench, con, hm)
@@ -123,7 +125,7 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     metrics.update(contrast_metrics(con))
     metrics.update(hm)
     metrics.update(family)
-    return CostResult(p, metrics, curves, table, bench, con, hz)
+    return CostResult(p, metrics, curves, table, bench, fits, con, hz)
 
 
 def reanalyze(run_dir: str | Path, params) -> CostResult:

@@ -30,72 +30,117 @@ def point_name(label: str, base: str) -> str:
     return f"{engine}, T {t}" if at else engine
 
 
-def dose_response(doses, style: str = "notebook"):
-    """Per kind of mismatch: the paired reward gap to the same arm's clean run (95% CI over seeds) against the
-    measured engine-trainer k3 per token (log x), one line per arm, dose 0 drawn at the left edge (its gap is 0 by
-    definition). Real engines (notebooks 01/06) are points on the panel of their kind (raw logprobs: ratio;
-    otherwise distribution), labelled; a null control is drawn hollow. The first PPO regime at the study's horizon
-    only (further regimes and long rows have their own tables)."""
-    if "updates" in doses:  # one regime and one horizon per line
-        doses = doses[(doses["updates"] == doses["updates"].iloc[0]) & ~doses["label"].str.endswith("+long")]
+def dose_response(fits, style: str = "notebook"):
+    """Per kind of dose, the benchmark-dose fit of each arm (`benchmarks.benchmark_table`'s `fits`): the tested
+    outcome as the share of the arm's clean gain it keeps (1: its clean run's fitted level, 0: the untrained
+    policy), so one BMR line serves every arm; each dose group's mean with its 95% interval over seeds against the
+    k3 the dose gives the initial policy (log x); the model-average curve with its pointwise 95% bootstrap band over
+    the tested doses only; dose 0 drawn apart in its own narrow axis, not joined across the untested decades below
+    the smallest dose; the BMD (diamond, hollow where the log dose scale disagrees) with its BMDL-BMDU bar on the
+    BMR line where the row is bounded; real engines as stars (their paired gap to their own clean run, a control
+    hollow). The first PPO regime at the study's horizon only."""
+    if "name" in fits and len(fits):
+        fits = fits[~fits["name"].astype(str).str.contains("+", regex=False)]
     titles = kind_titles()
-    kinds = [k for k in titles if (doses["kind"] == k).any()]
-    base = doses.loc[doses["kind"] == "clean", "engine"].iloc[0] if (doses["kind"] == "clean").any() else ""
-    arms = list(dict.fromkeys(doses["arm"]))
+    kinds = [k for k in titles if (fits["kind"] == k).any()] if len(fits) else []
+    arms = list(dict.fromkeys(fits["arm"])) if len(fits) else []
     sty = _arm_style(arms)
-    ncol = max(1, len(kinds))
-    fig, axes = plt.subplots(1, ncol, figsize=figsize(style, 0.42 * ncol + 0.4, 1.15), sharey=True, squeeze=False)
-    # dose 0 sits a decade left of the smallest dosed k3; anything below (the float floor) is drawn there too
-    measured = doses[~doses["kind"].isin(["clean", "rerun", "placebo"]) & (doses["control"] == "")]["k3_achieved"]
-    measured = measured[measured > FLOOR_VALUE]  # an engine point at the float floor sits at dose 0, not below it
-    lo_x = measured.min() / 10 if len(measured) else 1e-6
-    for ax, kind in zip(axes[0], kinds):
-        for j, a in enumerate(arms):
-            d = doses[(doses["kind"] == kind) & (doses["arm"] == a) & (doses["control"] == "")].sort_values("dose")
+    nrow = max(1, len(kinds))
+    fig = plt.figure(figsize=figsize(style, 1.0, 0.62 * nrow + 0.25))
+    grid = fig.add_gridspec(nrow, 2, width_ratios=[1, 9], wspace=0.05, hspace=0.55)
+    if not kinds:
+        ax = fig.add_subplot(grid[0, :])
+        ax.text(0.5, 0.5, "no dose row with a benchmark fit", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    bmr_level = None
+    for i, kind in enumerate(kinds):
+        a0 = fig.add_subplot(grid[i, 0])
+        ax = fig.add_subplot(grid[i, 1], sharey=a0)
+        k = fits[fits["kind"] == kind]
+        tested = k.loc[(k["part"] == "group") & (k["dose"] > 0), "dose"]
+        decades = float(np.log10(tested.max() / tested.min())) if len(tested) else 1.0
+        named: set = set()
+        for j, arm in enumerate(arms):
+            d = k[k["arm"] == arm]
             if d.empty:
                 continue
-            x = np.r_[lo_x, d["k3_achieved"].clip(lower=lo_x).to_numpy()]
-            y = np.r_[0.0, d["gap"].to_numpy()]
-            lo = np.r_[0.0, (d["gap"] - d["gap_ci_low"]).clip(lower=0).fillna(0).to_numpy()]
-            hi = np.r_[0.0, (d["gap_ci_high"] - d["gap"]).clip(lower=0).fillna(0).to_numpy()]
-            x = x * (1.0 + 0.08 * (j - (len(arms) - 1) / 2))  # nudge arms apart so the intervals do not overlap
-            color, marker = sty[a]
-            ax.errorbar(x, y, yerr=[lo, hi], color=color, marker=marker, ms=4, capsize=3, lw=1.2, label=a)
-        pts = doses[(doses["kind"] == "engine") & (doses["panel"] == kind)]
-        for r in pts.itertuples():
-            color, marker = sty[r.arm]
-            x = max(r.k3_achieved, lo_x)
-            ax.errorbar([x], [r.gap], yerr=[[max(r.gap - r.gap_ci_low, 0)], [max(r.gap_ci_high - r.gap, 0)]],
-                        color=color, marker="*", ms=10, mfc="white" if r.control else color, capsize=3, lw=0,
-                        elinewidth=1)
-        # one name per engine point (every arm trained there shares it), left of the group's lowest whisker end;
-        # the control, at dose 0, below right
-        for (label, control), g in pts.groupby(["label", "control"], sort=False):
-            x = max(g["k3_achieved"].min(), lo_x)
-            low = g["gap_ci_low"].where(np.isfinite(g["gap_ci_low"]), g["gap"])
-            below = g["gap"].min() if control else min(g["gap"].min(), low.min())
-            ax.annotate(point_name(label, base) + (" (control)" if control else ""), (x, below),
-                        textcoords="offset points", xytext=(8, -12) if control else (-6, 0),
-                        va="top" if control else "center", ha="left" if control else "right", fontsize="x-small",
-                        color="0.25",
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.6})
-        ax.axhline(0, color="0.4", ls="--", lw=1)
-        ax.axvline(lo_x, color="0.8", lw=0.8, zorder=0)
+            base, gain = float(d["baseline"].iloc[0]), float(d["gain"].iloc[0])
+            if not (np.isfinite(gain) and gain > 0):
+                continue
+            color, marker = sty[arm]
+
+            def share(v):
+                return (np.asarray(v, dtype=float) - base) / gain
+
+            g = d[d["part"] == "group"].sort_values("dose")
+            # arms apart, so the intervals do not overlap: a step of 1.5% of the panel's decades
+            nudge = 10 ** (0.015 * max(decades, 0.5) * (j - (len(arms) - 1) / 2))
+            zero, dosed = g[g["dose"] == 0], g[g["dose"] > 0]
+            a0.errorbar(np.full(len(zero), 0.5 + 0.08 * (j - (len(arms) - 1) / 2)), share(zero["y"]),
+                        yerr=[share(zero["y"]) - share(zero["low"]), share(zero["high"]) - share(zero["y"])],
+                        color=color, marker=marker, ms=4, capsize=2, lw=0, elinewidth=1)
+            ax.errorbar(dosed["dose"] * nudge, share(dosed["y"]),
+                        yerr=[share(dosed["y"]) - share(dosed["low"]), share(dosed["high"]) - share(dosed["y"])],
+                        color=color, marker=marker, ms=4, capsize=2, lw=0, elinewidth=1, label=arm)
+            c = d[(d["part"] == "fit") & (d["dose"] > 0)].sort_values("dose")
+            if len(c):
+                ax.plot(c["dose"], share(c["y"]), color=color, lw=1.2)
+                ax.fill_between(c["dose"], share(c["low"]), share(c["high"]), color=color, alpha=0.12, lw=0)
+            m = d[d["part"] == "mark"]
+            if len(m):
+                mk = m.iloc[0]
+                bmr_level = float(share(mk["y"]))
+                if mk["status"] == "bounded" and np.isfinite(mk["dose"]):
+                    lo, hi = mk["low"], min(mk["high"], c["dose"].max() if len(c) else mk["high"])
+                    ax.plot([lo, hi], [bmr_level] * 2, color=color, lw=3, alpha=0.5, solid_capstyle="butt")
+                    ax.plot([mk["dose"]], [bmr_level], marker="D", ms=6, color=color, mec="0.2")
+            e = d[d["part"] == "engine"]
+            for r in e.itertuples():
+                y = float(share(r.y))
+                # an engine at the float floor (k3 ~1e-13: the T = 1 control) sits at dose 0, not decades left
+                at, x = (a0, 0.5) if not r.dose > FLOOR_VALUE else (ax, r.dose * nudge)
+                at.errorbar([x], [y], yerr=[[y - float(share(r.low))], [float(share(r.high)) - y]], color=color,
+                            marker="*", ms=10, mfc="white" if r.control else color, capsize=2, lw=0, elinewidth=1)
+                if r.label not in named:  # one name per engine, whichever arm trained there
+                    named.add(r.label)
+                    below = at is a0  # the narrow dose-0 axis: the name under the point, centred
+                    at.annotate(str(r.label) + (" (control)" if r.control else ""), (x, y), textcoords="offset points",
+                                xytext=(0, -16) if below else (6, 6), ha="center" if below else "left",
+                                fontsize="xx-small" if below else "x-small", color="0.25", zorder=5)
+        for a in (a0, ax):
+            a.axhline(1.0, color="0.6", lw=0.8, ls=":")
+            a.axhline(0.0, color="0.6", lw=0.8, ls=":")
+            if bmr_level is not None:
+                a.axhline(bmr_level, color="0.3", lw=1, ls="--")
         ax.set_xscale("log")
-        ax.set_title(titles[kind], fontsize="medium")
-    narrow = ncol < 3  # one or two panels: the long titles wrap
-    fig.supxlabel("measured k3(engine ‖ trainer) per token" + ("\n" if narrow else " ")
-                  + "(grey line: dose 0, the float floor; ★ real engines)", fontsize="medium")
-    axes[0][0].set_ylabel("final reward − clean run (paired)")
-    # every arm of the figure in the legend: an arm trained at some kinds only (row_arms) has no line in the last panel
+        a0.set_xlim(0, 1)
+        a0.set_xticks([0.5], ["0"])
+        a0.spines["right"].set_visible(False)
+        ax.spines["left"].set_visible(False)
+        ax.tick_params(left=False, labelleft=False)
+        for a, x in ((a0, 1.0), (ax, 0.0)):  # the axis break: dose 0 is not on the log axis
+            a.plot([x - 0.015 * (1 if x else -1), x + 0.015 * (1 if x else -1)], [-0.02, 0.02],
+                   transform=a.transAxes, color="0.3", lw=1, clip_on=False)
+        ax.set_title(titles[kind].replace("\n", " "), fontsize="medium", loc="left")
+    fig.supylabel("share of the clean run's gain kept\n(trained policy's reward, no dose; 0 = untrained)",
+                  fontsize="medium")
+    fig.supxlabel("k3(engine ‖ trainer) per token the dose gives the initial policy (dose 0 apart, left)",
+                  fontsize="medium", y=0.075)
+    fig.subplots_adjust(bottom=0.16, top=0.93)
     seen: dict = {}
-    for ax in axes[0]:
-        for h, label in zip(*ax.get_legend_handles_labels()):
+    for a in fig.axes:
+        for h, label in zip(*a.get_legend_handles_labels()):
             seen.setdefault(label, h)
-    order = [a for a in arms if a in seen]  # the study's arm order, whichever panel drew the arm first
-    axes[0][-1].legend([seen[a] for a in order], order, fontsize="small", title="arm", title_fontsize="small")
-    fig.suptitle("What mismatch costs a GRPO run" + ("\n" if narrow else " ") + "(95% CI over seeds, paired by seed)")
-    fig.tight_layout()
+    order = [a for a in arms if a in seen]
+    handles = [seen[a] for a in order]
+    if bmr_level is not None:
+        handles.append(plt.Line2D([], [], color="0.3", lw=1, ls="--"))
+        order.append(f"BMR: {1 - bmr_level:.0%} of the clean gain lost")
+    fig.legend(handles, order, fontsize="x-small", loc="lower center", ncol=min(4, len(order)), frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle("What mismatch costs a GRPO run: benchmark-dose fits (95% intervals; ◆ BMD with BMDL–BMDU; ★ real "
+                 "engines)", fontsize="medium")
     return fig
 
 
@@ -128,7 +173,7 @@ def reward_curves(curves, style: str = "notebook"):
     return fig
 
 
-FIGURES = {"dose_response": ("doses", dose_response), "cost_reward_curves": ("curves", reward_curves)}
+FIGURES = {"dose_response": ("dose_fits", dose_response), "cost_reward_curves": ("curves", reward_curves)}
 
 
 def geo_rs_survivors(curves, style: str = "notebook"):

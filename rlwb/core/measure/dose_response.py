@@ -1,42 +1,18 @@
-"""Dose-response statistics of paired per-seed gaps: a trend test across doses and the benchmark dose.
+"""The trend of paired per-seed gaps across doses, and where notebook 08's benchmark doses are read from.
 
 Notebook 08 trains every arm at several doses of one kind of mismatch with the same seeds, so a (kind, arm) gives a
-matrix of gaps: one row per seed, one column per dose, each the seed's outcome minus its own clean run's. Two
-questions are asked of it, both with the seed as the unit (the *summary-measure* approach to repeated measures:
-reduce each subject's curve to one number, then test across subjects; Matthews, Altman, Campbell & Royston 1990,
-BMJ 300:230, https://doi.org/10.1136/bmj.300.6719.230):
+matrix of gaps: one row per seed, one column per dose, each the seed's outcome minus its own clean run's.
+*Does the cost grow with the dose?* (`dose_trend`) Each seed's least-squares slope of gap on log10 dose, and a
+one-sample t test of those slopes (the *summary-measure* approach to repeated measures: reduce each subject's curve
+to one number, then test across subjects; Matthews, Altman, Campbell & Royston 1990, BMJ 300:230,
+https://doi.org/10.1136/bmj.300.6719.230). Why this test: the doses are log-spaced, the seeds are paired across doses
+(same prompts, sampling seeds and noise), so one seed's gaps are correlated and a pooled regression over all (seed,
+dose) cells would count them as independent; one slope per seed keeps that dependence inside the seed.
 
-- *Does the cost grow with the dose?* (`dose_trend`) Each seed's least-squares slope of gap on log10 dose, and a
-  one-sample t test of those slopes. Why this test: the doses are log-spaced (0.01, 0.1, 1), the seeds are paired
-  across doses (same prompts, sampling seeds and noise), so the doses' gaps of one seed are correlated and a pooled
-  regression over all (seed, dose) cells would count them as independent; one slope per seed keeps that
-  dependence inside the seed, and the t test over seeds needs no model of it.
-- *Below which dose is the cost tolerable?* (`benchmark_dose`) The benchmark dose of dose-response toxicology
-  (US EPA, Benchmark Dose Technical Guidance, 2012, https://www.epa.gov/risk/benchmark-dose-technical-guidance;
-  EFSA Scientific Committee 2022, https://doi.org/10.2903/j.efsa.2022.7584): fit a dose-response model over all
-  doses, fix a benchmark response (BMR: the cost that matters), report the dose where the fitted cost reaches it
-  (BMD) and the lower one-sided 95% confidence bound of that dose (BMDL), the number a practitioner quotes ("keep the
-  dose below the BMDL"). Unlike "the first dose that shows a cost" (a NOAEL), a weaker study gives a *lower* BMDL,
-  never a higher one.
-
-The model is the same line in log10 dose per seed that the trend test fits (gap = a + b log10 dose). The BMDL is the
-smallest dose in the tested range where the one-sided upper 95% confidence limit of the mean cost reaches the BMR: a
-Fieller-type inversion of pointwise confidence limits (the doses whose upper limit stays below the BMR form the
-confidence set of the BMD's lower side; for a straight line this is Fieller's theorem for the x at which a fitted line
-reaches a given y, Fieller 1954, J. R. Stat. Soc. B 16:175, https://doi.org/10.1111/j.2517-6161.1954.tb00159.x; the
-calibration or inverse-prediction interval of regression). It is not the profile-likelihood BMDL that EPA's BMDS
-reports by default. With the seed as the unit the limit at each dose is a one-sample t limit of the seeds' fitted
-costs there, so it is exact under normal seed-to-seed spread, and P(BMDL <= true BMD) >= 95% whenever the line is the
-true curve (at the true BMD the upper limit exceeds the true cost, the BMR, with probability 95%;
-tests/test_dose_response.py checks the coverage in a simulation). Nothing is extrapolated beyond the tested doses:
-where the data cannot place the BMDL inside them, the result says so (`status`).
-
-Limits: one model (linear in log dose), no model averaging; a cost that is flat and then drops sharply is fitted by
-a line that crosses the BMR early, which errs towards a lower (more conservative) BMDL.
-
-The statistics (`dose_trend`, `benchmark_dose`) are pure numpy/scipy functions of arrays; nothing here touches an
-engine or a model. `study_benchmarks` alone reads files: the benchmark tables of notebook 08's runs of record
-(docs/runs), picked by the dose params its caller names (what `rlwb audit` places an engine's k3 against).
+*Below which dose is the cost tolerable?* is `benchmark_dose` (EPA's and EFSA's benchmark-dose convention), fitted
+per row by `rlwb.experiments.mismatch_study.benchmarks`. `study_benchmarks` reads the benchmark tables of notebook
+08's runs of record (docs/runs), picked by the dose params its caller names (what `rlwb audit` places an engine's k3
+against).
 """
 
 from __future__ import annotations
@@ -110,81 +86,6 @@ def dose_trend(doses, gaps, alpha: float = ALPHA) -> Trend:
     t = st.ttest_1samp(b, 0.0)
     ci = t.confidence_interval(1 - alpha)
     return Trend(m, float(ci.low), float(ci.high), float(t.pvalue), n)
-
-
-BOUNDED, BELOW_RANGE, NOT_BOUNDED, NO_BMR = "bounded", "below the tested range", "not bounded", "no benchmark"
-
-
-@dataclass(frozen=True)
-class BenchmarkDose:
-    """Where the fitted cost reaches `bmr`. `bmd`: the dose where the mean fitted cost reaches it (NaN if it does
-    not inside the tested doses); `bmdl`: its lower one-sided (1 - alpha) bound, the smallest tested-range dose
-    where the upper confidence limit of the cost reaches it. `status`:
-    - `bounded`: the BMDL lies inside the tested doses;
-    - `below the tested range`: the upper limit already reaches the BMR at the smallest dose (`bmdl` is that dose,
-      an upper bound on the true BMDL: the data cannot say how much lower it is);
-    - `not bounded`: even the upper limit stays below the BMR up to the largest dose: the cost is below the BMR
-      wherever it was tested, and where it would reach it is not bounded by these data (`bmdl`, `bmd` NaN);
-    - `no benchmark`: no positive BMR (the clean run gained nothing to lose) or too few doses or seeds."""
-
-    bmd: float
-    bmdl: float
-    bmr: float
-    status: str
-    dose_min: float
-    dose_max: float
-    n: int
-
-
-def benchmark_dose(doses, gaps, bmr: float, alpha: float = ALPHA, grid: int = 512) -> BenchmarkDose:
-    """The benchmark dose and its lower bound (BMDL) at benchmark response `bmr` (a cost, > 0, in the gaps' units)
-    from paired per-seed gaps (`gaps`: [seeds, doses]; a cost is a negative gap).
-
-    Model: each seed's line gap = a + b log10(dose) (as `dose_trend`); the mean cost at dose x is the mean of the
-    seeds' fitted costs there, its upper one-sided (1 - alpha) limit a one-sample t limit of them. BMD: where the
-    mean crosses `bmr`; BMDL: the smallest dose where the upper limit reaches `bmr` (a Fieller-type inversion of the
-    pointwise limits, Fieller 1954, https://doi.org/10.1111/j.2517-6161.1954.tb00159.x; the benchmark dose and BMR
-    themselves as US EPA's Benchmark Dose Technical Guidance 2012 and EFSA 2022 define them,
-    https://doi.org/10.2903/j.efsa.2022.7584). Both are searched on `grid` log-spaced doses across the tested
-    range and refined by bisection; nothing is extrapolated outside it (`BenchmarkDose.status` says where the data
-    cannot bound it)."""
-    from scipy import optimize
-    from scipy import stats as st
-
-    d, g = _check(doses, gaps)
-    n = g.shape[0]
-    lo_d, hi_d = float(d.min()), float(d.max())
-    if not (np.isfinite(bmr) and bmr > 0) or d.size < 2 or n < 2:
-        return BenchmarkDose(float("nan"), float("nan"), float(bmr), NO_BMR, lo_d, hi_d, n)
-    a, b = _per_seed_lines(d, g)
-    tq = st.t.ppf(1 - alpha, n - 1)
-
-    def mean_cost(x: float) -> float:
-        return float(-(a + b * x).mean())
-
-    def upper_cost(x: float) -> float:
-        c = -(a + b * x)
-        return float(c.mean() + tq * c.std(ddof=1) / np.sqrt(n))
-
-    xs = np.linspace(np.log10(lo_d), np.log10(hi_d), grid)
-
-    def first_crossing(f) -> float:
-        v = np.array([f(x) for x in xs]) - bmr
-        hit = np.flatnonzero(v >= 0)
-        if not hit.size:
-            return float("nan")
-        i = int(hit[0])
-        if i == 0:
-            return float(xs[0])
-        return float(optimize.brentq(lambda x: f(x) - bmr, xs[i - 1], xs[i], xtol=1e-12))
-
-    x_bmdl, x_bmd = first_crossing(upper_cost), first_crossing(mean_cost)
-    bmd = float(10 ** x_bmd) if np.isfinite(x_bmd) else float("nan")
-    if not np.isfinite(x_bmdl):
-        return BenchmarkDose(bmd, float("nan"), float(bmr), NOT_BOUNDED, lo_d, hi_d, n)
-    if x_bmdl == xs[0]:
-        return BenchmarkDose(bmd, lo_d, float(bmr), BELOW_RANGE, lo_d, hi_d, n)
-    return BenchmarkDose(bmd, float(10 ** x_bmdl), float(bmr), BOUNDED, lo_d, hi_d, n)
 
 
 STUDY_DIR = "08_mismatch_cost"  # the study's runs of record: `rlwb publish` puts them in RUNS_OF_RECORD/<this>/

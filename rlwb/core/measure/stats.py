@@ -108,11 +108,12 @@ def mean_ci(x: np.ndarray, n_boot: int = N_BOOT, alpha: float = ALPHA, seed: int
     return float(lo), float(hi)
 
 
-def proportion_ci(successes: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
-    """Wilson score interval of a pass rate (Wilson 1927, https://doi.org/10.1080/01621459.1927.10502953):
-    unlike the normal approximation it stays inside [0, 1] and is not degenerate at 0/n or n/n, which is
-    where a validator's pass rate usually sits. scipy's (`binomtest(k, n).proportion_ci(method="wilson")`);
-    it gives exactly 0 at k = 0 and 1 at k = n. No trials (n = 0) have no interval: (nan, nan)."""
+def proportion_ci(successes: int, n: int, alpha: float = ALPHA, method: str = "wilson") -> tuple[float, float]:
+    """Interval of a rate, scipy's (`binomtest(k, n).proportion_ci`). `method` "wilson": the Wilson score interval
+    (Wilson 1927, https://doi.org/10.1080/01621459.1927.10502953): unlike the normal approximation it stays inside
+    [0, 1] and is not degenerate at 0/n or n/n, where a validator's pass rate usually sits; exactly 0 at k = 0 and
+    1 at k = n. "exact": Clopper-Pearson (never below its level; what a coverage or false-positive rate claims,
+    where a too-short interval would flatter it). No trials (n = 0) have no interval: (nan, nan)."""
     from scipy import stats as st
 
     if not 0 < alpha < 1:
@@ -121,7 +122,9 @@ def proportion_ci(successes: int, n: int, alpha: float = ALPHA) -> tuple[float, 
         return float("nan"), float("nan")
     if not 0 <= successes <= n:
         raise ValueError(f"successes must be in [0, n={n}], got {successes}")
-    ci = st.binomtest(int(successes), int(n)).proportion_ci(confidence_level=1 - alpha, method="wilson")
+    if method not in ("wilson", "exact"):
+        raise ValueError(f"method must be 'wilson' or 'exact', got {method!r}")
+    ci = st.binomtest(int(successes), int(n)).proportion_ci(confidence_level=1 - alpha, method=method)
     return float(ci.low), float(ci.high)
 
 

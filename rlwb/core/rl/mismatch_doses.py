@@ -105,6 +105,13 @@ class DoseKind:
             raise ValueError(f"dose kind {self.name!r}: a distribution mismatch reaches every arm through what the "
                              f"engine samples, so no arm is blind to it (blind_arm {self.blind_arm!r})")
 
+    def first_full_step(self, dose) -> int:
+        """The first step at which the dose acts in full on the policy the run starts from: 0 for a kind acting from
+        the start, `ceil(dose)` for a lag (the engine is first that many updates behind then). The k3 a run measures
+        there is the dose's exposure, `k3_initial`: what the dose gives the initial policy, before training has
+        moved it (later k3 is partly an outcome: a run the dose degrades drifts further from its engine)."""
+        return math.ceil(dose) if self.lag else 0
+
     def label(self, dose) -> str:
         """A dose row's label: `<kind>@<dose:g>` (two doses that print alike would share it)."""
         return f"{self.name}@{dose:g}"

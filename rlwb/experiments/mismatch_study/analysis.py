@@ -50,6 +50,20 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def k3_initial(curves: pd.DataFrame) -> pd.Series:
+    """Per run label: the k3 its dose gives the initial policy, the mean over the label's runs (every arm and seed)
+    of the engine-trainer k3 at its kind's `first_full_step` (a row that is not a dose: step 0). Before training
+    has moved the policy, every arm of a seed sees the same batch, so the arms agree at step 0."""
+    curves = with_defaults(curves)
+    out = {}
+    for label, d in curves.groupby("label", sort=False):
+        kind, dose = d["kind"].iloc[0], d["dose"].iloc[0]
+        step = DOSE_KINDS[kind].first_full_step(dose) if kind in DOSE_KINDS else 0
+        at = d[d["step"] == min(step, int(d["step"].max()))]
+        out[label] = float(at["mismatch_k3"].mean())
+    return pd.Series(out, name="k3_initial", dtype=float)
+
+
 def control_of(kind: str, arm: str, temperature: float, raw: bool) -> str:
     """Which null control a row is ("" if none): `<kind>-blind` (the kind's `blind_arm`, which the dose cannot
     reach: `ratio-blind`, `none@trainer` under ratio doses, whose update never reads the reported logprobs), `T=1`
@@ -108,7 +122,8 @@ def seed_gaps(s: pd.DataFrame) -> pd.DataFrame:
 
 
 def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
-    """One row per (label, arm): the dose as intended and as achieved (mean k3 per token over steps and seeds), the
+    """One row per (label, arm): the dose as intended, as it meets the initial policy (`k3_initial`, the benchmark
+    dose's axis) and as achieved (mean k3 per token over steps and seeds), the
     outcomes, and each outcome's gap to the same arm's clean run at the same temperature and PPO regime, paired by
     seed (95% t interval), with the smallest gap the seeds could detect (`mde`: 80% power at the Holm family's
     strictest level, noncentral t). `outcome` names the tested one (`outcome_of`: the trained policy's reward with
@@ -128,6 +143,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     gaps = seed_gaps(s)
     slope = {k: late_slope(d) for k, d in
              curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "horizon", "arm"])}
+    x0 = k3_initial(curves)
     rows = []
     for (label, arm), d in s.groupby(["label", "arm"], sort=False):
         kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
@@ -139,7 +155,8 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
                "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
                "k3_intended": dose if kind in DOSE_KINDS and DOSE_KINDS[kind].intended_k3 else float("nan"),
-               "k3_achieved": float(d["k3"].mean()), "k1_achieved": float(d["k1"].mean()),
+               "k3_initial": float(x0[label]), "k3_achieved": float(d["k3"].mean()),
+               "k1_achieved": float(d["k1"].mean()),
                "reward_final": float(d["reward_final"].mean()), "policy_reward": float(d["policy_reward"].mean()),
                "auc": float(d["auc"].mean()), "entropy": float(d["entropy"].mean()),
                "grad_norm": float(d["grad_norm"].mean()), "clip_frac": float(d["clip_frac"].mean()),
@@ -234,15 +251,38 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         d = d.sort_values("dose")
         out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
     out.update(rejection_metrics(curves))
-    placebo = table[table["kind"] == "placebo"]
-    if len(placebo):  # the clean run again on independent sampling: every rejection is a false positive
-        out["placebo/rows"] = float(len(placebo))
-        out["placebo/false_positive_rate"] = float((placebo["p"] < stats.ALPHA).mean())
-        out["placebo/false_positive_rate_holm"] = float((placebo["p_holm"] < stats.ALPHA).mean())
+    out.update(placebo_metrics(table, seed_gaps(per_seed(curves))))
     rerun = table[table["kind"] == "rerun"]
     if len(rerun):
         out["control/rerun/identical"] = float(rerun["identical"].iloc[0])
     out.update(floor_breaches(curves[curves["kind"].isin(["clean", "rerun"])]))  # the doses leave it on purpose
+    return out
+
+
+def placebo_metrics(table: pd.DataFrame, gaps: pd.DataFrame) -> dict[str, float]:
+    """The placebo rows (the clean run again on an independent sampling stream: every rejection is a false
+    positive): `placebo/rows`, `placebo/streams` (independent ones: rows whose seeds' gaps are the same numbers are
+    one run counted twice, e.g. two arms that train identically without a dose), and the false-positive rate over
+    the independent streams, unadjusted and after Holm, each with its exact (Clopper-Pearson) 95% interval: 0 of 2
+    is compatible with a rate up to 84%, so a handful of placebo rows checks little."""
+    placebo = table[table["kind"] == "placebo"]
+    if placebo.empty:
+        return {}
+    g = gaps[gaps["kind"] == "placebo"]
+    key = {(lab, arm): tuple(np.round(d.sort_values("seed")["gap"].to_numpy(float), 12))
+           for (lab, arm), d in g.groupby(["label", "arm"], sort=False)}
+    seen, independent = set(), []
+    for r in placebo.itertuples():
+        k = key.get((r.label, r.arm))
+        if k not in seen:
+            seen.add(k)
+            independent.append(r)
+    n = len(independent)
+    out = {"placebo/rows": float(len(placebo)), "placebo/streams": float(n)}
+    for name, col in (("false_positive_rate", "p"), ("false_positive_rate_holm", "p_holm")):
+        k = sum(bool(getattr(r, col) < stats.ALPHA) for r in independent)
+        lo, hi = stats.proportion_ci(k, n, method="exact")
+        out.update({f"placebo/{name}": k / n, f"placebo/{name}_ci_low": lo, f"placebo/{name}_ci_high": hi})
     return out
 
 

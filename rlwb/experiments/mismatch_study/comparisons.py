@@ -1,7 +1,6 @@
-"""Notebook 08's tests across rows: the trend of each dosed kind's cost across doses and its benchmark dose
-(`benchmark_table`), the paired contrasts the conclusion states (`contrast_table`), the long-horizon rows
-(`horizon_table`), and the study's one Holm family over every test (`one_family`). Pure pandas on the curves and the
-rows of `analysis`."""
+"""Notebook 08's tests across rows: the paired contrasts the conclusion states (`contrast_table`), the long-horizon
+rows (`horizon_table`), and the study's one Holm family over every test (`one_family`, the benchmark rows' trend tests
+included: `benchmarks.benchmark_table`). Pure pandas on the curves and the rows of `analysis`."""
 
 from __future__ import annotations
 
@@ -10,66 +9,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from rlwb.core.measure import dose_response, stats
+from rlwb.core.measure import stats
 from rlwb.core.rl.mismatch_doses import dose_kinds
 from rlwb.experiments.mismatch_study.analysis import mdes, per_seed, seed_gaps, with_defaults
-from rlwb.experiments.mismatch_study.design import LONG, dosed_kinds, kind_label, regime_suffix
-
-
-def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bmr_fraction: float) -> pd.DataFrame:
-    """Per dosed kind x PPO regime x arm (rows that are not controls): the trend of the tested outcome's paired gap
-    across doses (`dose_response.dose_trend`, per-seed slope per decade of k3; `trend_p_holm` here is Holm over
-    these trend tests alone, `analyze` puts them in the study's one family) and the benchmark dose in measured k3
-    (`dose_response.benchmark_dose`) at BMR = `bmr_fraction` x that arm's clean gain *in the tested outcome* in that
-    regime (`<clean label>/<arm>/outcome_gain`, `outcome_gain`: the same outcome as the gaps; no benchmark where the
-    clean run gained nothing). Doses are the rows' mean achieved k3."""
-    curves = with_defaults(curves)
-    gaps = seed_gaps(per_seed(curves))
-    first = int(table["updates"].iloc[0]) if len(table) else 1
-    rows = []
-    sel = table[table["kind"].isin(dosed_kinds()) & (table["control"] == "")]
-    for (kind, updates, long, arm), d in sel.groupby(["kind", "updates", table["label"].str.endswith(LONG), "arm"],
-                                                     sort=False):
-        d = d.sort_values("dose")
-        g = gaps[gaps["label"].isin(d["label"]) & (gaps["arm"] == arm)].pivot(index="seed", columns="label",
-                                                                               values="gap")[list(d["label"])]
-        g = g.dropna()
-        clean = "clean" + regime_suffix(int(updates), first) + (LONG if long else "")
-        gain = metrics.get(f"{clean}/{arm}/outcome_gain", float("nan"))
-        bmr = bmr_fraction * gain if np.isfinite(gain) and gain > 0 else float("nan")
-        x = d["k3_achieved"].to_numpy()
-        row = {"kind": kind, "updates": int(updates), "arm": arm,
-               "name": kind_label(kind, int(updates), first) + (LONG if long else ""),
-               "doses": len(d), "seeds": len(g), "clean_gain": gain, "bmr": bmr,
-               "k3_min": float(x.min()), "k3_max": float(x.max())}
-        try:
-            tr = dose_response.dose_trend(x, g.to_numpy())
-            bd = dose_response.benchmark_dose(x, g.to_numpy(), bmr)
-        except ValueError as e:  # doses that print alike in k3 or a k3 of 0: no curve to fit, said so
-            row.update(trend_slope=np.nan, trend_ci_low=np.nan, trend_ci_high=np.nan, trend_p=np.nan, bmd=np.nan,
-                       bmdl=np.nan, status=f"{dose_response.NO_BMR} ({e})")
-        else:
-            row.update(trend_slope=tr.slope, trend_ci_low=tr.ci_low, trend_ci_high=tr.ci_high, trend_p=tr.p,
-                       bmd=bd.bmd, bmdl=bd.bmdl, status=bd.status)
-        rows.append(row)
-    b = pd.DataFrame(rows, columns=["kind", "updates", "arm", "name", "doses", "seeds", "clean_gain", "bmr", "k3_min",
-                                    "k3_max", "trend_slope", "trend_ci_low", "trend_ci_high", "trend_p", "bmd",
-                                    "bmdl", "status"])
-    b["trend_p_holm"] = stats.holm(b["trend_p"]) if len(b) else []
-    return b
-
-
-def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
-    """`<kind>[+ppo<u>]/<arm>/{trend_slope, trend_p_holm, bmr, bmd_k3, bmdl_k3, bmdl_bounded}` per benchmark row
-    (`bmdl_bounded`: 1 where the BMDL lies inside the tested doses)."""
-    out = {}
-    for r in bench.itertuples():
-        k = f"{r.name}/{r.arm}"
-        out.update({f"{k}/trend_slope": float(r.trend_slope), f"{k}/trend_p_holm": float(r.trend_p_holm),
-                    f"{k}/bmr": float(r.bmr), f"{k}/bmd_k3": float(r.bmd), f"{k}/bmdl_k3": float(r.bmdl),
-                    f"{k}/bmdl_bounded": float(r.status == dose_response.BOUNDED)})
-    return out
-
+from rlwb.experiments.mismatch_study.design import LONG
 
 SPIKE, ENTROPY_DROP = 3.0, 0.5  # a gradient-norm spike: > 3 x the clean run's median; entropy collapse: < half
 

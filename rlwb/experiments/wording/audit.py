@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from rlwb.experiments.wording import ci_text
+from rlwb.experiments.wording.mismatch_cost import BMD_BOUNDED
 from rlwb.formatting import metric
 
 
@@ -100,9 +101,6 @@ def conclusion(metrics: dict, setup: dict) -> str:
     return "\n".join(lines)
 
 
-BMD_BOUNDED, BMD_BELOW, BMD_NOT_BOUNDED = "bounded", "below the tested range", "not bounded"  # as dose_response's
-
-
 def study_lines(study: dict) -> list[str]:
     """Where each audited engine's measured k3 sits against notebook 08's benchmark doses (issue 46): per study run
     of record and arm, the BMDL of the engine's kind of mismatch (ratio for raw logprobs, distribution otherwise)
@@ -121,18 +119,20 @@ def study_lines(study: dict) -> list[str]:
                 else "distribution mismatch (perturbed or stale weights: your engine samples another policy)")
         out.append(f"- `{eng['engine']}`, k3 {eng['k3']:.2e}, against {kind}:")
         for r in eng["runs"]:
+            if not r["fitted"]:
+                out.append(f"  - run `{r['run']}` (model `{r['model']}`): analysed before rlwb fitted benchmark doses "
+                           f"by EPA's convention (one line in log k3 per seed, no test of fit, the benchmark "
+                           f"response taken as known), so no level is quoted from it; rerun the study.")
+                continue
             parts = []
             for x in r["rows"]:
-                if x["status"] == BMD_BOUNDED:
-                    parts.append(f"{x['kind']} `{x['arm']}` keep k3 below {x['bmdl']:.1e} (yours is "
-                                 f"{eng['k3'] / x['bmdl']:.2g}x it)")
-                elif x["status"] == BMD_BELOW:
-                    parts.append(f"{x['kind']} `{x['arm']}` keep k3 below the smallest tested k3 "
-                                 f"{x['k3_min']:.1e} at least (the cost's upper 95% limit reaches the benchmark "
-                                 f"there; yours is {eng['k3'] / x['k3_min']:.2g}x it)")
-                elif x["status"] == BMD_NOT_BOUNDED:
-                    parts.append(f"{x['kind']} `{x['arm']}` no bound up to k3 {x['k3_max']:.1e} (yours is "
-                                 f"{eng['k3'] / x['k3_max']:.2g}x it)")
+                if x["status"] == BMD_BOUNDED and x["scale_agree"]:
+                    parts.append(f"{x['kind']} `{x['arm']}` keep k3 below {x['bmdl']:.1e} (BMD {x['bmd']:.1e}; "
+                                 f"yours is {eng['k3'] / x['bmdl']:.2g}x the BMDL)")
+                else:
+                    why = "the dose scale decides it" if x["status"] == BMD_BOUNDED else x["status"]
+                    parts.append(f"{x['kind']} `{x['arm']}` no level ({why}; tested k3 {x['k3_min']:.1e} to "
+                                 f"{x['k3_max']:.1e}, yours is {eng['k3']:.1e})")
             out.append(f"  - run `{r['run']}` (model `{r['model']}`): "
                        + ("; ".join(parts) if parts else "no benchmark dose of this kind") + ".")
     return out

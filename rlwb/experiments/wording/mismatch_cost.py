@@ -10,52 +10,89 @@ import numpy as np
 from rlwb.experiments.wording import floor_lines
 from rlwb.formatting import metric
 
-# The benchmark's statuses, as `rlwb.core.measure.dose_response` names them (this layer imports no core module:
+# The benchmark's statuses, as `rlwb.core.measure.benchmark_dose` names them (this layer imports no core module:
 # tests/test_mismatch_cost.py checks the two agree).
-BMD_BOUNDED, BMD_BELOW, BMD_NOT_BOUNDED = "bounded", "below the tested range", "not bounded"
+BMD_BOUNDED, BMD_ABOVE, BMD_BELOW = "bounded", "above tested range", "below tested range"
+BMD_NO_FIT, BMD_SATURATED, BMD_NO_BENCHMARK, BMD_NOT_BOUNDED = ("no fit passes", "saturated", "no benchmark",
+                                                                "not bounded")
+
+
+def quotable(r) -> bool:
+    """A benchmark row whose BMDL may be quoted as "keep k3 below": bounded (a passing fit, its BMD inside the
+    tested doses) on the linear dose scale, and the log dose scale agreeing (each BMD inside the other's
+    BMDL-BMDU): the scale, a modelling choice, does not decide it."""
+    return r.status == BMD_BOUNDED and bool(r.scale_agree)
+
+
+def benchmark_reason(r) -> str:
+    """Why a row gives no level to quote, and what design would, in a clause."""
+    if r.status == BMD_BOUNDED:
+        log = f"BMDL {r.bmdl_log:.1e}" if r.status_log == BMD_BOUNDED else f"'{r.status_log}'"
+        return (f"bounded on the linear dose scale (BMDL {r.bmdl:.1e}) but the log scale says {log}: with "
+                f"{r.doses} dose(s) the dose scale decides it; 4 or more doses between {r.k3_min:.0e} and "
+                f"{r.k3_max:.0e} would tell the curves apart")
+    if r.status == BMD_ABOVE:
+        return (f"the fitted cost stays below the BMR up to the largest tested k3 {r.k3_max:.1e}"
+                + (f" (the curve reaches it at {r.bmd:.1e} by extrapolation)" if np.isfinite(r.bmd) else "")
+                + "; larger doses would place it")
+    if r.status == BMD_BELOW:
+        return (f"the fitted cost reaches the BMR more than 10x below the smallest tested k3 {r.k3_min:.1e}; "
+                f"smaller doses would place it")
+    if r.status == BMD_NO_FIT:
+        return ("no model fits the dose groups' means (BMDS's test 4, p < 0.1, for every model): the outcome does "
+                "not fall smoothly with the dose at this noise; more seeds per dose would tell")
+    if r.status == BMD_SATURATED:
+        return (f"{r.doses} dose(s) beside dose 0: every model has as many parameters as dose groups, so no fit can "
+                f"be tested; 2 doses at least (4 to rule out the dose scale)")
+    if r.status.startswith(BMD_NO_BENCHMARK):  # "no benchmark (why)" where the data could not be fitted at all
+        why = r.status[len(BMD_NO_BENCHMARK):].strip()
+        return f"the data cannot be fitted {why}" if why else "the clean run gained nothing to lose over the " \
+                                                               "initial policy (no benchmark response)"
+    if r.status == BMD_NOT_BOUNDED:
+        return "the bootstrap put the BMD beyond the tested doses too often for a finite bound"
+    return r.status
 
 
 def benchmark_line(r, bmr_fraction: float) -> str:
-    """One bullet for a (kind, PPO regime, arm) benchmark row of notebook 08 (`comparisons.benchmark_table`):
-    "keep k3 below X" where the data bound X (the BMDL inside the tested doses), "the data cannot bound X" where
-    they do not, with the trend across doses beside it (slope of the paired gap per decade of k3, 95% interval,
-    Holm-adjusted p in the study's one family)."""
+    """One bullet for a (kind, PPO regime, horizon, arm) benchmark row of notebook 08 (`benchmarks.benchmark_table`):
+    "keep k3 below X" with its BMD and BMDU where the row is `quotable`, else why not and the design that would
+    answer; the trend across doses beside it (slope of the paired gap per decade of k3, 95% interval, Holm p in the
+    study's one family)."""
     head = f"- {r.name}, `{r.arm}`: "
     trend = (f"trend {r.trend_slope:+.3f} per decade of k3 [{r.trend_ci_low:+.3f}, {r.trend_ci_high:+.3f}], "
              f"Holm p {r.trend_p_holm:.2g}" if np.isfinite(r.trend_slope) else "no trend test (fewer than 2 doses "
                                                                              "or seeds)")
-    if r.status == BMD_BOUNDED:
-        bmd = (f"the fitted cost reaches it at k3 {metric('k3', r.bmd, '.1e')}" if np.isfinite(r.bmd) else
-               "the fitted mean cost stays below it over the tested doses")
-        return (head + f"**keep k3 below {metric('k3', r.bmdl, '.1e')}** (BMDL: lower 95% bound of the k3 at which "
-                f"the cost reaches {r.bmr:.3f} reward, {bmr_fraction:.0%} of the clean run's gain; {bmd}); {trend}.")
-    if r.status == BMD_BELOW:
-        return (head + f"the data cannot bound the tolerable k3 from below: the cost's upper 95% limit reaches "
-                f"{r.bmr:.3f} ({bmr_fraction:.0%} of the clean gain) already at the smallest tested k3 "
-                f"{metric('k3', r.k3_min, '.1e')}, so keep k3 below that at least (smaller doses were not tested); "
+    if quotable(r):
+        return (head + f"**keep k3 below {metric('k3', r.bmdl, '.1e')}** (BMDL; BMD {r.bmd:.1e}, BMDU "
+                f"{r.bmdu:.1e}: where the model-average curve loses {bmr_fraction:.0%} of the clean gain, "
+                f"{r.bmr:.3f}; models passing: {r.models_passing.replace(',', ', ')}; the log dose scale agrees); "
                 f"{trend}.")
-    if r.status == BMD_NOT_BOUNDED:
-        return (head + f"the data cannot bound the tolerable k3: up to the largest tested k3 "
-                f"{metric('k3', r.k3_max, '.1e')} the cost stays below {r.bmr:.3f} ({bmr_fraction:.0%} of the clean "
-                f"gain) at the upper 95% limit; where it would reach it lies beyond the tested doses; {trend}.")
-    why = ("the clean run gained nothing to lose" if not (np.isfinite(r.clean_gain) and r.clean_gain > 0) else
-           f"{r.doses} dose: no curve to fit" if r.doses < 2 else f"{r.seeds} seed(s): no interval" if r.seeds < 2
-           else r.status)
-    return head + f"no benchmark dose ({why}); {trend}."
+    return head + f"no level to quote: {benchmark_reason(r)}; {trend}."
 
 
 def placebo_line(metrics: dict) -> str:
-    """Notebook 08's placebo rows (the clean run again on an independent sampling-seed stream, same prompts, inside
-    the Holm family): how often the tests call a cost or gain where there is none; "" without placebo rows."""
+    """Notebook 08's placebo rows (the clean run again on an independent stream of sampling seeds, same prompts,
+    inside the Holm family): how often the tests call a cost or gain where there is none, over the independent
+    streams, with the rate's exact 95% interval; "" without placebo rows."""
     if "placebo/rows" not in metrics:
         return ""
-    n = int(metrics["placebo/rows"])
+    n, rows = int(metrics.get("placebo/streams", metrics["placebo/rows"])), int(metrics["placebo/rows"])
     fp, fph = metrics["placebo/false_positive_rate"], metrics["placebo/false_positive_rate_holm"]
+
+    def ci(name):
+        lo, hi = metrics.get(f"placebo/{name}_ci_low"), metrics.get(f"placebo/{name}_ci_high")
+        return f" [{lo:.0%}, {hi:.0%}]" if lo is not None and np.isfinite(lo) else ""
+
     ok = fph == 0
-    return (f"**Placebo** ({n} row{'s' if n != 1 else ''}: the clean run trained again with an independent stream of "
-            f"sampling seeds on the same prompts, tested in the Holm family like every dose): false-positive rate "
-            f"{fp:.0%} at the unadjusted 5% level, {fph:.0%} after Holm "
-            + ("(passes: the family calls no cost where there is none)." if ok else
+    dup = f" ({rows - n} row{'s' if rows - n != 1 else ''} the same run as another, counted once)" if rows > n else ""
+    return (f"**Placebo** ({n} independent stream{'s' if n != 1 else ''}{dup}: the clean run trained again with an "
+            f"independent stream of sampling seeds on the same prompts, tested in the Holm family like every dose): "
+            f"false-positive rate {fp:.0%}{ci('false_positive_rate')} at the unadjusted 5% level, "
+            f"{fph:.0%}{ci('false_positive_rate_holm')} after Holm (exact 95% intervals) "
+            + ("(passes: the family calls no cost where there is none" + (
+                f"; with {n} stream{'s' if n != 1 else ''} that bounds the rate only below "
+                f"{metrics.get('placebo/false_positive_rate_ci_high', float('nan')):.0%})." if n < 20 else ").")
+               if ok else
                "(**fails**: a placebo was called a cost or a gain; sampling noise between runs exceeds what the t "
                "intervals assume, and every verdict of this family is suspect)."))
 
@@ -204,12 +241,11 @@ def answer_line(first: str, bench, contrasts, bullets: list[str]) -> str:
                             if r.verdict == "differs" else f"no difference shown ({r.diff:+.3f}, MDE {r.mde:.3f})."))
     if len(bench) and "status" in bench:
         rows = bench[bench["arm"] == first]
-        said = {BMD_BOUNDED: lambda r: f"{r.kind} < {r.bmdl:.1e}",
-                BMD_BELOW: lambda r: f"{r.kind} below the smallest dose ({r.k3_min:.1e})",
-                BMD_NOT_BOUNDED: lambda r: f"{r.kind} no bound up to {r.k3_max:.1e}"}
-        keep = [said[r.status](r) for r in rows.itertuples() if r.status in said]
-        if keep:
-            parts.append(f"Tolerable k3 for `{first}` (BMDL): " + "; ".join(keep) + ".")
+        said = [f"{r.kind} < {r.bmdl:.1e} (BMD {r.bmd:.1e})" if quotable(r) else
+                f"{r.kind} no level ({'the dose scale decides it' if r.status == BMD_BOUNDED else r.status})"
+                for r in rows.itertuples()]
+        if said:
+            parts.append(f"Tolerable k3 for `{first}` (BMDL): " + "; ".join(said) + ".")
     parts += [b for b in bullets if f"`{first}`" in b] or bullets
     return " ".join(parts)
 
@@ -237,11 +273,16 @@ def conclusion(metrics: dict, table, regimes, first: int, p, bench, con, hz, *, 
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
                  + "\n".join(dose_answer_lines(metrics, answer_rows, [k["name"] for k in kinds], p.arm_labels)))
     if bench is not None and len(bench):
-        lines.append(f"**Tolerable mismatch** (benchmark dose: per kind and arm, a line in log k3 fitted to the "
-                     f"paired gaps of every dose, seed by seed; BMR = {p.bmr_fraction:.0%} of the arm's clean gain "
-                     f"in the tested outcome, its trained policy's minus the initial policy's; the BMDL is the "
-                     f"lower 95% bound of the k3 where the cost reaches it, a Fieller-type inversion, inside the "
-                     f"tested doses only; trend p's are Holm-adjusted in the study's one family):\n"
+        lines.append(f"**Tolerable mismatch** (benchmark dose by EPA's and EFSA's conventions, "
+                     f"docs/benchmark_dose.md: per kind, PPO regime and arm, each seed's tested outcome at dose 0 "
+                     f"(its clean run) and at every dose; dose = the k3 the dose gives the initial policy, measured "
+                     f"before training (`k3_initial`); linear, power, exponential and Hill models anchored at dose 0, "
+                     f"test of fit (p < 0.1 fails), saturated fits never a bound, Akaike model average; BMR = "
+                     f"{p.bmr_fraction:.0%} of the fitted clean gain over the initial policy; BMDL/BMDU one-sided 95% "
+                     f"from a bootstrap over seeds that redraws each seed's clean run with its dosed runs, the lowest "
+                     f"of the average's and every passing model's, each row alone (no adjustment across rows); a level "
+                     f"is quoted only where the BMD lies inside the tested doses and the log dose scale agrees; trend "
+                     f"p's are Holm-adjusted in the study's one family):\n"
                      + "\n".join(benchmark_line(r, p.bmr_fraction) for r in bench.itertuples()))
     plc = placebo_line(metrics)
     if plc:

@@ -1,0 +1,210 @@
+"""Notebook 08's benchmark doses: "keep k3 below X" per kind of dose, PPO regime, horizon and arm, by the field's
+convention (`rlwb.core.measure.benchmark_dose`: models anchored at dose 0, test of fit, model average, a bootstrap
+over seeds that re-estimates the clean gain, so the benchmark response's own uncertainty is inside every bound).
+
+What is on the dose axis: `k3_initial`, the k3 a dose gives the *initial* policy, measured by the run before
+training has moved it (at the kind's `DoseKind.first_full_step`: step 0, or the step a lag is first complete). The
+k3 a run measures over all its steps (`k3_achieved`) is partly an outcome: a run the dose degrades drifts further
+from its engine (bypass reaches 2.5x decoupled's k3 at the same perturbation), so a dose-response in achieved k3
+would put the same dose at different x per arm. Achieved k3 stays a column.
+
+What is fitted: each seed's tested outcome (`analysis.outcome_of`) at dose 0 (its clean run, same arm, temperature,
+PPO regime and horizon) and at every dose of the row, the untrained policy's outcome as the baseline the clean gain
+is measured from; the benchmark response is `bmr_fraction` of that gain (relative, BMDS's "relative deviation").
+The dose scale is linear in k3 (as BMDS takes a dose); every row is refitted on the log scale too, and
+`scale_agree` says whether the scale decides the answer (it does on 2-dose rows, which is why they are flagged).
+
+Error control, stated per row (`error_control`): each BMDL and BMDU one-sided 95% for that row alone, no adjustment
+across rows; the trend test across doses sits in the study's one Holm family (`comparisons.one_family`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from rlwb.core.measure import benchmark_dose as bd
+from rlwb.core.measure import dose_response, stats
+from rlwb.experiments.mismatch_study.analysis import INITIAL, k3_initial, outcome_of, per_seed, with_defaults
+from rlwb.experiments.mismatch_study.design import LONG, dosed_kinds, kind_label
+
+N_BOOT = 2000  # bootstrap resamples of seeds per row (the coverage table in docs/benchmark_dose.md used 500-2000)
+BOOT_SEED = 0  # the resamples' generator: a row's bounds are reproducible from its curves
+
+
+@dataclass(frozen=True)
+class RowStudy:
+    """One benchmark row's data: the seeds' outcomes at dose 0 (`clean` [S]) and at each of the row's doses
+    (`dosed` [S, J], doses in increasing `k3_initial`), paired by seed, and the untrained policy's outcome."""
+
+    kind: str
+    updates: int
+    long: bool
+    arm: str
+    name: str
+    labels: list[str]
+    doses: np.ndarray  # k3_initial of each label
+    k3_achieved: np.ndarray
+    clean: np.ndarray
+    dosed: np.ndarray
+    baseline: float
+    seeds: list[int]
+    outcome: str
+
+
+def _baseline(curves: pd.DataFrame, outcome: str, clean_labels) -> float:
+    """The untrained policy's outcome: `initial_policy_reward` for the policy outcome (one value per study; NaN for
+    a run archived before it was measured), else (the training reward) the clean runs' mean reward over their first
+    steps (`grpo_grid.reward_gain`'s window)."""
+    from rlwb.experiments.grpo_grid import reward_gain
+
+    if outcome in INITIAL:  # archived before the initial policy's outcome was measured: none (NaN), said so
+        col = INITIAL[outcome]
+        return float(curves[col].dropna().mean()) if col in curves and curves[col].notna().any() else float("nan")
+    first, _ = reward_gain(curves[curves["label"].isin(clean_labels)])
+    return float(first.mean())
+
+
+def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
+    """Per dosed kind x PPO regime x horizon x arm (rows that are not controls, `table` = `analysis.dose_table`):
+    the seeds present at dose 0 and at every dose of the row."""
+    curves = with_defaults(curves)
+    s = per_seed(curves)
+    outcome = outcome_of(s)
+    x0 = k3_initial(curves)
+    first = int(table["updates"].iloc[0]) if len(table) else 1
+    sel = table[table["kind"].isin(dosed_kinds()) & (table["control"] == "")]
+    rows = []
+    for (kind, updates, long, arm), d in sel.groupby(["kind", "updates", table["label"].str.endswith(LONG), "arm"],
+                                                     sort=False):
+        temp, horizon = d["temperature"].iloc[0], int(d["horizon"].iloc[0])
+        labels = sorted(d["label"], key=lambda lb: x0[lb])
+        runs = s[(s["arm"] == arm) & (s["temperature"] == temp) & (s["updates"] == updates)
+                 & (s["horizon"] == horizon)]
+        clean_runs = runs[runs["kind"] == "clean"]
+        wide = runs[runs["label"].isin(labels)].pivot(index="seed", columns="label", values=outcome)
+        wide = wide.reindex(columns=labels).join(clean_runs.set_index("seed")[outcome].rename("__clean__"),
+                                                 how="inner").dropna()
+        clean_labels = sorted(set(clean_runs["label"]))
+        rows.append(RowStudy(
+            kind=kind, updates=int(updates), long=bool(long), arm=arm,
+            name=kind_label(kind, int(updates), first) + (LONG if long else ""), labels=labels,
+            doses=np.array([x0[lb] for lb in labels]),
+            k3_achieved=np.array([float(d.loc[d["label"] == lb, "k3_achieved"].iloc[0]) for lb in labels]),
+            clean=wide["__clean__"].to_numpy(float), dosed=wide[labels].to_numpy(float),
+            baseline=_baseline(curves, outcome, clean_labels), seeds=list(map(int, wide.index)),
+            outcome=outcome))
+    return rows
+
+
+COLUMNS = ["kind", "updates", "arm", "name", "doses", "seeds", "outcome", "baseline", "clean_gain", "bmr",
+           "k3_min", "k3_max", "k3_achieved_min", "k3_achieved_max", "trend_slope", "trend_ci_low", "trend_ci_high",
+           "trend_p", "bmd", "bmdl", "bmdu", "status", "models_passing", "bmds_pick", "bmd_log", "bmdl_log",
+           "status_log", "scale_agree", "error_control"]
+
+
+def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: float
+                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(benchmarks, fits). `benchmarks`: one row per `row_studies` row: the trend of the outcome's paired gap
+    across doses (`dose_response.dose_trend`, per-seed slope per decade of k3_initial; `trend_p_holm` is Holm over
+    these trends alone here, `analyze` puts them in the study's one family) and the benchmark dose in k3_initial
+    (`benchmark_dose.fit_bmd`, BMR `bmr_fraction` of the fitted clean gain; `bmr` is that cost in outcome units),
+    with its status, the models that pass, and the same fit on the log dose scale. `fits`: what the figure draws,
+    one long table (`part`): each dose group's mean outcome with its 95% t interval (`group`, dose 0 included), the
+    model-average curve with its pointwise 95% bootstrap band over the tested doses only (`fit`), and the BMR level
+    with the BMD, BMDL and BMDU (`mark`)."""
+    rows, fits = [], []
+    for r in row_studies(curves, table):
+        base = {"kind": r.kind, "updates": r.updates, "arm": r.arm, "name": r.name}
+        row = {**base, "doses": len(r.labels), "seeds": len(r.seeds), "outcome": r.outcome, "baseline": r.baseline,
+               "k3_min": float(r.doses.min()), "k3_max": float(r.doses.max()),
+               "k3_achieved_min": float(r.k3_achieved.min()), "k3_achieved_max": float(r.k3_achieved.max())}
+        gaps = r.dosed - r.clean[:, None]
+        try:
+            tr = dose_response.dose_trend(r.doses, gaps)
+            row.update(trend_slope=tr.slope, trend_ci_low=tr.ci_low, trend_ci_high=tr.ci_high, trend_p=tr.p)
+        except ValueError:  # a k3 of 0 or two doses alike: no trend in log dose
+            row.update(trend_slope=np.nan, trend_ci_low=np.nan, trend_ci_high=np.nan, trend_p=np.nan)
+        if not np.isfinite(r.baseline):
+            row.update(clean_gain=np.nan, bmr=np.nan, bmd=np.nan, bmdl=np.nan, bmdu=np.nan,
+                       status=f"{bd.NO_BENCHMARK} (the initial policy's {r.outcome} was not measured)",
+                       models_passing="", bmds_pick="", bmd_log=np.nan, bmdl_log=np.nan, status_log="",
+                       scale_agree=False, error_control="")
+            rows.append(row)
+            continue
+        try:
+            sc = bd.compare_dose_scales(r.doses, r.clean, r.dosed, baseline=r.baseline, bmr=bmr_fraction,
+                                        n_boot=N_BOOT, seed=BOOT_SEED)
+        except bd.BMDInputError as e:  # fewer than 3 seeds, a dose of 0: said in the status
+            row.update(clean_gain=np.nan, bmr=np.nan, bmd=np.nan, bmdl=np.nan, bmdu=np.nan,
+                       status=f"{bd.NO_BENCHMARK} ({e})", models_passing="", bmds_pick="", bmd_log=np.nan,
+                       bmdl_log=np.nan, status_log="", scale_agree=False, error_control="")
+            rows.append(row)
+            continue
+        f, g = sc.linear, sc.log
+        base = {**base, "baseline": r.baseline, "gain": f.clean_gain}
+        row.update(clean_gain=f.clean_gain, bmr=bmr_fraction * f.clean_gain, bmd=f.bmd, bmdl=f.bmdl, bmdu=f.bmdu,
+                   status=f.status, models_passing=",".join(m.model for m in f.models if m.passes),
+                   bmds_pick=f.bmds_pick or "", bmd_log=g.bmd, bmdl_log=g.bmdl, status_log=g.status,
+                   scale_agree=sc.agree, error_control=f.error_control)
+        rows.append(row)
+        y = np.column_stack([r.clean, r.dosed])
+        lo, hi = zip(*(stats.seed_ci(v) for v in y.T))
+        fits += [{**base, "part": "group", "dose": x, "y": m, "low": a, "high": b}
+                 for x, m, a, b in zip([0.0, *r.doses], y.mean(0), lo, hi)]
+        if f.curve is not None:
+            c = f.curve
+            fits += [{**base, "part": "fit", "dose": x, "y": m + r.baseline, "low": a + r.baseline,
+                      "high": b + r.baseline} for x, m, a, b in zip(c["dose"], c["mean"], c["low"], c["high"])]
+        if np.isfinite(f.clean_gain) and f.clean_gain > 0:
+            level = r.baseline + (1 - bmr_fraction) * f.clean_gain
+            fits.append({**base, "part": "mark", "dose": f.bmd, "y": level, "low": f.bmdl, "high": f.bmdu,
+                         "status": f.status})
+    fits += engine_points(table, curves, fits)
+    b = pd.DataFrame(rows, columns=COLUMNS)
+    b["trend_p_holm"] = stats.holm(b["trend_p"]) if len(b) else []
+    fit_table = pd.DataFrame(fits, columns=["kind", "updates", "arm", "name", "part", "dose", "y", "low", "high",
+                                            "baseline", "gain", "status", "label", "control"])
+    return b, fit_table
+
+
+def engine_points(table: pd.DataFrame, curves: pd.DataFrame, fits: list[dict]) -> list[dict]:
+    """The real engines placed on the curves (`part` "engine"): each engine row of the first PPO regime at the
+    study's horizon, on the panel of its kind (`analysis.panel_of`) beside the same arm's fit, at the k3 it gives
+    the initial policy, its outcome drawn as the arm's fitted clean level plus its paired gap to its own clean twin
+    (same temperature), with the gap's 95% interval: an engine at another temperature is compared with its own
+    clean run, not with the curve's."""
+    level = {(f["kind"], f["arm"]): (f["baseline"], f["gain"]) for f in fits
+             if f["part"] == "fit" and f["dose"] == 0.0 and "+" not in f["name"]}
+    if table.empty:
+        return []
+    first = int(table["updates"].iloc[0])
+    x0 = k3_initial(curves)
+    out = []
+    for r in table[(table["kind"] == "engine") & (table["updates"] == first)
+                   & ~table["label"].str.endswith(LONG)].itertuples():
+        if (r.panel, r.arm) not in level:
+            continue
+        baseline, gain = level[(r.panel, r.arm)]
+        clean = baseline + gain
+        out.append({"kind": r.panel, "updates": first, "arm": r.arm, "name": r.panel, "part": "engine",
+                    "dose": float(x0.get(r.label, np.nan)), "y": clean + r.gap, "low": clean + r.gap_ci_low,
+                    "high": clean + r.gap_ci_high, "baseline": baseline, "gain": gain, "label": r.label,
+                    "control": r.control})
+    return out
+
+
+def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
+    """`<kind>[+ppo<u>][+long]/<arm>/{trend_slope, trend_p_holm, bmr, bmd_k3, bmdl_k3, bmdu_k3, bmdl_bounded,
+    scale_agree}` per benchmark row (`bmdl_bounded`: 1 where the status is "bounded", the only BMDL to quote)."""
+    out = {}
+    for r in bench.itertuples():
+        k = f"{r.name}/{r.arm}"
+        out.update({f"{k}/trend_slope": float(r.trend_slope), f"{k}/trend_p_holm": float(r.trend_p_holm),
+                    f"{k}/bmr": float(r.bmr), f"{k}/bmd_k3": float(r.bmd), f"{k}/bmdl_k3": float(r.bmdl),
+                    f"{k}/bmdu_k3": float(r.bmdu), f"{k}/bmdl_bounded": float(r.status == bd.BOUNDED),
+                    f"{k}/scale_agree": float(bool(r.scale_agree))})
+    return out
+
