@@ -37,7 +37,9 @@ def dose_response(doses, style: str = "notebook"):
     otherwise distribution), labelled; a null control is drawn hollow. The first PPO regime at the study's horizon
     only (further regimes and long rows have their own tables)."""
     if "updates" in doses:  # one regime and one horizon per line
-        doses = doses[(doses["updates"] == doses["updates"].iloc[0]) & ~doses["label"].str.endswith("+long")]
+        doses = doses.assign(epochs=doses.get("epochs", 1))  # a regime is its mini-batches and its epochs
+        doses = doses[(doses["updates"] == doses["updates"].iloc[0]) & (doses["epochs"] == doses["epochs"].iloc[0])
+                      & ~doses["label"].str.endswith("+long")]
     titles = kind_titles()
     kinds = [k for k in titles if (doses["kind"] == k).any()]
     base = doses.loc[doses["kind"] == "clean", "engine"].iloc[0] if (doses["kind"] == "clean").any() else ""

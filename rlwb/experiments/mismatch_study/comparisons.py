@@ -14,6 +14,7 @@ from rlwb.core.measure import dose_response, stats
 from rlwb.core.rl.mismatch_doses import dose_kinds
 from rlwb.experiments.mismatch_study.analysis import mdes, per_seed, seed_gaps, with_defaults
 from rlwb.experiments.mismatch_study.design import LONG, dosed_kinds, kind_label, regime_suffix
+from rlwb.experiments.mismatch_study.grammar import Regime
 
 
 def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bmr_fraction: float) -> pd.DataFrame:
@@ -25,21 +26,23 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, metrics: dict, bm
     clean run gained nothing). Doses are the rows' mean achieved k3."""
     curves = with_defaults(curves)
     gaps = seed_gaps(per_seed(curves))
-    first = int(table["updates"].iloc[0]) if len(table) else 1
+    table = table if "epochs" in table else table.assign(epochs=1)
+    first = Regime(int(table["updates"].iloc[0]), int(table["epochs"].iloc[0])) if len(table) else Regime(1)
     rows = []
     sel = table[table["kind"].isin(dosed_kinds()) & (table["control"] == "")]
-    for (kind, updates, long, arm), d in sel.groupby(["kind", "updates", table["label"].str.endswith(LONG), "arm"],
-                                                     sort=False):
+    for (kind, updates, epochs, long, arm), d in sel.groupby(["kind", "updates", "epochs",
+                                                              table["label"].str.endswith(LONG), "arm"], sort=False):
+        regime = Regime(int(updates), int(epochs))
         d = d.sort_values("dose")
         g = gaps[gaps["label"].isin(d["label"]) & (gaps["arm"] == arm)].pivot(index="seed", columns="label",
                                                                                values="gap")[list(d["label"])]
         g = g.dropna()
-        clean = "clean" + regime_suffix(int(updates), first) + (LONG if long else "")
+        clean = "clean" + regime_suffix(regime, first) + (LONG if long else "")
         gain = metrics.get(f"{clean}/{arm}/outcome_gain", float("nan"))
         bmr = bmr_fraction * gain if np.isfinite(gain) and gain > 0 else float("nan")
         x = d["k3_achieved"].to_numpy()
         row = {"kind": kind, "updates": int(updates), "arm": arm,
-               "name": kind_label(kind, int(updates), first) + (LONG if long else ""),
+               "name": kind_label(kind, regime, first) + (LONG if long else ""),
                "doses": len(d), "seeds": len(g), "clean_gain": gain, "bmr": bmr,
                "k3_min": float(x.min()), "k3_max": float(x.max())}
         try:
@@ -126,7 +129,7 @@ UNCORRECTED = "none@trainer"  # the decoupled arm a correction is compared with:
 SCALED_BAND, VERL_BAND = "geo_rs_len@trainer", "verl.geo_rs@trainer"  # the `band` contrast
 
 
-REGIME = re.compile(r"\+ppo\d+")  # a further PPO regime's label suffix
+REGIME = re.compile(r"\+ppo\d+(x\d+)?")  # a further PPO regime's label suffix (`+ppo4`, `+ppo2x2`)
 
 
 MATCHED_K3 = 2.0  # a symmetric dose matches a point's k3 when within this factor (as `dose_achieved`)
@@ -196,7 +199,7 @@ def contrast_table(table: pd.DataFrame, curves: pd.DataFrame, resolution: float 
     ratio = table[table["kind"].isin([k.name for k in dose_kinds() if k.samples_right and k.intended_k3])]
     for r in table[(table["kind"] == "engine") & table["raw_logprobs"] & (table["control"] == "")].itertuples():
         cand = ratio[(ratio["temperature"] == r.temperature) & (ratio["updates"] == r.updates)
-                     & (ratio["arm"] == r.arm)]
+                     & (ratio.get("epochs", 1) == getattr(r, "epochs", 1)) & (ratio["arm"] == r.arm)]
         cand = cand[(cand["k3_intended"] / r.k3_achieved).between(1 / MATCHED_K3, MATCHED_K3)]
         if len(cand):
             m = cand.iloc[(np.log(cand["k3_intended"] / r.k3_achieved)).abs().argmin()]
