@@ -267,3 +267,86 @@ def test_several_updates_per_batch_move_the_decoupled_ratio_off_one(default_mode
     assert out[3].passes == 3
     with pytest.raises(ValueError, match="updates_per_batch"):
         grpo.GRPOConfig(updates_per_batch=0)
+
+
+def _toy_update_batch(default_model, n=12, seed=2):
+    """A rollout batch of `n` random completions with the trainer's own logprobs as the behaviour policy (the
+    decoupled mode, no mismatch), for `policy_updates` without an engine."""
+    from rlwb.core.data import tasks, tokenizer
+    from rlwb.core.scoring.trainer import TrainerScorer
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(n, seed=7)]
+    comps = [torch.randint(3, 60, (int(k),), generator=g).tolist() for k in torch.randint(3, 20, (n,), generator=g)]
+    lengths, width = [len(c) for c in comps], max(map(len, comps))
+    mask = grpo._pad([np.ones(k) for k in lengths], width).bool()
+    adv = torch.randn(n, generator=g)
+    model = TrainerScorer(default_model.path).model.train()
+    with torch.no_grad():
+        old = grpo._per_seq(completion_logprobs(model, make_batch(prompts, comps), 0.7)["logp"], lengths, width)
+    return model, prompts, comps, old, adv, mask
+
+
+def test_ppo_epochs_pass_over_the_same_mini_batches_with_the_batchs_behaviour_logprobs(default_model):
+    """`ppo_epochs` E: E passes over the same rollout batch, each its `updates_per_batch` contiguous mini-batches in
+    the same order, the behaviour logprobs and advantages the batch's (computed once): 2 epochs of 3 mini-batches
+    are 6 optimizer steps and leave bitwise the weights of two 1-epoch calls on the same batch one after the other.
+    One epoch is the mini-batch loop of before (its curves bitwise unchanged: checked on the embedded model's runs):
+    its weights equal 3 steps taken by hand on the contiguous slices."""
+    model, prompts, comps, old, adv, mask = _toy_update_batch(default_model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    base = dict(temperature=0.7, old_logprobs="trainer", updates_per_batch=3, prompts_per_step=3, group_size=4)
+
+    def weights_after(calls: list[int]):  # one policy_updates call per entry, with that many epochs
+        model.load_state_dict(state)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        steps = []
+        opt.register_step_post_hook(lambda *_: steps.append(1))
+        stats = [grpo.policy_updates(model, opt, prompts, comps, grpo.GRPOConfig(**base, ppo_epochs=e), old, adv,
+                                     mask)[0] for e in calls]
+        return {k: v.clone() for k, v in model.state_dict().items()}, len(steps), stats
+
+    two, n_two, (st2,) = weights_after([2])
+    twice, n_twice, (first, second) = weights_after([1, 1])
+    assert n_two == n_twice == 6 and st2.passes == 6
+    assert all(torch.equal(two[k], twice[k]) for k in two)
+    # the statistics cover every update of both epochs; the last step's are the second call's last step's
+    assert st2.last_ratio_abs_log_mean == second.last_ratio_abs_log_mean > 0
+    assert st2.ratio_abs_log_mean == pytest.approx((first.ratio_abs_log_mean + second.ratio_abs_log_mean) / 2,
+                                                   rel=1e-9)
+
+    model.load_state_dict(state)  # one epoch, by hand: each contiguous slice once, one optimizer step each
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    cfg = grpo.GRPOConfig(**base)
+    for idx in np.array_split(np.arange(len(comps)), 3):
+        sl = slice(int(idx[0]), int(idx[-1]) + 1)
+        opt.zero_grad(set_to_none=True)
+        w = int(mask[sl].sum(1).max())
+        grpo.accumulate_policy_gradient(model, prompts[sl], comps[sl], cfg, old[sl, :w], adv[sl], mask[sl, :w])
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        opt.step()
+    by_hand = model.state_dict()
+    one, _, _ = weights_after([1])
+    assert all(torch.equal(one[k], by_hand[k]) for k in one)
+
+
+def test_a_second_epoch_moves_the_decoupled_ratio_of_a_single_mini_batch(default_model):
+    """One mini-batch per pass (`updates_per_batch` 1): with one epoch the decoupled ratio is exactly 1 on every
+    token, first and last step alike; with two the second pass sees the batch at weights the first moved, so its
+    ratio leaves 1 (`last_ratio_abs_log_mean` > 0) and the mean over both passes is half of it. A bad epoch count is
+    refused by the config."""
+    out = {}
+    for e in (1, 2):
+        model, prompts, comps, old, adv, mask = _toy_update_batch(default_model)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        steps = []
+        opt.register_step_post_hook(lambda *_: steps.append(1))
+        cfg = grpo.GRPOConfig(temperature=0.7, old_logprobs="trainer", ppo_epochs=e, prompts_per_step=3, group_size=4)
+        assert cfg.single_update == (e == 1)
+        out[e] = grpo.policy_updates(model, opt, prompts, comps, cfg, old, adv, mask)[0]
+        assert len(steps) == e
+    assert out[1].ratio_abs_log_mean == out[1].last_ratio_abs_log_mean == 0.0 and out[1].last_clip_frac == 0.0
+    assert out[2].last_ratio_abs_log_mean > 1e-3 and out[2].last_clip_frac > 0
+    assert out[2].ratio_abs_log_mean == pytest.approx(out[2].last_ratio_abs_log_mean / 2, rel=1e-9)
+    with pytest.raises(ValueError, match="ppo_epochs must be >= 1"):
+        grpo.GRPOConfig(ppo_epochs=0)

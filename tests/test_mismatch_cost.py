@@ -567,3 +567,31 @@ def test_the_answer_leads_with_the_finding():
                            "3.0e-01); weights no level (the dose scale decides it).")
     assert text.endswith("ratio mismatch, `none@engine`: no dose ...") and "tis@trainer" not in text
     assert words_08.answer_line("none@engine", pd.DataFrame(), pd.DataFrame(), bullets) == bullets[0]
+
+
+def test_ppo_epoch_regimes_pair_with_their_mini_batches_and_keep_the_one_epoch_labels():
+    """`ppo_epochs` pairs with `updates_per_batch` by position: matched optimizer steps as 4 mini-batches x 1 epoch,
+    2 x 2 and 1 x 4 are three further regimes, labelled `+ppo4` (a one-epoch regime keeps its label), `+ppo2x2`,
+    `+ppo1x4`, each run configured with its mini-batches and epochs and paired with its own regime's clean twin. A
+    single entry applies to every regime; lists that do not pair, a regime listed twice, or 0 epochs are refused,
+    each naming the problem. The study's own params keep their hash (one epoch everywhere is what they ran)."""
+    from rlwb.errors import ParamError
+
+    p = study_params(updates_per_batch=[1, 4, 2, 1], ppo_epochs=[1, 1, 2, 4])
+    assert [r.name for r in p.grammar.regimes] == ["1x1", "4x1", "2x2", "1x4"]
+    js = design.training_runs(p)
+    regime = {j.label: (j.updates, j.epochs) for j in js if j.arm == "none@trainer"}
+    assert regime["clean"] == (1, 1) and regime["clean+ppo4"] == (4, 1) and regime["weights@0.1+ppo2x2"] == (2, 2)
+    assert regime["clean+ppo1x4"] == (1, 4) and regime["weights@0.1+ppo1x4"] == (1, 4)
+    twins = {j.twin for j in js if j.kind == "clean"}
+    assert all(j.twin in twins for j in js if j.kind != "clean")
+    cfg = design.config(p, next(j for j in js if j.label == "weights@0.1+ppo1x4"))
+    assert (cfg.updates_per_batch, cfg.ppo_epochs) == (1, 4)
+    assert design.regime_suffix(4, 1) == "+ppo4" and design.kind_label("ratio", (2, 2), (1, 1)) == "ratio+ppo2x2"
+    assert [r.name for r in study_params(ppo_epochs=[2]).grammar.regimes] == ["1x2", "4x2"]
+    assert study_params().hash() == study_params(ppo_epochs=[1]).hash() != study_params(ppo_epochs=[2]).hash()
+    for bad, match in (({"ppo_epochs": [1, 2, 3]}, r"'ppo_epochs' \[1, 2, 3\] must hold one entry per regime"),
+                       ({"updates_per_batch": [1, 2, 2], "ppo_epochs": [1, 2, 2]}, r"lists a regime twice.*2x2"),
+                       ({"ppo_epochs": [1, 0]}, r"'ppo_epochs\[1\]' must be >= 1")):
+        with pytest.raises(ParamError, match=match):
+            study_params(**bad)

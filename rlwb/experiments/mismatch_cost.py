@@ -33,6 +33,8 @@ from rlwb.experiments.mismatch_study.analysis import (
     dose_metrics,
     dose_table,
     outcome_resolution,
+    regime_metrics,
+    regime_ratios,
 )
 from rlwb.experiments.mismatch_study.benchmarks import benchmark_metrics, benchmark_table
 from rlwb.experiments.mismatch_study.comparisons import (
@@ -68,10 +70,13 @@ class CostResult(Result):
     contrasts: pd.DataFrame = field(default_factory=pd.DataFrame)
     # one row per long-horizon row and block of steps: the training-reward gap's trajectory (`horizon_table`)
     horizon: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # one row per (PPO regime, arm) of the clean runs: the PPO ratio's |log r| and clip fraction (`regime_ratios`)
+    regimes: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         return {"curves": self.curves, "doses": self.doses, "benchmarks": self.benchmarks,
-                "dose_fits": self.dose_fits, "contrasts": self.contrasts, "horizon": self.horizon}
+                "dose_fits": self.dose_fits, "contrasts": self.contrasts, "horizon": self.horizon,
+                "regimes": self.regimes}
 
     def summary(self) -> pd.DataFrame:
         cols = ["kind", "label", "arm", "k3_initial", "k3_achieved", "reward_final", "gap", "gap_ci_low",
@@ -125,7 +130,9 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     metrics.update(contrast_metrics(con))
     metrics.update(hm)
     metrics.update(family)
-    return CostResult(p, metrics, curves, table, bench, fits, con, hz)
+    ratios = regime_ratios(curves)
+    metrics.update(regime_metrics(ratios))
+    return CostResult(p, metrics, curves, table, bench, fits, con, hz, ratios)
 
 
 def reanalyze(run_dir: str | Path, params) -> CostResult:
@@ -141,9 +148,11 @@ def conclusion(metrics: dict, table: pd.DataFrame, p, bench: pd.DataFrame | None
                con: pd.DataFrame | None = None, hz: pd.DataFrame | None = None) -> str:
     """The study's conclusion (`wording.mismatch_cost.conclusion`), from its rows, tables and metrics: the rows of
     the first PPO regime at the study's horizon, and what the wording states in words."""
-    first = int(table["updates"].iloc[0]) if "updates" in table and len(table) else 1
-    regimes = table
-    table = table[table["updates"] == first] if "updates" in table else table
+    regimes = table = table.assign(epochs=table.get("epochs", 1))
+    first = (1, 1)
+    if "updates" in table and len(table):  # the first regime: its mini-batches and its epochs
+        first = (int(table["updates"].iloc[0]), int(table["epochs"].iloc[0]))
+        table = table[(table["updates"] == first[0]) & (table["epochs"] == first[1])]
     table = table[~table["label"].str.endswith(LONG)]
     outcome = table["outcome"].iloc[0] if "outcome" in table and len(table) else "reward_final"
     heldout = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[1]

@@ -118,44 +118,52 @@ def policy_updates(model: torch.nn.Module, opt: torch.optim.Optimizer, prompt_id
                    completion_ids: list[list[int]], cfg: GRPOConfig, behaviour: torch.Tensor, adv: torch.Tensor,
                    mask: torch.Tensor, weights: torch.Tensor | None = None, keep: torch.Tensor | None = None,
                    ref: torch.Tensor | None = None, cur: torch.Tensor | None = None) -> tuple[losses.LossStats, float]:
-    """The step's policy update(s): `cfg.updates_per_batch` optimizer steps, each on one contiguous mini-batch of
-    the rollout batch (whole GRPO groups when the count divides the prompts), in order (PPO's several updates per
-    batch; Schulman et al. 2017, https://arxiv.org/abs/1707.06347; verl's ppo_mini_batch_size). The advantages,
-    behaviour logprobs and a correction's weights/masks are the batch's, computed once before any update. Returns
-    the loss statistics over every mini-batch (token-weighted) and the mean pre-clip gradient norm.
+    """The step's policy update(s): `cfg.ppo_epochs` passes over the rollout batch, each cut into
+    `cfg.updates_per_batch` contiguous mini-batches (whole GRPO groups when the count divides the prompts), one
+    optimizer step each, in order: updates_per_batch x ppo_epochs steps (PPO's several updates per batch; Schulman et
+    al. 2017, https://arxiv.org/abs/1707.06347). Every pass takes the same mini-batches in the same order, as verl
+    does by default (verl/utils/tensordict_utils.py `make_iterator`: `epochs` passes of a DataLoader over the batch,
+    its `shuffle` False by default, verl/workers/config/actor.py; ppo_epochs x ppo_mini_batch_size,
+    verl/trainer/ppo/ray_trainer.py), so nothing random enters and a seed's arms see the same sequence of
+    mini-batches. The advantages, behaviour logprobs and a correction's weights/masks are the batch's, computed once
+    before any update. Returns the loss statistics over every update of every epoch (token-weighted), with the last
+    optimizer step's clip fraction and |log ratio| (`last_*`), and the mean pre-clip gradient norm.
 
     Why several: with one update the decoupled ratio pi_theta / pi_old is exactly 1 (old = the same weights), so
-    PPO's clip acts only when the engine's logprobs are the denominator (bypass); from the second mini-batch on the
-    weights have moved and the clip acts in both modes."""
-    k = cfg.updates_per_batch
+    PPO's clip acts only when the engine's logprobs are the denominator (bypass); from the second update on the
+    weights have moved and the clip acts in both modes; from the second epoch on an update sees tokens the weights
+    were already trained on, where the ratio moves most."""
     n_seq = len(completion_ids)
-    if k == 1:
+    if cfg.single_update:
         st = accumulate_policy_gradient(model, prompt_ids, completion_ids, cfg, behaviour, adv, mask, weights, keep,
                                         ref, cur=cur)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
         opt.step()
-        return st, grad_norm
+        return replace(st, last_clip_frac=st.clip_frac, last_ratio_abs_log_mean=st.ratio_abs_log_mean), grad_norm
     if cur is not None:
-        raise ValueError("precomputed logprobs serve a single update only (updates_per_batch 1)")
+        raise ValueError("precomputed logprobs serve a single update only (updates_per_batch 1, ppo_epochs 1)")
+    splits = [slice(int(idx[0]), int(idx[-1]) + 1) for idx in np.array_split(np.arange(n_seq), cfg.updates_per_batch)]
     parts, norms = [], []
-    for idx in np.array_split(np.arange(n_seq), k):
-        sl = slice(int(idx[0]), int(idx[-1]) + 1)
-        opt.zero_grad(set_to_none=True)
-        sub = [_rows(t, sl) for t in (behaviour, adv, mask, weights, keep, ref)]
-        width = int(sub[2].sum(1).max())  # the mini-batch's own longest completion
-        b, a, m, w, kp, r = (None if t is None else t[:, :width] if t.dim() == 2 else t for t in sub)
-        st = accumulate_policy_gradient(model, prompt_ids[sl], completion_ids[sl], cfg, b, a, m, w, kp, r)
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
-        opt.step()
-        parts.append((st, float((m.bool() if kp is None else m.bool() & kp.bool()).sum()), float(m.sum())))
+    for _epoch in range(cfg.ppo_epochs):  # the same mini-batches, in the same order, every pass
+        for sl in splits:
+            opt.zero_grad(set_to_none=True)
+            sub = [_rows(t, sl) for t in (behaviour, adv, mask, weights, keep, ref)]
+            width = int(sub[2].sum(1).max())  # the mini-batch's own longest completion
+            b, a, m, w, kp, r = (None if t is None else t[:, :width] if t.dim() == 2 else t for t in sub)
+            st = accumulate_policy_gradient(model, prompt_ids[sl], completion_ids[sl], cfg, b, a, m, w, kp, r)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
+            opt.step()
+            parts.append((st, float((m.bool() if kp is None else m.bool() & kp.bool()).sum()), float(m.sum())))
     kept = sum(p[1] for p in parts)
 
-    def avg(f):  # token-weighted over the mini-batches, as one pass over the batch would weigh them
+    def avg(f):  # token-weighted over the updates, as one pass over the batch per epoch would weigh them
         return sum(getattr(s, f) * n for s, n, _ in parts) / max(kept, 1.0)
 
+    last = parts[-1][0]
     st = losses.LossStats(loss=avg("loss"), clip_frac=avg("clip_frac"), ratio_mean=avg("ratio_mean"),
                           kept_frac=kept / max(sum(p[2] for p in parts), 1.0), kl_ref=avg("kl_ref"),
-                          passes=sum(s.passes for s, _, _ in parts), ratio_abs_log_mean=avg("ratio_abs_log_mean"))
+                          passes=sum(s.passes for s, _, _ in parts), ratio_abs_log_mean=avg("ratio_abs_log_mean"),
+                          last_clip_frac=last.clip_frac, last_ratio_abs_log_mean=last.ratio_abs_log_mean)
     return st, float(np.mean(norms))
 
 
@@ -188,7 +196,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
     # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass,
     # cut into slices as the scorer cuts (a GPU's 256 x 768-token batch is not one forward; bitwise the same rows).
-    shared = not splits_update(cfg, len(comps)) and cfg.updates_per_batch == 1
+    shared = not splits_update(cfg, len(comps)) and cfg.single_update
     opt.zero_grad(set_to_none=True)  # nothing backpropagates before the update: one place for both paths
     with torch.set_grad_enabled(shared), timing.phase("training" if shared else "scoring"):
         old = (completion_logprobs if shared else batch_logprobs)(model, batch, cfg.temperature, entropy=True)
@@ -220,7 +228,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     t4 = time.perf_counter()
     row = {"step": step, "reward_mean": float(rewards.mean()), "reversed_frac": reversed_frac,
            "clip_frac": st.clip_frac, "ratio_mean": st.ratio_mean, "ratio_abs_log_mean": st.ratio_abs_log_mean,
-           "updates_per_batch": cfg.updates_per_batch,
+           "updates_per_batch": cfg.updates_per_batch, "ppo_epochs": cfg.ppo_epochs,
+           "last_clip_frac": st.last_clip_frac, "last_ratio_abs_log_mean": st.last_ratio_abs_log_mean,
            "mismatch_k3": mm["k3_mean"], "mismatch_k1": mm["k1_mean"], "abs_dlogp_mean": mm["abs_dlogp_mean"],
            "entropy": float(old["entropy"].mean()), "grad_norm": grad_norm, "loss": st.loss,
            **corrections.health(corr, mask),

@@ -53,6 +53,9 @@ class GRPOConfig(GRPOSettings):
     # policy updates per rollout batch: the batch cut into this many mini-batches, one optimizer step each (PPO's
     # several updates per batch; the decoupled ratio pi_theta / pi_old is 1 only on the first): `grpo.policy_updates`
     updates_per_batch: int = 1
+    # passes over the same rollout batch (PPO epochs; verl's ppo_epochs, OpenRLHF's max_epochs): each pass cut into
+    # the same `updates_per_batch` mini-batches, so a run makes updates_per_batch x ppo_epochs optimizer steps per batch
+    ppo_epochs: int = 1
     # which stream of sampling seeds the engine draws from (`sampling_seed`): 0 the run's own; another value an
     # independent one on the same prompts (notebook 08's placebo rows: the clean run again, only its sampling differs)
     sampling_stream: int = 0
@@ -62,9 +65,16 @@ class GRPOConfig(GRPOSettings):
             dose_kind(self.dose_kind)  # an unknown kind is refused here, not at the run's first step
         if self.updates_per_batch < 1:
             raise ValueError(f"updates_per_batch must be >= 1, got {self.updates_per_batch}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.updates_per_batch > self.prompts_per_step * self.group_size:
             raise ValueError(f"updates_per_batch {self.updates_per_batch} exceeds the batch's "
                              f"{self.prompts_per_step * self.group_size} sequences")
+
+    @property
+    def single_update(self) -> bool:
+        """One optimizer step per rollout batch (one mini-batch, one epoch): the decoupled ratio is 1 throughout."""
+        return self.updates_per_batch == 1 and self.ppo_epochs == 1
 
     @classmethod
     def from_settings(cls, settings: GRPOSettings, **per_run) -> GRPOConfig:

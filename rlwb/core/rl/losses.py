@@ -37,6 +37,10 @@ class LossStats:
     kl_ref: float
     passes: int = 1  # forward/backward passes the update ran in (micro-batches; `grpo.accumulate_policy_gradient`)
     ratio_abs_log_mean: float = 0.0  # mean |log ratio| over kept tokens: 0 exactly when the ratio is 1 everywhere
+    # the two above in the step's last optimizer step alone (`grpo.policy_updates`; NaN where not set): with matched
+    # optimizer steps, the same step of every PPO regime, whether its mini-batch was trained on already or not
+    last_clip_frac: float = float("nan")
+    last_ratio_abs_log_mean: float = float("nan")
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,

@@ -13,14 +13,16 @@ from rlwb.core.rl.mismatch_doses import DOSE_KINDS, kinds_for
 from rlwb.experiments.grpo_grid import FINAL_FRAC, edge_steps, floor_breaches, reward_gain
 from rlwb.experiments.mismatch_study.design import HELDOUT_PROBLEMS, HELDOUT_SEED, LONG, dosed_kinds, held_out
 
-KEYS = ["kind", "label", "dose", "temperature", "updates", "horizon", "arm", "seed"]
+KEYS = ["kind", "label", "dose", "temperature", "updates", "epochs", "horizon", "arm", "seed"]
 
 
 def with_defaults(curves: pd.DataFrame) -> pd.DataFrame:
-    """Curves archived before the PPO regimes and the policy outcome existed: one update per batch, no policy
-    reward (the training reward is then the tested outcome)."""
+    """Curves archived before the PPO regimes (or their epochs) and the policy outcome existed: one update per
+    batch, one epoch, no policy reward (the training reward is then the tested outcome)."""
     if "updates" not in curves:
         curves = curves.assign(updates=1)
+    if "epochs" not in curves:
+        curves = curves.assign(epochs=1)
     if "policy_reward" not in curves:
         curves = curves.assign(policy_reward=np.nan)
     # each run's horizon (its step count): a long-horizon row pairs with the clean run of its own length
@@ -113,7 +115,7 @@ def seed_gaps(s: pd.DataFrame) -> pd.DataFrame:
     seed): `gap` (the tested outcome, `outcome_of`), `train_gap` (final training reward) and `heldout_gap` (own
     greedy accuracy). One row per (label, arm, seed)."""
     outcome = outcome_of(s)
-    on = ["temperature", "updates", "horizon", "arm", "seed"]
+    on = ["temperature", "updates", "epochs", "horizon", "arm", "seed"]
     cols = list(dict.fromkeys([outcome, "reward_final", "heldout_acc"]))
     clean = s.loc[s["kind"] == "clean", on + cols].rename(columns={c: c + "_clean" for c in cols})
     d = s[s["kind"] != "clean"].merge(clean, on=on, how="left")
@@ -142,16 +144,16 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     q = outcome_resolution(p, outcome)
     gaps = seed_gaps(s)
     slope = {k: late_slope(d) for k, d in
-             curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "horizon", "arm"])}
+             curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "epochs", "horizon", "arm"])}
     x0 = k3_initial(curves)
     rows = []
     for (label, arm), d in s.groupby(["label", "arm"], sort=False):
         kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
             d["raw_logprobs"].iloc[0])
-        updates, horizon = int(d["updates"].iloc[0]), int(d["horizon"].iloc[0])
+        updates, epochs, horizon = int(d["updates"].iloc[0]), int(d["epochs"].iloc[0]), int(d["horizon"].iloc[0])
         d = d.set_index("seed")
         row = {"kind": kind, "label": label, "dose": dose, "temperature": temp, "updates": updates,
-               "horizon": horizon, "arm": arm,
+               "epochs": epochs, "horizon": horizon, "arm": arm,
                "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
                "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
                "k3_intended": dose if kind in DOSE_KINDS and DOSE_KINDS[kind].intended_k3 else float("nan"),
@@ -168,14 +170,14 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
             row[col] = float(v.mean()) if v.size else float("nan")
             row[f"{col}_ci_low"], row[f"{col}_ci_high"] = stats.seed_ci(v)
         gap = g["gap"].dropna().to_numpy()
-        row["lag_bias"] = (-dose * slope.get((temp, updates, horizon, arm), float("nan"))
+        row["lag_bias"] = (-dose * slope.get((temp, updates, epochs, horizon, arm), float("nan"))
                            if kind in DOSE_KINDS and DOSE_KINDS[kind].lag else float("nan"))
-        row["identical"] = identical_curves(curves, label, arm, temp, d.index, updates, horizon)
+        row["identical"] = identical_curves(curves, label, arm, temp, d.index, updates, horizon, epochs)
         row["gap_sd"] = float(gap.std(ddof=1)) if gap.size > 1 else float("nan")
         row["q_eff"] = q  # the step of the tested outcome its test floors the spread with (`stats.floored_sd`)
         row["mde"] = float("nan")  # set below, at the Holm family's level
         base = s[(s["kind"] == "clean") & (s["temperature"] == temp) & (s["updates"] == updates)
-                 & (s["horizon"] == horizon) & (s["arm"] == arm)].set_index("seed")
+                 & (s["epochs"] == epochs) & (s["horizon"] == horizon) & (s["arm"] == arm)].set_index("seed")
         for col in ("auc", "entropy", "grad_norm", "clip_frac"):
             row[f"{col}_gap"] = float((d[col] - base[col]).mean()) if kind != "clean" else 0.0
         row["p"] = stats.paired_gap_test(gap, margin=1.0, resolution=q).p_diff if kind != "clean" else float("nan")
@@ -210,15 +212,43 @@ def control_passes(r) -> bool:
 
 
 def identical_curves(curves: pd.DataFrame, label: str, arm: str, temperature: float, seeds, updates: int = 1,
-                     horizon: int | None = None) -> bool:
+                     horizon: int | None = None, epochs: int = 1) -> bool:
     """Does every seed of (label, arm) have bitwise its clean twin's whole reward curve?"""
     curves = with_defaults(curves)
     cur = curves[(curves["label"] == label) & (curves["arm"] == arm)]
     horizon = int(cur["horizon"].max()) if horizon is None and len(cur) else horizon
     twin = curves[(curves["kind"] == "clean") & (curves["arm"] == arm) & (curves["temperature"] == temperature)
-                  & (curves["updates"] == updates) & (curves["horizon"] == horizon) & curves["seed"].isin(list(seeds))]
+                  & (curves["updates"] == updates) & (curves["epochs"] == epochs) & (curves["horizon"] == horizon)
+                  & curves["seed"].isin(list(seeds))]
     a, b = (c.sort_values(["seed", "step"])["reward_mean"].to_numpy() for c in (cur, twin))
     return bool(len(a) == len(b) and len(a) and (a == b).all())
+
+
+# how far a step's updates moved the PPO ratio off 1: over every update of every epoch, and in its last optimizer
+# step alone (the same step of every regime that makes as many optimizer steps per batch); `grpo.grpo_step`'s columns
+RATIO_COLUMNS = ["ratio_abs_log_mean", "last_ratio_abs_log_mean", "clip_frac", "last_clip_frac"]
+
+
+def regime_ratios(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per PPO regime and arm, its clean runs at the study's temperature and horizon (`clean`, `clean+ppo<k>`): the
+    mean over steps and seeds of the PPO ratio's |log r| and clip fraction (`RATIO_COLUMNS`; a column the curves
+    predate is NaN). In the decoupled mode one update per batch leaves the ratio exactly 1; further mini-batches move
+    it, further epochs over tokens already trained on more: the table shows by how much."""
+    curves = with_defaults(curves)
+    label = curves["label"].astype(str)
+    clean = curves[(curves["kind"] == "clean") & ((label == "clean") | label.str.startswith("clean+ppo"))]
+    clean = clean.assign(**{c: clean.get(c, np.nan) for c in RATIO_COLUMNS})
+    g = clean.groupby(["updates", "epochs", "arm"], sort=False)
+    out = g[RATIO_COLUMNS].mean().assign(seeds=g["seed"].nunique()).reset_index()
+    out.insert(0, "regime", [f"{u}x{e}" for u, e in zip(out["updates"], out["epochs"])])
+    out.insert(3, "steps_per_batch", out["updates"] * out["epochs"])
+    return out
+
+
+def regime_metrics(ratios: pd.DataFrame) -> dict[str, float]:
+    """`regime/<updates>x<epochs>/<arm>/<column>` for every column of `RATIO_COLUMNS` (`regime_ratios`)."""
+    return {f"regime/{r['regime']}/{r['arm']}/{c}": float(r[c]) for r in ratios.to_dict("records")
+            for c in RATIO_COLUMNS}
 
 
 def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:

@@ -29,6 +29,7 @@ from rlwb.core.measure import benchmark_dose as bd
 from rlwb.core.measure import dose_response, stats
 from rlwb.experiments.mismatch_study.analysis import INITIAL, k3_initial, outcome_of, per_seed, with_defaults
 from rlwb.experiments.mismatch_study.design import LONG, dosed_kinds, kind_label
+from rlwb.experiments.mismatch_study.grammar import Regime
 
 N_BOOT = 2000  # bootstrap resamples of seeds per row (the coverage table in docs/benchmark_dose.md used 500-2000)
 BOOT_SEED = 0  # the resamples' generator: a row's bounds are reproducible from its curves
@@ -41,6 +42,7 @@ class RowStudy:
 
     kind: str
     updates: int
+    epochs: int
     long: bool
     arm: str
     name: str
@@ -74,23 +76,25 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
     s = per_seed(curves)
     outcome = outcome_of(s)
     x0 = k3_initial(curves)
-    first = int(table["updates"].iloc[0]) if len(table) else 1
+    table = table if "epochs" in table else table.assign(epochs=1)
+    first = Regime(int(table["updates"].iloc[0]), int(table["epochs"].iloc[0])) if len(table) else Regime(1)
     sel = table[table["kind"].isin(dosed_kinds()) & (table["control"] == "")]
     rows = []
-    for (kind, updates, long, arm), d in sel.groupby(["kind", "updates", table["label"].str.endswith(LONG), "arm"],
-                                                     sort=False):
+    for (kind, updates, epochs, long, arm), d in sel.groupby(
+            ["kind", "updates", "epochs", table["label"].str.endswith(LONG), "arm"], sort=False):
         temp, horizon = d["temperature"].iloc[0], int(d["horizon"].iloc[0])
+        regime = Regime(int(updates), int(epochs))
         labels = sorted(d["label"], key=lambda lb: x0[lb])
         runs = s[(s["arm"] == arm) & (s["temperature"] == temp) & (s["updates"] == updates)
-                 & (s["horizon"] == horizon)]
+                 & (s["epochs"] == epochs) & (s["horizon"] == horizon)]
         clean_runs = runs[runs["kind"] == "clean"]
         wide = runs[runs["label"].isin(labels)].pivot(index="seed", columns="label", values=outcome)
         wide = wide.reindex(columns=labels).join(clean_runs.set_index("seed")[outcome].rename("__clean__"),
                                                  how="inner").dropna()
         clean_labels = sorted(set(clean_runs["label"]))
         rows.append(RowStudy(
-            kind=kind, updates=int(updates), long=bool(long), arm=arm,
-            name=kind_label(kind, int(updates), first) + (LONG if long else ""), labels=labels,
+            kind=kind, updates=int(updates), epochs=int(epochs), long=bool(long), arm=arm,
+            name=kind_label(kind, regime, first) + (LONG if long else ""), labels=labels,
             doses=np.array([x0[lb] for lb in labels]),
             k3_achieved=np.array([float(d.loc[d["label"] == lb, "k3_achieved"].iloc[0]) for lb in labels]),
             clean=wide["__clean__"].to_numpy(float), dosed=wide[labels].to_numpy(float),
@@ -99,7 +103,7 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
     return rows
 
 
-COLUMNS = ["kind", "updates", "arm", "name", "doses", "seeds", "outcome", "baseline", "clean_gain", "bmr",
+COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "outcome", "baseline", "clean_gain", "bmr",
            "k3_min", "k3_max", "k3_achieved_min", "k3_achieved_max", "trend_slope", "trend_ci_low", "trend_ci_high",
            "trend_p", "bmd", "bmdl", "bmdu", "status", "models_passing", "bmds_pick", "bmd_log", "bmdl_log",
            "status_log", "scale_agree", "error_control"]
@@ -117,7 +121,7 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
     with the BMD, BMDL and BMDU (`mark`)."""
     rows, fits = [], []
     for r in row_studies(curves, table):
-        base = {"kind": r.kind, "updates": r.updates, "arm": r.arm, "name": r.name}
+        base = {"kind": r.kind, "updates": r.updates, "epochs": r.epochs, "arm": r.arm, "name": r.name}
         row = {**base, "doses": len(r.labels), "seeds": len(r.seeds), "outcome": r.outcome, "baseline": r.baseline,
                "k3_min": float(r.doses.min()), "k3_max": float(r.doses.max()),
                "k3_achieved_min": float(r.k3_achieved.min()), "k3_achieved_max": float(r.k3_achieved.max())}
@@ -165,8 +169,8 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
     fits += engine_points(table, curves, fits)
     b = pd.DataFrame(rows, columns=COLUMNS)
     b["trend_p_holm"] = stats.holm(b["trend_p"]) if len(b) else []
-    fit_table = pd.DataFrame(fits, columns=["kind", "updates", "arm", "name", "part", "dose", "y", "low", "high",
-                                            "baseline", "gain", "status", "label", "control"])
+    fit_table = pd.DataFrame(fits, columns=["kind", "updates", "epochs", "arm", "name", "part", "dose", "y", "low",
+                                            "high", "baseline", "gain", "status", "label", "control"])
     return b, fit_table
 
 
@@ -180,16 +184,18 @@ def engine_points(table: pd.DataFrame, curves: pd.DataFrame, fits: list[dict]) -
              if f["part"] == "fit" and f["dose"] == 0.0 and "+" not in f["name"]}
     if table.empty:
         return []
-    first = int(table["updates"].iloc[0])
+    table = table if "epochs" in table else table.assign(epochs=1)
+    first, first_epochs = int(table["updates"].iloc[0]), int(table["epochs"].iloc[0])
     x0 = k3_initial(curves)
     out = []
-    for r in table[(table["kind"] == "engine") & (table["updates"] == first)
+    for r in table[(table["kind"] == "engine") & (table["updates"] == first) & (table["epochs"] == first_epochs)
                    & ~table["label"].str.endswith(LONG)].itertuples():
         if (r.panel, r.arm) not in level:
             continue
         baseline, gain = level[(r.panel, r.arm)]
         clean = baseline + gain
-        out.append({"kind": r.panel, "updates": first, "arm": r.arm, "name": r.panel, "part": "engine",
+        out.append({"kind": r.panel, "updates": first, "epochs": first_epochs, "arm": r.arm, "name": r.panel,
+                    "part": "engine",
                     "dose": float(x0.get(r.label, np.nan)), "y": clean + r.gap, "low": clean + r.gap_ci_low,
                     "high": clean + r.gap_ci_high, "baseline": baseline, "gain": gain, "label": r.label,
                     "control": r.control})

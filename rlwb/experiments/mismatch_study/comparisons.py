@@ -69,7 +69,7 @@ UNCORRECTED = "none@trainer"  # the decoupled arm a correction is compared with:
 SCALED_BAND, VERL_BAND = "geo_rs_len@trainer", "verl.geo_rs@trainer"  # the `band` contrast
 
 
-REGIME = re.compile(r"\+ppo\d+")  # a further PPO regime's label suffix
+REGIME = re.compile(r"\+ppo\d+(x\d+)?")  # a further PPO regime's label suffix (`+ppo4`, `+ppo2x2`)
 
 
 MATCHED_K3 = 2.0  # a symmetric dose matches a point's k3 when within this factor (as `dose_achieved`)
@@ -139,7 +139,7 @@ def contrast_table(table: pd.DataFrame, curves: pd.DataFrame, resolution: float 
     ratio = table[table["kind"].isin([k.name for k in dose_kinds() if k.samples_right and k.intended_k3])]
     for r in table[(table["kind"] == "engine") & table["raw_logprobs"] & (table["control"] == "")].itertuples():
         cand = ratio[(ratio["temperature"] == r.temperature) & (ratio["updates"] == r.updates)
-                     & (ratio["arm"] == r.arm)]
+                     & (ratio.get("epochs", 1) == getattr(r, "epochs", 1)) & (ratio["arm"] == r.arm)]
         cand = cand[(cand["k3_intended"] / r.k3_achieved).between(1 / MATCHED_K3, MATCHED_K3)]
         if len(cand):
             m = cand.iloc[(np.log(cand["k3_intended"] / r.k3_achieved)).abs().argmin()]

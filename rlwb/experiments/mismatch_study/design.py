@@ -13,6 +13,7 @@ import pandas as pd
 from rlwb.core.data import tasks
 from rlwb.core.rl.grpo_config import GRPOConfig, step_problem_seed
 from rlwb.core.rl.mismatch_doses import DOSE_KINDS, dose_kinds
+from rlwb.experiments.mismatch_study.grammar import Regime
 
 
 def dosed_kinds() -> list[str]:
@@ -33,14 +34,20 @@ class TrainingRun:
     engine: str
     temperature: float
     label: str  # the row's name in tables and metric keys: clean, clean@T0.5, ratio@0.01, vllm-v1@T0.5, rerun,
-    # placebo, and in a further PPO regime the label + `+ppo<updates>` (clean+ppo4, ratio@1+ppo4)
-    updates: int = 1  # policy updates per rollout batch (the PPO regime)
+    # placebo, and in a further PPO regime the label + `+ppo<updates>[x<epochs>]` (clean+ppo4, ratio@1+ppo2x2)
+    updates: int = 1  # mini-batches per pass over the rollout batch, one optimizer step each (the PPO regime)
+    epochs: int = 1  # passes over the same rollout batch (the PPO regime's epochs): updates x epochs optimizer steps
     stream: int = 0  # sampling-seed stream: 0, or 1 for a placebo (the clean run with independent sampling)
     steps: int = 0  # the run's GRPO steps: 0 the study's `steps`, else `long_steps` (label + `+long`)
 
     @property
-    def twin(self) -> tuple[float, int, int, str, int]:
-        return self.temperature, self.updates, self.steps, self.arm, self.seed
+    def regime(self) -> Regime:
+        """Its PPO regime: mini-batches x epochs."""
+        return Regime(self.updates, self.epochs)
+
+    @property
+    def twin(self) -> tuple[float, int, int, str, int, int]:
+        return self.temperature, self.updates, self.steps, self.arm, self.seed, self.epochs
 
     @property
     def name(self) -> str:
@@ -52,33 +59,33 @@ def training_runs(p) -> list[TrainingRun]:
     """Every run: each arm clean (dose 0) at the notebook's temperature (and at every other temperature a point
     uses, the arms of the points there), at every dose of each kind, each point engine with `point_arms`, the
     placebo arms' clean runs again on an independent sampling-seed stream (same prompts), and the first clean run
-    again (the reproducibility control), all in the first PPO regime (`updates_per_batch[0]`); a row named in
-    `row_arms` trains only the arms listed there. Each further regime trains `regime_arms` (every arm if empty)
-    clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed runs find their twins' policies
-    ready."""
+    again (the reproducibility control), all in the first PPO regime (`updates_per_batch[0]` mini-batches x
+    `ppo_epochs[0]` epochs); a row named in `row_arms` trains only the arms listed there. Each further regime trains
+    `regime_arms` (every arm if empty) clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed
+    runs find their twins' policies ready."""
     g = p.grammar
     base, T = p.engines[0], p.temperature
     u0, further = g.regimes[0], g.regimes[1:]
-    out = [TrainingRun("clean", 0.0, a, s, base, T, "clean", u0) for a in g.arms for s in p.seeds]
+    out = [TrainingRun("clean", 0.0, a, s, base, T, "clean", *u0) for a in g.arms for s in p.seeds]
     for t in dict.fromkeys(pt.temperature for pt in g.points if pt.temperature != T):  # their arms only
         used = {a for pt in g.points if pt.temperature == t for a in pt.arms}
-        out += [TrainingRun("clean", 0.0, a, s, base, t, clean_label(t, T), u0) for a in g.arms if a in used
+        out += [TrainingRun("clean", 0.0, a, s, base, t, clean_label(t, T), *u0) for a in g.arms if a in used
                 for s in p.seeds]
-    out += [TrainingRun("clean", 0.0, a, s, base, T, "clean" + regime_suffix(u, u0), u) for u in further
+    out += [TrainingRun("clean", 0.0, a, s, base, T, "clean" + regime_suffix(u, u0), *u) for u in further
             for a in g.regime_arms for s in p.seeds]
-    out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label, u0) for r in g.doses
+    out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label, *u0) for r in g.doses
             for a in g.arms_of(r.label, g.arms) for s in p.seeds]
-    out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label + regime_suffix(u, u0), u) for u in further
+    out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label + regime_suffix(u, u0), *u) for u in further
             for r in g.regime_rows for a in g.regime_arms for s in p.seeds]
     out += [TrainingRun("engine", float("nan"), a, s, pt.engine, pt.temperature,
-                        point_label(pt.engine, pt.temperature, T), u0) for pt in g.points for a in pt.arms
+                        point_label(pt.engine, pt.temperature, T), *u0) for pt in g.points for a in pt.arms
             for s in p.seeds]
-    out += [TrainingRun("placebo", 0.0, a, s, base, T, "placebo", u0, stream=1) for a in g.placebo_arms
+    out += [TrainingRun("placebo", 0.0, a, s, base, T, "placebo", *u0, stream=1) for a in g.placebo_arms
             for s in p.seeds]
     if g.long_steps:  # the long horizon: its own clean twins, first regime only
-        out[:0] = [TrainingRun("clean", 0.0, a, s, base, T, "clean" + LONG, u0, steps=g.long_steps)
+        out[:0] = [TrainingRun("clean", 0.0, a, s, base, T, "clean" + LONG, *u0, steps=g.long_steps)
                    for a in g.long_arms for s in p.seeds]
-        out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label + LONG, u0, steps=g.long_steps)
+        out += [TrainingRun(r.kind, r.dose, a, s, base, T, r.label + LONG, *u0, steps=g.long_steps)
                 for r in g.long_rows for a in g.long_arms for s in p.seeds]
     first = next(j for j in out if j.steps == 0)
     return out + [replace(first, kind="rerun", label="rerun")]
@@ -94,9 +101,17 @@ def first_regime(table: pd.DataFrame) -> pd.DataFrame:
     return table[~label.str.contains("+ppo", regex=False) & ~label.str.contains(LONG, regex=False)]
 
 
-def regime_suffix(updates: int, first: int) -> str:
-    """What a row's label gains in a further PPO regime: `+ppo<updates>` (none in the first regime)."""
-    return "" if updates == first else f"+ppo{updates}"
+def regime_suffix(regime: Regime | tuple[int, int] | int, first: Regime | tuple[int, int] | int) -> str:
+    """What a row's label gains in a further PPO regime: `+ppo<updates>` with one epoch, `+ppo<updates>x<epochs>`
+    with several (`+ppo4`, `+ppo2x2`, `+ppo1x4`); none in the first regime. An int is a regime of one epoch."""
+    r, f = as_regime(regime), as_regime(first)
+    return "" if r == f else f"+ppo{r.updates}" + (f"x{r.epochs}" if r.epochs > 1 else "")
+
+
+def as_regime(regime: Regime | tuple[int, int] | int) -> Regime:
+    """A regime from (mini-batches, epochs); an int (a table's `updates` before epochs existed) is that many
+    mini-batches of one epoch."""
+    return Regime(*map(int, regime)) if isinstance(regime, tuple) else Regime(int(regime))
 
 
 def clean_label(t: float, base_t: float) -> str:
@@ -107,9 +122,9 @@ def point_label(engine: str, t: float, base_t: float) -> str:
     return engine if t == base_t else f"{engine}@T{t:g}"
 
 
-def kind_label(kind: str, updates: int, first: int) -> str:
-    """A (kind, PPO regime)'s name in metric keys: `ratio`, or `ratio+ppo4` in a further regime."""
-    return kind + regime_suffix(updates, first)
+def kind_label(kind: str, regime: Regime | tuple[int, int] | int, first: Regime | tuple[int, int] | int) -> str:
+    """A (kind, PPO regime)'s name in metric keys: `ratio`, or `ratio+ppo4` / `ratio+ppo2x2` in a further regime."""
+    return kind + regime_suffix(regime, first)
 
 
 def config(p, job: TrainingRun) -> GRPOConfig:
@@ -120,7 +135,7 @@ def config(p, job: TrainingRun) -> GRPOConfig:
     cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, dose_kind=job.kind if dosed else "",
                                    dose=job.dose if dosed else 0.0)
     return replace(cfg, old_logprobs=mode, temperature=job.temperature, updates_per_batch=job.updates,
-                   sampling_stream=job.stream, steps=job.steps or p.steps)
+                   ppo_epochs=job.epochs, sampling_stream=job.stream, steps=job.steps or p.steps)
 
 
 PROBE_SEED, PROBE_PROBLEMS = 999_983, 32

@@ -80,7 +80,7 @@ def train_study(p, model_path, *, on_start: OnStart = None, progress: bool = Tru
             df["outcome_engine"], df["outcome_temperature"] = scorer.preset, p.temperature
         for i, (k, v) in enumerate((("kind", job.kind), ("label", job.label), ("dose", job.dose),
                                     ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature),
-                                    ("updates", job.updates))):
+                                    ("updates", job.updates), ("epochs", job.epochs))):
             df.insert(1 + i, k, v)
         return df.assign(engine=job.engine, stream=job.stream, **start).assign(_wall_s=time.time() - t0)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rlwb.core.rl.correction_catalog import check_modes
 from rlwb.core.rl.mismatch_doses import dose_kind, dose_kinds
@@ -32,6 +33,19 @@ def split_point(entry: str, default_t: float) -> tuple[str, float]:
 def arm_label(arm: str, old_logprobs: str) -> str:
     """An arm as `<correction>@<mode>`: a bare correction name takes the study's `old_logprobs`."""
     return arm if "@" in arm else f"{arm}@{old_logprobs}"
+
+
+class Regime(NamedTuple):
+    """A PPO regime: `epochs` passes over the same rollout batch, each cut into `updates` mini-batches of one
+    optimizer step (`grpo.policy_updates`): updates x epochs optimizer steps per batch."""
+
+    updates: int
+    epochs: int = 1
+
+    @property
+    def name(self) -> str:
+        """`4x1`: mini-batches x epochs."""
+        return f"{self.updates}x{self.epochs}"
 
 
 @dataclass(frozen=True)
@@ -63,7 +77,7 @@ class StudyGrammar:
     points: tuple[EnginePoint, ...]
     point_arms: tuple[str, ...]
     placebo_arms: tuple[str, ...]  # the arms whose clean run is trained again on an independent sampling stream
-    regimes: tuple[int, ...]  # policy updates per rollout batch: the first trains every row
+    regimes: tuple[Regime, ...]  # mini-batches x epochs per rollout batch: the first trains every row
     regime_arms: tuple[str, ...]  # the arms the further regimes train
     regime_rows: tuple[DoseRow, ...]  # the dose rows the further regimes train
     long_steps: int  # 0: no long-horizon rows
@@ -115,8 +129,7 @@ def parse(p) -> StudyGrammar:
     if not {label[a] for a in p.regime_arms} <= set(arms):
         raise ParamError(f"parameter 'regime_arms' must be a subset of 'arms', got {p.regime_arms} with arms "
                          f"{p.arms}")
-    if len(set(p.updates_per_batch)) != len(p.updates_per_batch):
-        raise ParamError(f"parameter 'updates_per_batch' lists a regime twice: {p.updates_per_batch}")
+    regimes = ppo_regimes(p)
     if max(p.updates_per_batch) > p.prompts_per_step * p.group_size:
         raise ParamError(f"parameter 'updates_per_batch' {p.updates_per_batch}: a rollout batch has only "
                          f"{p.prompts_per_step * p.group_size} sequences to cut into mini-batches")
@@ -155,10 +168,26 @@ def parse(p) -> StudyGrammar:
         points=tuple(EnginePoint(entry, e, t, row_arms.get(entry, tuple(point_arms)))
                      for entry, (e, t) in zip(p.engine_points, at)),
         point_arms=tuple(point_arms), placebo_arms=tuple(label[a] for a in p.placebo_arms),
-        regimes=tuple(p.updates_per_batch), regime_arms=subset(arms, [label[a] for a in p.regime_arms]),
+        regimes=regimes, regime_arms=subset(arms, [label[a] for a in p.regime_arms]),
         regime_rows=tuple(r for r in rows if not p.regime_doses or r.label in p.regime_doses),
         long_steps=p.long_steps, long_arms=subset(arms, [label[a] for a in p.long_arms]),
         long_rows=tuple(r for r in rows if r.label in p.long_doses), row_arms=row_arms)
+
+
+def ppo_regimes(p) -> tuple[Regime, ...]:
+    """The PPO regimes of params `p`: `updates_per_batch` paired by position with `ppo_epochs` (a single entry of
+    `ppo_epochs` pairs with every regime), or a `ParamError` for lists that do not pair or a regime listed twice."""
+    updates, epochs = list(p.updates_per_batch), list(p.ppo_epochs)
+    if len(epochs) not in (1, len(updates)):
+        raise ParamError(f"parameter 'ppo_epochs' {epochs} must hold one entry per regime of 'updates_per_batch' "
+                         f"{updates} (its epochs, by position), or one entry for every regime")
+    regimes = tuple(Regime(u, e) for u, e in zip(updates, epochs * len(updates) if len(epochs) == 1 else epochs))
+    if len(set(regimes)) != len(regimes):
+        raise ParamError(f"parameter 'updates_per_batch' lists a regime twice: {updates}"
+                         + (f" with ppo_epochs {epochs} ({[r.name for r in regimes]}, mini-batches x epochs)"
+                            if epochs != [1] else ""))
+    return regimes
+
 
 def subset(arms: list[str], chosen: list[str]) -> tuple[str, ...]:
     """The arms of `arms` that are `chosen`, in the order of `arms`; every arm where none is chosen."""

@@ -97,20 +97,30 @@ def placebo_line(metrics: dict) -> str:
                "intervals assume, and every verdict of this family is suspect)."))
 
 
-def regime_line(table, first: int) -> str:
-    """Notebook 08's further PPO regimes (several policy updates per rollout batch) in one sentence: which regimes
-    ran and, per regime, the rows whose verdict is a cost; "" with one regime."""
-    further = sorted({int(u) for u in table["updates"]} - {first})
+def regime_words(updates: int, epochs: int) -> str:
+    """A PPO regime in words: `4 updates per batch`, or `2 mini-batches x 2 epochs (4 updates) per batch`."""
+    if epochs == 1:
+        return f"{updates} update(s) per rollout batch" if updates == 1 else f"{updates} updates per batch"
+    return f"{updates} mini-batch(es) x {epochs} epochs ({updates * epochs} updates) per batch"
+
+
+def regime_line(table, first: int | tuple[int, int]) -> str:
+    """Notebook 08's further PPO regimes (several policy updates per rollout batch: mini-batches, epochs over the
+    batch) in one sentence: which regimes ran and, per regime, the rows whose verdict is a cost; "" with one regime.
+    `first`: the first regime's (mini-batches, epochs), or its mini-batches alone (one epoch)."""
+    first, table = ((first, 1) if isinstance(first, int) else tuple(first)), table.assign(epochs=table.get("epochs", 1))
+    further = sorted({(int(u), int(e)) for u, e in zip(table["updates"], table["epochs"])} - {first})
     if not further:
         return ""
     parts = []
-    for u in further:
-        rows = table[(table["updates"] == u) & (table["kind"] != "clean") & (table["control"] == "")]
+    for u, e in further:
+        rows = table[(table["updates"] == u) & (table["epochs"] == e) & (table["kind"] != "clean")
+                     & (table["control"] == "")]
         costs = [f"{r.label} `{r.arm}` {r.gap:+.3f} [{r.gap_ci_low:+.3f}, {r.gap_ci_high:+.3f}]"
                  for r in rows.itertuples() if r.verdict == "costs"]
-        parts.append(f"{u} updates per batch ({len(rows)} dosed rows, in the same Holm family): "
+        parts.append(f"{regime_words(u, e)} ({len(rows)} dosed rows, in the same Holm family): "
                      + ("costs shown at " + "; ".join(costs) if costs else "no cost shown at any dose"))
-    return (f"**PPO regimes.** Besides {first} update(s) per rollout batch, " + "; ".join(parts)
+    return (f"**PPO regimes.** Besides {regime_words(*first)}, " + "; ".join(parts)
             + ". With several updates the decoupled ratio leaves 1 (logged as `ratio_abs_log_mean`), so the clip acts "
               "in both modes.")
 
@@ -250,9 +260,9 @@ def answer_line(first: str, bench, contrasts, bullets: list[str]) -> str:
     return " ".join(parts)
 
 
-def conclusion(metrics: dict, table, regimes, first: int, p, bench, con, hz, *, words: dict[str, str], answer_rows,
+def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *, words: dict[str, str], answer_rows,
                doses, kinds: list[dict]) -> str:
-    """Notebook 08's conclusion. `table`: the rows of the first PPO regime (`first` updates per batch) at the study's
+    """Notebook 08's conclusion. `table`: the rows of the first PPO regime (`first`: updates, epochs) at the study's
     horizon; `regimes`: every row; `answer_rows`: the rows the dose-by-dose answer reads; `doses`: the first arm's
     rows with each ratio dose's noise `sigma` and whether it was `achieved`; `words`: the tested `outcome`, the
     `timing` note, the `heldout` and `probe` problem sets, in words; `kinds`: the kinds of dose, in order, each as

@@ -84,6 +84,10 @@ class Params:
     # former params an older run's params.yaml may hold: dropped when a params file is read (`load`), an error as an
     # override; each maps to what replaced it
     RETIRED: typing.ClassVar[dict[str, str]] = {}
+    # params added after runs were archived, each with the value that computes what those runs computed: left out of
+    # the hash while they hold it, so a parameter set of before keeps its hash (the index's one row per set,
+    # readme-check's newer run of the same computation)
+    HASH_NEUTRAL: typing.ClassVar[dict[str, object]] = {}
 
     seed: int = param(0, "base random seed (prompts, sampling, training)", ge=0)
 
@@ -92,7 +96,8 @@ class Params:
 
     def hash(self) -> str:
         """8 hex digits over the fully resolved params: names the run directory."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:8]
+        d = {k: v for k, v in self.to_dict().items() if k not in self.HASH_NEUTRAL or v != self.HASH_NEUTRAL[k]}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
 @dataclass

@@ -69,6 +69,7 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
     """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
     RETIRED: typing.ClassVar[dict[str, str]] = {
         "resume_from": "a run option now, not a param: `rlwb run --resume-from RUN_DIR` (`rlwb sweep --resume`)"}
+    HASH_NEUTRAL: typing.ClassVar[dict[str, object]] = {"ppo_epochs": [1]}  # one epoch: every run before the param
 
     NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
     HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final"] + [
@@ -96,8 +97,12 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
                                     "whose false-positive rate checks the tests' calibration", check=check_arm,
                                     allow_empty=True)
     updates_per_batch: list[int] = param([1], "PPO regimes: policy updates (mini-batches, one optimizer step each) "
-                                              "per rollout batch; the first regime trains every row, each further "
-                                              "one the clean runs and regime_doses", ge=1)
+                                              "per pass over the rollout batch; the first regime trains every row, "
+                                              "each further one the clean runs and regime_doses", ge=1)
+    ppo_epochs: list[int] = param([1], "passes (PPO epochs) over the same rollout batch of each regime, by position "
+                                       "in updates_per_batch (one entry: every regime), each pass its mini-batches "
+                                       "in the same order: updates x epochs optimizer steps per batch (updates "
+                                       "[1, 4, 2, 1] with epochs [1, 1, 2, 4]: 4 steps as 4x1, 2x2, 1x4)", ge=1)
     regime_doses: list[str] = param([], "dose rows (<kind>@<dose>, e.g. ratio@1) the further PPO regimes train too "
                                         "(empty: every dose)", allow_empty=True)
     regime_arms: list[str] = param([], "arms the further PPO regimes train (empty: every arm)", check=check_arm,
