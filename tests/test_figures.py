@@ -134,13 +134,13 @@ def test_the_dose_response_legend_names_an_arm_trained_at_some_kinds_only():
     from rlwb.plots.mismatch_cost import dose_response
 
     rows = []
-    for kind, dose, k3 in (("clean", 0.0, 0.0), ("ratio", 0.1, 0.1), ("stale", 1.0, 0.01)):
+    for kind in ("ratio", "stale"):
         for arm in ("none@engine", "geo_rs_len@trainer"):
             if kind == "stale" and arm == "geo_rs_len@trainer":
                 continue
-            rows.append({"kind": kind, "dose": dose, "arm": arm, "k3_achieved": k3, "gap": -0.1 if dose else 0.0,
-                         "gap_ci_low": -0.2, "gap_ci_high": 0.0, "control": "", "label": f"{kind}@{dose:g}",
-                         "engine": "vllm-v1-fixed", "panel": kind})
+            rows += [{"kind": kind, "arm": arm, "name": kind, "part": "group", "dose": dose, "y": y, "low": y - 0.05,
+                      "high": y + 0.05, "baseline": 0.3, "gain": 0.3, "status": None, "label": None, "control": None}
+                     for dose, y in ((0.0, 0.6), (0.01, 0.55), (0.1, 0.45))]
     fig = dose_response(pd.DataFrame(rows))
     legend = fig.axes[-1].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == ["none@engine", "geo_rs_len@trainer"]

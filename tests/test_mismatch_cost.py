@@ -178,7 +178,8 @@ def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(loss_s
     if loss_scale:
         assert r.status == "bounded" and r.bmd == pytest.approx(0.5 * np.log(4 / 3), rel=0.1)
         assert r.bmdl < r.bmd < r.bmdu and r.models_passing
-        assert ("keep k3 below" in line and f"{r.bmdl:.1e}" in line) == wording.quotable(r)
+        assert ("keep k3 below" in line and f"{r.keep_below:.1e}" in line) == wording.quotable(r)
+        assert wording.quotable(r) == (r.scale_agree and r.keep_below == min(r.bmdl, r.bmdl_log))
         assert r.trend_slope < 0 and r.trend_p_holm < 0.05
     else:
         assert r.status == "above tested range" and not wording.quotable(r)
@@ -495,14 +496,15 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
         (d / "params.yaml").write_text(f"model: {model}\n")
         rows = pd.DataFrame([
             {"kind": "ratio", "arm": "none@engine", "name": "ratio", "status": "bounded", "bmdl": bmdl, "bmd": 0.2,
-             "scale_agree": True, "k3_min": 0.01, "k3_max": 1.0},
+             "scale_agree": True, "keep_below": bmdl, "k3_min": 0.01, "k3_max": 1.0},
             {"kind": "ratio", "arm": "none@engine", "name": "ratio+ppo4", "status": "bounded", "bmdl": 9.0,
-             "bmd": 9.5, "scale_agree": True, "k3_min": 0.01, "k3_max": 1.0},
+             "bmd": 9.5, "scale_agree": True, "keep_below": 9.0, "k3_min": 0.01, "k3_max": 1.0},
             {"kind": "weights", "arm": "none@engine", "name": "weights", "status": "bounded", "bmdl": 1e-3,
-             "bmd": 2e-3, "scale_agree": False, "k3_min": 1e-3, "k3_max": 0.02},
+             "bmd": 2e-3, "scale_agree": False, "keep_below": np.nan, "k3_min": 1e-3, "k3_max": 0.02},
             {"kind": "stale", "arm": "tis@trainer", "name": "stale", "status": "above tested range",
-             "bmdl": 0.01, "bmd": 0.05, "scale_agree": True, "k3_min": 5e-3, "k3_max": 0.03}])
-        (rows if fitted else rows.drop(columns=["scale_agree", "bmd"])).to_parquet(d / "data" / "benchmarks.parquet")
+             "bmdl": 0.01, "bmd": 0.05, "scale_agree": True, "keep_below": np.nan, "k3_min": 5e-3, "k3_max": 0.03}])
+        rows = rows if fitted else rows.drop(columns=["scale_agree", "bmd", "keep_below"])
+        rows.to_parquet(d / "data" / "benchmarks.parquet")
 
     for run_id, bmdl in (("20261101-000000-aaaa", 0.5), ("20261201-000000-bbbb", 0.05)):  # the newer one counts
         study(run_id, bmdl)
@@ -550,14 +552,15 @@ def test_the_answer_leads_with_the_finding():
     from rlwb.core.measure import dose_response as dr
 
     bench = pd.DataFrame([
-        {"kind": "ratio", "name": "ratio", "arm": "none@engine", "status": "bounded", "bmdl": 0.142, "bmd": 0.3,
-         "scale_agree": True, "k3_min": 0.01, "k3_max": 1.0},
+        {"kind": "ratio", "name": "ratio", "arm": "none@engine", "status": "bounded", "bmdl": 0.2, "bmd": 0.3,
+         "scale_agree": True, "keep_below": 0.142, "k3_min": 0.01, "k3_max": 1.0},
         {"kind": "weights", "name": "weights", "arm": "none@engine", "status": "bounded", "bmdl": 1e-3,
-         "bmd": 3e-3, "scale_agree": False, "k3_min": 1e-3, "k3_max": 2e-2},
+         "bmd": 3e-3, "scale_agree": False, "keep_below": np.nan, "k3_min": 1e-3, "k3_max": 2e-2},
         {"kind": "weights", "name": "weights+ppo4", "arm": "none@engine", "status": "saturated",
-         "bmdl": float("nan"), "bmd": float("nan"), "scale_agree": False, "k3_min": 1e-3, "k3_max": 1e-3},
+         "bmdl": float("nan"), "bmd": float("nan"), "scale_agree": False, "keep_below": np.nan, "k3_min": 1e-3,
+         "k3_max": 1e-3},
         {"kind": "ratio", "name": "ratio", "arm": "tis@trainer", "status": "above tested range",
-         "bmdl": 0.5, "bmd": 2.0, "scale_agree": True, "k3_min": 0.01, "k3_max": 1.0}])
+         "bmdl": 0.5, "bmd": 2.0, "scale_agree": True, "keep_below": np.nan, "k3_min": 0.01, "k3_max": 1.0}])
     contrasts = pd.DataFrame([{"contrast": "one-sided vs symmetric", "label": "vllm-v1", "arm": "none@engine",
                                "diff": -0.06, "p_holm": 0.047, "mde": 0.08, "verdict": "differs"}])
     bullets = ["ratio mismatch, `none@engine`: no dose ...", "ratio mismatch, `tis@trainer`: no dose ..."]

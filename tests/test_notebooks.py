@@ -375,7 +375,8 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     dec = curves[curves["arm"] == "none@trainer"]
     assert (dec["ratio_abs_log_mean"] == 0).all() and (dec["updates_per_batch"] == 1).all()
     bench = pd.read_parquet(d / "data" / "benchmarks.parquet")  # one dose per kind: no curve to fit, said so
-    assert len(bench) == 3 * 2 - 1 and (bench["status"] == "no benchmark").all()  # ratio none@trainer: a control
+    # ratio none@trainer is a control; two seeds are too few for a benchmark dose's bootstrap, and it says so
+    assert len(bench) == 3 * 2 - 1 and bench["status"].str.startswith("no benchmark (need at least 3 seeds").all()
     for f in ("dose_response", "cost_reward_curves"):
         assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
     html = (d / "report.html").read_text()

@@ -252,6 +252,7 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
                             "rows": [{"kind": x.kind, "arm": x.arm, "status": x.status, "bmdl": float(x.bmdl),
                                       "bmd": float(getattr(x, "bmd", float("nan"))),
                                       "scale_agree": bool(getattr(x, "scale_agree", False)),
+                                      "keep_below": float(getattr(x, "keep_below", float("nan"))),
                                       "k3_min": float(x.k3_min), "k3_max": float(x.k3_max)}
                                      for x in rows.itertuples()]})
         engines.append({"engine": e, "k3": float(k3), "raw": bool(raw), "kinds": kinds, "runs": per_run})

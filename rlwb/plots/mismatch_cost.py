@@ -32,13 +32,13 @@ def point_name(label: str, base: str) -> str:
 
 def dose_response(fits, style: str = "notebook"):
     """Per kind of dose, the benchmark-dose fit of each arm (`benchmarks.benchmark_table`'s `fits`): the tested
-    outcome as the share of the arm's clean gain it keeps (1: its clean run's fitted level, 0: the untrained
-    policy), so one BMR line serves every arm; each dose group's mean with its 95% interval over seeds against the
-    k3 the dose gives the initial policy (log x); the model-average curve with its pointwise 95% bootstrap band over
-    the tested doses only; dose 0 drawn apart in its own narrow axis, not joined across the untested decades below
-    the smallest dose; the BMD (diamond, hollow where the log dose scale disagrees) with its BMDL-BMDU bar on the
-    BMR line where the row is bounded; real engines as stars (their paired gap to their own clean run, a control
-    hollow). The first PPO regime at the study's horizon only."""
+    outcome as the share of the arm's clean gain it keeps (1: its clean runs' mean, 0: the untrained policy), so
+    one BMR line serves every arm; each dose group's mean with its 95% interval over seeds against the k3 the dose
+    gives the initial policy (log x); the model-average curve with its pointwise 95% bootstrap band over the tested
+    doses only; dose 0 drawn apart in its own narrow axis, not joined across the untested decades below the
+    smallest dose; the BMD (diamond) with its BMDL-BMDU bar on the BMR line where the row is bounded; real engines
+    as stars (their paired gap to their own clean run, a control hollow). The first PPO regime at the study's
+    horizon only."""
     if "name" in fits and len(fits):
         fits = fits[~fits["name"].astype(str).str.contains("+", regex=False)]
     titles = kind_titles()
@@ -46,20 +46,21 @@ def dose_response(fits, style: str = "notebook"):
     arms = list(dict.fromkeys(fits["arm"])) if len(fits) else []
     sty = _arm_style(arms)
     nrow = max(1, len(kinds))
-    fig = plt.figure(figsize=figsize(style, 1.0, 0.62 * nrow + 0.25))
-    grid = fig.add_gridspec(nrow, 2, width_ratios=[1, 9], wspace=0.05, hspace=0.55)
+    fig, axes = plt.subplots(nrow, 1, figsize=figsize(style, 1.0, 0.55 * nrow + 0.3), squeeze=False)
     if not kinds:
-        ax = fig.add_subplot(grid[0, :])
-        ax.text(0.5, 0.5, "no dose row with a benchmark fit", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
+        axes[0][0].text(0.5, 0.5, "no dose row with a benchmark fit", ha="center", va="center",
+                        transform=axes[0][0].transAxes)
+        axes[0][0].set_axis_off()
         return fig
     bmr_level = None
-    for i, kind in enumerate(kinds):
-        a0 = fig.add_subplot(grid[i, 0])
-        ax = fig.add_subplot(grid[i, 1], sharey=a0)
+    for ax, kind in zip(axes[:, 0], kinds):
         k = fits[fits["kind"] == kind]
-        tested = k.loc[(k["part"] == "group") & (k["dose"] > 0), "dose"]
-        decades = float(np.log10(tested.max() / tested.min())) if len(tested) else 1.0
+        shown = k.loc[k["dose"] > FLOOR_VALUE, "dose"]
+        lo_d, hi_d = float(shown.min()), float(shown.max())
+        decades = max(float(np.log10(hi_d / lo_d)), 0.5)
+        # dose 0 drawn apart, a gap of a third of the tested decades left of the smallest dose shown: its own tick
+        # "0", a break mark between, nothing joined across (the curve starts at the smallest tested dose)
+        x_zero = lo_d / 10 ** max(0.5, decades / 3)
         named: set = set()
         for j, arm in enumerate(arms):
             d = k[k["arm"] == arm]
@@ -73,15 +74,11 @@ def dose_response(fits, style: str = "notebook"):
             def share(v):
                 return (np.asarray(v, dtype=float) - base) / gain
 
+            # arms apart, so the intervals do not overlap: a step of 1.2% of the panel's decades
+            nudge = 10 ** (0.012 * decades * (j - (len(arms) - 1) / 2))
             g = d[d["part"] == "group"].sort_values("dose")
-            # arms apart, so the intervals do not overlap: a step of 1.5% of the panel's decades
-            nudge = 10 ** (0.015 * max(decades, 0.5) * (j - (len(arms) - 1) / 2))
-            zero, dosed = g[g["dose"] == 0], g[g["dose"] > 0]
-            a0.errorbar(np.full(len(zero), 0.5 + 0.08 * (j - (len(arms) - 1) / 2)), share(zero["y"]),
-                        yerr=[share(zero["y"]) - share(zero["low"]), share(zero["high"]) - share(zero["y"])],
-                        color=color, marker=marker, ms=4, capsize=2, lw=0, elinewidth=1)
-            ax.errorbar(dosed["dose"] * nudge, share(dosed["y"]),
-                        yerr=[share(dosed["y"]) - share(dosed["low"]), share(dosed["high"]) - share(dosed["y"])],
+            x = np.where(g["dose"] > 0, g["dose"], x_zero) * nudge
+            ax.errorbar(x, share(g["y"]), yerr=[share(g["y"]) - share(g["low"]), share(g["high"]) - share(g["y"])],
                         color=color, marker=marker, ms=4, capsize=2, lw=0, elinewidth=1, label=arm)
             c = d[(d["part"] == "fit") & (d["dose"] > 0)].sort_values("dose")
             if len(c):
@@ -92,44 +89,36 @@ def dose_response(fits, style: str = "notebook"):
                 mk = m.iloc[0]
                 bmr_level = float(share(mk["y"]))
                 if mk["status"] == "bounded" and np.isfinite(mk["dose"]):
-                    lo, hi = mk["low"], min(mk["high"], c["dose"].max() if len(c) else mk["high"])
-                    ax.plot([lo, hi], [bmr_level] * 2, color=color, lw=3, alpha=0.5, solid_capstyle="butt")
+                    ax.plot([mk["low"], min(mk["high"], hi_d)], [bmr_level] * 2, color=color, lw=3, alpha=0.5,
+                            solid_capstyle="butt")
                     ax.plot([mk["dose"]], [bmr_level], marker="D", ms=6, color=color, mec="0.2")
-            e = d[d["part"] == "engine"]
-            for r in e.itertuples():
+            for r in d[d["part"] == "engine"].itertuples():
                 y = float(share(r.y))
                 # an engine at the float floor (k3 ~1e-13: the T = 1 control) sits at dose 0, not decades left
-                at, x = (a0, 0.5) if not r.dose > FLOOR_VALUE else (ax, r.dose * nudge)
-                at.errorbar([x], [y], yerr=[[y - float(share(r.low))], [float(share(r.high)) - y]], color=color,
+                xe = (r.dose if r.dose > FLOOR_VALUE else x_zero) * nudge
+                ax.errorbar([xe], [y], yerr=[[y - float(share(r.low))], [float(share(r.high)) - y]], color=color,
                             marker="*", ms=10, mfc="white" if r.control else color, capsize=2, lw=0, elinewidth=1)
                 if r.label not in named:  # one name per engine, whichever arm trained there
                     named.add(r.label)
-                    below = at is a0  # the narrow dose-0 axis: the name under the point, centred
-                    at.annotate(str(r.label) + (" (control)" if r.control else ""), (x, y), textcoords="offset points",
-                                xytext=(0, -16) if below else (6, 6), ha="center" if below else "left",
-                                fontsize="xx-small" if below else "x-small", color="0.25", zorder=5)
-        for a in (a0, ax):
-            a.axhline(1.0, color="0.6", lw=0.8, ls=":")
-            a.axhline(0.0, color="0.6", lw=0.8, ls=":")
-            if bmr_level is not None:
-                a.axhline(bmr_level, color="0.3", lw=1, ls="--")
+                    ax.annotate(str(r.label) + (" (control)" if r.control else ""), (xe, y),
+                                textcoords="offset points", xytext=(6, 6), fontsize="x-small", color="0.25")
+        ax.axhline(1.0, color="0.6", lw=0.8, ls=":")
+        ax.axhline(0.0, color="0.6", lw=0.8, ls=":")
+        if bmr_level is not None:
+            ax.axhline(bmr_level, color="0.3", lw=1, ls="--")
         ax.set_xscale("log")
-        a0.set_xlim(0, 1)
-        a0.set_xticks([0.5], ["0"])
-        a0.spines["right"].set_visible(False)
-        ax.spines["left"].set_visible(False)
-        ax.tick_params(left=False, labelleft=False)
-        for a, x in ((a0, 1.0), (ax, 0.0)):  # the axis break: dose 0 is not on the log axis
-            a.plot([x - 0.015 * (1 if x else -1), x + 0.015 * (1 if x else -1)], [-0.02, 0.02],
-                   transform=a.transAxes, color="0.3", lw=1, clip_on=False)
+        ax.set_xlim(x_zero / 10 ** (0.08 * decades + 0.1), hi_d * 10 ** (0.08 * decades + 0.1))
+        x_break = np.sqrt(x_zero * lo_d)
+        ax.axvline(x_break, color="0.85", lw=6, zorder=0)  # the untested decades between dose 0 and the doses
+        ticks = [t for t in ax.get_xticks() if lo_d / 1.5 <= t <= hi_d * 1.5]
+        ax.set_xticks([x_zero, *ticks], ["0", *[f"$10^{{{int(round(np.log10(t)))}}}$" for t in ticks]])
+        ax.minorticks_off()
         ax.set_title(titles[kind].replace("\n", " "), fontsize="medium", loc="left")
-    fig.supylabel("share of the clean run's gain kept\n(trained policy's reward, no dose; 0 = untrained)",
-                  fontsize="medium")
-    fig.supxlabel("k3(engine ‖ trainer) per token the dose gives the initial policy (dose 0 apart, left)",
-                  fontsize="medium", y=0.075)
-    fig.subplots_adjust(bottom=0.16, top=0.93)
+        ax.set_ylabel("share of clean gain kept")
+    ax = axes[-1][0]
+    ax.set_xlabel("k3(engine ‖ trainer) per token the dose gives the initial policy (dose 0 left of the grey band)")
     seen: dict = {}
-    for a in fig.axes:
+    for a in axes[:, 0]:
         for h, label in zip(*a.get_legend_handles_labels()):
             seen.setdefault(label, h)
     order = [a for a in arms if a in seen]
@@ -137,10 +126,12 @@ def dose_response(fits, style: str = "notebook"):
     if bmr_level is not None:
         handles.append(plt.Line2D([], [], color="0.3", lw=1, ls="--"))
         order.append(f"BMR: {1 - bmr_level:.0%} of the clean gain lost")
-    fig.legend(handles, order, fontsize="x-small", loc="lower center", ncol=min(4, len(order)), frameon=False,
-               bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle("What mismatch costs a GRPO run: benchmark-dose fits (95% intervals; ◆ BMD with BMDL–BMDU; ★ real "
-                 "engines)", fontsize="medium")
+    # under the last panel's x label, part of its axes (so the layout leaves room for it)
+    ax.legend(handles, order, fontsize="x-small", loc="upper center", ncol=3, frameon=False,
+              bbox_to_anchor=(0.5, -0.3))
+    fig.suptitle("What mismatch costs a GRPO run: the trained policy's reward (no dose in between) as the share of "
+                 "its arm's clean gain kept; benchmark-dose fits with 95% bands, ◆ BMD with BMDL–BMDU, ★ real "
+                 "engines", fontsize="medium")
     return fig
 
 

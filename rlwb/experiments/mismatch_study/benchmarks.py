@@ -106,7 +106,7 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
 COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "outcome", "baseline", "clean_gain", "bmr",
            "k3_min", "k3_max", "k3_achieved_min", "k3_achieved_max", "trend_slope", "trend_ci_low", "trend_ci_high",
            "trend_p", "bmd", "bmdl", "bmdu", "status", "models_passing", "bmds_pick", "bmd_log", "bmdl_log",
-           "status_log", "scale_agree", "error_control"]
+           "status_log", "scale_agree", "keep_below", "error_control"]
 
 
 def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: float
@@ -120,6 +120,9 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
     model-average curve with its pointwise 95% bootstrap band over the tested doses only (`fit`), and the BMR level
     with the BMD, BMDL and BMDU (`mark`)."""
     rows, fits = [], []
+    empty = {"clean_gain": np.nan, "bmr": np.nan, "bmd": np.nan, "bmdl": np.nan, "bmdu": np.nan, "models_passing": "",
+             "bmds_pick": "", "bmd_log": np.nan, "bmdl_log": np.nan, "status_log": "", "scale_agree": False,
+             "keep_below": np.nan, "error_control": ""}
     for r in row_studies(curves, table):
         base = {"kind": r.kind, "updates": r.updates, "epochs": r.epochs, "arm": r.arm, "name": r.name}
         row = {**base, "doses": len(r.labels), "seeds": len(r.seeds), "outcome": r.outcome, "baseline": r.baseline,
@@ -131,33 +134,29 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
             row.update(trend_slope=tr.slope, trend_ci_low=tr.ci_low, trend_ci_high=tr.ci_high, trend_p=tr.p)
         except ValueError:  # a k3 of 0 or two doses alike: no trend in log dose
             row.update(trend_slope=np.nan, trend_ci_low=np.nan, trend_ci_high=np.nan, trend_p=np.nan)
+        # the figure's dose groups whatever the fit says, drawn as the share of the clean runs' mean gain kept
+        y = np.column_stack([r.clean, r.dosed])
+        if len(y):
+            base = {**base, "baseline": r.baseline, "gain": float(r.clean.mean() - r.baseline)}
+            lo, hi = zip(*(stats.seed_ci(v) for v in y.T))
+            fits += [{**base, "part": "group", "dose": x, "y": m, "low": a, "high": b}
+                     for x, m, a, b in zip([0.0, *r.doses], y.mean(0), lo, hi)]
         if not np.isfinite(r.baseline):
-            row.update(clean_gain=np.nan, bmr=np.nan, bmd=np.nan, bmdl=np.nan, bmdu=np.nan,
-                       status=f"{bd.NO_BENCHMARK} (the initial policy's {r.outcome} was not measured)",
-                       models_passing="", bmds_pick="", bmd_log=np.nan, bmdl_log=np.nan, status_log="",
-                       scale_agree=False, error_control="")
-            rows.append(row)
+            rows.append({**row, **empty,
+                         "status": f"{bd.NO_BENCHMARK} (the initial policy's {r.outcome} was not measured)"})
             continue
         try:
             sc = bd.compare_dose_scales(r.doses, r.clean, r.dosed, baseline=r.baseline, bmr=bmr_fraction,
                                         n_boot=N_BOOT, seed=BOOT_SEED)
         except bd.BMDInputError as e:  # fewer than 3 seeds, a dose of 0: said in the status
-            row.update(clean_gain=np.nan, bmr=np.nan, bmd=np.nan, bmdl=np.nan, bmdu=np.nan,
-                       status=f"{bd.NO_BENCHMARK} ({e})", models_passing="", bmds_pick="", bmd_log=np.nan,
-                       bmdl_log=np.nan, status_log="", scale_agree=False, error_control="")
-            rows.append(row)
+            rows.append({**row, **empty, "status": f"{bd.NO_BENCHMARK} ({e})"})
             continue
         f, g = sc.linear, sc.log
-        base = {**base, "baseline": r.baseline, "gain": f.clean_gain}
         row.update(clean_gain=f.clean_gain, bmr=bmr_fraction * f.clean_gain, bmd=f.bmd, bmdl=f.bmdl, bmdu=f.bmdu,
                    status=f.status, models_passing=",".join(m.model for m in f.models if m.passes),
                    bmds_pick=f.bmds_pick or "", bmd_log=g.bmd, bmdl_log=g.bmdl, status_log=g.status,
-                   scale_agree=sc.agree, error_control=f.error_control)
+                   scale_agree=sc.agree, keep_below=keep_below(f, g, sc.agree), error_control=f.error_control)
         rows.append(row)
-        y = np.column_stack([r.clean, r.dosed])
-        lo, hi = zip(*(stats.seed_ci(v) for v in y.T))
-        fits += [{**base, "part": "group", "dose": x, "y": m, "low": a, "high": b}
-                 for x, m, a, b in zip([0.0, *r.doses], y.mean(0), lo, hi)]
         if f.curve is not None:
             c = f.curve
             fits += [{**base, "part": "fit", "dose": x, "y": m + r.baseline, "low": a + r.baseline,
@@ -174,14 +173,23 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
     return b, fit_table
 
 
+def keep_below(linear: bd.BMDResult, log: bd.BMDResult, agree: bool) -> float:
+    """The level to quote as "keep k3 below": where the row is bounded on the linear dose scale and the log scale
+    agrees (each scale's BMD inside the other's BMDL-BMDU), the lower of the two scales' BMDLs (the scale is a
+    modelling choice, so the bound that holds under either); NaN otherwise."""
+    if linear.status != bd.BOUNDED or not agree:
+        return float("nan")
+    return float(min(linear.bmdl, log.bmdl)) if log.status == bd.BOUNDED else float(linear.bmdl)
+
+
 def engine_points(table: pd.DataFrame, curves: pd.DataFrame, fits: list[dict]) -> list[dict]:
     """The real engines placed on the curves (`part` "engine"): each engine row of the first PPO regime at the
     study's horizon, on the panel of its kind (`analysis.panel_of`) beside the same arm's fit, at the k3 it gives
-    the initial policy, its outcome drawn as the arm's fitted clean level plus its paired gap to its own clean twin
+    the initial policy, its outcome drawn as the arm's clean runs' mean plus its paired gap to its own clean twin
     (same temperature), with the gap's 95% interval: an engine at another temperature is compared with its own
     clean run, not with the curve's."""
     level = {(f["kind"], f["arm"]): (f["baseline"], f["gain"]) for f in fits
-             if f["part"] == "fit" and f["dose"] == 0.0 and "+" not in f["name"]}
+             if f["part"] == "group" and f["dose"] == 0.0 and "+" not in f["name"]}
     if table.empty:
         return []
     table = table if "epochs" in table else table.assign(epochs=1)
@@ -204,13 +212,15 @@ def engine_points(table: pd.DataFrame, curves: pd.DataFrame, fits: list[dict]) -
 
 def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
     """`<kind>[+ppo<u>][+long]/<arm>/{trend_slope, trend_p_holm, bmr, bmd_k3, bmdl_k3, bmdu_k3, bmdl_bounded,
-    scale_agree}` per benchmark row (`bmdl_bounded`: 1 where the status is "bounded", the only BMDL to quote)."""
+    keep_below_k3, scale_agree}` per benchmark row (`bmdl_bounded`: 1 where the status is "bounded";
+    `keep_below_k3`: the level to quote, NaN where there is none, `keep_below`)."""
     out = {}
     for r in bench.itertuples():
         k = f"{r.name}/{r.arm}"
         out.update({f"{k}/trend_slope": float(r.trend_slope), f"{k}/trend_p_holm": float(r.trend_p_holm),
                     f"{k}/bmr": float(r.bmr), f"{k}/bmd_k3": float(r.bmd), f"{k}/bmdl_k3": float(r.bmdl),
                     f"{k}/bmdu_k3": float(r.bmdu), f"{k}/bmdl_bounded": float(r.status == bd.BOUNDED),
+                    f"{k}/keep_below_k3": float(r.keep_below),
                     f"{k}/scale_agree": float(bool(r.scale_agree))})
     return out
 

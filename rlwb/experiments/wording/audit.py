@@ -126,9 +126,9 @@ def study_lines(study: dict) -> list[str]:
                 continue
             parts = []
             for x in r["rows"]:
-                if x["status"] == BMD_BOUNDED and x["scale_agree"]:
-                    parts.append(f"{x['kind']} `{x['arm']}` keep k3 below {x['bmdl']:.1e} (BMD {x['bmd']:.1e}; "
-                                 f"yours is {eng['k3'] / x['bmdl']:.2g}x the BMDL)")
+                if x["keep_below"] == x["keep_below"]:  # a level to quote (not NaN)
+                    parts.append(f"{x['kind']} `{x['arm']}` keep k3 below {x['keep_below']:.1e} (BMD {x['bmd']:.1e}; "
+                                 f"yours is {eng['k3'] / x['keep_below']:.2g}x the BMDL)")
                 else:
                     why = "the dose scale decides it" if x["status"] == BMD_BOUNDED else x["status"]
                     parts.append(f"{x['kind']} `{x['arm']}` no level ({why}; tested k3 {x['k3_min']:.1e} to "

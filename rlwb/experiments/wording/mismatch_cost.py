@@ -18,10 +18,9 @@ BMD_NO_FIT, BMD_SATURATED, BMD_NO_BENCHMARK, BMD_NOT_BOUNDED = ("no fit passes",
 
 
 def quotable(r) -> bool:
-    """A benchmark row whose BMDL may be quoted as "keep k3 below": bounded (a passing fit, its BMD inside the
-    tested doses) on the linear dose scale, and the log dose scale agreeing (each BMD inside the other's
-    BMDL-BMDU): the scale, a modelling choice, does not decide it."""
-    return r.status == BMD_BOUNDED and bool(r.scale_agree)
+    """A benchmark row with a level to quote as "keep k3 below" (`benchmarks.keep_below`: bounded on the linear dose
+    scale, the log scale agreeing; the lower of the two scales' BMDLs)."""
+    return bool(np.isfinite(getattr(r, "keep_below", float("nan"))))
 
 
 def benchmark_reason(r) -> str:
@@ -63,10 +62,10 @@ def benchmark_line(r, bmr_fraction: float) -> str:
              f"Holm p {r.trend_p_holm:.2g}" if np.isfinite(r.trend_slope) else "no trend test (fewer than 2 doses "
                                                                              "or seeds)")
     if quotable(r):
-        return (head + f"**keep k3 below {metric('k3', r.bmdl, '.1e')}** (BMDL; BMD {r.bmd:.1e}, BMDU "
-                f"{r.bmdu:.1e}: where the model-average curve loses {bmr_fraction:.0%} of the clean gain, "
-                f"{r.bmr:.3f}; models passing: {r.models_passing.replace(',', ', ')}; the log dose scale agrees); "
-                f"{trend}.")
+        return (head + f"**keep k3 below {metric('k3', r.keep_below, '.1e')}** (BMDL, the lower of the linear and "
+                f"log dose scales'; BMD {r.bmd:.1e}, BMDU {r.bmdu:.1e}: where the model-average curve loses "
+                f"{bmr_fraction:.0%} of the clean gain, {r.bmr:.3f}; models passing: "
+                f"{r.models_passing.replace(',', ', ')}); {trend}.")
     return head + f"no level to quote: {benchmark_reason(r)}; {trend}."
 
 
@@ -251,7 +250,7 @@ def answer_line(first: str, bench, contrasts, bullets: list[str]) -> str:
                             if r.verdict == "differs" else f"no difference shown ({r.diff:+.3f}, MDE {r.mde:.3f})."))
     if len(bench) and "status" in bench:
         rows = bench[bench["arm"] == first]
-        said = [f"{r.kind} < {r.bmdl:.1e} (BMD {r.bmd:.1e})" if quotable(r) else
+        said = [f"{r.kind} < {r.keep_below:.1e} (BMD {r.bmd:.1e})" if quotable(r) else
                 f"{r.kind} no level ({'the dose scale decides it' if r.status == BMD_BOUNDED else r.status})"
                 for r in rows.itertuples()]
         if said:
