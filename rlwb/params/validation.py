@@ -75,6 +75,15 @@ def _plain_number(value):
     return value
 
 
+def _integral_as_int(value):
+    """A count that may be fractional (`int | float`) keeps an integral value an int: `2.0` is read as `2`, so the
+    params, their labels and their hash are those of the count."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+COUNT = int | float  # an item type: a count that may be fractional (`mismatch_doses.DoseKind.unit`)
+
+
 @functools.cache
 def model(schema: type[Params]) -> type[BaseModel]:
     """The pydantic model that checks a schema's values: each field's type (strict) with its `param` rules, the
@@ -90,8 +99,9 @@ def model(schema: type[Params]) -> type[BaseModel]:
         bounds = {k: m[k] for k in ("ge", "gt", "le", "lt") if m[k] is not None}
         is_list = typing.get_origin(tp) is list
         item_type = typing.get_args(tp)[0] if is_list else tp
-        plain = (BeforeValidator(_plain_number),) if item_type is float else ()
-        item = Annotated[(item_type, *plain, Field(**bounds), _value_rules(m))]
+        plain = (BeforeValidator(_plain_number),) if item_type in (float, COUNT) else ()
+        count = (AfterValidator(_integral_as_int),) if item_type == COUNT else ()
+        item = Annotated[(item_type, *plain, Field(**bounds), *count, _value_rules(m))]
         once = (AfterValidator(_no_repeats),) if m.get("unique") else ()
         ann = Annotated[(list[item], Field(min_length=0 if m["allow_empty"] else 1), *once)] if is_list else item
         default = Field(default_factory=f.default_factory) if f.default is MISSING else Field(default=f.default)
@@ -135,7 +145,8 @@ def error_message(schema: type[Params], errors: list[dict]) -> str:
     if kind in BOUNDS:
         rule, word = BOUNDS[kind]
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else tp
-        return f"parameter {label!r} must be {word} {f.metadata[rule]}, got {item(value)!r}"
+        shown = value if item == COUNT else item(value)
+        return f"parameter {label!r} must be {word} {f.metadata[rule]}, got {shown!r}"
     if kind == "too_short":
         return f"parameter {label!r} must not be an empty list"
     if kind == "not_unique":

@@ -13,6 +13,7 @@ tokens or sequences are defined (a weight pi_trainer/pi_engine would apply the r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -167,6 +168,21 @@ def policy_updates(model: torch.nn.Module, opt: torch.optim.Optimizer, prompt_id
     return st, float(np.mean(norms))
 
 
+def rescorer(model: torch.nn.Module, batch, temperature: float, own: torch.Tensor) -> Callable[[float], torch.Tensor]:
+    """A dose's `trainer_logp` (`mismatch_doses.Dose.reported`): the trainer's logprobs of `batch`'s completion
+    tokens ([B, L] as `own`) with its logits scaled by `a` before `temperature`, log_softmax(a z / T): `own` (the
+    old logprobs the step computed) at a = 1, one more no-grad forward pass at T / a otherwise, run only when a
+    dose asks for it."""
+    def trainer_logp(scale: float) -> torch.Tensor:
+        if scale == 1:
+            return own
+        with torch.no_grad(), timing.phase("scoring"):
+            return _per_seq(batch_logprobs(model, batch, temperature / scale)["logp"], batch.completion_lens,
+                            own.shape[1])
+
+    return trainer_logp
+
+
 def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, engine: EngineWorker, cfg: GRPOConfig,
               ref_model: torch.nn.Module | None = None, codec: tokenizer.PromptCodec | None = None,
               dose: mismatch_doses.Dose | None = None) -> StepResult:
@@ -190,8 +206,6 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     width = max(lengths)
     mask = _pad([np.ones(n) for n in lengths], width).bool().to(dev)
     logp_engine = _pad([c.logprobs for c in comps], width).to(dev)
-    # a dose on what the engine reports (mismatch_doses): what it reports is off, what it sampled is not
-    logp_engine = dose.reported(logp_engine, mask, step)
     # The trainer's logprobs before the update. An unsplit update's forward pass is at these same weights, so
     # it is run once, with grad, and serves both (bitwise the same values as a separate no-grad pass: one
     # forward fewer per step); a micro-batched update needs them for the whole batch first, in their own pass,
@@ -202,6 +216,8 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
         old = (completion_logprobs if shared else batch_logprobs)(model, batch, cfg.temperature, entropy=True)
     logp = _per_seq(old["logp"], lengths, width)
     cur, logp_trainer_old = (logp, logp.detach()) if shared else (None, logp)
+    # a dose on what the engine reports (mismatch_doses): what it reports is off, what it sampled is not
+    logp_engine = dose.reported(logp_engine, mask, step, rescorer(model, batch, cfg.temperature, logp_trainer_old))
     adv = losses.group_advantages(rewards, cfg.group_size).to(dev)
     e_flat, t_flat = logp_engine[mask].double().cpu().numpy(), logp_trainer_old[mask].double().cpu().numpy()
     mm = M.mismatch_metrics(e_flat, t_flat, dosed=dose.reports)

@@ -12,11 +12,25 @@ or which weights it samples with is changed), through the three hooks of `Dose` 
 - *distribution mismatch* (`weights`, params `weight_noise`): the engine samples with weights
   theta + s * rms(theta) * z, z ~ N(0, 1) drawn once per seed (a fixed perturbation, like a lower-precision
   engine's rounding), at relative scale s. Its k3 depends on the model, so the achieved k3 is measured, not intended.
-- *stale weights* (`stale`, params `stale_steps`): the engine samples at step t with the weights of step t - k
-  (k updates behind, as an asynchronous trainer whose engine lags), the trainer scores with the current ones. Its
-  logprobs are exact for what it sampled, so the PPO ratio against them (old_logprobs: engine, PipelineRL / verl
-  bypass) accounts for the lag, while a decoupled update without a correction (old_logprobs: trainer) does not.
-  Achieved k3 is measured.
+- *stale weights* (`stale`, params `stale_steps`): the engine samples at step t with the weights of step t - s
+  (s updates behind, as an asynchronous trainer whose engine lags), the trainer scores with the current ones. A
+  fractional s samples with the weights interpolated between the two updates it falls between,
+  (1 - f) theta_{t - floor(s)} + f theta_{t - ceil(s)}, f = s - floor(s) (`LaggedWeights`; an integral s is exactly
+  the weights of s updates ago). Its logprobs are exact for what it sampled, so the PPO ratio against them
+  (old_logprobs: engine, PipelineRL / verl bypass) accounts for the lag, while a decoupled update without a
+  correction (old_logprobs: trainer) does not. Achieved k3 is measured; the engine is first a full s updates
+  behind at step ceil(s) (`DoseKind.first_full_step`).
+- *one-sided ratio mismatch* (`onesided`, params `onesided_scale_error`): the engine samples right, from
+  softmax(z / T) (z: the logits), but reports the logprobs of mis-scaled logits, log_softmax(a z / T) at the
+  sampled token, a = 1 - dose: vLLM V1's raw logprobs (computed before the temperature is applied) are a = T, so
+  at T = 0.7 they are dose 0.3, and at T = 1 dose 0 (raw = processed). Unlike `ratio`'s noise the error is
+  systematic: a < 1 flattens the reported distribution, so a likely token is reported less likely than it was
+  sampled, and log r = log pi_trainer - log pi_reported averages KL(pi_trainer || pi_reported) > 0 over the
+  sampled tokens (one-signed, where symmetric noise averages 0). Applied as the engine's own report plus the
+  exact error the trainer's logits give, log_softmax(a z / T) - log_softmax(z / T) (so the engine's float-floor
+  error stays in), which costs the trainer one more forward pass per step, in runs of this kind only (the hook's
+  `trainer_logp`). Its k3 has no closed form in the dose (it depends on the policy's logits): measured, not
+  intended.
 
 Noise is drawn from generators seeded by (seed, step), never from a shared random state: the arms of one seed
 see the same prompts and sampling seeds, and token (sequence i, position j) of a step gets the same noise draw in
@@ -54,14 +68,19 @@ class Dose:
     after each update. This base changes nothing (a clean run); a kind overrides the hooks it acts through, each
     returning its argument itself where it leaves it."""
 
-    reports = False  # the reported logprobs carry noise and may exceed 0 (`metrics.mismatch_metrics`' `dosed`)
+    reports = False  # the reported logprobs are off and may exceed 0 (`metrics.mismatch_metrics`' `dosed`)
 
     def initial(self, weights: dict) -> dict:
         """The weights the engine starts with, given the trainer's initial ones."""
         return weights
 
-    def reported(self, logp: torch.Tensor, mask: torch.Tensor, step: int) -> torch.Tensor:
-        """The logprobs the update sees as the engine's at `step`, given what the engine reported."""
+    def reported(self, logp: torch.Tensor, mask: torch.Tensor, step: int,
+                 trainer_logp: Callable[[float], torch.Tensor]) -> torch.Tensor:
+        """The logprobs the update sees as the engine's at `step`, given what the engine reported (`logp`, [B, L],
+        real tokens where `mask`). `trainer_logp(a)`: the trainer's logprobs of the same tokens ([B, L], the
+        weights before this step's update, no grad) with its logits scaled by `a` before the run's temperature T,
+        log_softmax(a z / T) at each token; a = 1 is the trainer's own old logprobs, which the loop computes
+        anyway, any other `a` one more forward pass, run only when a kind calls for it (`OneSidedLogprobs`)."""
         return logp
 
     def synced(self, weights: dict) -> dict:
@@ -81,9 +100,12 @@ class DoseKind:
     param: str  # notebook 08's parameter listing its doses
     doses: tuple  # that parameter's default
     doc: str  # that parameter's doc
-    unit: type = float  # a dose's type: float, or int for a count
-    gt: float | None = None  # each dose's bound (`checked_fields.param`)
+    # a dose's type: float; int for a count; int | float for a count that may be fractional (an integral dose is
+    # kept an int, `2.0` read as `2`: the params and their hash are those of the count it was)
+    unit: type = float
+    gt: float | None = None  # each dose's bounds (`checked_fields.param`)
     ge: float | None = None
+    lt: float | None = None
     # the engine samples right and only what it reports is off (only the PPO ratio and a correction's weights see
     # the dose), else it samples from another policy (a distribution mismatch): `kinds_for` a real engine
     samples_right: bool = False
@@ -94,7 +116,9 @@ class DoseKind:
     # an arm whose update never reads the reported logprobs, so a dose that samples right cannot reach it: a control
     # that must train bitwise as its clean twin (`<kind>-blind`)
     blind_arm: str = ""
-    lag: bool = False  # a dose is updates behind: the training reward is biased by dose x the clean late slope
+    # a dose is updates behind: the training reward is biased by dose x the clean late slope, and the dose is whole
+    # from step ceil(dose) on (`first_full_step`)
+    lag: bool = False
     headline_arm: str = "none@engine"  # the arm whose gap at the largest dose the index shows (`HEADLINE`)
 
     def __post_init__(self):
@@ -107,9 +131,11 @@ class DoseKind:
 
     def first_full_step(self, dose) -> int:
         """The first step at which the dose acts in full on the policy the run starts from: 0 for a kind acting from
-        the start, `ceil(dose)` for a lag (the engine is first that many updates behind then). The k3 a run measures
-        there is the dose's exposure, `k3_initial`: what the dose gives the initial policy, before training has
-        moved it (later k3 is partly an outcome: a run the dose degrades drifts further from its engine)."""
+        the start, `ceil(dose)` for a lag (the engine is first that many updates behind then: stale@2 is 0 updates
+        behind at step 0, 1 at step 1, 2 from step 2; stale@0.5 is 0 behind at step 0, half an update from step 1,
+        where it samples with weights halfway between the trainer's last two). The k3 a run measures there is the
+        dose's exposure, `k3_initial`: what the dose gives the initial policy, before training has moved it (later
+        k3 is partly an outcome: a run the dose degrades drifts further from its engine)."""
         return math.ceil(dose) if self.lag else 0
 
     def label(self, dose) -> str:
@@ -210,17 +236,27 @@ def perturbed(state: dict, noise: dict[str, torch.Tensor] | None) -> dict:
 
 class LaggedWeights:
     """The weights an engine `lag` updates behind samples with: `push` the trainer's weights after each update
-    and get those of `lag` updates earlier (the initial weights until that many updates have happened). Keeps
-    `lag` + 1 detached copies."""
+    and get those of `lag` updates earlier (the initial weights until that many updates have happened). A
+    fractional lag s gets the weights interpolated between the two updates it falls between,
+    (1 - f) * theta_{t - floor(s)} + f * theta_{t - ceil(s)} with f = s - floor(s), each clamped to the initial
+    weights (computed in float32 and cast back; tensors that are not floating, and an integral lag, are those of
+    a single update, bitwise). Keeps ceil(lag) + 1 detached copies."""
 
-    def __init__(self, initial: dict, lag: int):
-        if lag < 1:
-            raise ValueError(f"an engine lag must be >= 1 update, got {lag}")
-        self._states: deque[dict] = deque([_snapshot(initial)], maxlen=lag + 1)
+    def __init__(self, initial: dict, lag: float):
+        if not lag > 0:
+            raise ValueError(f"an engine lag must be > 0 updates, got {lag}")
+        self.near, self.far = math.floor(lag), math.ceil(lag)
+        self.frac = lag - self.near
+        self._states: deque[dict] = deque([_snapshot(initial)], maxlen=self.far + 1)
 
     def push(self, state: dict) -> dict:
         self._states.append(_snapshot(state))
-        return self._states[0]
+        far = self._states[0]  # ceil(lag) updates back, or the initial weights until there are that many
+        if not self.frac:
+            return far
+        near = self._states[max(0, len(self._states) - 1 - self.near)]
+        return {k: (((1 - self.frac) * v.float() + self.frac * far[k].float()).to(v.dtype) if v.is_floating_point()
+                    else v) for k, v in near.items()}
 
 
 def _snapshot(state: dict) -> dict:
@@ -243,7 +279,7 @@ class LogprobNoise(Dose):
         self.k3, self.seed = float(k3), seed
         self.reports = self.k3 > 0
 
-    def reported(self, logp, mask, step):
+    def reported(self, logp, mask, step, trainer_logp):
         return noisy_logprobs(logp, mask, self.k3, self.seed, step)
 
 
@@ -270,15 +306,44 @@ class PerturbedWeights(Dose):
 @register_dose_kind(
     "stale", order=2, title="distribution mismatch (engine samples with weights some updates behind)",
     panel_title="distribution mismatch\n(engine weights updates behind)",
-    param="stale_steps", doses=(2,), unit=int, ge=1,
+    param="stale_steps", doses=(2,), unit=int | float, gt=0,
     doc="distribution-mismatch doses: the engine samples with the weights of this many updates ago (an "
-        "asynchronous trainer's lag)",
+        "asynchronous trainer's lag; a fraction interpolates between the two updates around it)",
     dose_words="{:g} update(s) behind", lag=True, headline_arm="none@trainer")
 class StaleWeights(Dose):
     """The engine samples with the weights of `lag` updates ago (`LaggedWeights`, from the initial weights)."""
 
     def __init__(self, lag: float, seed: int, initial: dict):
-        self.lagged = LaggedWeights(initial, int(lag)) if int(lag) else None
+        self.lagged = LaggedWeights(initial, lag) if lag else None
 
     def synced(self, weights):
         return self.lagged.push(weights) if self.lagged is not None else weights
+
+
+def rescaled_logprobs(logp: torch.Tensor, mask: torch.Tensor, scale: float,
+                      trainer_logp: Callable[[float], torch.Tensor]) -> torch.Tensor:
+    """`logp` (what the engine reported) moved to the logprobs of logits scaled by `scale`: plus the trainer's
+    log_softmax(scale z / T) - log_softmax(z / T) on the real tokens (`mask`). The engine's own error against the
+    trainer (its float floor) stays in; the error added is exact for the trainer's logits."""
+    if scale == 1:
+        return logp
+    return logp + (trainer_logp(scale) - trainer_logp(1.0)).to(logp.dtype) * mask.to(logp.dtype)
+
+
+@register_dose_kind(
+    "onesided", order=3, title="one-sided ratio mismatch (logprobs of mis-scaled logits reported, sampling right)",
+    panel_title="one-sided ratio mismatch\n(logprobs of mis-scaled logits)",
+    param="onesided_scale_error", doses=(), gt=0, lt=1,
+    doc="one-sided ratio-mismatch doses: the engine samples right but reports log_softmax((1 - dose) x logits / "
+        "T); vLLM V1's raw logprobs are dose 1 - T (0.3 at T 0.7)",
+    samples_right=True, dose_words="logits × (1 − {:g})", blind_arm="none@trainer")
+class OneSidedLogprobs(Dose):
+    """The logprobs the engine reports are those of its logits scaled by 1 - `error` before the temperature
+    (`rescaled_logprobs`); it samples right. A systematic error, not noise: the same every step and seed."""
+
+    def __init__(self, error: float, seed: int, initial: dict):
+        self.scale = 1.0 - float(error)
+        self.reports = self.scale != 1  # the added error may lift a logprob near 0 above it by float rounding
+
+    def reported(self, logp, mask, step, trainer_logp):
+        return rescaled_logprobs(logp, mask, self.scale, trainer_logp)

@@ -49,14 +49,20 @@ def with_dose_lists(cls):
     """A class decorator, applied before `dataclass`: a field listing the doses of each registered kind of dose that
     `cls` has no field for yet (its `DoseKind.param`, with its default, doc and bound), after the field `arms` where
     `cls` declares one, else after its own fields. Why: a kind is declared once, in its registration, and the
-    parameters cell and `default.yaml` (`rlwb sync-params`) follow from it."""
+    parameters cell and `default.yaml` (`rlwb sync-params`) follow from it. A kind with no doses by default (one
+    a study opts in to) is hash-neutral while it lists none (`Params.HASH_NEUTRAL`): params that do not use it hash
+    as they did before it was registered (the runs archived then keep theirs)."""
     have = {f.name for f in fields(cls)} if is_dataclass(cls) else set()
     own = dict(cls.__dict__.get("__annotations__", {}))
-    new = {}
+    new, neutral = {}, {}
     for k in dose_kinds():
         if k.param not in have and k.param not in own:
-            new[k.param] = f"list[{k.unit.__name__}]"
-            setattr(cls, k.param, param(list(k.doses), k.doc, gt=k.gt, ge=k.ge, allow_empty=True))
+            new[k.param] = f"list[{getattr(k.unit, '__name__', None) or k.unit}]"  # `int | float` has no name
+            setattr(cls, k.param, param(list(k.doses), k.doc, gt=k.gt, ge=k.ge, lt=k.lt, allow_empty=True))
+            if not k.doses:
+                neutral[k.param] = []
+    if neutral:
+        cls.HASH_NEUTRAL = {**cls.HASH_NEUTRAL, **neutral}
     names = list(own)
     at = names.index("arms") + 1 if "arms" in own else len(names)
     cls.__annotations__ = {**{n: own[n] for n in names[:at]}, **new, **{n: own[n] for n in names[at:]}}
