@@ -2,6 +2,7 @@
 the verdicts a known cost, a known null and a broken control get, the MDE beside them, and held-out problems that
 no run trains on. Pure functions on synthetic data: the notebook's smoke test runs the real engines."""
 
+import re
 from collections import namedtuple
 from types import SimpleNamespace
 
@@ -598,3 +599,31 @@ def test_ppo_epoch_regimes_pair_with_their_mini_batches_and_keep_the_one_epoch_l
                        ({"ppo_epochs": [1, 0]}, r"'ppo_epochs\[1\]' must be >= 1")):
         with pytest.raises(ParamError, match=match):
             study_params(**bad)
+
+
+def test_a_declared_confirmation_labels_its_tests_and_needs_fresh_seeds():
+    """`confirms` names, before the run, the kinds of test the run confirms: those contrasts are labelled
+    confirmatory and every other exploratory, in the table and the conclusion; a confirmation on a study's seeds
+    (from 0) is refused, and so is a kind of test that does not exist, by name."""
+    from rlwb.errors import ParamError
+    from rlwb.experiments.mismatch_study import comparisons, grammar
+
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("ratio@0.1", "none@trainer"): 0.0,
+                ("weights@0.03", "none@engine"): 0.2, ("weights@0.03", "none@trainer"): 0.05})
+    explore = mc.analyze(c, MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=[]))
+    assert len(explore.contrasts) and (explore.contrasts["standing"] == "exploratory").all()
+    p = MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=[], confirms=["mode"], seed=1000)
+    con = mc.analyze(c, p).contrasts
+    assert set(con.loc[con["contrast"] == "mode", "standing"]) == {"confirmatory"}
+    assert set(con.loc[con["contrast"] != "mode", "standing"]) <= {"exploratory"}
+    assert "*(confirmatory)*" in "\n".join(words_08.contrast_lines(con))
+    with pytest.raises(ParamError, match="fresh seeds: 'seed' must be >= 1000"):
+        MismatchCostParams(confirms=["mode"], seed=0)
+    from rlwb.params.validation import validate
+
+    with pytest.raises(ParamError, match="confirms"):  # the params' validation (what `rlwb run` and the notebook do)
+        validate(MismatchCostParams, {"confirms": ["modes"], "seed": 1000})
+    # every kind of contrast the table makes is one a study can declare
+    import inspect
+    made = set(re.findall(r'add\("([^"]+)"', inspect.getsource(comparisons.contrast_table)))
+    assert made == set(grammar.CONTRASTS) and set(grammar.CONTRASTS) < set(grammar.CONFIRMABLE)

@@ -124,6 +124,9 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     bench, fits = benchmark_table(table, curves, p.bmr_fraction)
     con = contrast_table(table, curves, q)
     hz, hm = horizon_table(curves, p.steps, 1.0 / (p.prompts_per_step * p.group_size * p.steps))
+    # what the params declared, before the run, it confirms (on fresh seeds); every other test is exploratory
+    con["standing"] = [standing(c, p) for c in con["contrast"]]
+    hz["standing"] = standing("horizon", p)
     family = one_family(table, bench, con, hm)
     metrics = dose_metrics(table, curves)  # after the family: the rows' verdicts and the placebo's rate are final
     metrics.update(benchmark_metrics(bench))
@@ -133,6 +136,12 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     ratios = regime_ratios(curves)
     metrics.update(regime_metrics(ratios))
     return CostResult(p, metrics, curves, table, bench, fits, con, hz, ratios)
+
+
+def standing(test: str, p) -> str:
+    """"confirmatory" for a kind of test the params declared, before the run, to confirm (`confirms`, on seeds no
+    study uses), "exploratory" otherwise: a contrast chosen after seeing a study's results is exploratory there."""
+    return "confirmatory" if test in getattr(p, "confirms", []) else "exploratory"
 
 
 def reanalyze(run_dir: str | Path, params) -> CostResult:

@@ -23,6 +23,13 @@ POINT_T = re.compile(r"@T(\d+(?:\.\d*)?)$")  # `vllm-v1@T0.5`: an engine point a
 # `<kind>@<dose>`: a dose row, whether or not this study lists that dose (a sweep's grid cell may lack it)
 DOSE_ROW = re.compile(r"(\w+)@\d+(\.\d*)?(e-?\d+)?")
 
+# the kinds of test a study may declare, before it runs, to confirm (params `confirms`): the paired contrasts
+# (`comparisons.contrast_table`'s kinds) and the long horizon's change (`comparisons.horizon_table`); every test not
+# declared is exploratory. Seeds of a confirmation start at CONFIRM_SEED_BASE (a study's start at 0): fresh ones.
+CONTRASTS = ("correction", "mode", "one-sided vs symmetric", "band", "regime")
+CONFIRMABLE = (*CONTRASTS, "horizon")
+CONFIRM_SEED_BASE = 1000
+
 
 def split_point(entry: str, default_t: float) -> tuple[str, float]:
     """`<engine>[@T<temperature>]` -> (engine, temperature); without a temperature, the notebook's."""

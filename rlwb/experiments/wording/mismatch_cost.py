@@ -130,11 +130,12 @@ def contrast_lines(con) -> list[str]:
     out = []
     for r in con.itertuples():
         ci = f"{r.diff:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+        tag = f" *({r.standing})*" if getattr(r, "standing", "") else ""
         if r.verdict == "differs":
             side = "better" if r.diff > 0 else "worse"
-            out.append(f"- {r.what}: {side} by {ci} (Holm p {r.p_holm:.2g}).")
+            out.append(f"- {r.what}{tag}: {side} by {ci} (Holm p {r.p_holm:.2g}).")
         else:
-            out.append(f"- {r.what}: no difference shown, {ci}; MDE {r.mde:.3f} (a difference below it is not "
+            out.append(f"- {r.what}{tag}: no difference shown, {ci}; MDE {r.mde:.3f} (a difference below it is not "
                        f"ruled out).")
     return out
 
@@ -157,7 +158,8 @@ def horizon_lines(hz, metrics: dict) -> list[str]:
                    ("entropy collapse", f"{label}/{arm}/entropy_collapse_step"))
                   if np.isfinite(metrics.get(k, np.nan))]
         which = "Holm p" if f"{label}/{arm}/gap_change_p_holm" in metrics else "p"
-        out.append(f"- {label} `{arm}`: {blocks}; {verdict} (change {ch:+.3f}, {which} {pv:.2g})"
+        tag = f" *({d['standing'].iloc[0]})*" if "standing" in d else ""
+        out.append(f"- {label} `{arm}`{tag}: {blocks}; {verdict} (change {ch:+.3f}, {which} {pv:.2g})"
                    + (f"; {', '.join(events)}" if events else "; no collapse seen") + ".")
     return out
 
@@ -303,7 +305,9 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
         lines.append("**Contrasts** (each a per-seed difference of two rows' gaps, 95% t interval, Holm p in the "
                      "study's one family; corrections against the uncorrected decoupled arm `none@trainer`, not "
                      "against bypass; `regime`: the bypass-vs-decoupled contrast under several updates per batch "
-                     "minus under one, seed by seed):\n" + "\n".join(contrast_lines(con)))
+                     "minus under one, seed by seed; *confirmatory*: declared before the run, in params "
+                     "`confirms`, and run on fresh seeds; *exploratory*: every other):\n"
+                     + "\n".join(contrast_lines(con)))
     if hz is not None and len(hz):
         lines.append(f"**Horizon** ({p.long_steps} steps; the training reward's gap to the long clean run per block "
                      f"of {p.steps} steps, 95% interval over seeds; change = last block minus first, paired t test, "

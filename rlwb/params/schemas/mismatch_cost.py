@@ -12,7 +12,13 @@ from rlwb.core.checked_fields import param
 from rlwb.core.rl.grpo_config import GRPOSettings
 from rlwb.core.rl.mismatch_doses import dose_kinds
 from rlwb.errors import ParamError
-from rlwb.experiments.mismatch_study.grammar import StudyGrammar, parse, split_point
+from rlwb.experiments.mismatch_study.grammar import (
+    CONFIRM_SEED_BASE,
+    CONFIRMABLE,
+    StudyGrammar,
+    parse,
+    split_point,
+)
 from rlwb.params.schemas.base import EngineParams, SeededRuns, check_engine, concurrent_runs_param, engine_list
 
 
@@ -75,7 +81,8 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
     """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
     RETIRED: typing.ClassVar[dict[str, str]] = {
         "resume_from": "a run option now, not a param: `rlwb run --resume-from RUN_DIR` (`rlwb sweep --resume`)"}
-    HASH_NEUTRAL: typing.ClassVar[dict[str, object]] = {"ppo_epochs": [1]}  # one epoch: every run before the param
+    # one epoch, nothing declared confirmatory: every run before the param
+    HASH_NEUTRAL: typing.ClassVar[dict[str, object]] = {"ppo_epochs": [1], "confirms": []}
 
     NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
     HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final"] + [
@@ -127,9 +134,17 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
                                       "run's gain in the tested outcome (its trained policy's minus the initial "
                                       "policy's; the benchmark dose is where the fitted cost reaches it)",
                                 gt=0, le=1)
+    confirms: list[str] = param([], "kinds of test this run was declared, before running, to confirm on fresh seeds "
+                                    "(correction, mode, one-sided vs symmetric, band, regime, horizon): labelled "
+                                    "confirmatory, every other test exploratory; needs seed 1000 or more (studies use "
+                                    "seeds from 0)", choices=CONFIRMABLE, allow_empty=True, unique=True)
     concurrent_runs: int = concurrent_runs_param()
 
     def __post_init__(self):
+        if self.confirms and self.seed < CONFIRM_SEED_BASE:
+            raise ParamError(f"parameter 'confirms' {self.confirms} needs fresh seeds: 'seed' must be >= "
+                             f"{CONFIRM_SEED_BASE} (a study's seeds start at 0, so a confirmation never reuses one), "
+                             f"got {self.seed}")
         if len(self.engines) != 1:
             raise ParamError(f"parameter 'engines' must name one preset (every arm and dose samples from it, so gaps "
                              f"are paired), got {self.engines}")
