@@ -231,6 +231,9 @@ def test_a_new_kind_of_dose_flows_through_params_grammar_and_loop(toykind):
         "ratio", "onesided", "toykind"]
     assert analysis.panel_of("engine", raw=True) == "ratio" and analysis.control_of("toykind", "none@trainer", 0.7,
                                                                                      False) == ""
+    # a raw-logprob engine's error is one-sided: its points join that kind's panel where the study has its rows
+    assert analysis.panel_of("engine", raw=True, present={"ratio", "onesided"}) == "onesided"
+    assert analysis.panel_of("engine", raw=False, present={"onesided", "weights"}) == "weights"
     # the base schema (built before the toy kind) accepts its rows where a sweep's cell has none of its doses
     assert MismatchCostParams(row_arms=["toykind@0.5 none@engine"]).arms_of("toykind@0.5", []) == ["none@engine"]
     with pytest.raises(ParamError, match=r"'toykid@0.1' is neither a dose row .*: unknown dose kind 'toykid'; did "

@@ -627,3 +627,18 @@ def test_a_declared_confirmation_labels_its_tests_and_needs_fresh_seeds():
     import inspect
     made = set(re.findall(r'add\("([^"]+)"', inspect.getsource(comparisons.contrast_table)))
     assert made == set(grammar.CONTRASTS) and set(grammar.CONTRASTS) < set(grammar.CONFIRMABLE)
+
+
+def test_a_dose_that_leaves_the_policy_below_where_it_started_is_said_so():
+    """The trained policy's outcome against the untrained one's (0.3 here): a row whose upper 95% limit over seeds
+    lies below it is listed in the conclusion's "ends below where it started"; a row that only falls short of its
+    clean twin is not."""
+    c = ratio_curves(0.0)
+    c = with_policy(c, {(lab, a): {"clean": 0.6, "ratio@1": 0.1}.get(lab, 0.5)
+                        for lab, a in c[["label", "arm"]].drop_duplicates().itertuples(index=False)})
+    res = mc.analyze(c, MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=list(RATIO_DOSES)))
+    t = res.doses.set_index("label")
+    assert t.loc["ratio@1", "below_initial"] and not t.loc["ratio@0.3", "below_initial"]
+    assert t.loc["ratio@1", "initial_outcome"] == pytest.approx(0.3)
+    line = words_08.below_initial_line(res.doses)
+    assert "ratio@1 `none@engine`" in line and "ratio@0.3" not in line and line in res.conclusion()

@@ -119,6 +119,9 @@ class DoseKind:
     # a dose is updates behind: the training reward is biased by dose x the clean late slope, and the dose is whole
     # from step ceil(dose) on (`first_full_step`)
     lag: bool = False
+    # a raw-logprob engine's own error is of this kind (V1's raw logprobs at T != 1 are logprobs of unscaled
+    # logits: a one-sided ratio error): its points join this kind's panel where a study has its rows
+    raw_engine: bool = False
     headline_arm: str = "none@engine"  # the arm whose gap at the largest dose the index shows (`HEADLINE`)
 
     def __post_init__(self):
@@ -336,7 +339,7 @@ def rescaled_logprobs(logp: torch.Tensor, mask: torch.Tensor, scale: float,
     param="onesided_scale_error", doses=(), gt=0, lt=1,
     doc="one-sided ratio-mismatch doses: the engine samples right but reports log_softmax((1 - dose) x logits / "
         "T); vLLM V1's raw logprobs are dose 1 - T (0.3 at T 0.7)",
-    samples_right=True, dose_words="logits × (1 − {:g})", blind_arm="none@trainer")
+    samples_right=True, dose_words="logits × (1 − {:g})", blind_arm="none@trainer", raw_engine=True)
 class OneSidedLogprobs(Dose):
     """The logprobs the engine reports are those of its logits scaled by 1 - `error` before the temperature
     (`rescaled_logprobs`); it samples right. A systematic error, not noise: the same every step and seed."""

@@ -77,11 +77,16 @@ def control_of(kind: str, arm: str, temperature: float, raw: bool) -> str:
     return ""
 
 
-def panel_of(kind: str, raw: bool) -> str:
-    """The dose-response panel a row belongs to: its kind; a real engine joins the first kind of its mismatch
-    (`mismatch_doses.kinds_for`): `ratio` when it reports raw logprobs (it samples right, reports wrong), `weights`
-    (a distribution mismatch) otherwise."""
-    return kind if kind != "engine" else kinds_for(raw)[0]
+def panel_of(kind: str, raw: bool, present=()) -> str:
+    """The dose-response panel a row belongs to: its kind; a real engine joins a kind of its mismatch
+    (`mismatch_doses.kinds_for`): for raw logprobs (it samples right, reports wrong) the kind its error is
+    (`DoseKind.raw_engine`, the one-sided kind) where the study has rows of it (`present`: the kinds of the study's
+    rows), else the first that samples right (`ratio`); a distribution mismatch's first (`weights`) otherwise."""
+    if kind != "engine":
+        return kind
+    kinds = kinds_for(raw)
+    own = [k for k in kinds if raw and DOSE_KINDS[k].raw_engine and k in present]
+    return own[0] if own else kinds[0]
 
 
 def outcome_of(s: pd.DataFrame) -> str:
@@ -146,6 +151,9 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     slope = {k: late_slope(d) for k, d in
              curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "epochs", "horizon", "arm"])}
     x0 = k3_initial(curves)
+    present = set(s["kind"])
+    col = INITIAL.get(outcome)
+    initial = float(curves[col].dropna().mean()) if col in curves and curves[col].notna().any() else float("nan")
     rows = []
     for (label, arm), d in s.groupby(["label", "arm"], sort=False):
         kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
@@ -155,7 +163,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
         row = {"kind": kind, "label": label, "dose": dose, "temperature": temp, "updates": updates,
                "epochs": epochs, "horizon": horizon, "arm": arm,
                "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
-               "panel": panel_of(kind, raw), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
+               "panel": panel_of(kind, raw, present), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
                "k3_intended": dose if kind in DOSE_KINDS and DOSE_KINDS[kind].intended_k3 else float("nan"),
                "k3_initial": float(x0[label]), "k3_achieved": float(d["k3"].mean()),
                "k1_achieved": float(d["k1"].mean()),
@@ -164,6 +172,11 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                "grad_norm": float(d["grad_norm"].mean()), "clip_frac": float(d["clip_frac"].mean()),
                "kl_to_clean": float(d["kl_to_clean"].mean()), "seeds": len(d),
                "heldout_acc": float(d["heldout_acc"].mean())}
+        # the trained policy against the untrained one, in the tested outcome: a dose can leave it below where it
+        # started (not only below its clean twin); its upper 95% limit below the initial policy's says so
+        ov = d[outcome].dropna().to_numpy(float)
+        row["initial_outcome"] = initial
+        row["below_initial"] = bool(ov.size > 1 and np.isfinite(initial) and stats.seed_ci(ov)[1] < initial)
         g = gaps[(gaps["label"] == label) & (gaps["arm"] == arm)]
         for col in ("gap", "train_gap", "heldout_gap"):
             v = g[col].dropna().to_numpy()

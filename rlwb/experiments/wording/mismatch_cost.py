@@ -69,6 +69,20 @@ def benchmark_line(r, bmr_fraction: float) -> str:
     return head + f"no level to quote: {benchmark_reason(r)}; {trend}."
 
 
+def below_initial_line(table) -> str:
+    """The rows whose trained policy ends below the untrained one in the tested outcome (its upper 95% limit over
+    seeds under the initial policy's): a dose that does not just slow learning but undoes it; "" where none."""
+    if "below_initial" not in table:
+        return ""
+    rows = table[table["below_initial"].fillna(False).astype(bool)]
+    if rows.empty:
+        return ""
+    said = "; ".join(f"{r.label} `{r.arm}` {getattr(r, r.outcome):.3f}" for r in rows.itertuples())
+    return (f"**Ends below where it started** (the trained policy's {rows['outcome'].iloc[0].replace('_', ' ')}, "
+            f"upper 95% limit over seeds below the initial policy's {rows['initial_outcome'].iloc[0]:.3f}): "
+            f"{said}.")
+
+
 def placebo_line(metrics: dict) -> str:
     """Notebook 08's placebo rows (the clean run again on an independent stream of sampling seeds, same prompts,
     inside the Holm family): how often the tests call a cost or gain where there is none, over the independent
@@ -295,6 +309,9 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
                      f"is quoted only where the BMD lies inside the tested doses and the log dose scale agrees; trend "
                      f"p's are Holm-adjusted in the study's one family):\n"
                      + "\n".join(benchmark_line(r, p.bmr_fraction) for r in bench.itertuples()))
+    below = below_initial_line(regimes)
+    if below:
+        lines.append(below)
     plc = placebo_line(metrics)
     if plc:
         lines.append(plc)
