@@ -220,3 +220,16 @@ def test_per_model_fits_agree_with_epas_bmds_on_notebook_08s_studies(run):
     # other models mostly put their BMD above the tested doses; the synthetic curves above compare all five
     assert len(rows) >= 10 and {r[0] for r in rows} >= {"linear"}
     _agree(rows)
+
+
+def test_the_reported_bmdl_is_the_lowest_of_the_average_and_every_passing_models_bound():
+    """`bound="lowest"` (the default): the BMDL is at or below every passing model's own bootstrap bound and the
+    average's; `bound="average"` gives the average's alone, at or above it. The expanded percentile's tail level at
+    10 seeds is Phi(-sqrt(10/9) t_{9,0.95}) = Phi(-1.932) = 0.0267 (Hesterberg 2015), below the plain 0.05."""
+    c, y = study_of("hill", seeds=10, seed=7)
+    r = bd.fit_bmd(DOSES, c, y, n_boot=300, profile=False)
+    avg = bd.fit_bmd(DOSES, c, y, n_boot=300, profile=False, bound="average")
+    assert r.model_bounds and r.bmdl <= min(lo for lo, _ in r.model_bounds.values()) and r.bmdl <= avg.bmdl
+    assert r.bmdu >= max(hi for _, hi in r.model_bounds.values()) and r.bmdu >= avg.bmdu
+    assert r.bmdl < avg.bmdl or len(r.model_bounds) == 1  # several passing models: the lowest is another's
+    assert bd.expanded_alpha(0.05, 10) == pytest.approx(0.0267, abs=2e-4)

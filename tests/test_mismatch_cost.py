@@ -127,6 +127,16 @@ def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported(
     m = analysis.dose_metrics(analysis.dose_table(c, MismatchCostParams(), kl_zero(c)), c)
     assert m["placebo/rows"] == 2 and m["placebo/streams"] == 1
     assert "1 row the same run as another, counted once" in wording.placebo_line(m)
+    # where runs record their sampling stream, rows on the same stream are one stream even if their gaps differ
+    # (two arms sampling with the same seeds), and rows on different streams are two
+    c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.01,
+                ("placebo", "none@trainer"): 0.03})
+    c["stream"] = np.where(c["kind"] == "placebo", 1, 0)
+    m = analysis.dose_metrics(analysis.dose_table(c, MismatchCostParams(), kl_zero(c)), c)
+    assert m["placebo/rows"] == 2 and m["placebo/streams"] == 1
+    c["stream"] = np.where(c["kind"] != "placebo", 0, np.where(c["arm"] == "none@engine", 1, 2))
+    m = analysis.dose_metrics(analysis.dose_table(c, MismatchCostParams(), kl_zero(c)), c)
+    assert m["placebo/streams"] == 2
     # a placebo that differs from its clean twin as much as a real cost does is a false positive, and says so
     c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.2})
     t = analysis.dose_table(c, MismatchCostParams(), kl_zero(c))
@@ -642,3 +652,36 @@ def test_a_dose_that_leaves_the_policy_below_where_it_started_is_said_so():
     assert t.loc["ratio@1", "initial_outcome"] == pytest.approx(0.3)
     line = words_08.below_initial_line(res.doses)
     assert "ratio@1 `none@engine`" in line and "ratio@0.3" not in line and line in res.conclusion()
+
+
+def test_a_level_is_quoted_only_from_four_doses_bounded_with_the_dose_scales_agreeing():
+    """`keep_below`: NaN unless the row has MIN_DOSES doses, is bounded on the linear scale and the log scale agrees;
+    then the lower of the two scales' BMDLs (or the linear one where the log scale is not bounded). The wording
+    layer spells MIN_DOSES itself: it must be the analysis's."""
+    from rlwb.experiments.mismatch_study import benchmarks
+
+    lin = SimpleNamespace(status="bounded", bmdl=0.02)
+    log = SimpleNamespace(status="bounded", bmdl=0.01)
+    assert benchmarks.keep_below(lin, log, True, 4) == 0.01
+    assert benchmarks.keep_below(lin, SimpleNamespace(status="above tested range", bmdl=0.5), True, 4) == 0.02
+    assert np.isnan(benchmarks.keep_below(lin, log, False, 4))  # the dose scale decides it
+    assert np.isnan(benchmarks.keep_below(lin, log, True, 3))  # too few doses: only the line is tested
+    assert np.isnan(benchmarks.keep_below(SimpleNamespace(status="above tested range", bmdl=0.02), log, True, 5))
+    assert words_08.MIN_DOSES == benchmarks.MIN_DOSES
+    r = SimpleNamespace(status="bounded", doses=2, bmdl=0.02, k3_min=0.01, k3_max=1.0, scale_agree=True)
+    assert "only the straight line is tested" in words_08.benchmark_reason(r)
+
+
+def test_a_lags_dose_is_placed_at_each_arms_k3_when_the_lag_is_first_whole():
+    """A lag's k3 at the step it is first whole (stale@2: step 2) differs by arm, since their first updates
+    differ: each arm's row keeps its own `k3_initial`, not the mean over arms and not the k3 achieved over the run."""
+    c = curves({**CLEAN, ("stale@2", "none@engine"): 0.1, ("stale@2", "none@trainer"): 0.1})
+    c["kind"] = c["label"].str.split("@").str[0]
+    c["dose"] = np.where(c["kind"] == "stale", 2.0, 0.0)
+    own = {"none@engine": 0.004, "none@trainer": 0.009}
+    c["mismatch_k3"] = [0.0 if k == "clean" else (own[a] if t == 2 else 0.05) for k, a, t in
+                        zip(c["kind"], c["arm"], c["step"])]
+    t = analysis.dose_table(c, MismatchCostParams(stale_steps=[2]), kl_zero(c)).set_index(["label", "arm"])
+    for arm, k3 in own.items():
+        assert t.loc[("stale@2", arm), "k3_initial"] == pytest.approx(k3)
+        assert t.loc[("stale@2", arm), "k3_achieved"] > 0.04  # the run's mean: mostly the later steps'

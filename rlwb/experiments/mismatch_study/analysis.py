@@ -53,16 +53,18 @@ def per_seed(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def k3_initial(curves: pd.DataFrame) -> pd.Series:
-    """Per run label: the k3 its dose gives the initial policy, the mean over the label's runs (every arm and seed)
-    of the engine-trainer k3 at its kind's `first_full_step` (a row that is not a dose: step 0). Before training
-    has moved the policy, every arm of a seed sees the same batch, so the arms agree at step 0."""
+    """Per run label and arm: the k3 its dose gives the policy the run starts from, the mean over the row's seeds of
+    the engine-trainer k3 at its kind's `first_full_step` (a row that is not a dose: step 0). For a kind acting from
+    the start that is step 0, before any update: every arm of a seed sees the same batch there, so the arms agree.
+    A lag is first whole after ceil(dose) updates, which differ by arm: each arm's row keeps its own value (stale@4
+    on the default policy: 0.022 to 0.037 across arms). Indexed by (label, arm)."""
     curves = with_defaults(curves)
     out = {}
-    for label, d in curves.groupby("label", sort=False):
+    for (label, arm), d in curves.groupby(["label", "arm"], sort=False):
         kind, dose = d["kind"].iloc[0], d["dose"].iloc[0]
         step = DOSE_KINDS[kind].first_full_step(dose) if kind in DOSE_KINDS else 0
         at = d[d["step"] == min(step, int(d["step"].max()))]
-        out[label] = float(at["mismatch_k3"].mean())
+        out[(label, arm)] = float(at["mismatch_k3"].mean())
     return pd.Series(out, name="k3_initial", dtype=float)
 
 
@@ -165,7 +167,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                "engine": curves.loc[curves["label"] == label, "engine"].iloc[0], "raw_logprobs": raw,
                "panel": panel_of(kind, raw, present), "control": control_of(kind, arm, temp, raw), "outcome": outcome,
                "k3_intended": dose if kind in DOSE_KINDS and DOSE_KINDS[kind].intended_k3 else float("nan"),
-               "k3_initial": float(x0[label]), "k3_achieved": float(d["k3"].mean()),
+               "k3_initial": float(x0[(label, arm)]), "k3_achieved": float(d["k3"].mean()),
                "k1_achieved": float(d["k1"].mean()),
                "reward_final": float(d["reward_final"].mean()), "policy_reward": float(d["policy_reward"].mean()),
                "auc": float(d["auc"].mean()), "entropy": float(d["entropy"].mean()),
@@ -294,7 +296,7 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
         d = d.sort_values("dose")
         out[f"{kind}/{arm}/max_dose_gap"] = float(d["gap"].iloc[-1])
     out.update(rejection_metrics(curves))
-    out.update(placebo_metrics(table, seed_gaps(per_seed(curves))))
+    out.update(placebo_metrics(table, curves))
     rerun = table[table["kind"] == "rerun"]
     if len(rerun):
         out["control/rerun/identical"] = float(rerun["identical"].iloc[0])
@@ -302,18 +304,24 @@ def dose_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def placebo_metrics(table: pd.DataFrame, gaps: pd.DataFrame) -> dict[str, float]:
+def placebo_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, float]:
     """The placebo rows (the clean run again on an independent sampling stream: every rejection is a false
-    positive): `placebo/rows`, `placebo/streams` (independent ones: rows whose seeds' gaps are the same numbers are
-    one run counted twice, e.g. two arms that train identically without a dose), and the false-positive rate over
-    the independent streams, unadjusted and after Holm, each with its exact (Clopper-Pearson) 95% interval: 0 of 2
-    is compatible with a rate up to 84%, so a handful of placebo rows checks little."""
+    positive): `placebo/rows`, `placebo/streams` (independent ones: rows of several arms on the same sampling stream
+    share their completions' seeds, so they are one stream counted once, by its first row; runs archived without a
+    `stream` column: rows whose seeds' gaps are the same numbers), and the false-positive rate over the independent
+    streams, unadjusted and after Holm, each with its exact (Clopper-Pearson) 95% interval: 0 of 2 is compatible
+    with a rate up to 84%, so a handful of placebo rows checks little."""
     placebo = table[table["kind"] == "placebo"]
     if placebo.empty:
         return {}
-    g = gaps[gaps["kind"] == "placebo"]
-    key = {(lab, arm): tuple(np.round(d.sort_values("seed")["gap"].to_numpy(float), 12))
-           for (lab, arm), d in g.groupby(["label", "arm"], sort=False)}
+    runs = curves[curves["kind"] == "placebo"]
+    if "stream" in runs:
+        key = {k: tuple(sorted(set(d["stream"]))) for k, d in runs.groupby(["label", "arm"], sort=False)}
+    else:
+        g = seed_gaps(per_seed(curves))
+        g = g[g["kind"] == "placebo"]
+        key = {k: tuple(np.round(d.sort_values("seed")["gap"].to_numpy(float), 12))
+               for k, d in g.groupby(["label", "arm"], sort=False)}
     seen, independent = set(), []
     for r in placebo.itertuples():
         k = key.get((r.label, r.arm))

@@ -1,9 +1,10 @@
 """Notebook 08's benchmark doses: "keep k3 below X" per kind of dose, PPO regime, horizon and arm, by the field's
 convention (`rlwb.core.measure.benchmark_dose`: models anchored at dose 0, test of fit, model average, a bootstrap
-over seeds that re-estimates the clean gain, so the benchmark response's own uncertainty is inside every bound).
+over seeds that re-estimates the clean gain, so the benchmark response's own uncertainty is inside every bound; the
+initial policy's outcome, the baseline, is one measurement of 128 x 2 completions and its noise is not).
 
-What is on the dose axis: `k3_initial`, the k3 a dose gives the *initial* policy, measured by the run before
-training has moved it (at the kind's `DoseKind.first_full_step`: step 0, or the step a lag is first complete). The
+What is on the dose axis: `k3_initial`, the k3 a dose gives the policy a run starts from (at the kind's
+`DoseKind.first_full_step`: step 0, before any update, or for a lag the step it is first whole, per arm). The
 k3 a run measures over all its steps (`k3_achieved`) is partly an outcome: a run the dose degrades drifts further
 from its engine (bypass reaches 2.5x decoupled's k3 at the same perturbation), so a dose-response in achieved k3
 would put the same dose at different x per arm. Achieved k3 stays a column.
@@ -84,7 +85,7 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
             ["kind", "updates", "epochs", table["label"].str.endswith(LONG), "arm"], sort=False):
         temp, horizon = d["temperature"].iloc[0], int(d["horizon"].iloc[0])
         regime = Regime(int(updates), int(epochs))
-        labels = sorted(d["label"], key=lambda lb: x0[lb])
+        labels = sorted(d["label"], key=lambda lb: x0[(lb, arm)])
         runs = s[(s["arm"] == arm) & (s["temperature"] == temp) & (s["updates"] == updates)
                  & (s["epochs"] == epochs) & (s["horizon"] == horizon)]
         clean_runs = runs[runs["kind"] == "clean"]
@@ -95,7 +96,7 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
         rows.append(RowStudy(
             kind=kind, updates=int(updates), epochs=int(epochs), long=bool(long), arm=arm,
             name=kind_label(kind, regime, first) + (LONG if long else ""), labels=labels,
-            doses=np.array([x0[lb] for lb in labels]),
+            doses=np.array([x0[(lb, arm)] for lb in labels]),
             k3_achieved=np.array([float(d.loc[d["label"] == lb, "k3_achieved"].iloc[0]) for lb in labels]),
             clean=wide["__clean__"].to_numpy(float), dosed=wide[labels].to_numpy(float),
             baseline=_baseline(curves, outcome, clean_labels), seeds=list(map(int, wide.index)),
@@ -134,37 +135,40 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
             row.update(trend_slope=tr.slope, trend_ci_low=tr.ci_low, trend_ci_high=tr.ci_high, trend_p=tr.p)
         except ValueError:  # a k3 of 0 or two doses alike: no trend in log dose
             row.update(trend_slope=np.nan, trend_ci_low=np.nan, trend_ci_high=np.nan, trend_p=np.nan)
-        # the figure's dose groups whatever the fit says, drawn as the share of the clean runs' mean gain kept
         y = np.column_stack([r.clean, r.dosed])
-        if len(y):
-            base = {**base, "baseline": r.baseline, "gain": float(r.clean.mean() - r.baseline)}
-            lo, hi = zip(*(stats.seed_ci(v) for v in y.T))
-            fits += [{**base, "part": "group", "dose": x, "y": m, "low": a, "high": b}
-                     for x, m, a, b in zip([0.0, *r.doses], y.mean(0), lo, hi)]
+        groups = list(zip([0.0, *r.doses], y.mean(0), *zip(*(stats.seed_ci(v) for v in y.T)))) if len(y) else []
+        f = g = None
         if not np.isfinite(r.baseline):
             rows.append({**row, **empty,
                          "status": f"{bd.NO_BENCHMARK} (the initial policy's {r.outcome} was not measured)"})
-            continue
-        try:
-            sc = bd.compare_dose_scales(r.doses, r.clean, r.dosed, baseline=r.baseline, bmr=bmr_fraction,
-                                        n_boot=N_BOOT, seed=BOOT_SEED)
-        except bd.BMDInputError as e:  # fewer than 3 seeds, a dose of 0: said in the status
-            rows.append({**row, **empty, "status": f"{bd.NO_BENCHMARK} ({e})"})
-            continue
-        f, g = sc.linear, sc.log
-        row.update(clean_gain=f.clean_gain, bmr=bmr_fraction * f.clean_gain, bmd=f.bmd, bmdl=f.bmdl, bmdu=f.bmdu,
-                   status=f.status, models_passing=",".join(m.model for m in f.models if m.passes),
-                   bmds_pick=f.bmds_pick or "", bmd_log=g.bmd, bmdl_log=g.bmdl, status_log=g.status,
-                   scale_agree=sc.agree, keep_below=keep_below(f, g, sc.agree), error_control=f.error_control)
-        rows.append(row)
-        if f.curve is not None:
+        else:
+            try:
+                sc = bd.compare_dose_scales(r.doses, r.clean, r.dosed, baseline=r.baseline, bmr=bmr_fraction,
+                                            n_boot=N_BOOT, seed=BOOT_SEED)
+            except bd.BMDInputError as e:  # fewer than 3 seeds, a dose of 0: said in the status
+                rows.append({**row, **empty, "status": f"{bd.NO_BENCHMARK} ({e})"})
+            else:
+                f, g = sc.linear, sc.log
+                # the BMR is relative to the model average's fitted clean level f(0), as the fit defines the BMD
+                gain = float(f.curve["mean"][0]) if f.curve is not None else f.clean_gain
+                row.update(clean_gain=gain, bmr=bmr_fraction * gain, bmd=f.bmd, bmdl=f.bmdl, bmdu=f.bmdu,
+                           status=f.status, models_passing=",".join(m.model for m in f.models if m.passes),
+                           bmds_pick=f.bmds_pick or "", bmd_log=g.bmd, bmdl_log=g.bmdl, status_log=g.status,
+                           scale_agree=sc.agree, keep_below=keep_below(f, g, sc.agree, len(r.labels)),
+                           error_control=f.error_control)
+                rows.append(row)
+        # the figure: the dose groups whatever the fit says, as the share of the clean gain kept (the fitted f(0)
+        # where a model fits, so the BMR line is where the curve loses the BMR; else the clean runs' mean)
+        gain = row["clean_gain"] if np.isfinite(row.get("clean_gain", np.nan)) else float(r.clean.mean() - r.baseline)
+        base = {**base, "baseline": r.baseline, "gain": gain}
+        fits += [{**base, "part": "group", "dose": x, "y": m, "low": a, "high": b} for x, m, a, b in groups]
+        if f is not None and f.curve is not None:
             c = f.curve
             fits += [{**base, "part": "fit", "dose": x, "y": m + r.baseline, "low": a + r.baseline,
                       "high": b + r.baseline} for x, m, a, b in zip(c["dose"], c["mean"], c["low"], c["high"])]
-        if np.isfinite(f.clean_gain) and f.clean_gain > 0:
-            level = r.baseline + (1 - bmr_fraction) * f.clean_gain
-            fits.append({**base, "part": "mark", "dose": f.bmd, "y": level, "low": f.bmdl, "high": f.bmdu,
-                         "status": f.status})
+        if f is not None and np.isfinite(gain) and gain > 0:
+            fits.append({**base, "part": "mark", "dose": f.bmd, "y": r.baseline + (1 - bmr_fraction) * gain,
+                         "low": f.bmdl, "high": f.bmdu, "status": f.status})
     fits += engine_points(table, curves, fits)
     b = pd.DataFrame(rows, columns=COLUMNS)
     b["trend_p_holm"] = stats.holm(b["trend_p"]) if len(b) else []
@@ -173,11 +177,17 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
     return b, fit_table
 
 
-def keep_below(linear: bd.BMDResult, log: bd.BMDResult, agree: bool) -> float:
-    """The level to quote as "keep k3 below": where the row is bounded on the linear dose scale and the log scale
-    agrees (each scale's BMD inside the other's BMDL-BMDU), the lower of the two scales' BMDLs (the scale is a
-    modelling choice, so the bound that holds under either); NaN otherwise."""
-    if linear.status != bd.BOUNDED or not agree:
+MIN_DOSES = 4  # doses (beside dose 0) a row needs for a level to quote
+
+
+def keep_below(linear: bd.BMDResult, log: bd.BMDResult, agree: bool, doses: int) -> float:
+    """The level to quote as "keep k3 below": where the row has `MIN_DOSES` doses or more, is bounded on the linear
+    dose scale and the log scale agrees (each scale's BMD inside the other's BMDL-BMDU), the lower of the two scales'
+    BMDLs (the scale is a modelling choice, so the bound that holds under either); NaN otherwise. Why 4 doses: with
+    2 (3 dose groups) every curved model is saturated and only the straight line can pass, so the lowest-of-models
+    bound guards nothing (simulated at doses 0.17 and 1, 8 seeds: the linear BMDL covered a steep concave truth's BMD
+    in 0 of ~200 bounded studies); the BMDL's coverage is measured at 4 doses (docs/benchmark_dose.md)."""
+    if doses < MIN_DOSES or linear.status != bd.BOUNDED or not agree:
         return float("nan")
     return float(min(linear.bmdl, log.bmdl)) if log.status == bd.BOUNDED else float(linear.bmdl)
 
@@ -204,7 +214,7 @@ def engine_points(table: pd.DataFrame, curves: pd.DataFrame, fits: list[dict]) -
         clean = baseline + gain
         out.append({"kind": r.panel, "updates": first, "epochs": first_epochs, "arm": r.arm, "name": r.panel,
                     "part": "engine",
-                    "dose": float(x0.get(r.label, np.nan)), "y": clean + r.gap, "low": clean + r.gap_ci_low,
+                    "dose": float(x0.get((r.label, r.arm), np.nan)), "y": clean + r.gap, "low": clean + r.gap_ci_low,
                     "high": clean + r.gap_ci_high, "baseline": baseline, "gain": gain, "label": r.label,
                     "control": r.control})
     return out

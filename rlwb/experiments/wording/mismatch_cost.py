@@ -15,6 +15,7 @@ from rlwb.formatting import metric
 BMD_BOUNDED, BMD_ABOVE, BMD_BELOW = "bounded", "above tested range", "below tested range"
 BMD_NO_FIT, BMD_SATURATED, BMD_NO_BENCHMARK, BMD_NOT_BOUNDED = ("no fit passes", "saturated", "no benchmark",
                                                                 "not bounded")
+MIN_DOSES = 4  # as `mismatch_study.benchmarks.MIN_DOSES` (tests/test_mismatch_cost.py checks the two agree)
 
 
 def quotable(r) -> bool:
@@ -25,6 +26,11 @@ def quotable(r) -> bool:
 
 def benchmark_reason(r) -> str:
     """Why a row gives no level to quote, and what design would, in a clause."""
+    if r.status == BMD_BOUNDED and r.doses < MIN_DOSES:
+        return (f"bounded on the linear dose scale (BMDL {r.bmdl:.1e}), but with {r.doses} dose(s) beside dose 0 "
+                f"only the straight line is tested (every curved model is saturated), so no model's bound guards "
+                f"against a curve that falls early; a level is quoted from {MIN_DOSES} doses up, between "
+                f"{r.k3_min:.0e} and {r.k3_max:.0e} here")
     if r.status == BMD_BOUNDED:
         log = f"BMDL {r.bmdl_log:.1e}" if r.status_log == BMD_BOUNDED else f"'{r.status_log}'"
         return (f"bounded on the linear dose scale (BMDL {r.bmdl:.1e}) but the log scale says {log}: with "
@@ -52,6 +58,13 @@ def benchmark_reason(r) -> str:
     return r.status
 
 
+def short_reason(r) -> str:
+    """Why a row gives no level, in a few words (the index's answer line)."""
+    if r.status == BMD_BOUNDED:
+        return f"{r.doses} doses" if getattr(r, "doses", MIN_DOSES) < MIN_DOSES else "the dose scale decides it"
+    return r.status
+
+
 def benchmark_line(r, bmr_fraction: float) -> str:
     """One bullet for a (kind, PPO regime, horizon, arm) benchmark row of notebook 08 (`benchmarks.benchmark_table`):
     "keep k3 below X" with its BMD and BMDU where the row is `quotable`, else why not and the design that would
@@ -63,8 +76,8 @@ def benchmark_line(r, bmr_fraction: float) -> str:
                                                                              "or seeds)")
     if quotable(r):
         return (head + f"**keep k3 below {metric('k3', r.keep_below, '.1e')}** (BMDL, the lower of the linear and "
-                f"log dose scales'; BMD {r.bmd:.1e}, BMDU {r.bmdu:.1e}: where the model-average curve loses "
-                f"{bmr_fraction:.0%} of the clean gain, {r.bmr:.3f}; models passing: "
+                f"log dose scales'; linear-scale BMD {r.bmd:.1e}, BMDU {r.bmdu:.1e}: where the model-average curve "
+                f"loses {bmr_fraction:.0%} of the clean gain, {r.bmr:.3f}; models passing: "
                 f"{r.models_passing.replace(',', ', ')}); {trend}.")
     return head + f"no level to quote: {benchmark_reason(r)}; {trend}."
 
@@ -267,8 +280,7 @@ def answer_line(first: str, bench, contrasts, bullets: list[str]) -> str:
     if len(bench) and "status" in bench:
         rows = bench[bench["arm"] == first]
         said = [f"{r.kind} < {r.keep_below:.1e} (BMD {r.bmd:.1e})" if quotable(r) else
-                f"{r.kind} no level ({'the dose scale decides it' if r.status == BMD_BOUNDED else r.status})"
-                for r in rows.itertuples()]
+                f"{r.kind} no level ({short_reason(r)})" for r in rows.itertuples()]
         if said:
             parts.append(f"Tolerable k3 for `{first}` (BMDL): " + "; ".join(said) + ".")
     parts += [b for b in bullets if f"`{first}`" in b] or bullets
@@ -300,13 +312,16 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
     if bench is not None and len(bench):
         lines.append(f"**Tolerable mismatch** (benchmark dose by EPA's and EFSA's conventions, "
                      f"docs/benchmark_dose.md: per kind, PPO regime and arm, each seed's tested outcome at dose 0 "
-                     f"(its clean run) and at every dose; dose = the k3 the dose gives the initial policy, measured "
-                     f"before training (`k3_initial`); linear, power, exponential and Hill models anchored at dose 0, "
+                     f"(its clean run) and at every dose; dose = the k3 the dose gives the policy the run starts "
+                     f"from (`k3_initial`: before any update, or for a lag after its first whole lag, per arm); "
+                     f"linear, power, exponential and Hill models anchored at dose 0, "
                      f"test of fit (p < 0.1 fails), saturated fits never a bound, Akaike model average; BMR = "
                      f"{p.bmr_fraction:.0%} of the fitted clean gain over the initial policy; BMDL/BMDU one-sided 95% "
                      f"from a bootstrap over seeds that redraws each seed's clean run with its dosed runs, the lowest "
                      f"of the average's and every passing model's, each row alone (no adjustment across rows); a level "
-                     f"is quoted only where the BMD lies inside the tested doses and the log dose scale agrees; trend "
+                     f"is quoted only where the row has {MIN_DOSES} doses or more, the BMD lies inside them and the "
+                     f"log dose scale agrees; the initial policy's outcome is one measurement, its noise not in the "
+                     f"bounds; trend "
                      f"p's are Holm-adjusted in the study's one family):\n"
                      + "\n".join(benchmark_line(r, p.bmr_fraction) for r in bench.itertuples()))
     below = below_initial_line(regimes)
