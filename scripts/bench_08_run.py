@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -33,8 +34,6 @@ T_COLS = ["t_rollout", "t_score", "t_update", "t_sync", "t_step"]
 
 def child(args) -> None:
     """One arm: train the mix through `train_study` and write what the parent compares."""
-    import pandas as pd
-
     from rlwb import params, timing
     from rlwb.core.models.store import build_default_model
     from rlwb.experiments.mismatch_study import design, execution
@@ -57,10 +56,13 @@ def child(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", default="main", help="commit-ish of arm A (default: main)")
+    ap.add_argument("--baseline", default=None, help="commit-ish of arm A (default: where this branch left main, "
+                    "git merge-base HEAD main)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--reps", type=int, default=2, help="A, B pairs")
     ap.add_argument("--lanes", type=int, default=2, help="concurrent_runs")
+    ap.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for arm B only (an experiment: OMP_WAIT_POLICY=PASSIVE)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -71,24 +73,40 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench08-"))
     base = tmp / "baseline"
     base.mkdir()
-    sha = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT, check=True, capture_output=True,
-                         text=True).stdout.strip()
-    subprocess.run(f"git archive {args.baseline} rlwb | tar -x -C {base}", shell=True, cwd=ROOT, check=True)
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+    args.baseline = args.baseline or git("merge-base", "HEAD", "main")
+    sha = git("rev-parse", "--short", args.baseline)
+    # its code, params and engine scripts; the engines' environments are this checkout's (the same interpreters)
+    subprocess.run(f"git archive {args.baseline} rlwb params engines | tar -x -C {base}", shell=True, cwd=ROOT,
+                   check=True)
+    for env in (".venv", ".venvs"):
+        if (ROOT / env).exists():
+            (base / env).symlink_to((ROOT / env).resolve())
     print(f"A: {args.baseline} ({sha}), B: this checkout ({ROOT}); {len(MIX)} jobs x {args.steps} steps, "
           f"{args.lanes} lanes, {args.reps} A/B pairs", flush=True)
     results: dict[str, list[dict]] = {"A": [], "B": []}
     for rep in range(args.reps):
         for arm, path in (("A", base), ("B", ROOT)):
             out = tmp / f"{arm}{rep}.json"
-            env = {**os.environ, "PYTHONPATH": str(path)}
-            subprocess.run([sys.executable, __file__, "--child", "--out", str(out), "--steps", str(args.steps),
-                            "--lanes", str(args.lanes)], env=env, cwd=ROOT, check=True,
-                           stdout=subprocess.DEVNULL, stderr=open(tmp / f"{arm}{rep}.log", "w"))
+            env = {**os.environ, "PYTHONPATH": str(path), **(dict(kv.split("=", 1) for kv in args.b_env)
+                                                                if arm == "B" else {})}
+            cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            with open(tmp / f"{arm}{rep}.log", "w") as log:
+                subprocess.run([sys.executable, __file__, "--child", "--out", str(out), "--steps", str(args.steps),
+                                "--lanes", str(args.lanes)], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                               stderr=log)
+            cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             r = json.loads(out.read_text())
+            # CPU seconds of the arm's whole process tree (trainer and engine workers): on a saturated machine the
+            # runs per hour are the cores over this, whatever the others' load does to the wall time
+            r["cpu_s"] = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
             r["curves"] = pd.read_parquet(str(out) + ".parquet")
             results[arm].append(r)
             ph = r["phases"]
-            print(f"rep {rep} {arm}: wall {r['wall_s']:7.1f} s, {3600 * r['runs'] / r['wall_s']:6.1f} runs/h | "
+            print(f"rep {rep} {arm}: wall {r['wall_s']:7.1f} s, {3600 * r['runs'] / r['wall_s']:6.1f} runs/h, "
+                  f"cpu {r['cpu_s']:7.1f} s | "
                   + " ".join(f"{k} {ph.get(k, 0):6.1f}" for k in ("engine_start", "sampling", "scoring", "training",
                                                                   "weight_sync"))
                   + " | per step " + " ".join(f"{k[2:]} {v:.3f}" for k, v in r["t_mean"].items())
@@ -99,7 +117,7 @@ def main() -> None:
         return sum(f(r) for r in rs) / len(rs)
 
     print("\nmean over reps (B / A):")
-    for k in ("wall_s",):
+    for k in ("wall_s", "cpu_s"):
         print(f"  {k:12s} A {mean(a, lambda r: r[k]):7.1f}  B {mean(b, lambda r: r[k]):7.1f}  "
               f"ratio {mean(b, lambda r: r[k]) / mean(a, lambda r: r[k]):.3f}")
     for k in ("sampling", "scoring", "training", "weight_sync"):
