@@ -350,3 +350,45 @@ def test_a_second_epoch_moves_the_decoupled_ratio_of_a_single_mini_batch(default
     assert out[2].ratio_abs_log_mean == pytest.approx(out[2].last_ratio_abs_log_mean / 2, rel=1e-9)
     with pytest.raises(ValueError, match="ppo_epochs must be >= 1"):
         grpo.GRPOConfig(ppo_epochs=0)
+
+
+def test_rollouts_without_engine_text_are_bitwise_the_ones_with_it(engine, default_model, monkeypatch):
+    """The GRPO loop and notebook 08's policy reward ask the engine for no text (`generate(text=False)`: vLLM skips
+    its detokenizer; the loop decodes the token ids itself). The tokens, logprobs (full distributions too) and
+    finish reasons must be bitwise those of a detokenized call, and a short GRPO run's curve bitwise the one it
+    has when every rollout is detokenized (the code path before the cut), or the cut changes every curve."""
+    from transformers import AutoModelForCausalLM
+
+    from rlwb.core.data import tasks, tokenizer
+    from rlwb.engines.worker import Sampling
+
+    w = engine("vllm-v1-fixed")
+    prompts = [tokenizer.encode_prompt(p.prompt) for p in tasks.make_problems(12, seed=7)]
+    for full in (False, True):
+        s = Sampling(temperature=0.7, max_tokens=16, seed=11)
+        on, off = (w.generate(prompts, s, full=full, text=t) for t in (True, False))
+        assert [c.token_ids for c in on] == [c.token_ids for c in off]
+        assert all(np.array_equal(a.logprobs, b.logprobs) for a, b in zip(on, off))
+        assert [c.finish_reason for c in on] == [c.finish_reason for c in off]
+        assert not full or all(np.array_equal(a.full, b.full) for a, b in zip(on, off))
+        assert all(c.text for c in on) and not any(c.text for c in off)  # the cut really skipped the text
+
+    model = AutoModelForCausalLM.from_pretrained(str(default_model.path), dtype=torch.float32)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = grpo.GRPOConfig(steps=2, prompts_per_step=4, group_size=4, lr=1e-3, max_tokens=16)
+    generate, asked = w.generate, []
+
+    def detokenized(prompts, sampling, full=False, timeout=None, text=True):
+        asked.append(text)
+        return generate(prompts, sampling, full, timeout, text=True)
+
+    curves = {}
+    try:
+        curves["off"] = grpo.train(model, w, cfg, initial, progress=False)
+        monkeypatch.setattr(w, "generate", detokenized)
+        curves["on"] = grpo.train(model, w, cfg, initial, progress=False)
+    finally:
+        w.update_weights(initial)
+    assert asked == [False, False]  # the loop asks for no text: the run without it is what ran first
+    same = [c for c in curves["on"].columns if not c.startswith("t_")]
+    assert curves["on"][same].equals(curves["off"][same])

@@ -50,7 +50,7 @@ class HfBackend:
                              "enable_prefix_caching": False, "generation_config": "ignored (neutral)",
                              "checkpoint_sampling_defaults": self.checkpoint_sampling}}
 
-    def generate(self, requests: list[dict], full: bool) -> list[dict]:
+    def generate(self, requests: list[dict], full: bool, text: bool = True) -> list[dict]:
         # One `generate` call per request: transformers has no per-request seed inside a batch, and
         # per-request calls make a request's sample independent of its batch (as vLLM's seeds do).
         import numpy as np
@@ -86,7 +86,7 @@ class HfBackend:
                 seq = seq[:L]
                 dist = scores[j, :L].cpu().numpy().astype(np.float32)
                 sample = {"token_ids": seq, "logprobs": dist[np.arange(L), seq].astype(np.float32),
-                          "text": self.tokenizer.decode(seq, skip_special_tokens=True),
+                          "text": self.tokenizer.decode(seq, skip_special_tokens=True) if text else "",
                           "finish_reason": "stop" if L and seq[-1] in eos and not s.get("ignore_eos") else "length"}
                 if full:
                     sample["full"] = dist

@@ -214,9 +214,10 @@ class ServedEngine:
             raise self._error(f"returned token {token!r}, not 'token_id:N': it ignores return_tokens_as_token_ids")
         return int(m.group(1))
 
-    def generate(self, prompts: list[list[int]], sampling, full: bool = False):
+    def generate(self, prompts: list[list[int]], sampling, full: bool = False, text: bool = True):
         """Sample completions for token-id prompts, one HTTP request per prompt (in `workers` threads, so the
-        server batches them); request i gets seed + i. Returns `Completion`s ordered by (request, sample)."""
+        server batches them); request i gets seed + i. Returns `Completion`s ordered by (request, sample).
+        `text` is `EngineWorker.generate`'s (a server's completions come with their text either way)."""
         reqs = generate_requests(prompts, sampling)
         with timing.phase("sampling"), ThreadPoolExecutor(max_workers=self.workers) as pool:
             results = list(pool.map(lambda r: self._one(r, full), reqs))

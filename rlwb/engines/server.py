@@ -72,7 +72,7 @@ def main() -> None:
         op, args = msg.get("op"), msg.get("args") or {}
         try:
             if op == "generate":
-                result = backend.generate(args["requests"], bool(args.get("full", False)))
+                result = backend.generate(args["requests"], bool(args.get("full", False)), bool(args.get("text", True)))
             elif op == "update_weights":
                 result = backend.update_weights(args["path"], args.get("reset"))
             elif op == "reset_prefix_cache":

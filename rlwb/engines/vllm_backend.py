@@ -182,8 +182,9 @@ class VllmBackend:
                 "torch_version": torch.__version__, "transformers_version": transformers.__version__,
                 "settings": settings, "warnings": list(self.warnings)}
 
-    def requests_to_vllm(self, requests: list[dict], full: bool) -> tuple[list[dict], list]:
-        """rlwb's requests as vLLM's prompts and SamplingParams (`rlwb bench` times `llm.generate` on these)."""
+    def requests_to_vllm(self, requests: list[dict], full: bool, text: bool = True) -> tuple[list[dict], list]:
+        """rlwb's requests as vLLM's prompts and SamplingParams (`rlwb bench` times `llm.generate` on these);
+        `text=False`: no detokenizing (no output text, no decoded logprob tokens; tokens and logprobs the same)."""
         from vllm import SamplingParams
 
         prompts, params = [], []
@@ -198,12 +199,13 @@ class VllmBackend:
                 # explicit and neutral: nothing of a checkpoint's generation_config.json reaches the sampler (the
                 # presets also set generation_config: vllm, so vLLM never reads it as defaults)
                 repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0, min_tokens=0,
+                detokenize=text,
             ))
             prompts.append({"prompt_token_ids": list(r["prompt_token_ids"])})
         return prompts, params
 
-    def generate(self, requests: list[dict], full: bool) -> list[dict]:
-        prompts, params = self.requests_to_vllm(requests, full)
+    def generate(self, requests: list[dict], full: bool, text: bool = True) -> list[dict]:
+        prompts, params = self.requests_to_vllm(requests, full, text)
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
         for out in outs:
@@ -211,7 +213,7 @@ class VllmBackend:
             for c in out.outputs:
                 ids = list(c.token_ids)
                 lp = [step[t].logprob for step, t in zip(c.logprobs, ids)]
-                sample = {"token_ids": ids, "logprobs": protocol.f32(lp), "text": c.text,
+                sample = {"token_ids": ids, "logprobs": protocol.f32(lp), "text": c.text or "",
                           "finish_reason": c.finish_reason}
                 if full:
                     import numpy as np

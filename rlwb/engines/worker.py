@@ -320,13 +320,18 @@ class EngineWorker:
         return dict(self.wait_ready()._info)
 
     def generate(self, prompts: list[list[int]], sampling: Sampling | list[Sampling], full: bool = False,
-                 timeout: float | None = None) -> list[Completion]:
-        """Sample completions for token-id prompts; flat list ordered by (request, sample)."""
-        with timing.phase("sampling"):
-            return self._generate(prompts, sampling, full, timeout)
+                 timeout: float | None = None, text: bool = True) -> list[Completion]:
+        """Sample completions for token-id prompts; flat list ordered by (request, sample).
 
-    def _generate(self, prompts, sampling, full, timeout) -> list[Completion]:
-        out = self._call("generate", timeout=timeout, requests=generate_requests(prompts, sampling), full=full)
+        `text=False`: the engine does not detokenize (each `Completion.text` is ""); the tokens and logprobs are
+        bitwise the same (tested), and vLLM skips its per-token detokenizer and its decoding of every logprob's
+        token, work a caller that decodes the token ids itself (the GRPO loop, notebook 08's scoring) never reads."""
+        with timing.phase("sampling"):
+            return self._generate(prompts, sampling, full, timeout, text)
+
+    def _generate(self, prompts, sampling, full, timeout, text: bool = True) -> list[Completion]:
+        out = self._call("generate", timeout=timeout, requests=generate_requests(prompts, sampling), full=full,
+                         **({} if text else {"text": False}))
         comps = []
         for rid, r in enumerate(out):
             for j, s in enumerate(r["samples"]):

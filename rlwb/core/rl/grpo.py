@@ -194,7 +194,7 @@ def grpo_step(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, eng
     prompts = [codec.encode_task(p) for p in problems for _ in range(cfg.group_size)]
     sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                         seed=sampling_seed(cfg.seed, step, cfg.sampling_stream))
-    comps = engine.generate(prompts, sampling)
+    comps = engine.generate(prompts, sampling, text=False)  # decoded here, by the codec: no engine-side text
     texts = [codec.decode(c.token_ids) for c in comps]
     rewards = torch.tensor([tasks.reward(problems[i // cfg.group_size], t) for i, t in enumerate(texts)])
     reversed_frac = float(np.mean([tasks.is_reversed(problems[i // cfg.group_size], t) for i, t in enumerate(texts)]))

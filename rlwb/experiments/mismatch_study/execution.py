@@ -207,7 +207,8 @@ def policy_reward(model, engine, codec, problems, p, temperature: float) -> floa
     engine.update_weights({k: v.detach() for k, v in model.state_dict().items()})
     engine.reset_prefix_cache()
     prompts = [codec.encode_task(q) for q in problems for _ in range(p.policy_samples)]
-    comps = engine.generate(prompts, Sampling(temperature=temperature, max_tokens=p.max_tokens, seed=POLICY_SEED))
+    comps = engine.generate(prompts, Sampling(temperature=temperature, max_tokens=p.max_tokens, seed=POLICY_SEED),
+                            text=False)
     return float(np.mean([task_mod.reward(problems[i // p.policy_samples], codec.decode(c.token_ids))
                           for i, c in enumerate(comps)]))
 
