@@ -732,6 +732,13 @@ def test_the_sequential_rule_gives_seeds_where_the_benchmark_is_decided_and_none
     assert mt[f"sequential/{tight.label}/none@engine/seeds"] == 6
     assert "sequential/ratio@0.03/none@engine/seeds" not in mt
     assert mt["sequential/rows"] == 1 and mt["sequential/runs"] == 2 * (mid.seeds - 6)
+    gaps = analysis.seed_gaps(analysis.per_seed(whole)).set_index("seed")
+    mid_gaps = gaps.loc[gaps["label"] == "ratio@0.3", "gap"]
+    d = res.doses.set_index(["label", "arm"])
+    assert d.loc[("ratio@0.3", "none@engine"), "p"] == pytest.approx(  # two looks, not one pooled t test
+        analysis.two_look_p(mid_gaps, p.seeds, p.max_seeds, d.loc[("ratio@0.3", "none@engine"), "q_eff"]))
+    assert d.loc[("ratio@0.3", "none@engine"), "p"] != pytest.approx(
+        stats.paired_gap_test(mid_gaps.to_numpy(), margin=1.0, resolution=d["q_eff"].iloc[0]).p_diff)
     rows = res.doses.set_index(["label", "arm"])["seeds"]
     assert rows[("ratio@0.3", "none@engine")] == mid.seeds and rows[("ratio@1", "none@engine")] == 6
     # the fit keeps the seeds every dose of the row has (the first pass's: the other doses were not extended)
@@ -772,7 +779,8 @@ def test_the_sequential_rule_on_a_hand_made_first_pass_table():
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"num_seeds": 8, "max_seeds": 6}, "'max_seeds' \\(6\\) is below 'num_seeds' \\(8\\)"),
+    ({"num_seeds": 8, "max_seeds": 6}, "'max_seeds' \\(6\\) must be 0 .* 'num_seeds' \\+ 2 \\(8 \\+ 2\\)"),
+    ({"num_seeds": 8, "max_seeds": 9}, "'max_seeds' \\(9\\) must be 0"),
     ({"target_power": 1.0}, "target_power"), ({"max_seeds": 501}, "max_seeds")])
 def test_the_sequential_rule_is_refused_where_it_cannot_mean_anything(kw, match):
     """Validated before any kernel starts (`params.load`), naming the parameter (and both, for the cap below the
@@ -802,3 +810,46 @@ def replace_hash(p, **kw) -> str:
     from dataclasses import replace
 
     return replace(p, **kw).hash()
+
+
+
+def rule_rows(rng, gap: float, n_rows: int, n1: int = 8, cap: int = 40, bmr: float = 0.03):
+    """`n_rows` rows of true `gap` (sd 0.085) through the rule: 8 seeds, then where the gap's 95% interval holds -BMR
+    the seeds `seeds_for` sizes (at 0.05 / 40, up to 40), drawn fresh. (each row's gaps, its seed count)"""
+    from scipy import stats as st
+
+    from rlwb.experiments.mismatch_study import sequential
+
+    x = rng.normal(gap, 0.085, (n_rows, cap))
+    mu, sd = x[:, :n1].mean(1), x[:, :n1].std(1, ddof=1)
+    hw = st.t.ppf(0.975, n1 - 1) * sd / np.sqrt(n1)
+    n = [sequential.seeds_for(bmr, s, n1, cap, 0.05 / 40, 0.8) if m - h <= -bmr <= m + h else n1
+         for m, s, h in zip(mu, sd, hw)]
+    return x, n
+
+
+def test_a_study_with_a_second_pass_tests_its_dose_rows_at_their_level():
+    """Null rows through the rule (most extended, each to a count of its own): one t test pooling both passes calls
+    a cost at 5% well above 5% of the time (the first pass's seeds were picked by their own mean), the two-look test
+    (`analysis.two_look_p`) at most 5% (binomial 3-sd band, 2000 rows, BMR 0.01). Rows with a cost the BMR's size:
+    the second look finds more of them than the first look alone. Catches an extended row tested by the pooled t
+    test, or a two-look p that is not a p (above its level under no cost)."""
+    from scipy import stats as st
+
+    from rlwb.core.measure import stats
+
+    rng = np.random.default_rng(58)
+    x, n = rule_rows(rng, 0.0, 2000, bmr=0.01)
+    assert 0.8 < np.mean(np.array(n) > 8) < 0.99
+    pooled = np.array([2 * st.t.sf(abs(r[:k].mean()) / r[:k].std(ddof=1) * np.sqrt(k), k - 1) for r, k in zip(x, n)])
+    looks = np.array([analysis.two_look_p(pd.Series(r[:k]), range(8), 40, 0.0) for r, k in zip(x, n)])
+    band = 3 * np.sqrt(0.05 * 0.95 / len(n))
+    assert (pooled < 0.05).mean() > 0.05 + band and (looks < 0.05).mean() < 0.05 + band
+    x, n = rule_rows(rng, -0.04, 300)
+    first = np.array([analysis.two_look_p(pd.Series(r[:8]), range(8), 40, 0.0) for r in x])
+    looks = np.array([analysis.two_look_p(pd.Series(r[:k]), range(8), 40, 0.0) for r, k in zip(x, n)])
+    assert (looks < 0.05).mean() > (first < 0.05).mean() + 0.2
+    # no second look (fewer than 2 seeds beyond the first pass): the first look's p against the two-look boundary
+    r = pd.Series(x[0, :9])
+    assert analysis.two_look_p(r, range(8), 40, 0.0) == analysis.two_look_p(r[:8], range(8), 40, 0.0)
+    assert analysis.two_look_p(r[:8], range(8), 40, 0.0) > stats.paired_gap_test(r[:8].to_numpy(), margin=1.0).p_diff

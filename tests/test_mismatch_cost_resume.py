@@ -464,8 +464,8 @@ def test_a_two_pass_study_with_placebo_streams_runs_on_the_real_engines(default_
     reaches the loop as the clean run's stream or as the other placebo's."""
     from rlwb.experiments.mismatch_study import sequential
 
-    p = tiny(arms=["none@engine"], max_seeds=3, placebo_arms=["none@engine"], placebo_streams=2)
-    call = sequential.SeedCall("ratio@0.01", "none@engine", "ratio", (sequential.STRADDLES,), 0.1, 0.1, 0.2, 3, 0.8,
+    p = tiny(arms=["none@engine"], max_seeds=4, placebo_arms=["none@engine"], placebo_streams=2)
+    call = sequential.SeedCall("ratio@0.01", "none@engine", "ratio", (sequential.STRADDLES,), 0.1, 0.1, 0.2, 4, 0.8,
                                False)
     monkeypatch.setattr(sequential, "first_pass", lambda curves, p: ([call], 5))
     streams, real = {}, execution.train
@@ -487,13 +487,14 @@ def test_a_two_pass_study_with_placebo_streams_runs_on_the_real_engines(default_
     res = mc.run(p, default_model.path, progress=False, store=archive.Run(run_dir(tmp_path, "two", p)).jobs())
     c = res.curves
     runs = c[["label", "arm", "seed"]].drop_duplicates()
-    assert len(runs) == len(design.training_runs(p)) + 2 == res.metrics["resume/trained_jobs"]
-    extra = runs[runs["seed"] == 2]
-    assert sorted(map(tuple, extra[["label", "arm"]].to_numpy())) == [("clean", "none@engine"),
-                                                                         ("ratio@0.01", "none@engine")]
+    assert len(runs) == len(design.training_runs(p)) + 4 == res.metrics["resume/trained_jobs"]
+    extra = runs[runs["seed"] >= 2]
+    assert sorted(map(tuple, extra[["label", "arm", "seed"]].to_numpy())) == [
+        ("clean", "none@engine", 2), ("clean", "none@engine", 3), ("ratio@0.01", "none@engine", 2),
+        ("ratio@0.01", "none@engine", 3)]
     assert c["kl_to_clean"].notna().all()
     assert res.metrics["sequential/ratio@0.01/none@engine/seeds"] == res.metrics["sequential/clean/none@engine/seeds"]
-    assert res.doses.set_index(["label", "arm"]).loc[("ratio@0.01", "none@engine"), "seeds"] == 3
+    assert res.doses.set_index(["label", "arm"]).loc[("ratio@0.01", "none@engine"), "seeds"] == 4
     assert res.metrics["placebo/rows"] == 2
     assert streams == {"placebo": 1, "placebo#2": 1001, "clean": 0, "ratio@0.01": 0, "rerun": 0}
     from rlwb.core.rl.grpo_config import sampling_seed

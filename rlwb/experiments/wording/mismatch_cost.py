@@ -116,8 +116,10 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
     return (f"**Seeds** (a sequential rule declared before the run: a first pass of {num_seeds} seeds, then, at each "
             f"benchmark row's doses whose gap interval holds −BMR or that bracket its BMD, the seeds that give "
             f"{target_power:.0%} power to detect a cost of the BMR at α/m = 0.05/{m} from the first pass's sd, at most "
-            f"{max_seeds}): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps the seeds every "
-                                 "dose of its row has" if more else "no dose row needed more") + ".")
+            f"{max_seeds}; every dose row it may extend tested at two looks, Pocock's boundary on the passes' "
+            f"inverse-normal combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps "
+                                                "the seeds every dose of its row has" if more else
+                                                "no dose row needed more") + ".")
 
 
 def regime_words(updates: int, epochs: int) -> str:

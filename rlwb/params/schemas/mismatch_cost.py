@@ -102,7 +102,7 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
     max_seeds: int = param(0, "the sequential rule's cap on seeds per row (0: no second pass): after the first "
                               "pass, each benchmark row's doses whose gap interval holds -BMR or that bracket its BMD "
                               "get the seeds that give target_power at the BMR (paired t at alpha/m, the first pass's "
-                              "sd), at most this many",
+                              "sd), at most this many (at least num_seeds + 2)",
                            ge=0, le=MAX_SEEDS)
     target_power: float = param(0.8, "the sequential rule's power to detect a cost equal to the BMR (two-sided paired "
                                      "t at the study's strictest Holm level alpha/m, the first pass's sd)", gt=0, lt=1)
@@ -144,10 +144,10 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
         if len(self.engines) != 1:
             raise ParamError(f"parameter 'engines' must name one preset (every arm and dose samples from it, so gaps "
                              f"are paired), got {self.engines}")
-        if self.max_seeds and self.max_seeds < self.num_seeds:
-            raise ParamError(f"parameter 'max_seeds' ({self.max_seeds}) is below 'num_seeds' ({self.num_seeds}): the "
-                             f"second pass adds seeds to the first pass's num_seeds, up to max_seeds (0: no second "
-                             f"pass)")
+        if self.max_seeds and self.max_seeds < self.num_seeds + 2:
+            raise ParamError(f"parameter 'max_seeds' ({self.max_seeds}) must be 0 (no second pass) or at least "
+                             f"'num_seeds' + 2 ({self.num_seeds} + 2): the second pass adds at least 2 seeds to the "
+                             f"first pass's num_seeds (its own t test), up to max_seeds")
         if self.placebo_streams > 1 and not self.placebo_arms:
             raise ParamError(f"parameter 'placebo_streams' ({self.placebo_streams}) needs 'placebo_arms': the streams "
                              f"are placebo arms' clean runs trained again")
