@@ -1,6 +1,8 @@
 """Notebook 08's analysis, per run and per row: each run's outcomes (`per_seed`), its paired gaps to its clean twin
-(`seed_gaps`), one row per dose row and arm with its interval, test and verdict (`dose_table`), the controls, and
-the metrics of the rows (`dose_metrics`). Pure pandas on the curves: an archived run's analysis is redone from its
+(`seed_gaps`), one row per dose row and arm with its interval, test and verdict (`dose_table`; in a study with a
+second pass of seeds, a dose row's test has two looks: `two_look_p`), the controls, and the metrics of the rows
+(`dose_metrics`). Rows may have different seed counts (the sequential rule's second pass): each gap pairs a run with
+its own seed's clean twin. Pure pandas on the curves: an archived run's analysis is redone from its
 data/curves.parquet alone."""
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     the lag alone takes off it). verdict: a t test of gap = 0 per dosed row, Holm-corrected over every dosed row
     that is not a control, the placebo rows included (the clean run again on independent sampling: a "costs" or
     "gains" there is a false positive): "costs" / "gains" where it rejects, "no cost shown" where it does not (read
-    the MDE beside it). Controls (`control_of`) are tested alone, unadjusted (the stricter test for a null): "null
+    the MDE beside it); a dose row of a study with a second pass of seeds (`max_seeds`) is tested at two looks
+    (`two_look_p`). Controls (`control_of`) are tested alone, unadjusted (the stricter test for a null): "null
     (passes)" / "**fails**"."""
     curves = with_defaults(curves)
     s = per_seed(curves)

@@ -12,7 +12,8 @@ benchmark response (BMR = `bmr_fraction` of the fitted clean gain, > 0), on the 
 - such a row gets the fewest seeds n >= num_seeds whose two-sided paired t test at alpha / m (m: the first pass's
   one Holm family, `comparisons.one_family`; the level notebook 08's MDE uses) detects a gap equal to the BMR with
   power >= `target_power` (`stats.paired_t_power`, noncentral t), the spread being the first pass's per-seed sd of
-  the row's gap floored by the outcome's step (`stats.floored_sd`, the spread its test uses), at most `max_seeds`.
+  the row's gap floored by the outcome's step (`stats.floored_sd`, the spread its test uses), at most `max_seeds`,
+  and at least num_seeds + 2 once it gets more (the second look's own t test needs 2).
   A row with no spread (a gap sd of 0 and no outcome step, or fewer than 2 gaps) gets none: there is no sd to size by;
 - each clean twin (same arm, temperature, PPO regime and horizon) trains as many seeds as the most its dose rows get.
 
@@ -29,8 +30,8 @@ rate at 5% came out 5.4-7.9% (simulated, tests/test_mismatch_cost.py). In a stud
 rule may extend is tested by a two-look group-sequential test on the inverse-normal combination of the passes
 (`analysis.two_look_p`: Pocock's boundary, weights fixed by num_seeds / max_seeds before the run), which holds the
 level whatever the rule decides; a row left at the first pass pays for the second look it might have had (its p a
-little above its one-look p). The sizing above is the plan's fixed-n power, as the brief of #58 defines it; the
-two-look test's own power at those seeds is somewhat lower.
+little above its one-look p). The sizing above is the plan's fixed-n power (as issue #58 asks for it); the two-look
+test's own power at those seeds is somewhat lower.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """How notebook 08 (`rlwb.experiments.mismatch_cost`) words its verdicts: the conclusion and the one-line answer,
-the dose-by-dose answer, the benchmark doses, placebo rows, PPO regimes, the tested contrasts, the long horizon, the
-real engines on the same axes, the controls and the doses achieved. Takes plain values and tables (the experiment
-decides, and passes what it computed); imports nothing of rlwb above the leaf utilities and the shared wording."""
+the dose-by-dose answer, the sequential seed rule, the benchmark doses, placebo rows, PPO regimes, the tested
+contrasts, the long horizon, the real engines on the same axes, the controls and the doses achieved. Takes plain
+values and tables (the experiment decides, and passes what it computed); imports nothing of rlwb above the leaf
+utilities and the shared wording."""
 
 from __future__ import annotations
 
