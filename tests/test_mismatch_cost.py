@@ -685,3 +685,261 @@ def test_a_lags_dose_is_placed_at_each_arms_k3_when_the_lag_is_first_whole():
     for arm, k3 in own.items():
         assert t.loc[("stale@2", arm), "k3_initial"] == pytest.approx(k3)
         assert t.loc[("stale@2", arm), "k3_achieved"] > 0.04  # the run's mean: mostly the later steps'
+
+
+def test_placebo_streams_are_rows_of_their_own_with_sampling_seeds_no_other_run_draws():
+    """`placebo_streams` N: each placebo arm's clean run trained again on N streams, rows `placebo` (stream 1, the
+    name every run before the param had), `placebo#2`, ...; every request of every run of the study draws its own
+    sampling seed. Catches stream k passed to the loop as is: `sampling_seed`'s seed stride is twice its stream
+    stride less 3, so stream k + 2 of seed s would draw seed s + 1's stream-k seeds (request i that of i + 3)."""
+    from rlwb.core.rl.grpo_config import sampling_seed
+    from rlwb.job_store import job_key
+
+    p = MismatchCostParams(placebo_arms=["none@engine", "none@trainer"], placebo_streams=4, num_seeds=6)
+    runs = design.training_runs(p)
+    plc = [j for j in runs if j.kind == "placebo"]
+    assert len(plc) == 4 * 2 * 6 and len({job_key(j) for j in runs}) == len(runs)
+    assert sorted({(j.label, j.stream) for j in plc}) == [("placebo", 1), ("placebo#2", 2), ("placebo#3", 3),
+                                                          ("placebo#4", 4)]
+    assert {design.config(p, j).sampling_stream for j in plc} == {1, 1001, 2001, 3001}
+    assert all(design.config(p, j).sampling_stream == 0 for j in runs if j.kind != "placebo")
+    requests = p.prompts_per_step * p.group_size
+
+    def draws(stream_of) -> np.ndarray:
+        """Every (seed, stream) pair's request seeds over the study's steps."""
+        pairs = {(j.seed, stream_of(j)) for j in runs}
+        return np.array([sampling_seed(s, t, k) + i for s, k in pairs for t in range(p.steps)
+                         for i in range(requests)])
+
+    seeds = draws(lambda j: design.config(p, j).sampling_stream)
+    assert len(np.unique(seeds)) == len(seeds)
+    naive = draws(lambda j: j.stream)  # the stream index itself: streams meet
+    assert len(np.unique(naive)) < len(naive)
+    one = MismatchCostParams()  # the default: one stream, its runs as before the param (stream 1, `placebo`)
+    assert [(j.label, j.stream) for j in design.training_runs(one) if j.kind == "placebo"] == [
+        ("placebo", 1)] * one.num_seeds
+    from rlwb.errors import ParamError
+
+    with pytest.raises(ParamError, match="'placebo_streams' \\(3\\) needs 'placebo_arms'"):
+        MismatchCostParams(placebo_arms=[], placebo_streams=3)
+
+
+def test_n_placebo_streams_are_n_rows_of_the_false_positive_rate():
+    """Three placebo streams of one arm on hand-made curves: three rows in the family, three independent streams
+    in `placebo_metrics`, the rate and its exact interval over three; a stream whose gap is a real cost is one false
+    positive of three (unadjusted and after Holm)."""
+    from rlwb.core.measure import stats
+    from rlwb.experiments.wording import mismatch_cost as wording
+
+    costs = {**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.0,
+             ("placebo#2", "none@engine"): 0.0, ("placebo#3", "none@engine"): 0.0}
+    c = curves(costs)
+    c["kind"] = np.where(c["label"].str.startswith("placebo"), "placebo", c["kind"])
+    for k, lab in enumerate(("placebo", "placebo#2", "placebo#3")):  # each stream its own noise
+        at = c["label"] == lab
+        c.loc[at, "reward_mean"] += 0.003 * np.cos(c.loc[at, "seed"] * (2.1 + k))
+    c = with_policy(c, {k: 0.6 - v for k, v in costs.items()})
+    p = MismatchCostParams(placebo_streams=3)
+    t = analysis.dose_table(c, p, kl_zero(c))
+    m = analysis.dose_metrics(t, c)
+    assert m["placebo/rows"] == 3 and m["placebo/streams"] == 3 and m["placebo/false_positive_rate"] == 0
+    assert m["placebo/false_positive_rate_ci_high"] == pytest.approx(stats.proportion_ci(0, 3, method="exact")[1])
+    assert "3 independent streams" in wording.placebo_line(m)
+    hit = c["label"] == "placebo#3"
+    c.loc[hit, "policy_reward"] -= 0.2
+    t = analysis.dose_table(c, p, kl_zero(c))
+    m = analysis.dose_metrics(t, c)
+    assert m["placebo/streams"] == 3 and m["placebo/false_positive_rate"] == pytest.approx(1 / 3)
+    assert m["placebo/false_positive_rate_holm"] == pytest.approx(1 / 3) and "**fails**" in wording.placebo_line(m)
+
+
+SEQ_DOSES = {0.03: (0.0, 0.004), 0.1: (-0.02, 0.004), 0.3: (-0.07, 0.15), 1.0: (-0.25, 0.004)}  # mean gap, sd
+
+
+def sequential_curves(seeds=range(6), doses=SEQ_DOSES) -> pd.DataFrame:
+    """One arm's clean run and ratio doses on hand-made curves whose tested outcome (policy reward) is the clean run's
+    (0.6 + 0.01 x seed, over an initial policy at 0.3: a gain of ~0.3, a BMR of ~0.076 at 25%) plus each dose's gap,
+    drawn per seed with the dose's mean and sd (a fixed generator per dose and seed: a seed's gap is the same
+    whatever seeds the study has)."""
+    rows = []
+    for d in (0.0, *doses):
+        label = "clean" if d == 0 else f"ratio@{d:g}"
+        for s in seeds:
+            mean, sd = doses.get(d, (0.0, 0.0))
+            gap = mean + sd * np.random.default_rng([s, int(d * 1000)]).standard_normal() if d else 0.0
+            for t in range(4):
+                rows.append({"step": t, "kind": label.split("@")[0], "label": label, "dose": d, "temperature": 0.7,
+                             "arm": "none@engine", "seed": s, "reward_mean": 0.5 + 0.03 * t, "grad_norm": 1.0,
+                             "clip_frac": 0.0, "mismatch_k3": d, "mismatch_k1": 0.0, "entropy": 0.5,
+                             "raw_logprobs": False, "heldout_greedy_acc": 0.6, "engine": "vllm-v1-fixed",
+                             "policy_reward": 0.6 + 0.01 * s + gap, "initial_policy_reward": 0.3})
+    return pd.DataFrame(rows)
+
+
+def seq_params(**kw) -> MismatchCostParams:
+    return MismatchCostParams(**{"arms": ["none@engine"], "placebo_arms": [], "engine_points": [],
+                                 "ratio_k3": list(SEQ_DOSES), "weight_noise": [], "stale_steps": [], "num_seeds": 6,
+                                 "max_seeds": 60, **kw})
+
+
+def test_the_sequential_rule_gives_seeds_where_the_benchmark_is_decided_and_none_elsewhere():
+    """The first pass (6 seeds): ratio@0.3's gap interval holds -BMR (mean -0.07, sd 0.15): it gets the seeds that
+    detect the BMR with 80% power at alpha / m (noncentral t on its floored sd), and so does its clean twin; the
+    dose far from the BMR with a tight gap (0.03) gets none; the other dose bracketing the BMD has a tight gap the
+    first pass's seeds already detect: called, none more. A cap below that count holds (and says capped); the
+    study's second pass trains exactly those rows at seeds 6 ... n - 1; `analyze` redoes the decision from the first
+    pass's seeds of the whole curves (the second pass's seeds change nothing), records it and says it."""
+    from rlwb.core.measure import stats
+    from rlwb.experiments.mismatch_study import sequential
+
+    p = seq_params()
+    calls, m = sequential.first_pass(sequential_curves(), p)
+    by = {c.label: c for c in calls}
+    assert "ratio@0.3" in by and "ratio@0.03" not in by and len(by) == 2 and m >= 4
+    mid, (tight,) = by["ratio@0.3"], [c for c in calls if c.label != "ratio@0.3"]
+    assert sequential.STRADDLES in mid.why and tight.why == (sequential.BRACKETS,) and tight.seeds == p.num_seeds
+    level = 0.05 / m
+    assert 0.05 < mid.bmr < 0.1 and mid.power_first < 0.8 <= mid.power
+    assert mid.seeds > p.num_seeds and stats.paired_t_power(mid.bmr, mid.sd, mid.seeds - 1, level) < 0.8
+    assert mid.power == pytest.approx(stats.paired_t_power(mid.bmr, mid.sd, mid.seeds, level))
+    t = analysis.dose_table(sequential.first_pass_curves(sequential_curves(), p), p).set_index(["label", "arm"])
+    assert mid.sd == pytest.approx(stats.floored_sd(t.loc[("ratio@0.3", "none@engine"), "gap_sd"],
+                                                    t.loc[("ratio@0.3", "none@engine"), "q_eff"]))
+    capped = sequential.first_pass(sequential_curves(), seq_params(max_seeds=mid.seeds - 3))[0]
+    cm = next(c for c in capped if c.label == "ratio@0.3")
+    assert cm.seeds == mid.seeds - 3 and cm.capped and cm.power < 0.8 and not mid.capped
+    runs = sequential.second_pass_runs(calls, design.training_runs(p), p)
+    assert [(j.label, j.seed) for j in runs] == [("clean", s) for s in range(6, mid.seeds)] + [
+        ("ratio@0.3", s) for s in range(6, mid.seeds)]
+    assert all(j.twin[:4] == runs[0].twin[:4] for j in runs)
+    # the whole study's curves: the extended rows carry the second pass's seeds
+    whole = sequential_curves(range(mid.seeds))
+    whole = whole[whole["label"].isin(["clean", "ratio@0.3"]) | (whole["seed"] < 6)]
+    assert sequential.first_pass(whole, p) == (calls, m)
+    res = mc.analyze(whole, p)
+    mt = res.metrics
+    assert mt["sequential/ratio@0.3/none@engine/seeds"] == mt["sequential/clean/none@engine/seeds"] == mid.seeds
+    assert mt[f"sequential/{tight.label}/none@engine/seeds"] == 6
+    assert "sequential/ratio@0.03/none@engine/seeds" not in mt
+    assert mt["sequential/rows"] == 1 and mt["sequential/runs"] == 2 * (mid.seeds - 6)
+    gaps = analysis.seed_gaps(analysis.per_seed(whole)).set_index("seed")
+    mid_gaps = gaps.loc[gaps["label"] == "ratio@0.3", "gap"]
+    d = res.doses.set_index(["label", "arm"])
+    assert d.loc[("ratio@0.3", "none@engine"), "p"] == pytest.approx(  # two looks, not one pooled t test
+        analysis.two_look_p(mid_gaps, p.seeds, p.max_seeds, d.loc[("ratio@0.3", "none@engine"), "q_eff"]))
+    assert d.loc[("ratio@0.3", "none@engine"), "p"] != pytest.approx(
+        stats.paired_gap_test(mid_gaps.to_numpy(), margin=1.0, resolution=d["q_eff"].iloc[0]).p_diff)
+    rows = res.doses.set_index(["label", "arm"])["seeds"]
+    assert rows[("ratio@0.3", "none@engine")] == mid.seeds and rows[("ratio@1", "none@engine")] == 6
+    # the fit keeps the seeds every dose of the row has (the first pass's: the other doses were not extended)
+    assert res.benchmarks["seeds"].iloc[0] == 6
+    assert f"`ratio@0.3` `none@engine` 6 → {mid.seeds}" in res.conclusion()
+    assert "max_seeds" not in res.conclusion() and "sequential rule" in res.conclusion()
+    off = mc.analyze(sequential_curves(), seq_params(max_seeds=0))
+    assert not any(k.startswith("sequential/") for k in off.metrics) and "sequential rule" not in off.conclusion()
+
+
+def test_the_sequential_rule_on_a_hand_made_first_pass_table():
+    """`decide` alone: a row with no spread and no outcome step gets no seeds (nothing to size by), a row with a
+    spread that straddles gets the count that reaches the target, capped at max_seeds, a benchmark row without a
+    BMR (the clean arm did not learn) calls nothing, and a BMD outside the tested doses brackets with its nearest
+    dose only."""
+    from rlwb.core.measure import stats
+    from rlwb.experiments.mismatch_study import sequential
+
+    table = pd.DataFrame({"label": ["ratio@0.1", "ratio@1"], "arm": "a", "gap_ci_low": [-0.2, -0.3],
+                          "gap_ci_high": [0.0, -0.3], "gap_sd": [0.1, 0.0], "q_eff": [0.0, 0.0]})
+    studies = [SimpleNamespace(name="ratio", arm="a", labels=["ratio@0.1", "ratio@1"], doses=[0.1, 1.0])]
+
+    def decide(bmr=0.1, bmd=np.nan, cap=100, m=10):
+        bench = pd.DataFrame({"name": ["ratio"], "arm": ["a"], "bmr": [bmr], "bmd": [bmd]})
+        return {c.label: c for c in sequential.decide(table, bench, studies, m, num_seeds=4, max_seeds=cap,
+                                                       target_power=0.8)}
+
+    calls = decide()
+    assert set(calls) == {"ratio@0.1"} and calls["ratio@0.1"].why == (sequential.STRADDLES,)
+    n = calls["ratio@0.1"].seeds
+    assert stats.paired_t_power(0.1, 0.1, n, 0.005) >= 0.8 > stats.paired_t_power(0.1, 0.1, n - 1, 0.005)
+    assert decide(cap=n - 1)["ratio@0.1"].seeds == n - 1 and decide(cap=n - 1)["ratio@0.1"].capped
+    tie = decide(bmd=2.0)["ratio@1"]  # beyond the doses: the largest brackets it alone; its gaps tie
+    assert tie.why == (sequential.BRACKETS,) and tie.seeds == 4 and np.isnan(tie.power)
+    assert set(decide(bmd=0.5)) == {"ratio@0.1", "ratio@1"}
+    assert decide(bmr=np.nan) == {} and decide(bmr=-0.05) == {}
+    assert decide(cap=0)["ratio@0.1"].seeds == 4  # no second pass: the first pass's seeds
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"num_seeds": 8, "max_seeds": 6}, "'max_seeds' \\(6\\) must be 0 .* 'num_seeds' \\+ 2 \\(8 \\+ 2\\)"),
+    ({"num_seeds": 8, "max_seeds": 9}, "'max_seeds' \\(9\\) must be 0"),
+    ({"target_power": 1.0}, "target_power"), ({"max_seeds": 501}, "max_seeds")])
+def test_the_sequential_rule_is_refused_where_it_cannot_mean_anything(kw, match):
+    """Validated before any kernel starts (`params.load`), naming the parameter (and both, for the cap below the
+    first pass)."""
+    from rlwb.errors import ParamError
+    from rlwb.params.validation import load
+
+    with pytest.raises(ParamError, match=match):
+        load("08_mismatch_cost", [], kw)
+
+
+def test_the_new_params_keep_every_params_files_hash():
+    """`placebo_streams` 1, `max_seeds` 0 and `target_power` 0.8 compute what every run before them computed: the
+    params files' hashes are what they were (the index's one row per parameter set, readme-check's newer run of the
+    same computation); another value is another computation."""
+    from rlwb.params.validation import load
+
+    before = {"default": "6cc106bb", "study": "bd4c1e74", "smoke": "08f6e00c", "one_sided": "fc7e6a6d"}
+    for name, h in before.items():
+        p = load("08_mismatch_cost", [f"params/08_mismatch_cost/{name}.yaml"])
+        assert p.hash() == h, name
+        assert len({p.hash(), replace_hash(p, placebo_streams=2), replace_hash(p, max_seeds=20),
+                    replace_hash(p, max_seeds=20, target_power=0.9)}) == 4
+
+
+def replace_hash(p, **kw) -> str:
+    from dataclasses import replace
+
+    return replace(p, **kw).hash()
+
+
+
+def rule_rows(rng, gap: float, n_rows: int, n1: int = 8, cap: int = 40, bmr: float = 0.03):
+    """`n_rows` rows of true `gap` (sd 0.085) through the rule: 8 seeds, then where the gap's 95% interval holds -BMR
+    the seeds `seeds_for` sizes (at 0.05 / 40, up to 40), drawn fresh. (each row's gaps, its seed count)"""
+    from scipy import stats as st
+
+    from rlwb.experiments.mismatch_study import sequential
+
+    x = rng.normal(gap, 0.085, (n_rows, cap))
+    mu, sd = x[:, :n1].mean(1), x[:, :n1].std(1, ddof=1)
+    hw = st.t.ppf(0.975, n1 - 1) * sd / np.sqrt(n1)
+    n = [sequential.seeds_for(bmr, s, n1, cap, 0.05 / 40, 0.8) if m - h <= -bmr <= m + h else n1
+         for m, s, h in zip(mu, sd, hw)]
+    return x, n
+
+
+def test_a_study_with_a_second_pass_tests_its_dose_rows_at_their_level():
+    """Null rows through the rule (most extended, each to a count of its own): one t test pooling both passes calls
+    a cost at 5% well above 5% of the time (the first pass's seeds were picked by their own mean), the two-look test
+    (`analysis.two_look_p`) at most 5% (binomial 3-sd band, 2000 rows, BMR 0.01). Rows with a cost the BMR's size:
+    the second look finds more of them than the first look alone. Catches an extended row tested by the pooled t
+    test, or a two-look p that is not a p (above its level under no cost)."""
+    from scipy import stats as st
+
+    from rlwb.core.measure import stats
+
+    rng = np.random.default_rng(58)
+    x, n = rule_rows(rng, 0.0, 2000, bmr=0.01)
+    assert 0.8 < np.mean(np.array(n) > 8) < 0.99
+    pooled = np.array([2 * st.t.sf(abs(r[:k].mean()) / r[:k].std(ddof=1) * np.sqrt(k), k - 1) for r, k in zip(x, n)])
+    looks = np.array([analysis.two_look_p(pd.Series(r[:k]), range(8), 40, 0.0) for r, k in zip(x, n)])
+    band = 3 * np.sqrt(0.05 * 0.95 / len(n))
+    assert (pooled < 0.05).mean() > 0.05 + band and (looks < 0.05).mean() < 0.05 + band
+    x, n = rule_rows(rng, -0.04, 300)
+    first = np.array([analysis.two_look_p(pd.Series(r[:8]), range(8), 40, 0.0) for r in x])
+    looks = np.array([analysis.two_look_p(pd.Series(r[:k]), range(8), 40, 0.0) for r, k in zip(x, n)])
+    assert (looks < 0.05).mean() > (first < 0.05).mean() + 0.2
+    # no second look (fewer than 2 seeds beyond the first pass): the first look's p against the two-look boundary
+    r = pd.Series(x[0, :9])
+    assert analysis.two_look_p(r, range(8), 40, 0.0) == analysis.two_look_p(r[:8], range(8), 40, 0.0)
+    assert analysis.two_look_p(r[:8], range(8), 40, 0.0) > stats.paired_gap_test(r[:8].to_numpy(), margin=1.0).p_diff

@@ -364,3 +364,140 @@ def test_a_run_of_record_is_published_without_its_kept_jobs(tmp_path):
     (d / "data" / "curves.parquet").write_bytes(b"x" * 10)
     left, size = publish.plan(d, "08_mismatch_cost", limit=10**9)
     assert [c.path for c in left] == ["data/jobs/"] and left[0].bytes == 100_000 and size < 10_000  # one entry
+
+
+def fake_grid(monkeypatch, visited: list, phases: list, cut_at_phase: list):
+    """`run_grid` without engines: each engine visit's plan, each phase's jobs finished in order with a one-row curve
+    and a uniform probe (its KL kept as a lane's would be); records the engines visited and each phase drawn with
+    how many jobs had finished before it. A phase whose index is in `cut_at_phase` is interrupted before its first
+    job (a Ctrl-C)."""
+    from types import SimpleNamespace
+
+    kls, real = [], execution.TwinKL
+
+    class Recorded(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            kls.append(self)
+
+    monkeypatch.setattr(execution, "TwinKL", Recorded)
+
+    def run_grid(p, model_path, engines, plan, one_run, *, on_start=None, progress=True, on_done=None):
+        frames = []
+        for name in engines:
+            visited.append(name)
+            w = SimpleNamespace(preset=SimpleNamespace(name=name), info=lambda: {})
+            _, drawn = plan(w)
+            for jobs in drawn:
+                phases.append((name, len(frames), [(j.label, j.seed) for j in jobs]))
+                if len(phases) - 1 in cut_at_phase:
+                    raise KeyboardInterrupt
+                for j in jobs:
+                    kls[-1]._store.put_shared("start", {"initial_policy_reward": 0.3})  # as the first lane's run
+                    kls[-1].add(j, torch.log_softmax(torch.zeros(2, 3), -1))
+                    df = pd.DataFrame({"step": [0], "label": [j.label], "arm": [j.arm], "seed": [j.seed],
+                                       "t_step": [0.1]}).assign(_wall_s=0.1)
+                    frames.append(on_done(j, df))
+        return frames
+
+    monkeypatch.setattr(execution, "run_grid", run_grid)
+    monkeypatch.setattr(execution, "probe_batch", lambda codec, p: None)
+
+
+def test_the_second_pass_is_the_base_engines_last_phase_after_every_first_pass_job(tmp_path, monkeypatch,
+                                                                                 default_model):
+    """With a sequential rule the base engine comes back after the point engines, and its last phase (the second
+    pass) is drawn only once every first-pass job, the points' included, has finished; it trains the rule's rows at
+    seeds num_seeds ... n - 1, clean twins first, and the curves hold them after the base engine's first pass. A
+    study cut as its second pass starts, resumed: the first pass all reused, the second decided at once, only the
+    base engine started, the curves the uninterrupted study's. Catches a second pass decided on part of the first
+    (the points not yet trained), drawn before the first pass ran, or trained on the wrong engine, or a resume that
+    cannot decide without training. No engine runs here (`run_grid` is faked)."""
+    from rlwb.experiments.mismatch_study import sequential
+
+    p = tiny(engine_points=["vllm-v1@T1.0"], max_seeds=4)
+    first = design.training_runs(p)
+    decided = []
+
+    def first_pass(curves, p):
+        decided.append(len(curves))
+        return [sequential.SeedCall("ratio@0.01", "none@engine", "ratio", (sequential.STRADDLES,), 0.1, 0.1, 0.2, 4,
+                                    0.8, False)], 7
+
+    monkeypatch.setattr(sequential, "first_pass", first_pass)
+    visited, phases, cut = [], [], []
+    fake_grid(monkeypatch, visited, phases, cut)
+    base = p.engines[0]
+    whole = run_dir(tmp_path, "whole", p)
+    curves, reused, total = execution.train_study(p, default_model.path, progress=False,
+                                                  store=archive.Run(whole).jobs())
+    assert visited == [base, "vllm-v1", base] and decided == [len(first)]
+    second = [("clean", 2), ("clean", 3), ("ratio@0.01", 2), ("ratio@0.01", 3)]
+    assert phases[-1] == (base, len(first), second) and total == len(first) + 4 and reused == 0
+    on_base = sum(j.engine == base for j in first)  # engine by engine: the base engine's passes, then the point's
+    assert [tuple(x) for x in curves[["label", "seed"]].to_numpy()[on_base:on_base + 4]] == second
+    assert (curves["arm"].iloc[on_base:on_base + 4] == "none@engine").all() and curves["kl_to_clean"].notna().all()
+    # cut as the second pass starts (the first pass kept), then resumed
+    visited.clear(), phases.clear()
+    cut.append(2)
+    src = run_dir(tmp_path, "cut", p)
+    with pytest.raises(KeyboardInterrupt):
+        execution.train_study(p, default_model.path, progress=False, store=archive.Run(src).jobs())
+    assert visited == [base, "vllm-v1", base] and len(list((src / "data" / "jobs").glob("*.parquet"))) == len(first)
+    visited.clear(), phases.clear(), cut.clear()
+    resumed = run_dir(tmp_path, "resumed", p)
+    archive.update_record(resumed, resume={"from": str(src)})
+    c2, reused, total = execution.train_study(p, default_model.path, progress=False,
+                                              store=archive.Run(resumed).jobs())
+    assert visited == [base] and phases == [(base, 0, second)] and decided[-1] == len(first)
+    assert reused == len(first) and total == len(first) + 4
+    pd.testing.assert_frame_equal(c2, curves)
+
+
+@pytest.mark.xdist_group("engines")  # its engines beside the session's: on the engines' worker
+def test_a_two_pass_study_with_placebo_streams_runs_on_the_real_engines(default_model, tmp_path, monkeypatch):
+    """A tiny study on the real engines with two placebo streams and a second pass (the rule's decision fixed: the
+    tiny runs learn too little for a BMR): the second pass trains after the first in the same run, its runs get their
+    KL to their own clean twins, and `analyze` records the rows' seeds; the two placebo streams reach the loop as
+    sampling streams of their own (1 and 1001), and the engine is asked for those streams' sampling seeds.
+    Catches a second pass that never trains, a second-pass run without its twin's KL, or a placebo stream that
+    reaches the loop as the clean run's stream or as the other placebo's."""
+    from rlwb.experiments.mismatch_study import sequential
+
+    p = tiny(arms=["none@engine"], max_seeds=4, placebo_arms=["none@engine"], placebo_streams=2)
+    call = sequential.SeedCall("ratio@0.01", "none@engine", "ratio", (sequential.STRADDLES,), 0.1, 0.1, 0.2, 4, 0.8,
+                               False)
+    monkeypatch.setattr(sequential, "first_pass", lambda curves, p: ([call], 5))
+    streams, real = {}, execution.train
+
+    def train(m, engine, cfg, *a, **k):  # the sampling stream each run's loop draws from
+        streams[k["desc"].split()[0]] = cfg.sampling_stream
+        return real(m, engine, cfg, *a, **k)
+
+    monkeypatch.setattr(execution, "train", train)
+    from rlwb.engines.worker import EngineWorker
+
+    asked, generate = set(), EngineWorker.generate
+
+    def recorded(self, prompts, sampling, *a, **k):
+        asked.add(sampling.seed)
+        return generate(self, prompts, sampling, *a, **k)
+
+    monkeypatch.setattr(EngineWorker, "generate", recorded)
+    res = mc.run(p, default_model.path, progress=False, store=archive.Run(run_dir(tmp_path, "two", p)).jobs())
+    c = res.curves
+    runs = c[["label", "arm", "seed"]].drop_duplicates()
+    assert len(runs) == len(design.training_runs(p)) + 4 == res.metrics["resume/trained_jobs"]
+    extra = runs[runs["seed"] >= 2]
+    assert sorted(map(tuple, extra[["label", "arm", "seed"]].to_numpy())) == [
+        ("clean", "none@engine", 2), ("clean", "none@engine", 3), ("ratio@0.01", "none@engine", 2),
+        ("ratio@0.01", "none@engine", 3)]
+    assert c["kl_to_clean"].notna().all()
+    assert res.metrics["sequential/ratio@0.01/none@engine/seeds"] == res.metrics["sequential/clean/none@engine/seeds"]
+    assert res.doses.set_index(["label", "arm"]).loc[("ratio@0.01", "none@engine"), "seeds"] == 4
+    assert res.metrics["placebo/rows"] == 2
+    assert streams == {"placebo": 1, "placebo#2": 1001, "clean": 0, "ratio@0.01": 0, "rerun": 0}
+    from rlwb.core.rl.grpo_config import sampling_seed
+
+    for k in (1, 1001):
+        assert {sampling_seed(s, t, k) for s in p.seeds for t in range(p.steps)} <= asked

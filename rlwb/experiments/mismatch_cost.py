@@ -28,20 +28,17 @@ from rlwb.core.measure import dose_response
 from rlwb.core.rl.mismatch_doses import DOSE_KINDS, dose_kinds
 from rlwb.experiments.base import OnStart, Result
 from rlwb.experiments.grpo_grid import FINAL_FRAC, timing_note
+from rlwb.experiments.mismatch_study import sequential
 from rlwb.experiments.mismatch_study.analysis import (
     dose_achieved,
     dose_metrics,
-    dose_table,
-    outcome_resolution,
     regime_metrics,
     regime_ratios,
 )
-from rlwb.experiments.mismatch_study.benchmarks import benchmark_metrics, benchmark_table
+from rlwb.experiments.mismatch_study.benchmarks import benchmark_metrics
 from rlwb.experiments.mismatch_study.comparisons import (
     contrast_metrics,
-    contrast_table,
-    horizon_table,
-    one_family,
+    study_tests,
 )
 from rlwb.experiments.mismatch_study.design import (
     HELDOUT_PROBLEMS,
@@ -52,6 +49,7 @@ from rlwb.experiments.mismatch_study.design import (
     dosed_kinds,
     first_regime,
     held_out,
+    training_runs,
 )
 from rlwb.experiments.mismatch_study.execution import train_study
 from rlwb.experiments.wording import mismatch_cost as words_08
@@ -119,15 +117,7 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     changed test, a changed BMR). The trained policies are not kept: an outcome not measured in the run (another
     held-out set, another temperature) needs the runs again. Every test of the study is in one Holm family
     (`one_family`)."""
-    table = dose_table(curves, p)
-    q = outcome_resolution(p, table["outcome"].iloc[0]) if len(table) else 0.0
-    bench, fits = benchmark_table(table, curves, p.bmr_fraction)
-    con = contrast_table(table, curves, q)
-    hz, hm = horizon_table(curves, p.steps, 1.0 / (p.prompts_per_step * p.group_size * p.steps))
-    # what the params declared, before the run, it confirms (on fresh seeds); every other test is exploratory
-    con["standing"] = [standing(c, p) for c in con["contrast"]]
-    hz["standing"] = standing("horizon", p)
-    family = one_family(table, bench, con, hm)
+    table, bench, fits, con, hz, hm, family = study_tests(curves, p)
     metrics = dose_metrics(table, curves)  # after the family: the rows' verdicts and the placebo's rate are final
     metrics.update(benchmark_metrics(bench))
     metrics.update(contrast_metrics(con))
@@ -135,13 +125,10 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     metrics.update(family)
     ratios = regime_ratios(curves)
     metrics.update(regime_metrics(ratios))
+    if sequential.enabled(p):  # the rule's decision, redone from the first pass's curves as the study took it
+        calls, m = sequential.first_pass(curves, p)
+        metrics.update(sequential.sequential_metrics(calls, m, training_runs(p), p))
     return CostResult(p, metrics, curves, table, bench, fits, con, hz, ratios)
-
-
-def standing(test: str, p) -> str:
-    """"confirmatory" for a kind of test the params declared, before the run, to confirm (`confirms`, on seeds no
-    study uses), "exploratory" otherwise: a contrast chosen after seeing a study's results is exploratory there."""
-    return "confirmatory" if test in getattr(p, "confirms", []) else "exploratory"
 
 
 def reanalyze(run_dir: str | Path, params) -> CostResult:

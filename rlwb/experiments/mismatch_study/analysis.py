@@ -1,6 +1,8 @@
 """Notebook 08's analysis, per run and per row: each run's outcomes (`per_seed`), its paired gaps to its clean twin
-(`seed_gaps`), one row per dose row and arm with its interval, test and verdict (`dose_table`), the controls, and
-the metrics of the rows (`dose_metrics`). Pure pandas on the curves: an archived run's analysis is redone from its
+(`seed_gaps`), one row per dose row and arm with its interval, test and verdict (`dose_table`; in a study with a
+second pass of seeds, a dose row's test has two looks: `two_look_p`), the controls, and the metrics of the rows
+(`dose_metrics`). Rows may have different seed counts (the sequential rule's second pass): each gap pairs a run with
+its own seed's clean twin. Pure pandas on the curves: an archived run's analysis is redone from its
 data/curves.parquet alone."""
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
     the lag alone takes off it). verdict: a t test of gap = 0 per dosed row, Holm-corrected over every dosed row
     that is not a control, the placebo rows included (the clean run again on independent sampling: a "costs" or
     "gains" there is a false positive): "costs" / "gains" where it rejects, "no cost shown" where it does not (read
-    the MDE beside it). Controls (`control_of`) are tested alone, unadjusted (the stricter test for a null): "null
+    the MDE beside it); a dose row of a study with a second pass of seeds (`max_seeds`) is tested at two looks
+    (`two_look_p`). Controls (`control_of`) are tested alone, unadjusted (the stricter test for a null): "null
     (passes)" / "**fails**"."""
     curves = with_defaults(curves)
     s = per_seed(curves)
@@ -195,7 +198,12 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
                  & (s["epochs"] == epochs) & (s["horizon"] == horizon) & (s["arm"] == arm)].set_index("seed")
         for col in ("auc", "entropy", "grad_norm", "clip_frac"):
             row[f"{col}_gap"] = float((d[col] - base[col]).mean()) if kind != "clean" else 0.0
-        row["p"] = stats.paired_gap_test(gap, margin=1.0, resolution=q).p_diff if kind != "clean" else float("nan")
+        if kind == "clean":
+            row["p"] = float("nan")
+        elif two_looks(p) and kind in DOSE_KINDS and not row["control"]:  # a row the seed rule may extend
+            row["p"] = two_look_p(g.set_index("seed")["gap"], p.seeds, p.max_seeds, q)
+        else:
+            row["p"] = stats.paired_gap_test(gap, margin=1.0, resolution=q).p_diff
         rows.append(row)
     t = pd.DataFrame(rows)
     # rewards are multiples of 1/(completions x steps averaged): a difference's last bits are rounding, not signal
@@ -216,6 +224,52 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
         t.loc[ctl, "mde"] = mdes(t.loc[ctl], "gap_sd", stats.ALPHA)
         t.loc[ctl, "verdict"] = ["null (passes)" if control_passes(r) else "fails" for r in t[ctl].itertuples()]
     return t
+
+
+def two_looks(p) -> bool:
+    """Does the study declare a second pass of seeds (`max_seeds` above `num_seeds`: `mismatch_study.sequential`)?
+    Then every dose row it may extend is tested by `two_look_p`."""
+    return getattr(p, "max_seeds", 0) > p.num_seeds
+
+
+def two_look_p(gaps: pd.Series, first_seeds, max_seeds: int, resolution: float) -> float:
+    """The p of gap = 0 for a dose row of a study with a sequential seed rule (per-seed `gaps`, indexed by seed; the
+    first pass's seeds `first_seeds`, the rule's cap `max_seeds`): a two-look group-sequential test with Pocock's
+    boundary (one critical value c at both looks) on the inverse-normal combination of the passes (Lehmacher &
+    Wassmer 1999, https://doi.org/10.1111/j.0006-341X.1999.01286.x; Bauer & Koehne 1994). z1: the first pass's
+    two-sided t test as a signed z; z2 the second pass's (its fresh seeds); Z = w z1 + sqrt(1 - w^2) z2 with
+    w = sqrt(n1 / max_seeds), fixed before the run. The row is called at level a where |z1| >= c(a) or (extended)
+    |Z| >= c(a), c(a) such that P(|Z1| >= c or |Z| >= c) = a for independent standard normal z1, z2; p is the level
+    where it is first called: P(max(|Z1|, |Z|) >= its max) (a row the rule left alone: |z1| alone).
+
+    Why not one t test over every seed: the first pass's seeds were chosen for more by their own mean (their
+    interval held -BMR), so under no cost they lean toward one; pooled, a null row's false-positive rate at 5% was
+    ~6.5% (tests/test_mismatch_cost.py). Nor the combination alone: rows the rule leaves at the first pass are then
+    tested at the full level, and which test a row gets is itself the rule's choice. Here the second pass's z is
+    N(0, 1) under no cost whatever the first decided, the weights are fixed, and a row that stops at the first look
+    only gives up the second's chance: the level holds whatever the rule does (and for a row that is never
+    extended, p is that of |z1| against Pocock's c, a little above its one-look p: the price of a second look).
+    Fewer than 2 second-pass seeds: no second test; the first look's p."""
+    from scipy import integrate
+    from scipy.stats import norm
+
+    g = gaps.dropna()
+    seeds = set(first_seeds)
+    first, later = g[g.index.isin(seeds)].to_numpy(), g[~g.index.isin(seeds)].to_numpy()
+
+    def z_of(v: np.ndarray) -> float:
+        pv = min(max(stats.paired_gap_test(v, margin=1.0, resolution=resolution).p_diff, 1e-300), 1.0)
+        return float(np.sign(v.mean()) * norm.isf(pv / 2))
+
+    if first.size < 2:
+        return stats.paired_gap_test(g.to_numpy(), margin=1.0, resolution=resolution).p_diff
+    w = np.sqrt(len(seeds) / max_seeds)
+    z1 = z_of(first)
+    c = abs(z1) if later.size < 2 else max(abs(z1), abs(w * z1 + np.sqrt(1 - w * w) * z_of(later)))
+    sd = np.sqrt(1 - w * w)  # Z given z1 = x: N(w x, 1 - w^2)
+    tail, _ = integrate.quad(lambda x: norm.pdf(x) * (norm.cdf((-c - w * x) / sd) + norm.sf((c - w * x) / sd)),
+                             -c, c, epsabs=1e-13, epsrel=1e-10)
+    return float(min(1.0, 2 * norm.sf(c) + tail))
 
 
 def control_passes(r) -> bool:

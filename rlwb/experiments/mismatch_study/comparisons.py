@@ -5,13 +5,22 @@ included: `benchmarks.benchmark_table`). Pure pandas on the curves and the rows 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from rlwb.core.measure import stats
 from rlwb.core.rl.mismatch_doses import dose_kinds
-from rlwb.experiments.mismatch_study.analysis import mdes, per_seed, seed_gaps, with_defaults
+from rlwb.experiments.mismatch_study.analysis import (
+    dose_table,
+    mdes,
+    outcome_resolution,
+    per_seed,
+    seed_gaps,
+    with_defaults,
+)
+from rlwb.experiments.mismatch_study.benchmarks import benchmark_table
 from rlwb.experiments.mismatch_study.design import LONG
 
 SPIKE, ENTROPY_DROP = 3.0, 0.5  # a gradient-norm spike: > 3 x the clean run's median; entropy collapse: < half
@@ -199,3 +208,37 @@ def one_family(table: pd.DataFrame, bench: pd.DataFrame, con: pd.DataFrame, hm: 
         hm[k + "_holm"] = float(ph)
     return {"family/tests": float(m), "family/rows": float(n_rows), "family/trends": float(n_trends),
             "family/contrasts": float(n_con), "family/horizon": float(len(hz_keys))}
+
+
+class StudyTests(NamedTuple):
+    """Every test of a study and its one Holm family (`study_tests`)."""
+
+    table: pd.DataFrame  # `analysis.dose_table`, its p_holm, mde and verdict set in the family
+    bench: pd.DataFrame  # `benchmarks.benchmark_table`'s rows, trend_p_holm set in the family
+    fits: pd.DataFrame  # what the dose-response figure draws
+    con: pd.DataFrame  # `contrast_table`, p_holm, mde and verdict set in the family
+    horizon: pd.DataFrame  # `horizon_table`'s blocks
+    horizon_metrics: dict  # its metrics, gap_change_p_holm set in the family
+    family: dict  # the family's size by part (`one_family`)
+
+
+def study_tests(curves: pd.DataFrame, p) -> StudyTests:
+    """The study's rows, benchmark doses, contrasts and long-horizon tests from its curves, adjusted in one Holm
+    family (`one_family`): what `mismatch_cost.analyze` reports, and what the sequential seed rule reads of a first
+    pass (`sequential.first_pass`)."""
+    table = dose_table(curves, p)
+    q = outcome_resolution(p, table["outcome"].iloc[0]) if len(table) else 0.0
+    bench, fits = benchmark_table(table, curves, p.bmr_fraction)
+    con = contrast_table(table, curves, q)
+    hz, hm = horizon_table(curves, p.steps, 1.0 / (p.prompts_per_step * p.group_size * p.steps))
+    # what the params declared, before the run, it confirms (on fresh seeds); every other test is exploratory
+    con["standing"] = [standing(c, p) for c in con["contrast"]]
+    hz["standing"] = standing("horizon", p)
+    family = one_family(table, bench, con, hm)
+    return StudyTests(table, bench, fits, con, hz, hm, family)
+
+
+def standing(test: str, p) -> str:
+    """"confirmatory" for a kind of test the params declared, before the run, to confirm (`confirms`, on seeds no
+    study uses), "exploratory" otherwise: a contrast chosen after seeing a study's results is exploratory there."""
+    return "confirmatory" if test in getattr(p, "confirms", []) else "exploratory"

@@ -34,10 +34,11 @@ class TrainingRun:
     engine: str
     temperature: float
     label: str  # the row's name in tables and metric keys: clean, clean@T0.5, ratio@0.01, vllm-v1@T0.5, rerun,
-    # placebo, and in a further PPO regime the label + `+ppo<updates>[x<epochs>]` (clean+ppo4, ratio@1+ppo2x2)
+    # placebo (placebo#<k> for stream k > 1), and in a further PPO regime the label + `+ppo<updates>[x<epochs>]`
+    # (clean+ppo4, ratio@1+ppo2x2)
     updates: int = 1  # mini-batches per pass over the rollout batch, one optimizer step each (the PPO regime)
     epochs: int = 1  # passes over the same rollout batch (the PPO regime's epochs): updates x epochs optimizer steps
-    stream: int = 0  # sampling-seed stream: 0, or 1 for a placebo (the clean run with independent sampling)
+    stream: int = 0  # sampling-seed stream: 0, or a placebo's k = 1..placebo_streams (`sampling_stream`)
     steps: int = 0  # the run's GRPO steps: 0 the study's `steps`, else `long_steps` (label + `+long`)
 
     @property
@@ -58,7 +59,8 @@ class TrainingRun:
 def training_runs(p) -> list[TrainingRun]:
     """Every run: each arm clean (dose 0) at the notebook's temperature (and at every other temperature a point
     uses, the arms of the points there), at every dose of each kind, each point engine with `point_arms`, the
-    placebo arms' clean runs again on an independent sampling-seed stream (same prompts), and the first clean run
+    placebo arms' clean runs again on each of `placebo_streams` independent sampling-seed streams (same prompts:
+    rows `placebo`, `placebo#2`, ...), and the first clean run
     again (the reproducibility control), all in the first PPO regime (`updates_per_batch[0]` mini-batches x
     `ppo_epochs[0]` epochs); a row named in `row_arms` trains only the arms listed there. Each further regime trains
     `regime_arms` (every arm if empty) clean and at `regime_doses` (every dose if empty). Clean runs first, so dosed
@@ -80,8 +82,8 @@ def training_runs(p) -> list[TrainingRun]:
     out += [TrainingRun("engine", float("nan"), a, s, pt.engine, pt.temperature,
                         point_label(pt.engine, pt.temperature, T), *u0) for pt in g.points for a in pt.arms
             for s in p.seeds]
-    out += [TrainingRun("placebo", 0.0, a, s, base, T, "placebo", *u0, stream=1) for a in g.placebo_arms
-            for s in p.seeds]
+    out += [TrainingRun("placebo", 0.0, a, s, base, T, placebo_label(k), *u0, stream=k)
+            for k in range(1, getattr(p, "placebo_streams", 1) + 1) for a in g.placebo_arms for s in p.seeds]
     if g.long_steps:  # the long horizon: its own clean twins, first regime only
         out[:0] = [TrainingRun("clean", 0.0, a, s, base, T, "clean" + LONG, *u0, steps=g.long_steps)
                    for a in g.long_arms for s in p.seeds]
@@ -92,6 +94,27 @@ def training_runs(p) -> list[TrainingRun]:
 
 
 LONG = "+long"  # what a long-horizon row's label gains
+
+
+def placebo_label(stream: int) -> str:
+    """Placebo stream k's row: `placebo` for the first (every run before `placebo_streams` had one, so its rows keep
+    their name), `placebo#<k>` for the others (a label, a metric key's first part; `job_store.job_key` files it as
+    `placebo_<k>`)."""
+    return "placebo" if stream == 1 else f"placebo#{stream}"
+
+
+# a placebo stream's distance from the next in `sampling_seed`'s stream units (stream k: 1 + (k - 1) x this). Why not
+# stream k itself: `sampling_seed` = seed x 10_000_019 + step x 1000 + stream x 5_000_011, and 10_000_019 = 2 x
+# 5_000_011 - 3, so stream k + 2 of seed s would draw seed s + 1's stream-k seeds shifted by 3 (request i the seed of
+# its request i + 3): two placebo rows, or a placebo and a clean run, sharing random draws. Streams an even 1000 apart
+# meet another seed's only for seeds 500 or more apart (`MAX_SEEDS` keeps them closer) and stream 0 never (an odd
+# distance); tests/test_mismatch_cost.py checks every request's seed of a study is distinct.
+PLACEBO_STREAM_STRIDE = 1000
+
+
+def sampling_stream(stream: int) -> int:
+    """The GRPO loop's `sampling_stream` for a run's stream (0: the run's own; placebo stream k >= 1)."""
+    return 0 if stream == 0 else 1 + (stream - 1) * PLACEBO_STREAM_STRIDE
 
 
 def first_regime(table: pd.DataFrame) -> pd.DataFrame:
@@ -135,7 +158,7 @@ def config(p, job: TrainingRun) -> GRPOConfig:
     cfg = GRPOConfig.from_settings(p, correction=corr, seed=job.seed, dose_kind=job.kind if dosed else "",
                                    dose=job.dose if dosed else 0.0)
     return replace(cfg, old_logprobs=mode, temperature=job.temperature, updates_per_batch=job.updates,
-                   ppo_epochs=job.epochs, sampling_stream=job.stream, steps=job.steps or p.steps)
+                   ppo_epochs=job.epochs, sampling_stream=sampling_stream(job.stream), steps=job.steps or p.steps)
 
 
 PROBE_SEED, PROBE_PROBLEMS = 999_983, 32
@@ -147,9 +170,9 @@ HELDOUT_SEED, HELDOUT_PROBLEMS = 999_979, 128
 
 
 def trained_problems(p) -> set[tuple[int, int]]:
-    """Every (a, b) some run of this study trains on: each seed's fresh problems per step (`step_problem_seed`),
-    known before any run starts."""
-    return {(q.a, q.b) for s in p.seeds for step in range(max(p.steps, p.long_steps))
+    """Every (a, b) some run of this study may train on: each seed's fresh problems per step (`step_problem_seed`),
+    the second pass's seeds up to `max_seeds` included, known before any run starts."""
+    return {(q.a, q.b) for s in getattr(p, "all_seeds", p.seeds) for step in range(max(p.steps, p.long_steps))
             for q in tasks.make_problems(p.prompts_per_step, seed=step_problem_seed(s, step), max_digits=p.max_digits)}
 
 

@@ -18,6 +18,7 @@ from rlwb.core.scoring.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart
 from rlwb.experiments.grpo_grid import one_phase, run_grid
+from rlwb.experiments.mismatch_study import sequential
 from rlwb.experiments.mismatch_study.design import (
     HELDOUT_PROBLEMS,
     HELDOUT_SEED,
@@ -36,31 +37,60 @@ def train_study(p, model_path, *, on_start: OnStart = None, progress: bool = Tru
     the base engine's first, then each point engine's. Every run's tested outcome is sampled by a clean engine
     (`CleanScorer`); the curves hold every per-run number the analysis needs (`kl_to_clean` included).
 
+    A study with a sequential seed rule (`max_seeds` > `num_seeds`, `sequential`) trains in two passes in the same
+    run: the first pass is every run above; once it has all finished, the rule decides on its curves
+    (`sequential.first_pass`) which rows train more seeds, and the base engine's last phase trains them (the grid's
+    `Plan`: a phase drawn after the previous ran). The base engine comes back after the point engines for it, so the
+    rule reads the whole first pass (the points' tests are in the family whose level it sizes at).
+
     With `store` (the run's job store, `archive.Run.jobs()`) each job is kept the moment it finishes, so an
     interrupted study keeps its finished jobs; in a run that resumes one (`rlwb run --resume-from`) the store offers
-    that run's finished jobs, which are reused instead of trained again (`reuse`). Jobs are seeded and independent,
-    so a resumed study's curves are the uninterrupted study's, bar the wall-time columns."""
-    todo = training_runs(p)
-    engines = list(dict.fromkeys(j.engine for j in todo))
-    order = [j for e in engines for j in todo if j.engine == e]  # run_grid's order: engine by engine
+    that run's finished jobs, which are reused instead of trained again (`reuse`); a first pass all reused is decided
+    on at once, the same decision (a function of its curves), and the second pass's finished jobs reused too. Jobs
+    are seeded and independent, so a resumed study's curves are the uninterrupted study's, bar the wall-time
+    columns."""
+    first = training_runs(p)
+    todo = list(first)  # the second pass joins once decided
+    base = p.engines[0]
     kl, raw = TwinKL(todo, store), {}
     start: dict[str, float] = {}  # the initial policy's outcomes, measured once (`initial_outcomes`)
     done: dict[TrainingRun, pd.DataFrame] = {}
-    reused = reuse(store, todo, kl, start, done) if store is not None and store.resuming else []
-    if store is not None:
-        store.start(len(todo))
-    if on_start and reused:
-        for info in reused_engines(store, todo, done):
-            on_start(info)
+    resuming = store is not None and store.resuming
+    reused = reuse(store, todo, kl, start, done) if resuming else []
+    second: list[TrainingRun] | None = None if sequential.enabled(p) else []
+
+    def decide() -> list[TrainingRun]:
+        """The second pass, decided once on the whole first pass (its runs and reused ones alike)."""
+        nonlocal second
+        if second is None:
+            calls, _ = sequential.first_pass(assembled(first, done), p)
+            second = sequential.second_pass_runs(calls, first, p)
+            kl.expect(second)
+            todo.extend(second)
+            if resuming:
+                reused.extend(reuse(store, second, kl, start, done))
+            if store is not None:
+                store.start(len(todo))
+            bar.total = len(todo)
+            bar.refresh()
+        return second
+
     codec = tokenizer.PromptCodec(model_path, p.chat_template)
     probe = probe_batch(codec, p)
     heldout, _ = held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)
-    scorer = CleanScorer(p.engines[0], model_path, p.dtype, on_start)
+    scorer = CleanScorer(base, model_path, p.dtype, on_start)
     start_lock, done_lock = threading.Lock(), threading.Lock()
     from rlwb.progress import progress_bar
 
     bar = progress_bar(total=len(todo), initial=len(done), desc="jobs (reused: done)" if done else "jobs",
                        disable=not progress)
+    if second is None and all(j in done for j in first):
+        decide()  # a resumed study whose first pass is all reused: its second pass is known now
+    if store is not None:
+        store.start(len(todo) if second is not None else None)
+    if on_start and reused:
+        for info in reused_engines(store, todo, done) if second is not None else []:
+            on_start(info)
 
     def one_run(m, engine, job: TrainingRun, initial, should_stop) -> pd.DataFrame:
         t0 = time.time()
@@ -94,26 +124,53 @@ def train_study(p, model_path, *, on_start: OnStart = None, progress: bool = Tru
             bar.update(1)
         return df
 
-    def plan(w):
-        raw[w.preset.name] = reports_raw_logprobs(w.info())
-        return one_phase([j for j in todo if j.engine == w.preset.name and j not in done])
+    # the engines to start, in order: each with jobs left, and the base engine last once more while the second pass
+    # is undecided (it is decided after every first-pass job, the points' included, has run)
+    visits = list(dict.fromkeys(j.engine for j in todo if j not in done))
+    if second is None and (not visits or visits[-1] != base):
+        visits.append(base)
+    planned: set[TrainingRun] = set()
+    visit = iter(range(len(visits)))
 
-    left = list(dict.fromkeys(j.engine for j in todo if j not in done))
+    def plan(w):
+        last = next(visit) == len(visits) - 1
+        raw[w.preset.name] = reports_raw_logprobs(w.info())
+        mine = [j for j in todo if j.engine == w.preset.name and j not in done and j not in planned]
+        planned.update(mine)
+        if not (last and second is None):
+            return one_phase(mine)
+        most = len(mine) + sum(j.engine == base for j in first) * (p.max_seeds - p.num_seeds)
+
+        def phases():
+            if mine:
+                yield mine
+            yield [j for j in decide() if j not in done]  # drawn once the first pass has run
+
+        return most, phases()
+
     try:
-        if left:
-            run_grid(p, model_path, left, plan, one_run, on_start=on_start, progress=progress, on_done=finished)
+        if visits:
+            run_grid(p, model_path, visits, plan, one_run, on_start=on_start, progress=progress, on_done=finished)
     finally:
         scorer.close()
         bar.close()
-    curves = pd.concat([done[j] for j in order], ignore_index=True)
-    curves["raw_logprobs"] = curves["raw_logprobs"].astype(bool)
+    order = [j for e in dict.fromkeys(j.engine for j in todo) for j in todo if j.engine == e]  # engine by engine
+    curves = assembled(order, done)
     # each run's KL to its clean twin, known once both finished: a column of the curves, so `analyze` needs no more
     by_run = {(j.label, j.arm, j.seed): v for j, v in kl.values.items()}
     curves["kl_to_clean"] = [by_run.get(k, float("nan")) for k in zip(curves["label"], curves["arm"],
                                                                         curves["seed"])]
     if store is not None:
-        store.finish(drop=("probe.pt",))  # every KL is in the curves now
+        store.finish(drop=("probe.pt",), total=len(todo))  # every KL is in the curves now
     return curves, len(reused), len(todo)
+
+
+def assembled(jobs: list[TrainingRun], done: dict) -> pd.DataFrame:
+    """The curves of `jobs` (each finished, in `done`), engine by engine as the grid ran them."""
+    order = [j for e in dict.fromkeys(j.engine for j in jobs) for j in jobs if j.engine == e]
+    curves = pd.concat([done[j] for j in order], ignore_index=True)
+    curves["raw_logprobs"] = curves["raw_logprobs"].astype(bool)
+    return curves
 
 
 def reused_engines(store, todo: list[TrainingRun], done: dict) -> list[dict]:
@@ -249,6 +306,14 @@ class TwinKL:
                 self._pending[job] = full
                 if self._store is not None:
                     self._store.put_tensor(job, "probe.pt", full)
+
+    def expect(self, jobs: list[TrainingRun]) -> None:
+        """Runs that join the study later (the sequential rule's second pass): their clean twins' probes are held
+        for them too."""
+        with self._lock:
+            for j in jobs:
+                if j.kind != "clean":
+                    self._users[j.twin] = self._users.get(j.twin, 0) + 1
 
     def known(self, job: TrainingRun, value: float) -> None:
         """A run whose KL a resumed study reuses (`reuse`): its twin's probe is one user less needed."""

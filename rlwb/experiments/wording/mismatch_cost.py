@@ -1,7 +1,8 @@
 """How notebook 08 (`rlwb.experiments.mismatch_cost`) words its verdicts: the conclusion and the one-line answer,
-the dose-by-dose answer, the benchmark doses, placebo rows, PPO regimes, the tested contrasts, the long horizon, the
-real engines on the same axes, the controls and the doses achieved. Takes plain values and tables (the experiment
-decides, and passes what it computed); imports nothing of rlwb above the leaf utilities and the shared wording."""
+the dose-by-dose answer, the sequential seed rule, the benchmark doses, placebo rows, PPO regimes, the tested
+contrasts, the long horizon, the real engines on the same axes, the controls and the doses achieved. Takes plain
+values and tables (the experiment decides, and passes what it computed); imports nothing of rlwb above the leaf
+utilities and the shared wording."""
 
 from __future__ import annotations
 
@@ -121,6 +122,31 @@ def placebo_line(metrics: dict) -> str:
                if ok else
                "(**fails**: a placebo was called a cost or a gain; sampling noise between runs exceeds what the t "
                "intervals assume, and every verdict of this family is suspect)."))
+
+
+def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power: float) -> str:
+    """Notebook 08's sequential seed rule in one sentence (`mismatch_study.sequential`): the rule as declared, and
+    each dose row it gave more seeds, from how many to how many, with the power at the BMR before and after (from the
+    first pass's spread; "capped" where `max_seeds` stopped short of the target); "" without a second pass."""
+    if "sequential/rows" not in metrics:
+        return ""
+    m = int(metrics["sequential/family_tests"])
+    more = []
+    for k, n in metrics.items():
+        if k.startswith("sequential/") and k.endswith("/seeds") and n > num_seeds:
+            label, arm = k[len("sequential/"):-len("/seeds")].rsplit("/", 1)
+            power = metrics.get(f"sequential/{label}/{arm}/power", float("nan"))
+            before = metrics.get(f"sequential/{label}/{arm}/power_first", float("nan"))
+            if np.isfinite(power):  # a dose row (a clean twin has no power of its own)
+                more.append(f"`{label}` `{arm}` {num_seeds} → {int(n)} (power {before:.2f} → {power:.2f}"
+                            f"{', capped' if power < target_power else ''})")
+    return (f"**Seeds** (a sequential rule declared before the run: a first pass of {num_seeds} seeds, then, at each "
+            f"benchmark row's doses whose gap interval holds −BMR or that bracket its BMD, the seeds that give "
+            f"{target_power:.0%} power to detect a cost of the BMR at α/m = 0.05/{m} from the first pass's sd, at most "
+            f"{max_seeds}; every dose row it may extend tested at two looks, Pocock's boundary on the passes' "
+            f"inverse-normal combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps "
+                                                "the seeds every dose of its row has" if more else
+                                                "no dose row needed more") + ".")
 
 
 def regime_words(updates: int, epochs: int) -> str:
@@ -306,6 +332,9 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
              f"{family_text(metrics)} (controls apart, tested alone); MDE = the smallest cost these seeds detect "
              f"with 80% power at α/m, the family's strictest level (noncentral t). "
              f"{words['timing']}"]
+    seq = sequential_line(metrics, p.num_seeds, getattr(p, "max_seeds", 0), getattr(p, "target_power", 0.8))
+    if seq:
+        lines.append(seq)
     lines += floor_lines(metrics)
     lines.append("**Answer.** Where training measurably degrades, per kind of mismatch and arm:\n"
                  + "\n".join(dose_answer_lines(metrics, answer_rows, [k["name"] for k in kinds], p.arm_labels)))

@@ -21,6 +21,10 @@ from rlwb.experiments.mismatch_study.grammar import (
 )
 from rlwb.params.schemas.base import EngineParams, SeededRuns, check_engine, concurrent_runs_param, engine_list
 
+# bounds that keep every run's sampling seeds apart (`design.sampling_stream`: placebo streams 1000 apart, so two
+# seeds up to 499 apart never meet on a request)
+MAX_SEEDS, MAX_PLACEBO_STREAMS = 500, 100
+
 
 def check_arm(arm: str) -> str | None:
     """`<correction>` or `<correction>@<mode>`: a catalogue correction and the old_logprobs mode it is run in
@@ -81,8 +85,10 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
     """Notebook 08: the GRPO loop's settings plus the doses of mismatch, the arms and the seeds."""
     RETIRED: typing.ClassVar[dict[str, str]] = {
         "resume_from": "a run option now, not a param: `rlwb run --resume-from RUN_DIR` (`rlwb sweep --resume`)"}
-    # one epoch, nothing declared confirmatory: every run before the param
-    HASH_NEUTRAL: typing.ClassVar[dict[str, object]] = {"ppo_epochs": [1], "confirms": []}
+    # what every run computed before each param existed: one epoch, one placebo stream, no second pass of seeds,
+    # nothing declared confirmatory
+    HASH_NEUTRAL: typing.ClassVar[dict[str, object]] = {"ppo_epochs": [1], "placebo_streams": 1, "max_seeds": 0,
+                                                        "target_power": 0.8, "confirms": []}
 
     NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
     HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final"] + [
@@ -104,11 +110,22 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
                                     "trains only the arms listed (a subset of arms; unlisted rows train every arm, "
                                     "points point_arms)", check=check_row_arms, allow_empty=True)
     steps: int = param(30, "GRPO steps per run", ge=1)
-    num_seeds: int = param(4, "seeds per arm and dose, paired across them: seed, seed+1, ...", ge=2)
+    num_seeds: int = param(4, "seeds per arm and dose, paired across them: seed, seed+1, ... (the first pass, "
+                              "when max_seeds adds a second)", ge=2, le=MAX_SEEDS)
+    max_seeds: int = param(0, "the sequential rule's cap on seeds per row (0: no second pass): after the first "
+                              "pass, each benchmark row's doses whose gap interval holds -BMR or that bracket its BMD "
+                              "get the seeds that give target_power at the BMR (paired t at alpha/m, the first pass's "
+                              "sd), at most this many (at least num_seeds + 2)",
+                           ge=0, le=MAX_SEEDS)
+    target_power: float = param(0.8, "the sequential rule's power to detect a cost equal to the BMR (two-sided paired "
+                                     "t at the study's strictest Holm level alpha/m, the first pass's sd)", gt=0, lt=1)
     placebo_arms: list[str] = param(["none@engine"], "arms whose clean run is trained again with an independent "
                                     "stream of sampling seeds (same prompts): placebo rows inside the Holm family, "
                                     "whose false-positive rate checks the tests' calibration", check=check_arm,
                                     allow_empty=True)
+    placebo_streams: int = param(1, "independent sampling-seed streams per placebo arm, each its own placebo row "
+                                    "(placebo, placebo#2, ...): the false-positive rate's denominator", ge=1,
+                                 le=MAX_PLACEBO_STREAMS)
     updates_per_batch: list[int] = param([1], "PPO regimes: policy updates (mini-batches, one optimizer step each) "
                                               "per pass over the rollout batch; the first regime trains every row, "
                                               "each further one the clean runs and regime_doses", ge=1)
@@ -148,12 +165,24 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
         if len(self.engines) != 1:
             raise ParamError(f"parameter 'engines' must name one preset (every arm and dose samples from it, so gaps "
                              f"are paired), got {self.engines}")
+        if self.max_seeds and self.max_seeds < self.num_seeds + 2:
+            raise ParamError(f"parameter 'max_seeds' ({self.max_seeds}) must be 0 (no second pass) or at least "
+                             f"'num_seeds' + 2 ({self.num_seeds} + 2): the second pass adds at least 2 seeds to the "
+                             f"first pass's num_seeds (its own t test), up to max_seeds")
+        if self.placebo_streams > 1 and not self.placebo_arms:
+            raise ParamError(f"parameter 'placebo_streams' ({self.placebo_streams}) needs 'placebo_arms': the streams "
+                             f"are placebo arms' clean runs trained again")
         parse(self)  # the study's grammar: its first broken rule is the error
 
     @property
     def grammar(self) -> StudyGrammar:
         """The study's arms, dose rows, engine points and subsets, parsed from these params."""
         return parse(self)
+
+    @property
+    def all_seeds(self) -> list[int]:
+        """Every seed a run of this study may train: the first pass's, and the second pass's up to `max_seeds`."""
+        return [self.seed + i for i in range(max(self.num_seeds, self.max_seeds))]
 
     @property
     def arm_labels(self) -> list[str]:

@@ -1,0 +1,169 @@
+"""Notebook 08's sequential seed rule, declared in the params before the run (`num_seeds`, `max_seeds`,
+`target_power`): a first pass trains every run at `num_seeds` seeds; its analysis decides which dose rows need more,
+and a second pass trains those rows and their clean twins at the seeds `num_seeds` ... n - 1. Why: the seeds that
+matter are where a benchmark dose is decided, and a first pass of 8 seeds at a gap sd of ~0.085 has ~25% power to
+detect the BMR at the family's level (~30 seeds give 80%); spending them on every row would multiply the study.
+
+The rule (`decide`), per benchmark row (kind x PPO regime x horizon x arm, `benchmarks.row_studies`) with a
+benchmark response (BMR = `bmr_fraction` of the fitted clean gain, > 0), on the first pass alone:
+- a dose row needs a decision where its paired gap's 95% interval holds -BMR (it cannot tell "costs less than the
+  BMR" from "costs more"), or where it brackets the row's BMD (the largest tested `k3_initial` at or below the BMD
+  and the smallest at or above it: one dose where the BMD lies outside the tested doses, none without a BMD);
+- such a row gets the fewest seeds n >= num_seeds whose two-sided paired t test at alpha / m (m: the first pass's
+  one Holm family, `comparisons.one_family`; the level notebook 08's MDE uses) detects a gap equal to the BMR with
+  power >= `target_power` (`stats.paired_t_power`, noncentral t), the spread being the first pass's per-seed sd of
+  the row's gap floored by the outcome's step (`stats.floored_sd`, the spread its test uses), at most `max_seeds`,
+  and at least num_seeds + 2 once it gets more (the second look's own t test needs 2).
+  A row with no spread (a gap sd of 0 and no outcome step, or fewer than 2 gaps) gets none: there is no sd to size by;
+- each clean twin (same arm, temperature, PPO regime and horizon) trains as many seeds as the most its dose rows get.
+
+The decision is a function of the first pass's curves (the runs with the first pass's seeds), so `analyze` redoes it
+from an archived run's curves (`first_pass`) and the metrics say which rows got how many seeds
+(`sequential/<label>/<arm>/seeds`). The benchmark fit (`benchmarks.row_studies`) keeps to the seeds every dose of a
+row and its clean run have: its bootstrap redraws whole seeds (each seed's clean run with its dosed runs), so a seed
+missing some doses cannot enter it; the second pass sharpens the tests at the doses it extends (their verdicts and
+MDEs), and a row's fit only where every dose of it was extended.
+
+How an extended row is tested: not by one t test over both passes. The first pass's seeds were picked for more by
+their own mean (their interval held -BMR), so under no cost they lean toward one: pooled, a null row's false-positive
+rate at 5% came out 5.4-7.9% (simulated, tests/test_mismatch_cost.py). In a study with a second pass every dose row the
+rule may extend is tested by a two-look group-sequential test on the inverse-normal combination of the passes
+(`analysis.two_look_p`: Pocock's boundary, weights fixed by num_seeds / max_seeds before the run), which holds the
+level whatever the rule decides; a row left at the first pass pays for the second look it might have had (its p a
+little above its one-look p). The sizing above is the plan's fixed-n power (as issue #58 asks for it); the two-look
+test's own power at those seeds is somewhat lower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from rlwb.core.measure import stats
+from rlwb.experiments.mismatch_study.benchmarks import row_studies
+from rlwb.experiments.mismatch_study.comparisons import study_tests
+from rlwb.experiments.mismatch_study.design import TrainingRun
+
+STRADDLES, BRACKETS = "interval holds -BMR", "brackets the BMD"
+
+
+@dataclass(frozen=True)
+class SeedCall:
+    """One dose row the rule looked at: why (`STRADDLES`, `BRACKETS` or both), the BMR it sizes for, the spread it
+    sizes with, the power of the first pass's seeds and of the `seeds` it gets (`capped`: `max_seeds` stopped it
+    short of `target_power`)."""
+
+    label: str
+    arm: str
+    benchmark: str  # the benchmark row's name (`ratio`, `weights+ppo4`, ...)
+    why: tuple[str, ...]
+    bmr: float
+    sd: float
+    power_first: float
+    seeds: int
+    power: float
+    capped: bool
+
+
+def enabled(p) -> bool:
+    """Does the study declare a second pass (`max_seeds` above `num_seeds`)?"""
+    return getattr(p, "max_seeds", 0) > p.num_seeds
+
+
+def seeds_for(bmr: float, sd: float, first: int, cap: int, level: float, power: float) -> int:
+    """The fewest seeds n in [first, cap] whose paired t test at `level` detects a gap of `bmr` with probability
+    >= `power` given per-seed spread `sd` (at least first + 2 where more than `first`: the second look's own t test
+    needs 2); `cap` where none does; `first` where there is no spread to size by."""
+    if not (np.isfinite(sd) and sd > 0) or cap < first + 2:
+        return first
+    n = next((n for n in range(first, cap + 1) if stats.paired_t_power(bmr, sd, n, level) >= power), cap)
+    return n if n == first else max(n, first + 2)  # a second pass of at least 2 seeds: its own t test
+
+
+def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_seeds: int, max_seeds: int,
+           target_power: float) -> list[SeedCall]:
+    """The rule (the module's docstring) on a first pass: `table` its `dose_table` with the family's adjustment,
+    `bench` its `benchmark_table`, `studies` its `row_studies` (which dose labels each benchmark row holds), `m` its
+    family's size. One `SeedCall` per dose row the rule looks at, in the benchmark rows' order."""
+    rows = table.set_index(["label", "arm"])
+    doses = {(r.name, r.arm): (r.labels, np.asarray(r.doses, float)) for r in studies}
+    level = stats.ALPHA / max(int(m), 1)
+    calls = []
+    for b in bench.itertuples():
+        bmr = float(b.bmr)
+        if not (np.isfinite(bmr) and bmr > 0) or (b.name, b.arm) not in doses:
+            continue  # no benchmark response (the clean arm did not learn, or was not measured): nothing to size for
+        labels, x = doses[(b.name, b.arm)]
+        bracket = set()
+        if np.isfinite(b.bmd):
+            below, above = x[x <= b.bmd], x[x >= b.bmd]
+            bracket = {labels[int(np.flatnonzero(x == v)[0])] for v in
+                       ([below.max()] if below.size else []) + ([above.min()] if above.size else [])}
+        for label in labels:
+            r = rows.loc[(label, b.arm)]
+            why = tuple(w for w, hit in ((STRADDLES, bool(r.gap_ci_low <= -bmr <= r.gap_ci_high)),
+                                         (BRACKETS, label in bracket)) if hit)
+            if not why:
+                continue
+            sd = stats.floored_sd(float(r.gap_sd), float(r.q_eff)) if np.isfinite(r.gap_sd) else float("nan")
+            n = seeds_for(bmr, sd, num_seeds, max_seeds, level, target_power)
+            calls.append(SeedCall(label=label, arm=b.arm, benchmark=b.name, why=why, bmr=bmr, sd=sd,
+                                  power_first=stats.paired_t_power(bmr, sd, num_seeds, level), seeds=n,
+                                  power=stats.paired_t_power(bmr, sd, n, level),
+                                  capped=n == max_seeds and stats.paired_t_power(bmr, sd, n, level) < target_power))
+    return calls
+
+
+def first_pass_curves(curves: pd.DataFrame, p) -> pd.DataFrame:
+    """The first pass's runs (the seeds `num_seeds` gives), without what only the whole study knows (each run's KL
+    to its clean twin: no test reads it): what the rule decides on, in the study and in `analyze` alike."""
+    return curves[curves["seed"].isin(p.seeds)].drop(columns=["kl_to_clean"], errors="ignore").reset_index(drop=True)
+
+
+def first_pass(curves: pd.DataFrame, p) -> tuple[list[SeedCall], int]:
+    """(the rule's calls, the family size m it sized at) on the first pass of `curves` (`first_pass_curves`: a study's
+    curves so far, or an archived run's whole curves)."""
+    first = first_pass_curves(curves, p)
+    tests = study_tests(first, p)
+    m = int(tests.family["family/tests"])
+    return decide(tests.table, tests.bench, row_studies(first, tests.table), m, num_seeds=p.num_seeds,
+                  max_seeds=p.max_seeds, target_power=p.target_power), m
+
+
+def twin_seeds(calls: list[SeedCall], first_runs: list[TrainingRun]) -> dict[TrainingRun, int]:
+    """Each first-pass run (at the study's first seed) whose row the second pass extends, with the seeds its row
+    gets: each called dose row's, and its clean twin's (same arm, temperature, regime, horizon and epochs) at the
+    most of its dose rows. Clean runs first, so dosed runs find their twins' policies ready."""
+    want = {(c.label, c.arm): c.seeds for c in calls if c.seeds > 0}
+    seed0 = min(j.seed for j in first_runs) if first_runs else 0
+    dosed = {j: want[(j.label, j.arm)] for j in first_runs if j.seed == seed0 and (j.label, j.arm) in want}
+    twins: dict[tuple, int] = {}
+    for j, n in dosed.items():
+        twins[j.twin[:4] + j.twin[5:]] = max(n, twins.get(j.twin[:4] + j.twin[5:], 0))
+    clean = {j: twins[j.twin[:4] + j.twin[5:]] for j in first_runs
+             if j.seed == seed0 and j.kind == "clean" and j.twin[:4] + j.twin[5:] in twins}
+    return {**clean, **dosed}
+
+
+def second_pass_runs(calls: list[SeedCall], first_runs: list[TrainingRun], p) -> list[TrainingRun]:
+    """The second pass: each extended row's runs at the seeds `num_seeds` ... n - 1 (`twin_seeds`), clean runs first."""
+    return [replace(j, seed=p.seed + i) for j, n in twin_seeds(calls, first_runs).items()
+            for i in range(p.num_seeds, n)]
+
+
+def sequential_metrics(calls: list[SeedCall], m: int, first_runs: list[TrainingRun], p) -> dict[str, float]:
+    """`sequential/<label>/<arm>/{seeds, power_first, power}` per dose row the rule looked at (seeds: what it gets;
+    power: at the BMR, alpha / m, from the first pass's sd, with the first pass's seeds and with those),
+    `sequential/<label>/<arm>/seeds` per extended clean twin, and `sequential/{family_tests, rows, runs}`: the m it
+    sized at, the dose rows given more seeds and the second pass's runs."""
+    out = {"sequential/family_tests": float(m), "sequential/rows": float(sum(c.seeds > p.num_seeds for c in calls))}
+    for c in calls:
+        k = f"sequential/{c.label}/{c.arm}"
+        out.update({f"{k}/seeds": float(c.seeds), f"{k}/power_first": c.power_first, f"{k}/power": c.power})
+    for j, n in twin_seeds(calls, first_runs).items():
+        if j.kind == "clean" and n > p.num_seeds:
+            out[f"sequential/{j.label}/{j.arm}/seeds"] = float(n)
+    out["sequential/runs"] = float(len(second_pass_runs(calls, first_runs, p)))
+    return out
