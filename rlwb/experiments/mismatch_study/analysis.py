@@ -157,8 +157,7 @@ def dose_table(curves: pd.DataFrame, p, kl: dict | None = None) -> pd.DataFrame:
              curves[curves["kind"] == "clean"].groupby(["temperature", "updates", "epochs", "horizon", "arm"])}
     x0 = k3_initial(curves)
     present = set(s["kind"])
-    col = INITIAL.get(outcome)
-    initial = float(curves[col].dropna().mean()) if col in curves and curves[col].notna().any() else float("nan")
+    initial = initial_outcome(curves, outcome)
     rows = []
     for (label, arm), d in s.groupby(["label", "arm"], sort=False):
         kind, dose, temp, raw = d["kind"].iloc[0], d["dose"].iloc[0], d["temperature"].iloc[0], bool(
@@ -392,6 +391,13 @@ def placebo_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, floa
 
 
 INITIAL = {"policy_reward": "initial_policy_reward", "heldout_acc": "initial_heldout_greedy_acc"}
+
+
+def initial_outcome(curves: pd.DataFrame, outcome: str) -> float:
+    """The untrained policy's value of a policy outcome (`INITIAL`: one measurement per study); NaN for the
+    training reward (no such column) or a run archived before it was measured."""
+    col = INITIAL.get(outcome)
+    return float(curves[col].dropna().mean()) if col in curves and curves[col].notna().any() else float("nan")
 
 
 def outcome_gain(clean: pd.DataFrame, outcome: str) -> np.ndarray:

@@ -28,7 +28,7 @@ import pandas as pd
 
 from rlwb.core.measure import benchmark_dose as bd
 from rlwb.core.measure import dose_response, stats
-from rlwb.experiments.mismatch_study.analysis import INITIAL, k3_initial, outcome_of, per_seed, with_defaults
+from rlwb.experiments.mismatch_study.analysis import INITIAL, initial_outcome, outcome_of, per_seed, with_defaults
 from rlwb.experiments.mismatch_study.design import LONG, dosed_kinds, kind_label
 from rlwb.experiments.mismatch_study.grammar import Regime
 
@@ -64,8 +64,7 @@ def _baseline(curves: pd.DataFrame, outcome: str, clean_labels) -> float:
     from rlwb.experiments.grpo_grid import reward_gain
 
     if outcome in INITIAL:  # archived before the initial policy's outcome was measured: none (NaN), said so
-        col = INITIAL[outcome]
-        return float(curves[col].dropna().mean()) if col in curves and curves[col].notna().any() else float("nan")
+        return initial_outcome(curves, outcome)
     first, _ = reward_gain(curves[curves["label"].isin(clean_labels)])
     return float(first.mean())
 
@@ -76,8 +75,6 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
     curves = with_defaults(curves)
     s = per_seed(curves)
     outcome = outcome_of(s)
-    x0 = k3_initial(curves)
-    table = table if "epochs" in table else table.assign(epochs=1)
     first = Regime(int(table["updates"].iloc[0]), int(table["epochs"].iloc[0])) if len(table) else Regime(1)
     sel = table[table["kind"].isin(dosed_kinds()) & (table["control"] == "")]
     rows = []
@@ -85,7 +82,8 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
             ["kind", "updates", "epochs", table["label"].str.endswith(LONG), "arm"], sort=False):
         temp, horizon = d["temperature"].iloc[0], int(d["horizon"].iloc[0])
         regime = Regime(int(updates), int(epochs))
-        labels = sorted(d["label"], key=lambda lb: x0[(lb, arm)])
+        d = d.sort_values("k3_initial", kind="stable")  # the table's own k3_initial per (label, arm)
+        labels = list(d["label"])
         runs = s[(s["arm"] == arm) & (s["temperature"] == temp) & (s["updates"] == updates)
                  & (s["epochs"] == epochs) & (s["horizon"] == horizon)]
         clean_runs = runs[runs["kind"] == "clean"]
@@ -96,8 +94,7 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
         rows.append(RowStudy(
             kind=kind, updates=int(updates), epochs=int(epochs), long=bool(long), arm=arm,
             name=kind_label(kind, regime, first) + (LONG if long else ""), labels=labels,
-            doses=np.array([x0[(lb, arm)] for lb in labels]),
-            k3_achieved=np.array([float(d.loc[d["label"] == lb, "k3_achieved"].iloc[0]) for lb in labels]),
+            doses=d["k3_initial"].to_numpy(float), k3_achieved=d["k3_achieved"].to_numpy(float),
             clean=wide["__clean__"].to_numpy(float), dosed=wide[labels].to_numpy(float),
             baseline=_baseline(curves, outcome, clean_labels), seeds=list(map(int, wide.index)),
             outcome=outcome))
@@ -169,7 +166,7 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
         if f is not None and np.isfinite(gain) and gain > 0:
             fits.append({**base, "part": "mark", "dose": f.bmd, "y": r.baseline + (1 - bmr_fraction) * gain,
                          "low": f.bmdl, "high": f.bmdu, "status": f.status})
-    fits += engine_points(table, curves, fits)
+    fits += engine_points(table, fits)
     b = pd.DataFrame(rows, columns=COLUMNS)
     b["trend_p_holm"] = stats.holm(b["trend_p"]) if len(b) else []
     fit_table = pd.DataFrame(fits, columns=["kind", "updates", "epochs", "arm", "name", "part", "dose", "y", "low",
@@ -192,7 +189,7 @@ def keep_below(linear: bd.BMDResult, log: bd.BMDResult, agree: bool, doses: int)
     return float(min(linear.bmdl, log.bmdl)) if log.status == bd.BOUNDED else float(linear.bmdl)
 
 
-def engine_points(table: pd.DataFrame, curves: pd.DataFrame, fits: list[dict]) -> list[dict]:
+def engine_points(table: pd.DataFrame, fits: list[dict]) -> list[dict]:
     """The real engines placed on the curves (`part` "engine"): each engine row of the first PPO regime at the
     study's horizon, on the panel of its kind (`analysis.panel_of`) beside the same arm's fit, at the k3 it gives
     the initial policy, its outcome drawn as the arm's clean runs' mean plus its paired gap to its own clean twin
@@ -202,9 +199,7 @@ def engine_points(table: pd.DataFrame, curves: pd.DataFrame, fits: list[dict]) -
              if f["part"] == "group" and f["dose"] == 0.0 and "+" not in f["name"]}
     if table.empty:
         return []
-    table = table if "epochs" in table else table.assign(epochs=1)
     first, first_epochs = int(table["updates"].iloc[0]), int(table["epochs"].iloc[0])
-    x0 = k3_initial(curves)
     out = []
     for r in table[(table["kind"] == "engine") & (table["updates"] == first) & (table["epochs"] == first_epochs)
                    & ~table["label"].str.endswith(LONG)].itertuples():
@@ -214,7 +209,7 @@ def engine_points(table: pd.DataFrame, curves: pd.DataFrame, fits: list[dict]) -
         clean = baseline + gain
         out.append({"kind": r.panel, "updates": first, "epochs": first_epochs, "arm": r.arm, "name": r.panel,
                     "part": "engine",
-                    "dose": float(x0.get((r.label, r.arm), np.nan)), "y": clean + r.gap, "low": clean + r.gap_ci_low,
+                    "dose": float(r.k3_initial), "y": clean + r.gap, "low": clean + r.gap_ci_low,
                     "high": clean + r.gap_ci_high, "baseline": baseline, "gain": gain, "label": r.label,
                     "control": r.control})
     return out
