@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 TEST_OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup kernel-side kernel engines v1 v0 versions peers trl-vllm bmds browser model reports realistic test test-fast lint sync-params bench lab clean-outputs
+.PHONY: setup kernel-side kernel engines v1 v0 versions peers trl-vllm bmds browser model reports realistic test test-fast lint sync-params bench lab clean-outputs gpu-wheels gpu-runs gpu-rehearsal
 
 setup:                               ## everything: kernel env, engine envs, peer oracles, the bench's TRL + vLLM peer, EPA's BMDS, chromium, the default model
 	@$(MAKE) --no-print-directory --output-sync=target -j4 v0 trl-vllm bmds browser kernel-side  # side by side: the V0 build beside pip installs
@@ -77,6 +77,18 @@ trl-vllm: v1                         ## .venvs/trl-vllm: TRL on .venvs/vllm-v1's
 
 bench: setup trl-vllm                ## throughput / overhead benchmark -> outputs/bench/<UTC start>/ (rlwb publish-able)
 	$(RLWB) bench
+
+gpu-wheels: kernel                   ## .whl/: the wheels a GPU machine without a registry needs (scripts/device/wheels.txt)
+	$(VENV)/bin/python scripts/device/wheels.py download .whl --python 3.12
+
+gpu-runs:                            ## on a GPU: build the 0.5B shapes, run 09/01/02/04/03 with the hf engine + the memory check (docs/gpu.md)
+	bash scripts/gpu_runs.sh
+
+gpu-rehearsal: kernel                ## the GPU command on CPU in a view of the device image + its wheels (tests/test_gpu_runs.py)
+	$(VENV)/bin/python scripts/device/image_venv.py .venvs/device-image --tree .venvs/device-tree
+	$(VENV)/bin/python scripts/device/wheels.py download .venvs/device-wheels --python $$($(VENV)/bin/python -c "import platform; print(platform.python_version())")
+	cd .venvs/device-tree && PYTHON=$(CURDIR)/.venvs/device-image/bin/python WHEELS=$(CURDIR)/.venvs/device-wheels \
+	  RLWB_DEVICE_SITE=$(CURDIR)/.venvs/device-site bash scripts/gpu_runs.sh --cpu --lanes 1
 
 lab: kernel                          ## JupyterLab on 127.0.0.1, opened on notebooks/
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)

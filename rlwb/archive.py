@@ -91,16 +91,38 @@ def package_versions() -> dict:
 
 
 def host_info() -> dict:
+    """The machine a run ran on; on a CUDA GPU also what decides its kernels (`gpu_info`)."""
     cpu = host.cpu()["model"] or None
-    gpu = None
+    gpu, cuda = None, None
     try:
         import torch
 
         if torch.cuda.is_available():
             gpu = torch.cuda.get_device_name(0)
+            cuda = gpu_info(torch)
     except Exception:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "platform": platform.platform()}
+    out = {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "platform": platform.platform()}
+    if cuda:
+        out["cuda"] = cuda
+    return out
+
+
+def gpu_info(torch) -> dict:
+    """GPU 0's driver, the CUDA and cuDNN torch was built with, its compute capability and memory: the numbers a
+    GPU's logprobs depend on besides the code (kernels are chosen per architecture and library version)."""
+    props = torch.cuda.get_device_properties(0)
+    driver = None
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0] or None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {"driver": driver, "cuda_runtime": torch.version.cuda, "cudnn": cudnn,
+            "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+            "memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count,
+            "torch": torch.__version__}
 
 
 def check_writable(root: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -63,9 +64,12 @@ class Preset:
 
 
 def interpreter_path(python: str) -> Path:
-    """A preset's `python`: absolute as given; `.venvs/<env>/...` under the engine environments' directory
-    (`RLWB_ENVS`, where scripts/setup.sh makes them: default `.venvs` in the repo); anything else relative to the
-    repo root."""
+    """A preset's `python`: `kernel`, the interpreter rlwb itself runs under (the hf backend needs only torch and
+    transformers, so it runs wherever the kernel does: a GPU machine with no .venv too); absolute as given;
+    `.venvs/<env>/...` under the engine environments' directory (`RLWB_ENVS`, where scripts/setup.sh makes them:
+    default `.venvs` in the repo); anything else relative to the repo root."""
+    if str(python) == "kernel":
+        return Path(sys.executable)
     p = Path(os.path.expanduser(str(python)))
     if p.is_absolute():
         return p

@@ -1,0 +1,90 @@
+"""The wheels `scripts/gpu_runs.sh` carries to the GPU machine: what running and archiving a notebook needs
+(papermill, nbconvert, ipykernel, pydantic, ...) that the device image lacks (`image_packages.txt`), with every
+requirement of theirs the image does not hold, at the versions the kernel's .venv has (the ones the suite tests).
+
+    python scripts/device/wheels.py list                 # the names and versions, from .venv (what wheels.txt holds)
+    python scripts/device/wheels.py write                # rewrite wheels.txt from `list` (after an upgrade)
+    python scripts/device/wheels.py download DIR [--python 3.12]   # fetch them from PyPI for that CPython
+                                                                     # (3.12: the device; the rehearsal: this one)
+
+The list is computed, not hand-kept: tests/test_gpu_runs.py checks wheels.txt against `list`, and the CPU
+rehearsal installs exactly these into a view of the image (`image_venv.py`) and runs the whole script there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import image_venv  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+WHEELS_TXT = HERE / "wheels.txt"
+# what a run needs beyond the image: the notebook runner and its kernel, the HTML report, params validation
+ROOTS = {"papermill", "nbconvert", "nbformat", "nbclient", "ipykernel", "pydantic", "filelock"}
+HEADER = ("# Written by `python scripts/device/wheels.py write` (tests/test_gpu_runs.py checks it): the wheels the\n"
+          "# GPU machine needs beyond its image (image_packages.txt), at the kernel .venv's versions.\n")
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64", "manylinux_2_31_x86_64",
+             "manylinux_2_34_x86_64", "manylinux_2_35_x86_64"]
+
+
+def needed() -> dict[str, str]:
+    """{name: version} of the wheels to carry, from the installed distributions of this interpreter (.venv)."""
+    installed = {image_venv.norm(d.metadata["Name"]): d for d in md.distributions()}
+    image = image_venv.image_packages()
+    on_device = image_venv.with_dependencies(image, installed,
+                                             image_venv.requirement_names(installed["rlwb"]) - image)
+    names = image_venv.with_dependencies(ROOTS, installed, set()) - on_device
+    return {n: installed[n].version for n in sorted(names)}
+
+
+def listed(path: Path = WHEELS_TXT) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            out[image_venv.norm(name)] = version
+    return out
+
+
+def download(dest: Path, python: str) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    pins = [f"{n}=={v}" for n, v in listed().items()]
+    args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(dest),
+            "--python-version", python, "--implementation", "cp"]
+    for p in PLATFORMS:
+        args += ["--platform", p]
+    subprocess.run(args + pins, check=True)
+    return sorted(dest.glob("*.whl"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list")
+    sub.add_parser("write")
+    d = sub.add_parser("download")
+    d.add_argument("dest", type=Path)
+    d.add_argument("--python", default="3.12", help="CPython version the wheels are for (device: 3.12)")
+    a = ap.parse_args()
+    if a.cmd == "list":
+        for n, v in needed().items():
+            print(f"{n}=={v}")
+    elif a.cmd == "write":
+        pins = needed()
+        WHEELS_TXT.write_text(HEADER + "".join(f"{n}=={v}\n" for n, v in pins.items()))
+        print(f"{WHEELS_TXT}: {len(pins)} wheels")
+    else:
+        wheels = download(a.dest, a.python)
+        size = sum(w.stat().st_size for w in wheels)
+        print(f"{len(wheels)} wheels, {size / 2**20:.1f} MiB in {a.dest}")
+
+
+if __name__ == "__main__":
+    main()
