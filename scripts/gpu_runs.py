@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 PART_BYTES = 15 * 2**20  # the device returns files of ≤ 16 MiB, ≤ 8 of them
 MAX_FILES = 8
@@ -48,6 +50,7 @@ class Step:
     lane: int
     needs_build: bool = False
     script: bool = False  # not an `rlwb run`: its stdout is saved as <name>.json under the output
+    est_s: float = 60  # its time on an H100 (measured 2026-11-27, lanes side by side): not started unless it fits
     env: dict = field(default_factory=dict)
 
 
@@ -63,6 +66,10 @@ def nb_run(stem: str, files: list[str], overrides: dict) -> list[str]:
 def plan(cpu: bool) -> list[Step]:
     """The steps, by lane. GPU sizes are fixed by the 9-minute budget (hf decodes one request at a time, ~20 ms a
     token at 0.5B); the CPU rehearsal runs every step at the smallest sizes on the embedded default model."""
+    # lanes side by side on the GPU (a lane's steps run in order): 0 builds the 0.5B model, then 09; 1, 3 and 4 the
+    # hf-engine notebooks; 2 the GRPO run (~12 s a step on the H100) and the memory check, which need no build, then
+    # 09's compile settings, which a first call of ~5 minutes leaves to a second. The CPU rehearsal runs them one
+    # after another (`--lanes 1`)
     big = "default" if cpu else "qwen2.5-0.5b-random"
     steps = [] if cpu else [Step("build", ["build-model", "--model", big], lane=0)]
     if cpu:
@@ -72,42 +79,35 @@ def plan(cpu: bool) -> list[Step]:
     else:
         # torch.compile's two settings took ~3 min each on the H100 (inductor compiling 24 layers), the other 16
         # under 3 min together: they are a step of their own, so neither outlasts one device call
-        import yaml
-
         settings = yaml.safe_load((ROOT / "params/09_trainer_settings/gpu.yaml").read_text())["settings"]
         for name, part in (("09", [s for s in settings if "compile" not in s]),
                            ("09-compile", [s for s in settings if "compile" in s])):
             steps.append(Step(name, nb_run("09_trainer_settings", ["gpu.yaml"], {
                 "prompts": 16, "max_tokens": 64, "settings": part}), lane=0 if name == "09" else 2,
-                needs_build=True))
-    sizes = {"prompts": 2, "max_tokens": 6} if cpu else {"prompts": 16, "max_tokens": 64}
-    # measured on the H100 at these sizes, 4 lanes side by side: 01 ~80 s, 02 ~130 s; 04 took ~260 s at 16
-    # prompts (its staleness and batch checks generate each prompt several times), so it gets 8
-    extra = {"01_logprob_mismatch": {"reward_samples": 0},
-             "02_kl_vs_temperature": {"temperatures": [0.7, 1.0, 1.3], "top_p_values": [1.0]},
-             "04_determinism_and_staleness": {"batch_sizes": [1, 16], "prefix_tokens": 64 if cpu else 512,
-                                              **({} if cpu else {"prompts": 8})}}
-    # lanes side by side on the GPU (a lane's steps run in order): 0 builds the 0.5B model, then 09 and 01; 1 and
-    # 3 the other hf-engine notebooks; 2 the GRPO run (12 s a step on the H100) and the memory check, which need no
-    # build, then 09's compile settings, the step a second call finishes. The CPU rehearsal runs them one after
-    # another (`--lanes 1`)
-    lanes = {"01_logprob_mismatch": ((0, "float32"), (0, "bfloat16")),
-             "02_kl_vs_temperature": ((3, "bfloat16"), (1, "float32")),
-             "04_determinism_and_staleness": ((1, "bfloat16"), (3, "float32"))}
-    for stem, runs in lanes.items():
-        for lane, dt in runs:
+                needs_build=True, est_s=170 if name == "09" else 420))
+    # the hf-engine notebooks: each `params/<stem>/gpu-hf.yaml` (after its gpu.yaml), in fp32 (the control: the
+    # float floor on this GPU) and bf16, spread over lanes 1, 3 and 4; the rehearsal shrinks them to the default model
+    shrink = {"model": "default", "prompts": 2, "max_tokens": 6}
+    hf_files = sorted(ROOT.glob("params/*/gpu-hf.yaml"))
+    k = 0
+    for f in hf_files:
+        stem = f.parent.name
+        for dt in ("float32", "bfloat16"):
             if cpu and dt != "float32":
                 continue  # one dtype per notebook proves the imports and the script; the rehearsal must stay short
-            trainer = {} if stem.startswith("04") else {"trainer_dtype": "float32"}  # 04 has no trainer
-            steps.append(Step(f"{stem[:2]}-{dt}", nb_run(stem, ["gpu.yaml"], {
-                "model": big, "engines": ["hf"], "dtype": dt, **trainer, **sizes, **extra[stem]}),
-                lane=lane, needs_build=True))
+            over = {"dtype": dt, **(shrink if cpu else {})}
+            if cpu and "prefix_tokens" in yaml.safe_load(f.read_text()):
+                over["prefix_tokens"] = 64
+            steps.append(Step(f"{stem[:2]}-{dt}", nb_run(stem, ["gpu.yaml", "gpu-hf.yaml"], over),
+                              lane=(1, 3, 4)[k % 3], needs_build=True, est_s=130))
+            k += 1
     grpo = {"engines": ["hf"], "dtype": "bfloat16", "corrections": ["none"], "num_seeds": 1 if cpu else 2,
             "steps": 2 if cpu else 8, "prompts_per_step": 2 if cpu else 8, "group_size": 4 if cpu else 8,
             "max_tokens": 8 if cpu else 48, "micro_batch": 1, "concurrent_runs": 1, "model": "default"}
-    steps.insert(0 if cpu else 1, Step("03", nb_run("03_toy_grpo", ["gpu.yaml"], grpo), lane=2))
+    steps.insert(0 if cpu else 1, Step("03", nb_run("03_toy_grpo", ["gpu.yaml"], grpo), lane=2, est_s=200))
     if not cpu:
-        steps.insert(2, Step("memory", [sys.executable, "scripts/gpu_memory_check.py"], lane=2, script=True))
+        steps.insert(2, Step("memory", [sys.executable, "scripts/gpu_memory_check.py"], lane=2, script=True,
+                             est_s=60))
         steps.sort(key=lambda s: s.name == "09-compile")  # last in its lane: the step most likely cut
     return steps
 
@@ -155,8 +155,10 @@ class Runner:
             self.say(f"{step.name}: done before ({self.done(step)})")
             self.results[step.name] = "done before"
             return
-        if self.over_budget():
-            self.say(f"{step.name}: not started (budget spent): run this again to finish it")
+        left = self.a.budget + self.a.grace - (time.monotonic() - self.t0)
+        if not self.a.cpu and step.est_s > left:
+            self.say(f"{step.name}: not started (~{step.est_s:.0f} s, {max(left, 0):.0f} s left of the budget): "
+                     "run this again to finish it")
             self.results[step.name] = "not started"
             return
         if step.script:
@@ -273,7 +275,7 @@ def main() -> int:
     ap.add_argument("--steps", default="", help="comma-separated step names (default: every step not done)")
     ap.add_argument("--budget", type=float, default=480, help="seconds after which no step starts")
     ap.add_argument("--grace", type=float, default=45, help="seconds a running step gets past the budget")
-    ap.add_argument("--lanes", type=int, default=4, help="steps side by side (1: one after another)")
+    ap.add_argument("--lanes", type=int, default=5, help="lanes side by side (1: every step one after another)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "outputs" / "gpu-out"),
                     help="where the packed runs go (the device's $OUT)")
     ap.add_argument("--archive", default=str(ROOT / "outputs" / "gpu"), help="archive root of the runs")

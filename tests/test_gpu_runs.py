@@ -112,3 +112,14 @@ def test_hf_preset_runs_under_the_kernels_own_interpreter():
 
     assert interpreter_path("kernel") == Path(sys.executable)
     assert resolve_preset("hf").python == Path(sys.executable)
+
+
+def test_every_gpu_hf_file_validates_over_its_gpu_yaml():
+    from rlwb import params as params_mod
+
+    files = sorted((ROOT / "params").glob("*/gpu-hf.yaml"))
+    assert files
+    for f in files:
+        for dt in ("float32", "bfloat16"):
+            p = params_mod.load(f.parent.name, [str(f.parent / "gpu.yaml"), str(f)], {"dtype": dt})
+            assert p.engines == ["hf"] and p.model == "qwen2.5-0.5b-random" and p.dtype == dt
