@@ -79,14 +79,14 @@ bench: setup trl-vllm                ## throughput / overhead benchmark -> outpu
 	$(RLWB) bench
 
 gpu-wheels: kernel                   ## .whl/: the wheels a GPU machine without a registry needs (scripts/device/wheels.txt)
-	$(VENV)/bin/python scripts/device/wheels.py download .whl --python 3.12
+	rm -rf .whl && $(VENV)/bin/python scripts/device/wheels.py download .whl --python 3.12
 
 gpu-runs:                            ## on a GPU: build the 0.5B shapes, run 09/01/02/04/03 with the hf engine + the memory check (docs/gpu.md)
 	bash scripts/gpu_runs.sh
 
 gpu-rehearsal: kernel                ## the GPU command on CPU in a view of the device image + its wheels (tests/test_gpu_runs.py)
 	$(VENV)/bin/python scripts/device/image_venv.py .venvs/device-image --tree .venvs/device-tree
-	$(VENV)/bin/python scripts/device/wheels.py download .venvs/device-wheels --python $$($(VENV)/bin/python -c "import platform; print(platform.python_version())")
+	rm -rf .venvs/device-wheels && $(VENV)/bin/python scripts/device/wheels.py download .venvs/device-wheels --python $$($(VENV)/bin/python -c "import platform; print(platform.python_version())")
 	cd .venvs/device-tree && PYTHON=$(CURDIR)/.venvs/device-image/bin/python WHEELS=$(CURDIR)/.venvs/device-wheels \
 	  RLWB_DEVICE_SITE=$(CURDIR)/.venvs/device-site bash scripts/gpu_runs.sh --cpu --lanes 1
 

@@ -51,6 +51,7 @@ class Step:
     needs_build: bool = False
     script: bool = False  # not an `rlwb run`: its stdout is saved as <name>.json under the output
     est_s: float = 60  # its time on an H100 (measured 2026-11-27, lanes side by side): not started unless it fits
+    phase: int = 1  # 0: before the lanes (the memory check, alone on the GPU, beside the build)
     env: dict = field(default_factory=dict)
 
 
@@ -66,10 +67,10 @@ def nb_run(stem: str, files: list[str], overrides: dict) -> list[str]:
 def plan(cpu: bool) -> list[Step]:
     """The steps, by lane. GPU sizes are fixed by the 9-minute budget (hf decodes one request at a time, ~20 ms a
     token at 0.5B); the CPU rehearsal runs every step at the smallest sizes on the embedded default model."""
-    # lanes side by side on the GPU (a lane's steps run in order): 0 builds the 0.5B model, then 09; 1, 3 and 4 the
-    # hf-engine notebooks; 2 the GRPO run (~12 s a step on the H100) and the memory check, which need no build, then
-    # 09's compile settings, which a first call of ~5 minutes leaves to a second. The CPU rehearsal runs them one
-    # after another (`--lanes 1`)
+    # the memory check first, alone on the GPU, beside the build (CPU); then lanes side by side (a lane's steps run
+    # in order): 0 notebook 09, 5 its compile settings (the longest step, so it starts first), 1, 3 and 4 the
+    # hf-engine notebooks, 2 the GRPO run (~12 s a step on the H100). The CPU rehearsal runs them one after another
+    # (`--lanes 1`)
     big = "default" if cpu else "qwen2.5-0.5b-random"
     steps = [] if cpu else [Step("build", ["build-model", "--model", big], lane=0)]
     if cpu:
@@ -83,7 +84,7 @@ def plan(cpu: bool) -> list[Step]:
         for name, part in (("09", [s for s in settings if "compile" not in s]),
                            ("09-compile", [s for s in settings if "compile" in s])):
             steps.append(Step(name, nb_run("09_trainer_settings", ["gpu.yaml"], {
-                "prompts": 16, "max_tokens": 64, "settings": part}), lane=0 if name == "09" else 2,
+                "prompts": 16, "max_tokens": 64, "settings": part}), lane=0 if name == "09" else 5,
                 needs_build=True, est_s=170 if name == "09" else 420))
     # the hf-engine notebooks: each `params/<stem>/gpu-hf.yaml` (after its gpu.yaml), in fp32 (the control: the
     # float floor on this GPU) and bf16, spread over lanes 1, 3 and 4; the rehearsal shrinks them to the default model
@@ -106,13 +107,15 @@ def plan(cpu: bool) -> list[Step]:
             "max_tokens": 8 if cpu else 48, "micro_batch": 1, "concurrent_runs": 1, "model": "default"}
     steps.insert(0 if cpu else 1, Step("03", nb_run("03_toy_grpo", ["gpu.yaml"], grpo), lane=2, est_s=200))
     if not cpu:
-        steps.insert(2, Step("memory", [sys.executable, "scripts/gpu_memory_check.py"], lane=2, script=True,
-                             est_s=60))
-        steps.sort(key=lambda s: s.name == "09-compile")  # last in its lane: the step most likely cut
+        steps.insert(1, Step("memory", [sys.executable, "scripts/gpu_memory_check.py"], lane=2, script=True,
+                             est_s=60, phase=0))
     return steps
 
 
 class Runner:
+    """Runs the steps: first the `phase 0` steps side by side (the model build, on the CPU, and the memory check,
+    alone on the GPU so no other step's allocations meet its measured peaks), then the lanes."""
+
     def __init__(self, args):
         self.a = args
         self.archive = Path(args.archive)
@@ -126,39 +129,45 @@ class Runner:
         self.procs: dict[str, subprocess.Popen] = {}
         self.lock = threading.Lock()
         self.built = threading.Event()
+        self.build_ok = True
         self.results: dict[str, str] = {}
 
     def say(self, msg: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.0f} s] {msg}", flush=True)
 
     def done(self, step: Step) -> str | None:
-        """The run a step finished (its marker), if that run is still archived as ok."""
+        """What a step finished (its marker): a notebook run only while it is still archived as ok."""
         m = self.markers / f"{step.name}.done"
         if not m.is_file():
             return None
         target = m.read_text().strip()
         if step.script or step.name == "build":
             return target
-        rec = Path(target) / "run.json"
         try:
-            return target if json.loads(rec.read_text()).get("status") == "ok" else None
+            return target if json.loads((Path(target) / "run.json").read_text()).get("status") == "ok" else None
         except (OSError, ValueError):
             return None
 
-    def over_budget(self) -> bool:
-        return time.monotonic() - self.t0 > self.a.budget
+    def left(self) -> float:
+        return self.a.budget + self.a.grace - (time.monotonic() - self.t0)
 
     def run_step(self, step: Step) -> None:
-        if step.needs_build and not self.a.cpu:
+        if step.needs_build:
             self.built.wait()
+            if not self.build_ok:
+                self.results[step.name] = "not started (the build failed)"
+                self.say(f"{step.name}: not started: the build failed")
+                return
         if self.done(step):
             self.say(f"{step.name}: done before ({self.done(step)})")
             self.results[step.name] = "done before"
             return
-        left = self.a.budget + self.a.grace - (time.monotonic() - self.t0)
-        if not self.a.cpu and step.est_s > left:
-            self.say(f"{step.name}: not started (~{step.est_s:.0f} s, {max(left, 0):.0f} s left of the budget): "
-                     "run this again to finish it")
+        if step.est_s > self.left() and not self.a.cpu:
+            self.say(f"{step.name}: not started (~{step.est_s:.0f} s, {max(self.left(), 0):.0f} s left of the "
+                     "budget): run this again to finish it")
+            self.results[step.name] = "not started"
+            return
+        if self.left() <= 0:
             self.results[step.name] = "not started"
             return
         if step.script:
@@ -168,29 +177,30 @@ class Runner:
             if step.argv[0] == "run":
                 cmd += ["--outputs", str(self.archive)]
         self.say(f"{step.name}: {shlex.join(cmd[1:] if not step.script else cmd)}")
-        log = (self.logs / f"{step.name}.log").open("w")
-        stdout = (self.out / f"{step.name}.json").open("w") if step.script else log
-        with self.lock:
-            p = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=log, env={**os.environ, **step.env},
-                                 start_new_session=True)
-            self.procs[step.name] = p
-        rc = p.wait()
-        with self.lock:
-            self.procs.pop(step.name, None)
-        log.close()
-        if step.script:
-            stdout.close()
+        log_path = self.logs / f"{step.name}.log"
+        out_path = self.logs / f"{step.name}.txt"  # a script's stdout (the memory check's JSON lines), packed
+        with log_path.open("w") as log, (out_path.open("w") if step.script else open(os.devnull, "w")) as out:
+            with self.lock:
+                # its own process group (not a new session): the watchdog interrupts the group, and the device
+                # ends it with this command, so nothing outlives a call to run beside the next one
+                p = subprocess.Popen(cmd, cwd=ROOT, stdout=out if step.script else log, stderr=log,
+                                     env={**os.environ, **step.env}, process_group=0)
+                self.procs[step.name] = p
+            rc = p.wait()
+            with self.lock:
+                self.procs.pop(step.name, None)
         target = self.run_dir_of(step) if step.argv[0] == "run" else step.name
-        status = "ok" if rc == 0 else f"failed (exit {rc}; log {self.logs / (step.name + '.log')})"
-        if rc == 0 and target:
+        # the memory check exits 1 when the plan is below a measured peak: a finding, complete in its output
+        finding = step.script and rc == 1 and out_path.read_text().strip().endswith("}")
+        status = "ok" if rc == 0 else ("ok (the check reports a plan below a peak)" if finding else
+                                        f"failed (exit {rc}; log {log_path})")
+        if (rc == 0 or finding) and target:
             (self.markers / f"{step.name}.done").write_text(str(target))
         self.results[step.name] = status
         self.say(f"{step.name}: {status}" + (f" -> {target}" if target else ""))
-        if not step.script:
-            tail = (self.logs / f"{step.name}.log").read_text().strip().splitlines()[-3:]
-            if rc != 0:
-                for line in tail:
-                    self.say(f"  | {line}")
+        if rc != 0 and not finding:
+            for line in log_path.read_text().strip().splitlines()[-3:]:
+                self.say(f"  | {line}")
 
     def run_dir_of(self, step: Step) -> str | None:
         """The archive `rlwb run` printed as its last stdout line."""
@@ -202,80 +212,116 @@ class Runner:
 
     def lane(self, steps: list[Step]) -> None:
         for s in steps:
-            self.run_step(s)
-            if s.name == "build":
-                self.built.set()
+            try:
+                self.run_step(s)
+            except Exception as e:  # a lane that dies must not leave the others waiting or the runs unpacked
+                self.results[s.name] = f"failed ({type(e).__name__}: {e})"
+                self.say(f"{s.name}: {self.results[s.name]}")
+            finally:
+                if s.name == "build":
+                    self.build_ok = self.results.get(s.name) in ("ok", "done before")
+                    self.built.set()
 
-    def watchdog(self) -> None:
-        while time.monotonic() - self.t0 < self.a.budget + self.a.grace:
-            time.sleep(2)
-            if self.over_budget() and self.procs and not getattr(self, "_warned", False):
-                self._warned = True
-                self.say(f"budget of {self.a.budget:.0f} s spent: {len(self.procs)} step(s) get "
-                         f"{self.a.grace:.0f} s more, then are interrupted")
+    def interrupt(self) -> None:
+        """SIGINT to every running step's group (rlwb archives the run as interrupted), SIGKILL 30 s later."""
         with self.lock:
-            for name, p in self.procs.items():
-                self.say(f"{name}: interrupted at the budget (archived as interrupted; run again to finish it)")
+            procs = dict(self.procs)
+        for name, p in procs.items():
+            self.say(f"{name}: interrupted at the budget (run this again to finish it)")
+            try:
+                os.killpg(p.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+            time.sleep(1)
+        for p in procs.values():
+            if p.poll() is None:
                 try:
-                    os.killpg(p.pid, signal.SIGINT)
+                    os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
 
     def go(self, steps: list[Step]) -> int:
-        if not self.a.cpu and not any(s.name == "build" for s in steps):
+        signal.signal(signal.SIGTERM, lambda *_: (self.interrupt(), sys.exit(1)))
+        if not any(s.name == "build" for s in steps):
             self.built.set()
-        if self.a.cpu or any(s.name == "build" and self.done(s) for s in steps):
-            self.built.set()
+        first = [s for s in steps if s.phase == 0]
         lanes: dict[int, list[Step]] = {}
         for s in steps:
-            lanes.setdefault(s.lane if self.a.lanes > 1 else 0, []).append(s)
+            if s.phase != 0 or s.name == "build":
+                lanes.setdefault(s.lane if self.a.lanes > 1 else 0, []).append(s)
+        phase0 = [threading.Thread(target=self.lane, args=([s],), daemon=True) for s in first if s.name != "build"]
         threads = [threading.Thread(target=self.lane, args=(ls,), daemon=True) for ls in lanes.values()]
-        dog = threading.Thread(target=self.watchdog, daemon=True)
-        dog.start()
-        for t in threads:
+        for t in phase0:  # the memory check alone on the GPU, beside the build (on the CPU)
             t.start()
-        for t in threads:
+        build_lane = next((t for t, ls in zip(threads, lanes.values()) if ls[0].name == "build"), None)
+        if build_lane:
+            build_lane.start()
+        for t in phase0:
             t.join()
+        for t in threads:
+            if t is not build_lane:
+                t.start()
+        stop = self.t0 + self.a.budget + self.a.grace
+        for t in threads:
+            t.join(timeout=max(stop - time.monotonic(), 0))
+        if any(t.is_alive() for t in threads):
+            self.interrupt()
+            for t in threads:
+                t.join(timeout=15)
         self.pack()
-        failed = [n for n, r in self.results.items() if r not in ("ok", "done before")]
-        self.say("summary: " + ", ".join(f"{n} {r}" for n, r in self.results.items()))
-        return 1 if failed else 0
+        results = [self.results.get(s.name, "not started") for s in steps]
+        self.say("summary: " + ", ".join(f"{s.name} {r}" for s, r in zip(steps, results)))
+        if any(r.startswith("failed") for r in results):
+            return 1
+        return 3 if any(not r.startswith(("ok", "done before")) for r in results) else 0
 
     def pack(self) -> None:
-        """Every finished step's archive, the logs and the markers, as a tar split into ≤ 15 MiB parts."""
-        tar_path = self.out / "gpu_runs.tar.gz"
-        runs = sorted({m.read_text().strip() for m in self.markers.glob("*.done")}
-                      | {str(d) for d in self.archive.glob("*/*") if (d / "run.json").is_file()})
-        with tarfile.open(tar_path, "w:gz") as tar:
-            for r in runs:
-                p = Path(r)
-                if p.is_dir() and p.is_relative_to(self.archive):
-                    tar.add(p, arcname=str(p.relative_to(self.archive)))
-            for d in (self.markers, self.logs):
-                tar.add(d, arcname=d.name)
+        """The finished runs (ok ones first), the logs and the markers as a tar split into ≤ 15 MiB parts; the
+        device returns at most 8 files and 64 MiB, so data of runs that are not ok go first when it is over."""
+        for old in self.out.glob("gpu_runs.tar.gz*"):
+            old.unlink()
+        runs = sorted({Path(m.read_text().strip()) for m in self.markers.glob("*.done")}
+                      | {d for d in self.archive.glob("*/*") if (d / "run.json").is_file() and not d.is_symlink()})
+        runs = [r for r in runs if r.is_dir() and r.is_relative_to(self.archive)]
+        ok = {r for r in runs if json.loads((r / "run.json").read_text()).get("status") == "ok"}
+        room = (MAX_FILES - 1 - sum(1 for f in self.out.iterdir())) * PART_BYTES
+        for drop_data in (False, True):
+            tar_path = self.out / "gpu_runs.tar.gz"
+            with tarfile.open(tar_path, "w:gz") as tar:
+                for r in sorted(runs, key=lambda r: r not in ok):
+                    for f in sorted(r.rglob("*")):
+                        if f.is_file() and not (drop_data and r not in ok and "data" in f.relative_to(r).parts):
+                            tar.add(f, arcname=str(f.relative_to(self.archive)))
+                for d in (self.markers, self.logs):
+                    tar.add(d, arcname=d.name)
+            if tar_path.stat().st_size <= room:
+                break
         size = tar_path.stat().st_size
         parts = []
         with tar_path.open("rb") as f:
-            i = 0
             while chunk := f.read(PART_BYTES):
-                part = self.out / f"gpu_runs.tar.gz.part{i}"
+                part = self.out / f"gpu_runs.tar.gz.part{len(parts)}"
                 part.write_bytes(chunk)
                 parts.append(part)
-                i += 1
         tar_path.unlink()
-        files = list(self.out.iterdir())
-        self.say(f"packed {len(runs)} archive(s), {size / 2**20:.1f} MiB in {len(parts)} part(s) under {self.out}"
-                 + ("" if len(files) <= MAX_FILES else f" -- {len(files)} files: more than the {MAX_FILES} "
-                    "the device returns"))
+        n = sum(1 for _ in self.out.iterdir())
+        self.say(f"packed {len(runs)} run(s) ({len(ok)} ok), {size / 2**20:.1f} MiB in {len(parts)} part(s) under "
+                 f"{self.out} (cat the parts | tar xz)")
+        if n > MAX_FILES or size > MAX_FILES * PART_BYTES:
+            self.say(f"WARNING: {n} files, {size / 2**20:.1f} MiB under {self.out}: more than the device returns "
+                     f"({MAX_FILES} files, 64 MiB); the parts after the limit are lost")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="the CPU rehearsal: tiny sizes, the embedded default model")
     ap.add_argument("--steps", default="", help="comma-separated step names (default: every step not done)")
-    ap.add_argument("--budget", type=float, default=480, help="seconds after which no step starts")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds (plus --grace) within which a step must end by its H100 estimate to start")
     ap.add_argument("--grace", type=float, default=45, help="seconds a running step gets past the budget")
-    ap.add_argument("--lanes", type=int, default=5, help="lanes side by side (1: every step one after another)")
+    ap.add_argument("--lanes", type=int, default=6, help="lanes side by side (1: every step one after another)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "outputs" / "gpu-out"),
                     help="where the packed runs go (the device's $OUT)")
     ap.add_argument("--archive", default=str(ROOT / "outputs" / "gpu"), help="archive root of the runs")
@@ -283,6 +329,8 @@ def main() -> int:
     ap.add_argument("--allow-dirty", action="store_true",
                     help="run from a tree with uncommitted changes (its runs cannot be published)")
     a = ap.parse_args()
+    if a.budget is None:
+        a.budget = 3600 if a.cpu else 480  # a lent H100's call: ≤ 10 minutes, its start and transfers included
     steps = plan(a.cpu)
     if a.steps:
         names = a.steps.split(",")

@@ -28,11 +28,28 @@ PY
 if [ -n "$missing" ]; then
   echo "gpu_runs: wheels missing from $WHEELS/ (make gpu-wheels fetches them): $(echo $missing)" >&2; exit 2
 fi
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
-  2>&1 | grep -v "^WARNING: Target directory" || true
+# exactly the pinned files (a .whl/ left from an older list may hold two versions of one package)
+pinned=$("$PY" - "$WHEELS" <<'PY'
+import re, sys
+from pathlib import Path
+norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
+pins = {norm(l.split("==")[0]): l.split("==")[1] for l in
+        (x.split("#", 1)[0].strip() for x in Path("scripts/device/wheels.txt").read_text().splitlines()) if l}
+print(" ".join(str(w) for w in sorted(Path(sys.argv[1]).glob("*.whl"))
+               if pins.get(norm(w.name.split("-")[0])) == w.name.split("-")[1]))
+PY
+)
+set +e
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" $pinned \
+  > /tmp/rlwb-wheels.log 2>&1
+rc=$?
+set -e
+grep -v "^WARNING: Target directory" /tmp/rlwb-wheels.log || true
+[ $rc -eq 0 ] || { echo "gpu_runs: installing the wheels failed (exit $rc)" >&2; exit 2; }
 # nbconvert's templates and ipykernel's kernel spec are the wheels' data files, under the target's share/jupyter
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" JUPYTER_PATH="$SITE/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}" \
   PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+"$PY" -c "import papermill, nbconvert, ipykernel, pydantic" || { echo "gpu_runs: the wheels do not import" >&2; exit 2; }
 "$PY" -c "import torch, transformers; print('gpu_runs: python', __import__('sys').version.split()[0], 'torch', \
 torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available() and \
 torch.cuda.get_device_name(0))"

@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,21 +72,44 @@ def test_the_image_view_lacks_what_the_wheels_bring(device_view):
         assert r.returncode != 0 and "No module named" in r.stderr, mod
 
 
+# The suite runs three of the rehearsal's steps, one of each kind of run (an hf-engine notebook through its
+# gpu-hf.yaml, the trainer-settings notebook, the GRPO loop), and imports every experiment and figure module in the
+# image view for the others; `make gpu-rehearsal` runs every step. The whole rehearsal took ~4 min here, more than
+# the suite's 30 minutes leave.
+SUITE_STEPS = ["03", "09", "01-float32"]
+
+
+def test_every_experiment_and_figure_module_imports_in_the_image_view(device_view):
+    view, whl, tree = device_view
+    site = tree.parent / "site-imports"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site), *map(str, sorted(whl.glob("*.whl")))], check=True)
+    mods = sorted(f"rlwb.{d}.{p.stem}" for d in ("experiments", "plots")
+                  for p in (tree / "rlwb" / d).glob("*.py") if p.stem != "__init__")
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint(len(sys.argv) - 1)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(view / "bin" / "python"), "-c", code, *mods], cwd=tree, capture_output=True, text=True,
+                       env={**env, "PYTHONPATH": f"{site}:{tree}"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.strip()) == len(mods) >= 20
+
+
 @pytest.mark.slow
 @pytest.mark.engines
-def test_cpu_rehearsal_runs_every_step_in_the_image_view(device_view, tmp_path):
+def test_cpu_rehearsal_runs_its_steps_in_the_image_view(device_view, tmp_path):
     view, whl, tree = device_view
     assert not (tree / ".venv").exists() and (tree / "scripts" / "gpu_runs.py").is_file()
+    assert set(SUITE_STEPS) <= {s.name for s in gpu_runs.plan(cpu=True)}
     archive, out = tmp_path / "archive", tmp_path / "out"
     env = {**os.environ, "PYTHON": str(view / "bin" / "python"), "WHEELS": str(whl),
            "RLWB_DEVICE_SITE": str(tmp_path / "site")}
     env.pop("PYTHONPATH", None)
-    cmd = ["bash", "scripts/gpu_runs.sh", "--cpu", "--lanes", "1", "--archive", str(archive), "--out", str(out)]
+    cmd = ["bash", "scripts/gpu_runs.sh", "--cpu", "--lanes", "1", "--archive", str(archive), "--out", str(out),
+           "--steps", ",".join(SUITE_STEPS), "--budget", "3600"]
     # from a copy of the tree as the device gets it: no .venv or .venvs there to be found by a repo path
     r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    steps = [s.name for s in gpu_runs.plan(cpu=True)]
-    for name in steps:
+    for name in SUITE_STEPS:
         run_dir = Path((archive / "gpu-steps" / f"{name}.done").read_text().strip())
         rec = json.loads((run_dir / "run.json").read_text())
         assert rec["status"] == "ok" and (run_dir / "report.html").is_file(), name
@@ -95,16 +119,48 @@ def test_cpu_rehearsal_runs_every_step_in_the_image_view(device_view, tmp_path):
     # a second call finishes only what is not done: here, nothing
     r2 = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stdout[-3000:]
-    assert r2.stdout.count(": done before (") == len(steps) and " -m rlwb.cli run " not in r2.stdout
+    assert r2.stdout.count(": done before (") == len(SUITE_STEPS) and " -m rlwb.cli run " not in r2.stdout
 
 
-def test_gpu_mode_refuses_a_tree_that_is_not_a_clean_commit(device_view):
+def test_gpu_mode_runs_only_from_a_clean_commit(tmp_path):
     """The lent GPU's runs are worth something only as runs of record, and `rlwb publish` refuses a dirty tree's
-    runs: the first lent session spent its device time on such runs. The copy is no git repository at all."""
-    _, _, tree = device_view
-    r = subprocess.run([sys.executable, "scripts/gpu_runs.py", "--steps", "build"], cwd=tree, capture_output=True,
-                       text=True)
+    runs: the first lent session spent its device time on such runs. What the device adds (the carried .whl/, the
+    archive under outputs/) is ignored and must not count."""
+    tree = image_venv.device_tree(tmp_path / "tree")
+    git = lambda *a: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tree, check=True,
+                                    capture_output=True)
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "tree")
+    (tree / ".whl").mkdir()
+    (tree / ".whl" / "x.whl").write_text("")
+    cmd = [sys.executable, "scripts/gpu_runs.py", "--steps", "memory", "--budget", "0", "--grace", "0",
+           "--out", str(tmp_path / "out"), "--archive", str(tree / "outputs" / "gpu")]
+    r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+    # clean: it gets past the check, then starts nothing (the memory check would not end in a zero budget): exit 3
+    assert r.returncode == 3 and "not started" in r.stdout, r.stdout + r.stderr
+    (tree / "scripts" / "new_module.py").write_text("")
+    r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
     assert r.returncode == 2 and "not a clean commit" in r.stderr
+
+
+def test_a_step_cut_at_the_budget_is_interrupted_and_not_marked_done(tmp_path):
+    import types
+
+    a = types.SimpleNamespace(budget=2, grace=1, lanes=2, cpu=False, out=str(tmp_path / "out"),
+                              archive=str(tmp_path / "archive"))
+    slow = gpu_runs.Step("slow", ["bash", "-c", "sleep 60"], lane=1, script=True, est_s=1)
+    quick = gpu_runs.Step("quick", ["bash", "-c", "echo '{}'"], lane=2, script=True, est_s=1)
+    t0 = time.monotonic()
+    rc = gpu_runs.Runner(a).go([slow, quick])
+    assert time.monotonic() - t0 < 45 and rc == 1
+    markers = tmp_path / "archive" / "gpu-steps"
+    assert (markers / "quick.done").is_file() and not (markers / "slow.done").exists()
+    assert len(list((tmp_path / "out").glob("gpu_runs.tar.gz.part*"))) == 1
+    # a second call runs only the cut step
+    r = gpu_runs.Runner(types.SimpleNamespace(**{**vars(a), "budget": 30}))
+    quick_again = gpu_runs.Step("quick", ["bash", "-c", "exit 7"], lane=2, script=True, est_s=1)
+    assert r.go([quick_again]) == 0 and r.results["quick"] == "done before"
 
 
 def test_hf_preset_runs_under_the_kernels_own_interpreter():
