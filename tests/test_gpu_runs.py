@@ -29,6 +29,8 @@ def test_wheel_list_is_what_the_kernel_env_requires():
     for name in ("papermill", "nbconvert", "ipykernel", "pydantic", "tinycss2"):
         assert name in wheels.listed()
     assert not set(wheels.listed()) & image_venv.image_packages()
+    # left behind on purpose (the carried tree's 64 MiB); the rehearsal's kernel runs without them
+    assert not set(wheels.listed()) & set(wheels.LEFT_OUT)
 
 
 def test_requirements_follow_extras_and_markers():

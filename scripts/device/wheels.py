@@ -26,8 +26,13 @@ HERE = Path(__file__).resolve().parent
 WHEELS_TXT = HERE / "wheels.txt"
 # what a run needs beyond the image: the notebook runner and its kernel, the HTML report, params validation
 ROOTS = {"papermill", "nbconvert", "nbformat", "nbclient", "ipykernel", "pydantic", "filelock"}
+# requirements a run does not need, left behind to keep the carried tree under the device's 64 MiB (the tracked
+# tree, runs of record included, is ~50 MB): ipykernel runs without its debugger (`_is_debugpy_available` False)
+# and IPython without jedi's completion (`JEDI_INSTALLED` False); the rehearsal runs the kernel without them
+LEFT_OUT = {"debugpy": "ipykernel's debugger", "jedi": "IPython's tab completion", "parso": "jedi's parser"}
 HEADER = ("# Written by `python scripts/device/wheels.py write` (tests/test_gpu_runs.py checks it): the wheels the\n"
-          "# GPU machine needs beyond its image (image_packages.txt), at the kernel .venv's versions.\n")
+          "# GPU machine needs beyond its image (image_packages.txt), at the kernel .venv's versions; left out on\n"
+          "# purpose: debugpy, jedi, parso (wheels.py LEFT_OUT).\n")
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64", "manylinux_2_31_x86_64",
              "manylinux_2_34_x86_64", "manylinux_2_35_x86_64"]
@@ -39,7 +44,7 @@ def needed() -> dict[str, str]:
     image = image_venv.image_packages()
     on_device = image_venv.with_dependencies(image, installed,
                                              image_venv.requirement_names(installed["rlwb"]) - image)
-    names = image_venv.with_dependencies(ROOTS, installed, set()) - on_device
+    names = image_venv.with_dependencies(ROOTS, installed, set(LEFT_OUT)) - on_device
     return {n: installed[n].version for n in sorted(names)}
 
 
