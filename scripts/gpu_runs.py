@@ -144,9 +144,16 @@ class Runner:
         if step.script or step.name == "build":
             return target
         try:
-            return target if json.loads((Path(target) / "run.json").read_text()).get("status") == "ok" else None
+            rec = json.loads((Path(target) / "run.json").read_text())
         except (OSError, ValueError):
             return None
+        # a run of another commit is not this command's: its code is not the code a rerun would run
+        head = self.head()
+        return target if rec.get("status") == "ok" and (head is None or rec.get("git_commit") == head) else None
+
+    def head(self) -> str | None:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
 
     def left(self) -> float:
         return self.a.budget + self.a.grace - (time.monotonic() - self.t0)

@@ -82,9 +82,16 @@ def top_level_entries(dist: md.Distribution) -> set[str]:
     return out
 
 
-def build(target: Path) -> Path:
+def _replace(target: Path) -> None:
+    """Remove `target` to rebuild it, refusing anything that holds a git repository (a mistyped path)."""
     if target.exists():
+        if (target / ".git").exists() or any(p.name == ".git" for p in target.iterdir()):
+            raise SystemExit(f"{target} holds a git repository: not removing it")
         shutil.rmtree(target)
+
+
+def build(target: Path) -> Path:
+    _replace(target)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
     site = next((target / "lib").glob("python3*/site-packages"))
     installed = {norm(d.metadata["Name"]): d for d in md.distributions()}
@@ -108,8 +115,7 @@ def device_tree(dest: Path, repo: Path = HERE.parent.parent) -> Path:
     """The working tree the device gets, copied to `dest` (docs/runs, the shipped runs, left out)."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo, check=True,
                            capture_output=True, text=True).stdout.split("\0")
-    if dest.exists():
-        shutil.rmtree(dest)
+    _replace(dest)
     for f in files:
         src = repo / f
         if not f or f.startswith("docs/runs/") or not src.is_file():
