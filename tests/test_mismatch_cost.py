@@ -943,3 +943,23 @@ def test_a_study_with_a_second_pass_tests_its_dose_rows_at_their_level():
     r = pd.Series(x[0, :9])
     assert analysis.two_look_p(r, range(8), 40, 0.0) == analysis.two_look_p(r[:8], range(8), 40, 0.0)
     assert analysis.two_look_p(r[:8], range(8), 40, 0.0) > stats.paired_gap_test(r[:8].to_numpy(), margin=1.0).p_diff
+
+
+def test_a_benchmark_row_places_each_dose_at_the_k3_of_the_seeds_it_fits():
+    """A second pass runs some doses at more seeds; the fitted outcomes are the seeds present at every dose, so the
+    dose each group sits at must be those seeds' k3_initial, not the mean over every seed run at it (the default
+    study of 2026-11-27 placed bypass's weights 0.03 x rms 1.5x to the right that way). Extra seeds at ratio@0.3
+    with a k3 ten times the dose move the table's k3_initial, not the row's."""
+    from rlwb.experiments.mismatch_study import benchmarks
+
+    base = sequential_curves()
+    extra = sequential_curves(seeds=range(6, 12))
+    extra = extra[extra["label"] == "ratio@0.3"].assign(mismatch_k3=3.0)
+    c = pd.concat([base, extra], ignore_index=True)
+    p = seq_params()
+    t = analysis.dose_table(c, p)
+    assert t.set_index(["label", "arm"]).loc[("ratio@0.3", "none@engine"), "k3_initial"] == pytest.approx(1.65)
+    (row,) = benchmarks.row_studies(c, t)
+    assert row.seeds == list(range(6))
+    assert dict(zip(row.labels, row.doses))["ratio@0.3"] == pytest.approx(0.3)
+    assert list(row.doses) == sorted(row.doses)

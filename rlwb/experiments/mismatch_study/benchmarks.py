@@ -28,7 +28,14 @@ import pandas as pd
 
 from rlwb.core.measure import benchmark_dose as bd
 from rlwb.core.measure import dose_response, stats
-from rlwb.experiments.mismatch_study.analysis import INITIAL, initial_outcome, outcome_of, per_seed, with_defaults
+from rlwb.experiments.mismatch_study.analysis import (
+    INITIAL,
+    initial_outcome,
+    k3_initial,
+    outcome_of,
+    per_seed,
+    with_defaults,
+)
 from rlwb.experiments.mismatch_study.design import LONG, dosed_kinds, kind_label
 from rlwb.experiments.mismatch_study.grammar import Regime
 
@@ -91,10 +98,18 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
         wide = wide.reindex(columns=labels).join(clean_runs.set_index("seed")[outcome].rename("__clean__"),
                                                  how="inner").dropna()
         clean_labels = sorted(set(clean_runs["label"]))
+        # the dose each group is placed at is its k3_initial over the seeds whose outcomes are fitted: the table's
+        # is over every seed run at the dose, and a second pass's extra seeds (k3 varies by seed, by up to 2x for
+        # perturbed weights) would put a group where its fitted seeds are not
+        mine = curves[(curves["arm"] == arm) & curves["label"].isin(labels) & curves["seed"].isin(wide.index)]
+        x0 = k3_initial(mine) if len(mine) else pd.Series(dtype=float)
+        doses = np.array([x0.get((lab, arm), k) for lab, k in zip(labels, d["k3_initial"])], float)
+        order = np.argsort(doses, kind="stable")
+        labels = [labels[i] for i in order]
         rows.append(RowStudy(
             kind=kind, updates=int(updates), epochs=int(epochs), long=bool(long), arm=arm,
             name=kind_label(kind, regime, first) + (LONG if long else ""), labels=labels,
-            doses=d["k3_initial"].to_numpy(float), k3_achieved=d["k3_achieved"].to_numpy(float),
+            doses=doses[order], k3_achieved=d["k3_achieved"].to_numpy(float)[order],
             clean=wide["__clean__"].to_numpy(float), dosed=wide[labels].to_numpy(float),
             baseline=_baseline(curves, outcome, clean_labels), seeds=list(map(int, wide.index)),
             outcome=outcome))
