@@ -33,7 +33,7 @@ import sys
 import tarfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -49,10 +49,9 @@ class Step:
     argv: list[str]  # after `python -m rlwb.cli` for notebook runs; a whole command for `script` steps
     lane: int
     needs_build: bool = False
-    script: bool = False  # not an `rlwb run`: its stdout is saved as <name>.json under the output
+    script: bool = False  # not an `rlwb run`: its stdout is saved as gpu-logs/<name>.txt, which is packed
     est_s: float = 60  # its time on an H100 (measured 2026-11-27, lanes side by side): not started unless it fits
     phase: int = 1  # 0: before the lanes (the memory check, alone on the GPU, beside the build)
-    env: dict = field(default_factory=dict)
 
 
 def nb_run(stem: str, files: list[str], overrides: dict) -> list[str]:
@@ -191,7 +190,7 @@ class Runner:
                 # its own process group (not a new session): the watchdog interrupts the group, and the device
                 # ends it with this command, so nothing outlives a call to run beside the next one
                 p = subprocess.Popen(cmd, cwd=ROOT, stdout=out if step.script else log, stderr=log,
-                                     env={**os.environ, **step.env}, process_group=0)
+                                     process_group=0)
                 self.procs[step.name] = p
             rc = p.wait()
             with self.lock:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs of record on a machine with torch + transformers and no registry (scripts/gpu_runs.py says what runs).
-# Installs the wheels carried in $WHEELS (default .whl/, fetched by `make gpu-wheels`) into a private target, checks
-# that every one scripts/device/wheels.txt names is there, then runs scripts/gpu_runs.py with the rest of the args.
+# Installs the wheels carried in $WHEELS (default .whl/, fetched by `make gpu-wheels`) into a private target, after
+# checking that every one scripts/device/wheels.txt names is there (scripts/device/wheels.py pinned), then runs scripts/gpu_runs.py with the rest of the args.
 #   scripts/gpu_runs.sh                 # on the GPU machine: every step not done yet, packed under $OUT
 #   scripts/gpu_runs.sh --cpu           # the CPU rehearsal (tests/test_gpu_runs.py runs it in a view of the image)
 set -euo pipefail
@@ -14,31 +14,8 @@ if [ ! -d "$WHEELS" ] && "$PY" -c "import papermill, nbconvert, ipykernel, pydan
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
   exec "$PY" scripts/gpu_runs.py "$@"  # everything is installed: no wheels to carry
 fi
-missing=$("$PY" - "$WHEELS" <<'PY'
-import re, sys
-from pathlib import Path
-norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
-have = {(norm(w.name.split("-")[0]), w.name.split("-")[1]) for w in Path(sys.argv[1]).glob("*.whl")}
-for line in Path("scripts/device/wheels.txt").read_text().splitlines():
-    line = line.split("#", 1)[0].strip()
-    if line and (norm(line.split("==")[0]), line.split("==")[1]) not in have:
-        print(line)
-PY
-)
-if [ -n "$missing" ]; then
-  echo "gpu_runs: wheels missing from $WHEELS/ (make gpu-wheels fetches them): $(echo $missing)" >&2; exit 2
-fi
-# exactly the pinned files (a .whl/ left from an older list may hold two versions of one package)
-pinned=$("$PY" - "$WHEELS" <<'PY'
-import re, sys
-from pathlib import Path
-norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
-pins = {norm(l.split("==")[0]): l.split("==")[1] for l in
-        (x.split("#", 1)[0].strip() for x in Path("scripts/device/wheels.txt").read_text().splitlines()) if l}
-print(" ".join(str(w) for w in sorted(Path(sys.argv[1]).glob("*.whl"))
-               if pins.get(norm(w.name.split("-")[0])) == w.name.split("-")[1]))
-PY
-)
+# exactly the pinned files (a .whl/ left from an older list may hold two versions of one package); none missing
+pinned=$("$PY" scripts/device/wheels.py pinned "$WHEELS") || exit 2
 set +e
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" $pinned \
   > /tmp/rlwb-wheels.log 2>&1

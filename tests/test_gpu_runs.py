@@ -181,3 +181,17 @@ def test_every_gpu_hf_file_validates_over_its_gpu_yaml():
         for dt in ("float32", "bfloat16"):
             p = params_mod.load(f.parent.name, [str(f.parent / "gpu.yaml"), str(f)], {"dtype": dt})
             assert p.engines == ["hf"] and p.model == "qwen2.5-0.5b-random" and p.dtype == dt
+
+
+def test_pinned_takes_only_the_listed_versions_and_names_a_missing_wheel(tmp_path):
+    pins = wheels.listed()
+    for n, v in pins.items():
+        (tmp_path / f"{n.replace('-', '_')}-{v}-py3-none-any.whl").write_text("")
+    (tmp_path / "papermill-0.0.1-py3-none-any.whl").write_text("")  # an older version left in the folder
+    found, missing = wheels.pinned(tmp_path)
+    assert not missing and len(found) == len(pins) and not any("0.0.1" in w.name for w in found)
+    dropped = next(iter(pins))
+    next(tmp_path.glob(f"{dropped.replace('-', '_')}-*")).unlink()
+    r = subprocess.run([sys.executable, "scripts/device/wheels.py", "pinned", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and f"{dropped}=={pins[dropped]}" in r.stderr

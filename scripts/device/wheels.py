@@ -6,6 +6,7 @@ requirement of theirs the image does not hold, at the versions the kernel's .ven
     python scripts/device/wheels.py write                # rewrite wheels.txt from `list` (after an upgrade)
     python scripts/device/wheels.py download DIR [--python 3.12]   # fetch them from PyPI for that CPython
                                                                      # (3.12: the device; the rehearsal: this one)
+    python scripts/device/wheels.py pinned DIR           # the pinned wheels in DIR (exit 1 naming any missing)
 
 The list is computed, not hand-kept: tests/test_gpu_runs.py checks wheels.txt against `list`, and the CPU
 rehearsal installs exactly these into a view of the image (`image_venv.py`) and runs the whole script there.
@@ -58,6 +59,15 @@ def listed(path: Path = WHEELS_TXT) -> dict[str, str]:
     return out
 
 
+def pinned(folder: Path) -> tuple[list[Path], list[str]]:
+    """(the wheels in `folder` that wheels.txt pins, the pins with no wheel there): what scripts/gpu_runs.sh installs
+    (a folder left from an older list may hold two versions of one package) and what it must refuse to start without."""
+    pins = listed()
+    have = {(image_venv.norm(w.name.split("-")[0]), w.name.split("-")[1]): w for w in sorted(folder.glob("*.whl"))}
+    return ([w for (n, v), w in have.items() if pins.get(n) == v],
+            [f"{n}=={v}" for n, v in pins.items() if (n, v) not in have])
+
+
 def download(dest: Path, python: str) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     pins = [f"{n}=={v}" for n, v in listed().items()]
@@ -77,10 +87,17 @@ def main() -> None:
     d = sub.add_parser("download")
     d.add_argument("dest", type=Path)
     d.add_argument("--python", default="3.12", help="CPython version the wheels are for (device: 3.12)")
+    pn = sub.add_parser("pinned", help="print the pinned wheels in DIR; exit 2 naming any pin without one")
+    pn.add_argument("dir", type=Path)
     a = ap.parse_args()
     if a.cmd == "list":
         for n, v in needed().items():
             print(f"{n}=={v}")
+    elif a.cmd == "pinned":
+        found, missing = pinned(a.dir)
+        if missing:
+            sys.exit(f"wheels missing from {a.dir}/ (make gpu-wheels fetches them): {' '.join(missing)}")
+        print(" ".join(map(str, found)))
     elif a.cmd == "write":
         pins = needed()
         WHEELS_TXT.write_text(HEADER + "".join(f"{n}=={v}\n" for n, v in pins.items()))
