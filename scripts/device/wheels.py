@@ -1,6 +1,7 @@
 """The wheels `scripts/gpu_runs.sh` carries to the GPU machine: what running and archiving a notebook needs
 (papermill, nbconvert, ipykernel, pydantic, ...) that the device image lacks (`image_packages.txt`), with every
-requirement of theirs the image does not hold, at the versions the kernel's .venv has (the ones the suite tests).
+requirement of theirs the image does not hold, at the versions the kernel's .venv had when the list was written (the
+ones the rehearsal installs and tests; another machine's .venv may resolve other versions, which must admit these).
 
     python scripts/device/wheels.py list                 # the names and versions, from .venv (what wheels.txt holds)
     python scripts/device/wheels.py write                # rewrite wheels.txt from `list` (after an upgrade)
@@ -8,7 +9,8 @@ requirement of theirs the image does not hold, at the versions the kernel's .ven
                                                                      # (3.12: the device; the rehearsal: this one)
     python scripts/device/wheels.py pinned DIR           # the pinned wheels in DIR (exit 1 naming any missing)
 
-The list is computed, not hand-kept: tests/test_gpu_runs.py checks wheels.txt against `list`, and the CPU
+The list is computed, not hand-kept: tests/test_gpu_runs.py checks wheels.txt's names against `list` and its
+versions against the env's requirements (`excluded`), and the CPU
 rehearsal installs exactly these into a view of the image (`image_venv.py`) and runs the whole script there.
 """
 
@@ -47,6 +49,24 @@ def needed() -> dict[str, str]:
                                              image_venv.requirement_names(installed["rlwb"]) - image)
     names = image_venv.with_dependencies(ROOTS, installed, set(LEFT_OUT)) - on_device
     return {n: installed[n].version for n in sorted(names)}
+
+
+def excluded(pins: dict[str, str]) -> list[str]:
+    """The pins that a requirement of the kernel env's distributions excludes ("pkg==v: req (of dist)"). The names
+    carried are fixed by the env's requirements; the versions are the ones wheels.txt pins and the rehearsal tests,
+    and a machine whose index offers other versions (CI's mirror resolved platformdirs 4.4.0 where this one has
+    4.14.8) installs others into .venv: a pin stays good while every requirement on it admits it."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for dist in md.distributions():
+        for line in dist.requires or []:
+            req = Requirement(line)
+            name = image_venv.norm(req.name)
+            if (name in pins and not req.specifier.contains(pins[name], prereleases=True)
+                    and (req.marker is None or req.marker.evaluate({"extra": ""}))):
+                out.append(f"{name}=={pins[name]}: {req} (of {dist.metadata['Name']} {dist.version})")
+    return sorted(out)
 
 
 def listed(path: Path = WHEELS_TXT) -> dict[str, str]:
