@@ -18,6 +18,12 @@ the run it resumes (`resume`); inside the run, `Run.jobs()` opens its job store 
 finished jobs of that run once the model build is known to be the same, and `Run.record_engine` refuses an engine
 whose versions differ from its record there.
 
+A run that redoes the analysis of a finished one (`rlwb run --reanalyze`) is checked here the same way, bar the
+commit (`reanalysis_check`: the same params, both trees clean, the source finished): nothing trains in it, so the
+commit that trained the data and the commit that analyses it may differ, and its record names both
+(`reanalysis`); inside the run, `Run.reanalyzes` hands the experiment the source run once the model build is
+known to be the same.
+
 Why the temporary name: a run is written under `.tmp-<id>` and renamed only when complete, so a crash or
 Ctrl-C never leaves a directory that looks like a finished run; failed runs are still archived, with
 `status: "failed"` and the error, and never update `latest/`.
@@ -177,6 +183,18 @@ class Run:
 
     def _update_run_json(self, **fields) -> None:
         update_record(self.dir, **fields)
+
+    @property
+    def reanalyzes(self) -> Path | None:
+        """The finished run whose data this one analyses again (`rlwb run --reanalyze`, checked by
+        `reanalysis_check` before the kernel started), once the model this run recorded (`record_model`) is the
+        same build as that run's (else `ParamError`); None in any other run."""
+        source = (self.record.get("reanalysis") or {}).get("from")
+        if not source:
+            return None
+        if why := model_differences(read_record(Path(source), {}) or {}, self.record):
+            raise ParamError(reanalysis_refusal(source, why))
+        return Path(source)
 
     @property
     def resumes(self) -> Path | None:
@@ -394,6 +412,55 @@ def resume_check(source: str | os.PathLike, stem: str, params, here: dict) -> di
     if why:
         raise ParamError(refusal(source, why))
     return rec
+
+
+def reanalysis_refusal(source, why: list[str]) -> str:
+    return f"reanalyze {str(source)!r} refused: {'; '.join(why)}."
+
+
+def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict) -> dict:
+    """The `reanalysis` record of a run of `stem` with `params` (its record `here`, `start_record`) that redoes
+    the analysis of the finished run `source` from its data, else a `ParamError` naming every reason, before any
+    kernel starts: a finished (`ok`) run of the same notebook with the same params, bar `NON_COMPUTATIONAL` (an
+    analysis param is a design param too: 08's benchmark response decided which rows its second pass trained), and a
+    clean tree at a
+    known commit in both runs. The commits may differ: that is what a reanalysis is for (a fixed analysis, the same
+    data), so the record names the source's commit beside this run's; the environments may differ too (nothing
+    trains here: the source's record keeps where its data came from). The model build is checked once this run has
+    resolved it (`Run.reanalyzes`)."""
+    import yaml
+
+    src = Path(source)
+    rec = read_record(src) if src.is_dir() else None
+    if rec is None or not (src / "params.yaml").is_file():
+        raise ParamError(f"reanalyze {str(source)!r}: not an archived run directory (needs its record and "
+                         f"params.yaml)")
+    why = []
+    if rec.get("notebook", stem) != stem:
+        why.append(f"a run of {rec.get('notebook')}, not {stem}")
+    if rec.get("status") != "ok":
+        why.append(f"its status is {rec.get('status')!r}: only a finished run's data is whole (an unfinished one "
+                   f"resumes: --resume-from)")
+    theirs, mine = yaml.safe_load((src / "params.yaml").read_text()) or {}, params.to_dict()
+    missing = object()
+    why += [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
+            for k in sorted(set(theirs) | set(mine))
+            if k not in NON_COMPUTATIONAL and theirs.get(k, missing) != mine.get(k, missing)]
+    for who, r in (("there", rec), ("here", here)):
+        if not r.get("git_commit") or r.get("git_dirty") is not False:
+            why.append(f"the working tree was {'dirty' if r.get('git_dirty') else 'unknown'} {who} (a run of record "
+                       f"names a commit that holds its code)")
+    if why:
+        raise ParamError(reanalysis_refusal(source, why))
+    return {"from": str(src.resolve()), "from_run_id": rec.get("run_id"), "from_commit": rec.get("git_commit"),
+            "from_host": (rec.get("host") or {}).get("cpu")}
+
+
+def reanalysis_engines(source: str | os.PathLike) -> dict:
+    """The engines of the run a reanalysis reads (its record's), each tagged with that run (`from_run`): none
+    starts in the reanalysis, and its record still names what made its data."""
+    rec = read_record(Path(source), {}) or {}
+    return {k: {**v, "from_run": rec.get("run_id")} for k, v in (rec.get("engines") or {}).items()}
 
 
 def model_differences(there: dict, here: dict) -> list[str]:

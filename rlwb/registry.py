@@ -47,6 +47,9 @@ class Notebook:
     needs: Needs  # what one run holds on a GPU besides engine shares (rlwb.memory_plan)
     # data tables read from its runs of record besides the ones its figures are drawn from: `rlwb publish` keeps them
     reads: tuple[str, ...] = ()
+    # its experiment redoes its analysis from a finished run's data (`rlwb run --reanalyze`: its module's `run`
+    # takes `reanalyzing=`, the source run's directory: `archive.Run.reanalyzes`)
+    reanalyzes: bool = False
 
     @property
     def stem(self) -> str:
@@ -97,7 +100,8 @@ NOTEBOOKS: dict[str, Notebook] = {record.stem: record for record in (
     # point's run beside a base-preset engine that scores its trained policy (mismatch_study.execution.CleanScorer)
     Notebook(MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
              "seed, per kind of mismatch and correction", Needs(2, "train"),
-             reads=("benchmarks",)),  # `rlwb audit` places an engine's k3 against them (dose_response.study_benchmarks)
+             reads=("benchmarks",),  # `rlwb audit` places an engine's k3 against them (dose_response.study_benchmarks)
+             reanalyzes=True),
     # the fp32 master, its float64 reference and one setting's copy at a time; one engine at a time
     Notebook(TrainerSettingsParams, "how far the trainer's own settings (dtype, attention, batching, micro-batch, "
              "checkpointing, compile, fp32 head) move its logprobs, beside the engine's", Needs(1, "settings")),

@@ -21,7 +21,7 @@ import yaml
 
 from rlwb import archive, timing
 from rlwb import params as params_mod
-from rlwb.errors import RunFailed
+from rlwb.errors import ParamError, RunFailed
 from rlwb.paths import NOTEBOOKS_DIR, REPO_ROOT, outputs_dir
 from rlwb.progress import PROGRESS_LOG
 
@@ -108,14 +108,35 @@ def kernel_pythonpath(repo: Path, current: str | None) -> str:
 
 def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | None = None,
         outputs: str | os.PathLike | None = None, log_output: bool = False,
-        resume_from: str | os.PathLike | None = None) -> Path:
+        resume_from: str | os.PathLike | None = None, reanalyze: str | os.PathLike | None = None) -> Path:
     """Execute and archive; returns the run dir. Raises ParamError (before compute) or RunFailed.
 
     `resume_from` (an unfinished run of the same computation with kept jobs) is a run option, not a param: it is
     checked here, before the kernel starts (`archive.resume_check`), and the run's record names it (`resume`), where
     the kernel's `Run.jobs()` finds it; params.yaml and the params hash never hold it, so a resumed run is the same
-    configuration as the run whole, reloadable once its source is gone."""
+    configuration as the run whole, reloadable once its source is gone.
+
+    `reanalyze` (a finished run of a notebook whose experiment can redo its analysis from its data,
+    `Notebook.reanalyzes`) makes a run that trains nothing: its params are that run's params.yaml under `files` and
+    `overrides` (which may not change them, `archive.reanalysis_check`), its record names the
+    source and its commit (`reanalysis`) and that run's engines, and the kernel's experiment reads the source's data
+    (`Run.reanalyzes`): a fixed analysis becomes a run of record of the same data at the commit that holds it."""
     nb = resolve_notebook(notebook)
+    if resume_from and reanalyze:
+        raise ParamError("resume_from and reanalyze: one or the other (a resumed run trains what is left; a "
+                         "reanalysis trains nothing)")
+    source = Path(reanalyze).expanduser() if reanalyze else None
+    if source is not None:
+        from rlwb import registry
+
+        record_nb = registry.notebook(nb.stem)
+        if not record_nb.reanalyzes:
+            able = ", ".join(s for s, n in registry.NOTEBOOKS.items() if n.reanalyzes)
+            raise ParamError(f"{nb.stem} cannot redo its analysis from an archived run's data (reanalyze: {able})")
+        if not (source / "params.yaml").is_file():
+            raise ParamError(f"reanalyze {str(reanalyze)!r}: not an archived run directory (needs its record and "
+                             f"params.yaml)")
+        files = [str(source / "params.yaml"), *files]
     params = params_mod.load(nb.stem, files, overrides)
     resume = str(Path(resume_from).expanduser().resolve()) if resume_from else ""
     root = outputs_dir(outputs)
@@ -124,6 +145,9 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
     record = archive.start_record(nb.stem, "", params)
     if resume:
         archive.resume_check(resume, nb.stem, params, record)
+    if source is not None:
+        again = archive.reanalysis_check(source, nb.stem, params, record)
+        record = {**record, "reanalysis": again, "engines": archive.reanalysis_engines(source)}
     tmp, final = archive.new_run_dir(root, nb.stem, params.hash())
     (tmp / "params.yaml").write_text(yaml.safe_dump(params.to_dict(), sort_keys=False))
     record = {**record, "run_id": final.name, **({"resume": {"from": resume}} if resume else {})}

@@ -382,6 +382,42 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     html = (d / "report.html").read_text()
     assert "Controls." in html and "(passes: the reported logprobs never reach its update)" in html
     assert "Real engines on the same axes" not in html  # the only point is the T = 1 control
+    check_reanalysis(d, m, len(curves) // 3)
+
+
+def check_reanalysis(d: Path, m: dict, jobs: int) -> None:
+    """`rlwb run --reanalyze` (runner.run's `reanalyze`) of this finished study, in a real kernel: a run that trains
+    nothing (no engine starts, no job kept) and whose analysis is the study's own, metric for metric; its record
+    names the source run, the source's commit beside its own and the source's engines (`from_run`), and its report
+    says where its data came from. Mock: `archive.git_info` says the trees are clean commits (the suite runs in a
+    working tree that may hold uncommitted changes, which a reanalysis refuses: tests/test_reanalysis.py), and the
+    source's copy says it was made at another commit, the case a reanalysis exists for."""
+    import shutil
+    from unittest import mock
+
+    from rlwb import archive, runner
+
+    src = d.parent.parent.parent / "reanalysis-source" / d.parent.name / d.name
+    shutil.copytree(d, src, ignore=shutil.ignore_patterns("jobs"))
+    archive.update_record(src, git_commit="a" * 40, git_dirty=False)
+    with mock.patch.object(archive, "git_info", lambda: {"git_commit": "b" * 40, "git_dirty": False}):
+        new = runner.run(d.parent.name, [], None, src.parent.parent.parent / "reanalysis", reanalyze=src)
+    rec, again = (json.loads((new / f).read_text()) for f in ("run.json", "metrics.json"))
+    assert rec["status"] == "ok" and rec["git_commit"] == "b" * 40
+    assert rec["reanalysis"] == {"from": str(src.resolve()), "from_run_id": d.name, "from_commit": "a" * 40,
+                                 "from_host": rec["host"]["cpu"]}
+    source_engines = json.loads((d / "run.json").read_text())["engines"]
+    assert rec["engines"] == {k: {**v, "from_run": d.name} for k, v in source_engines.items()}  # none started here
+    assert all(rec["time_s"].get(phase, 0) == 0 for phase in ("engine_start", "sampling", "training"))
+    assert not list((new / "data").glob("jobs/*.parquet"))
+    assert again["resume/trained_jobs"] == 0 and again["resume/reused_jobs"] == jobs
+    same = {k: v for k, v in m.items() if not k.startswith("resume/")}
+    assert {k for k in again if not k.startswith("resume/")} == same.keys()
+    assert all(again[k] == v or (v is None or np.isnan(v)) and (again[k] is None or np.isnan(again[k]))
+               for k, v in same.items())
+    pd.testing.assert_frame_equal(pd.read_parquet(new / "data" / "curves.parquet"),
+                                  pd.read_parquet(d / "data" / "curves.parquet"))
+    assert f"trained by run <code>{d.name}</code> at git <code>{'a' * 10}</code>" in (new / "report.html").read_text()
 
 
 def check_audit(d: Path, m: dict) -> None:

@@ -18,6 +18,10 @@ def add_run(sub) -> None:
                    help="notebooks 03, 07, 08: reuse the finished jobs of this archived run of the same computation "
                         "(refused otherwise, before compute); a run option, not a param (not in params.yaml nor its "
                         "hash)")
+    r.add_argument("--reanalyze", metavar="RUN_DIR",
+                   help="notebook 08: a new run that trains nothing and redoes the analysis of this finished run "
+                        "from its data, with today's code (its params, which -f/-p may not change; the record names "
+                        "both commits): a fixed analysis as a run of record of the same data")
     r.set_defaults(fn=cmd_run)
 
 
@@ -65,7 +69,7 @@ def _archived_run(notebook: str, a, overrides: dict, cmd: str) -> int:
 
     try:
         run_dir = runner.run(notebook, a.file or [], overrides, a.outputs, log_output=a.log_output,
-                             resume_from=getattr(a, "resume_from", None))
+                             resume_from=getattr(a, "resume_from", None), reanalyze=getattr(a, "reanalyze", None))
     except RunFailed as e:
         print(f"rlwb {cmd}: {e.error}", file=sys.stderr)
         print(e.run_dir)

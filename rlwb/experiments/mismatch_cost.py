@@ -55,6 +55,9 @@ from rlwb.experiments.mismatch_study.execution import train_study
 from rlwb.experiments.wording import mismatch_cost as words_08
 from rlwb.experiments.wording import one_line
 
+# what tells one training run's rows of the curves from another's (`mismatch_study.design.TrainingRun`'s fields)
+RUN_COLUMNS = ["engine", "kind", "label", "dose", "arm", "seed", "temperature", "updates", "epochs", "stream"]
+
 
 @dataclass
 class CostResult(Result):
@@ -97,14 +100,23 @@ class CostResult(Result):
                                              [b[2:] for b in bullets]), limit=400)
 
 
-def run(params, model_path, *, on_start: OnStart = None, progress: bool = True, store=None) -> CostResult:
+def run(params, model_path, *, on_start: OnStart = None, progress: bool = True, store=None,
+        reanalyzing: str | Path | None = None) -> CostResult:
     """Every training run of the study (`mismatch_study.design.training_runs`) on real engines from the same initial
     weights (`mismatch_study.execution.train_study`), then `analyze`, a function of the curves alone.
 
     With `store` (the run's job store, `archive.Run.jobs()`) each run is kept the moment it finishes, so an
     interrupted study keeps its finished runs; in a run that resumes one (`rlwb run --resume-from`) the store offers
     that run's finished runs, which are reused instead of trained again. Runs are seeded and independent, so a
-    resumed study's curves are the uninterrupted study's, bar the wall-time columns."""
+    resumed study's curves are the uninterrupted study's, bar the wall-time columns.
+
+    With `reanalyzing` (a finished run of the same params, `archive.Run.reanalyzes`: `rlwb run --reanalyze`) nothing
+    trains: the result is that run's curves analysed by this code (`reanalyze`), every job counted as reused."""
+    if reanalyzing is not None:
+        result = reanalyze(reanalyzing, params)
+        jobs = float(result.curves.groupby(RUN_COLUMNS, dropna=False).ngroups)
+        result.metrics.update({"resume/reused_jobs": jobs, "resume/trained_jobs": 0.0})
+        return result
     curves, reused, total = train_study(params, model_path, on_start=on_start, progress=progress, store=store)
     result = analyze(curves, params)
     result.metrics.update({"resume/reused_jobs": float(reused), "resume/trained_jobs": float(total - reused)})

@@ -52,6 +52,13 @@ def _source_fields(source: dict | None) -> dict | None:
             "sha256": str(source.get("sha256", ""))[:12]}
 
 
+def _reanalysis_fields(again: dict | None) -> dict | None:
+    """The run whose data a reanalysis (`rlwb run --reanalyze`) analysed again, and the commit that trained it."""
+    if not again:
+        return None
+    return {"run_id": str(again.get("from_run_id")), "commit": str(again.get("from_commit") or "unknown")[:10]}
+
+
 def provenance_html(run_dir: Path, error: str | None = None) -> str:
     """The compact block under a report's title: what ran, on what, from which commit; params folded; a failure
     stated (`templates/provenance.html`, autoescaped: no value can break the page)."""
@@ -67,7 +74,8 @@ def provenance_html(run_dir: Path, error: str | None = None) -> str:
                   started_at=str(info.get("started_at", "?")), commit=commit, torch=str(pk.get("torch", "?")),
                   transformers=str(pk.get("transformers", "?")), model=_model_fields(info.get("model")),
                   engines=[(k, _engine_what(v)) for k, v in (info.get("engines") or {}).items()],
-                  source=_source_fields(info.get("source")), params_hash=str(info.get("params_hash", "?")),
+                  source=_source_fields(info.get("source")), reanalysis=_reanalysis_fields(info.get("reanalysis")),
+                  params_hash=str(info.get("params_hash", "?")),
                   params=[(k, str(v)) for k, v in (params or {}).items()], error=error)
 
 

@@ -1,0 +1,94 @@
+"""`rlwb run --reanalyze RUN_DIR`: a run that trains nothing and redoes a finished run's analysis from its data with
+today's code, so a fixed analysis becomes a run of record of the same data at the commit that holds it. The
+runner checks the source before any kernel starts (`archive.reanalysis_check`); the kernel's experiment reads it
+through `Run.reanalyzes`. The whole path on a real finished study: tests/test_notebooks.py, notebook 08's smoke
+check (`check_reanalysis`)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlwb import archive, runner
+from rlwb import params as params_mod
+from rlwb.errors import ParamError
+
+NB = "08_mismatch_cost"
+ENV = {"python": "3.12.3", "packages": {"rlwb": "0.1", "torch": "2.9.0"},
+       "host": {"cpu": "AMD EPYC 9654", "cores": 2, "gpu": None, "platform": "Linux"}}
+
+
+def finished(root: Path, name: str, p, **rec) -> Path:
+    d = root / NB / name
+    (d / "data").mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"status": "ok", "notebook": NB, "run_id": name, "git_commit": "a" * 40,
+                                            "git_dirty": False, "model": {"weights_sha256_16": "ab12"},
+                                            "engines": {"vllm-v1-fixed": {"vllm_version": "0.11.0"}}, **ENV,
+                                            **rec}))
+    (d / "params.yaml").write_text(yaml.safe_dump(p.to_dict(), sort_keys=False))
+    return d
+
+
+def test_a_reanalysis_is_refused_unless_it_reads_a_finished_run_of_the_same_params(tmp_path, monkeypatch):
+    """Another commit and another environment are allowed (nothing trains: that is what a reanalysis is for) and
+    named in the record; everything else is refused with its reason, before any kernel starts: an unfinished run
+    (it resumes instead), other params, a dirty or unknown tree on either side, another notebook's run, a directory
+    that is no run, a notebook whose experiment cannot reanalyse, resume and reanalyse at once; the model build as
+    the kernel resolves it. Catches a check that lets another computation's data pass as this one's, or that
+    refuses the commit change it exists for."""
+    import papermill
+
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: pytest.fail("a kernel started"))
+    p = params_mod.load(NB, [], {"num_seeds": 2, "steps": 2})
+    src = finished(tmp_path, "src", p)
+    here = {"git_commit": "b" * 40, "git_dirty": False, **ENV, "python": "3.13.0"}
+    again = archive.reanalysis_check(src, NB, p, here)
+    assert again == {"from": str(src.resolve()), "from_run_id": "src", "from_commit": "a" * 40,
+                     "from_host": "AMD EPYC 9654"}
+    assert archive.reanalysis_check(src, NB, params_mod.load(NB, [], {"num_seeds": 2, "steps": 2,
+                                                                      "concurrent_runs": 1}), here)
+    for args, what in (((src, NB, params_mod.load(NB, [], {"num_seeds": 3, "steps": 2}), here),
+                        "param num_seeds: 2 there, 3 here"),
+                       ((src, NB, p, {**here, "git_dirty": True}), "dirty here"),
+                       ((src, NB, p, {**here, "git_dirty": None}), "unknown here"),
+                       ((src, NB, p, {**here, "git_commit": None}), "here"),
+                       ((src, "03_toy_grpo", p, here), "a run of 08_mismatch_cost, not 03_toy_grpo"),
+                       ((tmp_path, NB, p, here), "not an archived run directory")):
+        with pytest.raises(ParamError, match=what):
+            archive.reanalysis_check(*args)
+    for rec, what in (({"status": "failed"}, "status is 'failed'.*--resume-from"),
+                      ({"git_dirty": True}, "dirty there")):
+        with pytest.raises(ParamError, match=what):
+            archive.reanalysis_check(finished(tmp_path, f"bad-{len(what)}", p, **rec), NB, p, here)
+    # the runner: params are the source's (none given), refusals before the kernel
+    out = tmp_path / "out"
+    with pytest.raises(ParamError, match="01_logprob_mismatch cannot redo its analysis.*reanalyze: 08_mismatch_cost"):
+        runner.run("01_logprob_mismatch", [], None, out, reanalyze=src)
+    with pytest.raises(ParamError, match="one or the other"):
+        runner.run(NB, [], None, out, resume_from=src, reanalyze=src)
+    with pytest.raises(ParamError, match="not an archived run directory"):
+        runner.run(NB, [], None, out, reanalyze=tmp_path)
+    with pytest.raises(ParamError, match="param lr"):  # -p may not change the source's params
+        runner.run(NB, [], {"lr": 1e-3}, out, reanalyze=src)
+    assert not out.exists() or not list(out.rglob("run.json"))  # nothing archived by a refusal
+    # in the kernel: the source once the model build is the same
+    new = finished(tmp_path, "new", p, reanalysis={"from": str(src)})
+    assert archive.Run(new).reanalyzes == src and archive.Run(src).reanalyzes is None
+    archive.update_record(new, model={"weights_sha256_16": "cd34"})
+    with pytest.raises(ParamError, match="model weights checksum ab12 there, cd34 here"):
+        _ = archive.Run(new).reanalyzes
+    assert archive.reanalysis_engines(src) == {"vllm-v1-fixed": {"vllm_version": "0.11.0", "from_run": "src"}}
+
+
+def test_the_notebooks_that_reanalyse_are_the_ones_whose_experiment_can():
+    """The registry's `reanalyzes` is true exactly where the experiment's `run` takes `reanalyzing` (what the notebook
+    passes `Run.reanalyzes` to). Catches a notebook declared able whose experiment would train anyway, or one able
+    that the runner refuses."""
+    import inspect
+
+    from rlwb.registry import NOTEBOOKS
+
+    for stem, nb in NOTEBOOKS.items():
+        assert ("reanalyzing" in inspect.signature(nb.experiment().run).parameters) == nb.reanalyzes, stem
+    assert NOTEBOOKS[NB].reanalyzes
