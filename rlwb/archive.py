@@ -426,8 +426,9 @@ def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict) -
     clean tree at a
     known commit in both runs. The commits may differ: that is what a reanalysis is for (a fixed analysis, the same
     data), so the record names the source's commit beside this run's; the environments may differ too (nothing
-    trains here: the source's record keeps where its data came from). The model build is checked once this run has
-    resolved it (`Run.reanalyzes`)."""
+    trains here), so the record keeps what made the data: the source's commit, CPU, wall time by phase and which run
+    trained which jobs (a published reanalysis stands for its source). The model build is checked once this run
+    has resolved it (`Run.reanalyzes`)."""
     import yaml
 
     src = Path(source)
@@ -452,8 +453,10 @@ def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict) -
                        f"names a commit that holds its code)")
     if why:
         raise ParamError(reanalysis_refusal(source, why))
+    jobs = rec.get("resume") or {}
     return {"from": str(src.resolve()), "from_run_id": rec.get("run_id"), "from_commit": rec.get("git_commit"),
-            "from_host": (rec.get("host") or {}).get("cpu")}
+            "from_host": (rec.get("host") or {}).get("cpu"), "from_duration_s": rec.get("duration_s"),
+            "from_time_s": rec.get("time_s"), "from_jobs": {k: jobs[k] for k in ("jobs", "parts") if k in jobs}}
 
 
 def reanalysis_engines(source: str | os.PathLike) -> dict:

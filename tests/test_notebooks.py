@@ -404,10 +404,12 @@ def check_reanalysis(d: Path, m: dict, jobs: int) -> None:
         new = runner.run(d.parent.name, [], None, src.parent.parent.parent / "reanalysis", reanalyze=src)
     rec, again = (json.loads((new / f).read_text()) for f in ("run.json", "metrics.json"))
     assert rec["status"] == "ok" and rec["git_commit"] == "b" * 40
+    source = json.loads((d / "run.json").read_text())
     assert rec["reanalysis"] == {"from": str(src.resolve()), "from_run_id": d.name, "from_commit": "a" * 40,
-                                 "from_host": rec["host"]["cpu"]}
-    source_engines = json.loads((d / "run.json").read_text())["engines"]
-    assert rec["engines"] == {k: {**v, "from_run": d.name} for k, v in source_engines.items()}  # none started here
+                                 "from_host": rec["host"]["cpu"], "from_duration_s": source["duration_s"],
+                                 "from_time_s": source["time_s"],
+                                 "from_jobs": {k: source["resume"][k] for k in ("jobs", "parts")}}
+    assert rec["engines"] == {k: {**v, "from_run": d.name} for k, v in source["engines"].items()}  # none started here
     assert all(rec["time_s"].get(phase, 0) == 0 for phase in ("engine_start", "sampling", "training"))
     assert not list((new / "data").glob("jobs/*.parquet"))
     assert again["resume/trained_jobs"] == 0 and again["resume/reused_jobs"] == jobs

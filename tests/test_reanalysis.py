@@ -25,6 +25,8 @@ def finished(root: Path, name: str, p, **rec) -> Path:
     (d / "run.json").write_text(json.dumps({"status": "ok", "notebook": NB, "run_id": name, "git_commit": "a" * 40,
                                             "git_dirty": False, "model": {"weights_sha256_16": "ab12"},
                                             "engines": {"vllm-v1-fixed": {"vllm_version": "0.11.0"}}, **ENV,
+                                            "duration_s": 3600.0, "time_s": {"training": 1800.0},
+                                            "resume": {"from": None, "jobs": 9, "parts": {"src": {"jobs": 9}}},
                                             **rec}))
     (d / "params.yaml").write_text(yaml.safe_dump(p.to_dict(), sort_keys=False))
     return d
@@ -45,7 +47,8 @@ def test_a_reanalysis_is_refused_unless_it_reads_a_finished_run_of_the_same_para
     here = {"git_commit": "b" * 40, "git_dirty": False, **ENV, "python": "3.13.0"}
     again = archive.reanalysis_check(src, NB, p, here)
     assert again == {"from": str(src.resolve()), "from_run_id": "src", "from_commit": "a" * 40,
-                     "from_host": "AMD EPYC 9654"}
+                     "from_host": "AMD EPYC 9654", "from_duration_s": 3600.0, "from_time_s": {"training": 1800.0},
+                     "from_jobs": {"jobs": 9, "parts": {"src": {"jobs": 9}}}}
     assert archive.reanalysis_check(src, NB, params_mod.load(NB, [], {"num_seeds": 2, "steps": 2,
                                                                       "concurrent_runs": 1}), here)
     for args, what in (((src, NB, params_mod.load(NB, [], {"num_seeds": 3, "steps": 2}), here),
