@@ -4,6 +4,7 @@ no run trains on. Pure functions on synthetic data: the notebook's smoke test ru
 
 import re
 from collections import namedtuple
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -963,3 +964,21 @@ def test_a_benchmark_row_places_each_dose_at_the_k3_of_the_seeds_it_fits():
     assert row.seeds == list(range(6))
     assert dict(zip(row.labels, row.doses))["ratio@0.3"] == pytest.approx(0.3)
     assert list(row.doses) == sorted(row.doses)
+
+
+def test_the_declared_confirmation_loads_on_the_study_with_fresh_seeds_and_its_counted_runs():
+    """params/08_mismatch_cost/confirm_study.yaml, declared before it runs, layered on the benchmark study: it
+    validates, confirms on seeds no study used (from 1000) at a fixed n, keeps the PPO-epochs regimes exploratory
+    (new there: nothing to confirm), and trains the 385 runs its header counts (its budget rests on them). Catches
+    a declaration that no longer loads, or a design changed without its budget."""
+    from rlwb import params
+    from rlwb.experiments.mismatch_study import design
+    from rlwb.experiments.mismatch_study.grammar import CONFIRM_SEED_BASE
+
+    folder = Path(__file__).resolve().parent.parent / "params" / "08_mismatch_cost"
+    p = params.load("08_mismatch_cost", [folder / "benchmark_study.yaml", folder / "confirm_study.yaml"])
+    assert p.seed >= CONFIRM_SEED_BASE and p.max_seeds == 0 and "regime" not in p.confirms
+    assert set(p.confirms) == {"mode", "one-sided vs symmetric", "horizon"}
+    runs = design.training_runs(p)
+    assert len(runs) == 385 and "385 runs" in (folder / "confirm_study.yaml").read_text()
+    assert {(r.updates, r.epochs) for r in runs} == {(1, 1), (4, 1), (2, 2), (1, 4)}
