@@ -149,11 +149,49 @@ def test_bad_input_is_refused_by_name(doses, clean, dosed, match):
 
 @pytest.mark.parametrize("kw,match", [({"bmr": 0.0}, "bmr must be > 0"), ({"bmr": 1.5}, "bmr must be > 0"),
                                       ({"bmr_type": "extra"}, "bmr_type"), ({"models": ("gamma",)}, "unknown"),
-                                      ({"dose_scale": "sqrt"}, "dose_scale")])
+                                      ({"dose_scale": "sqrt"}, "dose_scale"),
+                                      ({"baseline_se": -0.01}, "baseline_se"),
+                                      ({"baseline_se": float("nan")}, "baseline_se")])
 def test_bad_settings_are_refused_by_name(kw, match):
     c, y = study_of("linear", seeds=5)
     with pytest.raises(ValueError, match=match):
         bd.fit_bmd(DOSES, c, y, n_boot=10, **kw)
+
+
+def test_the_baselines_own_noise_widens_the_bounds_and_leaves_the_point_estimate():
+    """A baseline measured on its own (notebook 08: the initial policy's sampled reward, one measurement) has noise the
+    seeds' resamples do not hold: with `baseline_se` each resample draws its own baseline, so the BMR's uncertainty
+    includes it. The point fit and the seeds' resamples are unchanged (a generator of its own), the BMDL no higher
+    and the BMDU no lower, by more the larger the noise; `baseline_se` 0 is the fit without it, bit for bit. Catches
+    the noise left out, added to the point fit, or drawn from the seeds' generator (another resample set)."""
+    c, y = study_of("exponential", seeds=8, seed=3, baseline=0.4)
+    plain = bd.fit_bmd(DOSES, c, y, baseline=0.4, n_boot=400, profile=False)
+    zero = bd.fit_bmd(DOSES, c, y, baseline=0.4, baseline_se=0.0, n_boot=400, profile=False)
+    assert (zero.bmd, zero.bmdl, zero.bmdu) == (plain.bmd, plain.bmdl, plain.bmdu)
+    assert np.array_equal(zero.boot, plain.boot)
+    noisy = [bd.fit_bmd(DOSES, c, y, baseline=0.4, baseline_se=se, n_boot=400, profile=False) for se in (0.01, 0.05)]
+    assert plain.status == bd.BOUNDED and all(r.status == bd.BOUNDED for r in noisy)
+    assert all(r.bmd == plain.bmd and r.clean_gain == plain.clean_gain for r in noisy)
+    assert plain.bmdl >= noisy[0].bmdl >= noisy[1].bmdl and noisy[1].bmdl < 0.9 * plain.bmdl
+    assert plain.bmdu <= noisy[0].bmdu <= noisy[1].bmdu
+
+
+def test_the_baseline_se_is_the_binomial_bound_of_the_sampled_reward():
+    """Notebook 08's baseline noise: the sampled policy reward of `draws` completions, sqrt(b (1 - b) / draws); none
+    for greedy accuracy (deterministic on fixed problems) or a training-reward baseline; `baseline_draws` counts the
+    held-out problems the study scores times the samples of each. Catches the wrong n (problems alone, or the
+    nominal 128 on a task that holds fewer) or noise given to a deterministic outcome."""
+    from rlwb.experiments.mismatch_study import benchmarks
+    from rlwb.params.schemas.mismatch_cost import MismatchCostParams
+
+    assert benchmarks.baseline_se("policy_reward", 0.5, 256) == pytest.approx(0.03125)
+    assert benchmarks.baseline_se("policy_reward", 0.2, 100) == pytest.approx(0.04)
+    assert benchmarks.baseline_se("heldout_acc", 0.5, 256) == 0 == benchmarks.baseline_se("reward_final", 0.5, 256)
+    assert benchmarks.baseline_se("policy_reward", float("nan"), 256) == 0
+    assert benchmarks.baseline_draws(MismatchCostParams(policy_samples=2)) == 256  # 128 held out x 2
+    small = MismatchCostParams(policy_samples=2, max_digits=1)  # 1-digit sums: fewer than 128 distinct problems
+    assert benchmarks.baseline_draws(small) == 2 * len(benchmarks.held_out(small, 128, benchmarks.HELDOUT_SEED)[0])
+    assert benchmarks.baseline_draws(small) < 256
 
 
 # ------------------------------------------------------------------------------- agreement with EPA's engine ---

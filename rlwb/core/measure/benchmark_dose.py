@@ -338,21 +338,26 @@ def expanded_alpha(alpha: float, seeds: int) -> float:
     return float(st.norm.cdf(-math.sqrt(seeds / (seeds - 1)) * st.t.ppf(1 - alpha, seeds - 1)))
 
 
-def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, bmr: float = 0.25, bmr_type: str = "relative",
-            dose_scale: str = "linear", models=MODELS, alpha: float = ALPHA, n_boot: int = 2000,
-            seed: int = 0, interval: str = "expanded", profile: bool = True, restricted: bool = False,
-            bound: str = "lowest") -> BMDResult:
+def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 0.0, bmr: float = 0.25,
+            bmr_type: str = "relative", dose_scale: str = "linear", models=MODELS, alpha: float = ALPHA,
+            n_boot: int = 2000, seed: int = 0, interval: str = "expanded", profile: bool = True,
+            restricted: bool = False, bound: str = "lowest") -> BMDResult:
     """The benchmark dose of one row (module docstring: models, test of fit, average, bounds, status).
 
     `clean` [S]: each seed's clean-run outcome; `dosed` [S, J]: the same seeds at `doses` [J] (> 0); `baseline`: the
     outcome before training (the clean gain is clean minus it; a relative `bmr` is that fraction of the fitted
-    gain). `dose_scale`: "linear" (the dose as given) or "log" (ln(1 + d / d_min)). `n_boot` resamples of seeds
-    (`seed` the generator's seed); `expanded`: Hesterberg's expanded percentile (False: the plain percentile);
-    `profile`: compute each model's profile-likelihood BMDL/BMDU (BMDS's), ~0.1 s a model."""
+    gain); `baseline_se`: its standard error where it is a measurement of its own, not the seeds' (each resample
+    then draws its own baseline, normal around it, from a generator of its own: the seeds' resamples stay those of
+    `seed`, and the BMR's uncertainty includes the baseline's). `dose_scale`: "linear" (the dose as given) or "log"
+    (ln(1 + d / d_min)). `n_boot` resamples of seeds (`seed` the generator's seed); `expanded`: Hesterberg's
+    expanded percentile (False: the plain percentile); `profile`: compute each model's profile-likelihood
+    BMDL/BMDU (BMDS's), ~0.1 s a model."""
     from scipy import stats as st
 
     if bound not in ("lowest", "average"):
         raise ValueError(f"bound must be 'lowest' or 'average', got {bound!r}")
+    if not (np.isfinite(baseline_se) and baseline_se >= 0):
+        raise ValueError(f"baseline_se must be finite and >= 0, got {baseline_se}")
     if bmr_type not in ("relative", "absolute"):
         raise ValueError(f"bmr_type must be 'relative' or 'absolute', got {bmr_type!r}")
     if not (np.isfinite(bmr) and bmr > 0 and (bmr < 1 or bmr_type == "absolute")):
@@ -434,6 +439,8 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, bmr: float = 0.25, bm
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, S, size=(n_boot, S))
     yb, wb = _group_means(st_, idx)
+    if baseline_se > 0:  # each resample's own baseline: y - (baseline + e) for every group
+        yb = yb - np.random.default_rng([seed, 1]).normal(0.0, baseline_se, n_boot)[:, None]
     bfits = [fit_many(m, x, n, yb, x_max, exps) for m in msel]
     brss = np.stack([wb + f.rss for f in bfits], axis=1)  # [B, M]
     bw = _weights(_akaike(brss, N, p_mean[sel][None]), np.ones(len(sel), bool)[None])

@@ -1,7 +1,8 @@
 """Notebook 08's benchmark doses: "keep k3 below X" per kind of dose, PPO regime, horizon and arm, by the field's
 convention (`rlwb.core.measure.benchmark_dose`: models anchored at dose 0, test of fit, model average, a bootstrap
 over seeds that re-estimates the clean gain, so the benchmark response's own uncertainty is inside every bound; the
-initial policy's outcome, the baseline, is one measurement of 128 x 2 completions and its noise is not).
+initial policy's outcome, the baseline, is one measurement of its own, and each resample draws it too, with the
+binomial bound on its sampling noise: `baseline_se`).
 
 What is on the dose axis: `k3_initial`, the k3 a dose gives the policy a run starts from (at the kind's
 `DoseKind.first_full_step`: step 0, before any update, or for a lag the step it is first whole, per arm). The
@@ -36,7 +37,14 @@ from rlwb.experiments.mismatch_study.analysis import (
     per_seed,
     with_defaults,
 )
-from rlwb.experiments.mismatch_study.design import LONG, dosed_kinds, kind_label
+from rlwb.experiments.mismatch_study.design import (
+    HELDOUT_PROBLEMS,
+    HELDOUT_SEED,
+    LONG,
+    dosed_kinds,
+    held_out,
+    kind_label,
+)
 from rlwb.experiments.mismatch_study.grammar import Regime
 
 N_BOOT = 2000  # bootstrap resamples of seeds per row (the coverage table in docs/benchmark_dose.md used 500-2000)
@@ -62,6 +70,7 @@ class RowStudy:
     baseline: float
     seeds: list[int]
     outcome: str
+    baseline_se: float = 0.0  # the baseline's standard error (`baseline_se`)
 
 
 def _baseline(curves: pd.DataFrame, outcome: str, clean_labels) -> float:
@@ -76,9 +85,29 @@ def _baseline(curves: pd.DataFrame, outcome: str, clean_labels) -> float:
     return float(first.mean())
 
 
-def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
+def baseline_draws(p) -> int:
+    """The completions behind the initial policy's sampled outcome: `policy_samples` per held-out problem (the
+    problems `execution.initial_outcomes` scores, fewer than `HELDOUT_PROBLEMS` on a task too small to hold them)."""
+    return len(held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[0]) * int(p.policy_samples)
+
+
+def baseline_se(outcome: str, baseline: float, draws: int) -> float:
+    """The standard error of the baseline as a measurement: for the sampled policy reward (a 0/1 reward, `draws`
+    completions of fixed problems at the study's T), the binomial bound sqrt(b (1 - b) / draws), which no spread of
+    the problems' own success rates can exceed (sum p_i (1 - p_i) <= n b (1 - b)), and which ignores the common
+    sampling seed the trained policies are scored with (a positive correlation would shrink the gain's noise);
+    0 for greedy accuracy (deterministic on fixed problems) and for the training reward's baseline (the clean runs'
+    own first steps, resampled with them)."""
+    if outcome != "policy_reward" or not np.isfinite(baseline) or draws <= 0:
+        return 0.0
+    b = min(max(baseline, 0.0), 1.0)
+    return float(np.sqrt(b * (1 - b) / draws))
+
+
+def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> list[RowStudy]:
     """Per dosed kind x PPO regime x horizon x arm (rows that are not controls, `table` = `analysis.dose_table`):
-    the seeds present at dose 0 and at every dose of the row."""
+    the seeds present at dose 0 and at every dose of the row; `draws`: the completions behind the baseline
+    (`baseline_draws`; 0: its noise left out)."""
     curves = with_defaults(curves)
     s = per_seed(curves)
     outcome = outcome_of(s)
@@ -111,23 +140,24 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame) -> list[RowStudy]:
             name=kind_label(kind, regime, first) + (LONG if long else ""), labels=labels,
             doses=doses[order], k3_achieved=d["k3_achieved"].to_numpy(float)[order],
             clean=wide["__clean__"].to_numpy(float), dosed=wide[labels].to_numpy(float),
-            baseline=_baseline(curves, outcome, clean_labels), seeds=list(map(int, wide.index)),
-            outcome=outcome))
+            baseline=(b := _baseline(curves, outcome, clean_labels)), seeds=list(map(int, wide.index)),
+            outcome=outcome, baseline_se=baseline_se(outcome, b, draws)))
     return rows
 
 
-COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "outcome", "baseline", "clean_gain", "bmr",
-           "k3_min", "k3_max", "k3_achieved_min", "k3_achieved_max", "trend_slope", "trend_ci_low", "trend_ci_high",
-           "trend_p", "bmd", "bmdl", "bmdu", "status", "models_passing", "bmds_pick", "bmd_log", "bmdl_log",
-           "status_log", "scale_agree", "keep_below", "error_control"]
+COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "outcome", "baseline", "baseline_se",
+           "clean_gain", "bmr", "k3_min", "k3_max", "k3_achieved_min", "k3_achieved_max", "trend_slope",
+           "trend_ci_low", "trend_ci_high", "trend_p", "bmd", "bmdl", "bmdu", "status", "models_passing",
+           "bmds_pick", "bmd_log", "bmdl_log", "status_log", "scale_agree", "keep_below", "error_control"]
 
 
-def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: float
+def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: float, draws: int = 0
                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(benchmarks, fits). `benchmarks`: one row per `row_studies` row: the trend of the outcome's paired gap
     across doses (`dose_response.dose_trend`, per-seed slope per decade of k3_initial; `trend_p_holm` is Holm over
     these trends alone here, `analyze` puts them in the study's one family) and the benchmark dose in k3_initial
-    (`benchmark_dose.fit_bmd`, BMR `bmr_fraction` of the fitted clean gain; `bmr` is that cost in outcome units),
+    (`benchmark_dose.fit_bmd`, BMR `bmr_fraction` of the fitted clean gain; `bmr` is that cost in outcome units;
+    the baseline's noise from `draws`, `baseline_draws`, in every resample),
     with its status, the models that pass, and the same fit on the log dose scale. `fits`: what the figure draws,
     one long table (`part`): each dose group's mean outcome with its 95% t interval (`group`, dose 0 included), the
     model-average curve with its pointwise 95% bootstrap band over the tested doses only (`fit`), and the BMR level
@@ -136,9 +166,10 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
     empty = {"clean_gain": np.nan, "bmr": np.nan, "bmd": np.nan, "bmdl": np.nan, "bmdu": np.nan, "models_passing": "",
              "bmds_pick": "", "bmd_log": np.nan, "bmdl_log": np.nan, "status_log": "", "scale_agree": False,
              "keep_below": np.nan, "error_control": ""}
-    for r in row_studies(curves, table):
+    for r in row_studies(curves, table, draws):
         base = {"kind": r.kind, "updates": r.updates, "epochs": r.epochs, "arm": r.arm, "name": r.name}
         row = {**base, "doses": len(r.labels), "seeds": len(r.seeds), "outcome": r.outcome, "baseline": r.baseline,
+               "baseline_se": r.baseline_se,
                "k3_min": float(r.doses.min()), "k3_max": float(r.doses.max()),
                "k3_achieved_min": float(r.k3_achieved.min()), "k3_achieved_max": float(r.k3_achieved.max())}
         gaps = r.dosed - r.clean[:, None]
@@ -155,8 +186,9 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
                          "status": f"{bd.NO_BENCHMARK} (the initial policy's {r.outcome} was not measured)"})
         else:
             try:
-                sc = bd.compare_dose_scales(r.doses, r.clean, r.dosed, baseline=r.baseline, bmr=bmr_fraction,
-                                            n_boot=N_BOOT, seed=BOOT_SEED)
+                sc = bd.compare_dose_scales(r.doses, r.clean, r.dosed, baseline=r.baseline,
+                                            baseline_se=r.baseline_se, bmr=bmr_fraction, n_boot=N_BOOT,
+                                            seed=BOOT_SEED)
             except bd.BMDInputError as e:  # fewer than 3 seeds, a dose of 0: said in the status
                 rows.append({**row, **empty, "status": f"{bd.NO_BENCHMARK} ({e})"})
             else:

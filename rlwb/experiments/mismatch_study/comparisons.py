@@ -20,7 +20,7 @@ from rlwb.experiments.mismatch_study.analysis import (
     seed_gaps,
     with_defaults,
 )
-from rlwb.experiments.mismatch_study.benchmarks import benchmark_table
+from rlwb.experiments.mismatch_study.benchmarks import baseline_draws, benchmark_table
 from rlwb.experiments.mismatch_study.design import LONG
 
 SPIKE, ENTROPY_DROP = 3.0, 0.5  # a gradient-norm spike: > 3 x the clean run's median; entropy collapse: < half
@@ -228,7 +228,7 @@ def study_tests(curves: pd.DataFrame, p) -> StudyTests:
     pass (`sequential.first_pass`)."""
     table = dose_table(curves, p)
     q = outcome_resolution(p, table["outcome"].iloc[0]) if len(table) else 0.0
-    bench, fits = benchmark_table(table, curves, p.bmr_fraction)
+    bench, fits = benchmark_table(table, curves, p.bmr_fraction, baseline_draws(p))
     con = contrast_table(table, curves, q)
     hz, hm = horizon_table(curves, p.steps, 1.0 / (p.prompts_per_step * p.group_size * p.steps))
     # what the params declared, before the run, it confirms (on fresh seeds); every other test is exploratory
