@@ -418,7 +418,8 @@ def reanalysis_refusal(source, why: list[str]) -> str:
     return f"reanalyze {str(source)!r} refused: {'; '.join(why)}."
 
 
-def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict) -> dict:
+def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict, source_params: dict | None = None
+                     ) -> dict:
     """The `reanalysis` record of a run of `stem` with `params` (its record `here`, `start_record`) that redoes
     the analysis of the finished run `source` from its data, else a `ParamError` naming every reason, before any
     kernel starts: a finished (`ok`) run of the same notebook with the same params, bar `NON_COMPUTATIONAL` (an
@@ -427,8 +428,10 @@ def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict) -
     known commit in both runs. The commits may differ: that is what a reanalysis is for (a fixed analysis, the same
     data), so the record names the source's commit beside this run's; the environments may differ too (nothing
     trains here), so the record keeps what made the data: the source's commit, CPU, wall time by phase and which run
-    trained which jobs (a published reanalysis stands for its source). The model build is checked once this run
-    has resolved it (`Run.reanalyzes`)."""
+    trained which jobs (a published reanalysis stands for its source). `source_params`: the source's params.yaml as
+    today's schema loads it (the runner's `params.load`), so a param added since the source ran, which its file
+    lacks, counts at its default (what rerunning that file does) and is named in the record (`defaulted`). The model
+    build is checked once this run has resolved it (`Run.reanalyzes`)."""
     import yaml
 
     src = Path(source)
@@ -442,7 +445,8 @@ def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict) -
     if rec.get("status") != "ok":
         why.append(f"its status is {rec.get('status')!r}: only a finished run's data is whole (an unfinished one "
                    f"resumes: --resume-from)")
-    theirs, mine = yaml.safe_load((src / "params.yaml").read_text()) or {}, params.to_dict()
+    written = yaml.safe_load((src / "params.yaml").read_text()) or {}
+    theirs, mine = (written if source_params is None else source_params), params.to_dict()
     missing = object()
     why += [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
             for k in sorted(set(theirs) | set(mine))
@@ -456,7 +460,8 @@ def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict) -
     jobs = rec.get("resume") or {}
     return {"from": str(src.resolve()), "from_run_id": rec.get("run_id"), "from_commit": rec.get("git_commit"),
             "from_host": (rec.get("host") or {}).get("cpu"), "from_duration_s": rec.get("duration_s"),
-            "from_time_s": rec.get("time_s"), "from_jobs": {k: jobs[k] for k in ("jobs", "parts") if k in jobs}}
+            "from_time_s": rec.get("time_s"), "from_jobs": {k: jobs[k] for k in ("jobs", "parts") if k in jobs},
+            "defaulted": {k: v for k, v in theirs.items() if k not in written}}
 
 
 def reanalysis_engines(source: str | os.PathLike) -> dict:

@@ -408,7 +408,7 @@ def check_reanalysis(d: Path, m: dict, jobs: int) -> None:
     assert rec["reanalysis"] == {"from": str(src.resolve()), "from_run_id": d.name, "from_commit": "a" * 40,
                                  "from_host": rec["host"]["cpu"], "from_duration_s": source["duration_s"],
                                  "from_time_s": source["time_s"],
-                                 "from_jobs": {k: source["resume"][k] for k in ("jobs", "parts")}}
+                                 "from_jobs": {k: source["resume"][k] for k in ("jobs", "parts")}, "defaulted": {}}
     assert rec["engines"] == {k: {**v, "from_run": d.name} for k, v in source["engines"].items()}  # none started here
     assert all(rec["time_s"].get(phase, 0) == 0 for phase in ("engine_start", "sampling", "training"))
     assert not list((new / "data").glob("jobs/*.parquet"))

@@ -48,7 +48,15 @@ def test_a_reanalysis_is_refused_unless_it_reads_a_finished_run_of_the_same_para
     again = archive.reanalysis_check(src, NB, p, here)
     assert again == {"from": str(src.resolve()), "from_run_id": "src", "from_commit": "a" * 40,
                      "from_host": "AMD EPYC 9654", "from_duration_s": 3600.0, "from_time_s": {"training": 1800.0},
-                     "from_jobs": {"jobs": 9, "parts": {"src": {"jobs": 9}}}}
+                     "from_jobs": {"jobs": 9, "parts": {"src": {"jobs": 9}}}, "defaulted": {}}
+    # a param added since the source ran: its file lacks it; at its default (as today's schema loads that file) it is
+    # the source's computation, named in the record; at another value it is refused
+    legacy = finished(tmp_path, "legacy", p)
+    (legacy / "params.yaml").write_text(yaml.safe_dump({k: v for k, v in p.to_dict().items() if k != "ppo_epochs"}))
+    loaded = params_mod.load(NB, [legacy / "params.yaml"])
+    assert archive.reanalysis_check(legacy, NB, p, here, loaded.to_dict())["defaulted"] == {"ppo_epochs": [1]}
+    with pytest.raises(ParamError, match="param ppo_epochs: '\\(none\\)' there, \\[1\\] here"):
+        archive.reanalysis_check(legacy, NB, p, here)  # the raw file: the runner always passes the loaded params
     assert archive.reanalysis_check(src, NB, params_mod.load(NB, [], {"num_seeds": 2, "steps": 2,
                                                                       "concurrent_runs": 1}), here)
     for args, what in (((src, NB, params_mod.load(NB, [], {"num_seeds": 3, "steps": 2}), here),
