@@ -249,7 +249,6 @@ def two_look_p(gaps: pd.Series, first_seeds, max_seeds: int, resolution: float) 
     only gives up the second's chance: the level holds whatever the rule does (and for a row that is never
     extended, p is that of |z1| against Pocock's c, a little above its one-look p: the price of a second look).
     Fewer than 2 second-pass seeds: no second test; the first look's p."""
-    from scipy import integrate
     from scipy.stats import norm
 
     g = gaps.dropna()
@@ -265,10 +264,57 @@ def two_look_p(gaps: pd.Series, first_seeds, max_seeds: int, resolution: float) 
     w = np.sqrt(len(seeds) / max_seeds)
     z1 = z_of(first)
     c = abs(z1) if later.size < 2 else max(abs(z1), abs(w * z1 + np.sqrt(1 - w * w) * z_of(later)))
-    sd = np.sqrt(1 - w * w)  # Z given z1 = x: N(w x, 1 - w^2)
-    tail, _ = integrate.quad(lambda x: norm.pdf(x) * (norm.cdf((-c - w * x) / sd) + norm.sf((c - w * x) / sd)),
+    return float(min(1.0, two_look_reject(c, w)))
+
+
+def two_look_reject(c: float, w: float, theta1: float = 0.0, theta2: float = 0.0) -> float:
+    """P(|Z1| >= c or |w Z1 + sqrt(1 - w^2) Z2| >= c) for independent Z1 ~ N(theta1, 1), Z2 ~ N(theta2, 1): the
+    two-look test's rejection probability (`two_look_p`): its level at thetas 0, its power at the passes' effects."""
+    from scipy import integrate
+    from scipy.stats import norm
+
+    sd = np.sqrt(1 - w * w)  # Z given z1 = x: N(w x + sd theta2, 1 - w^2)
+    tail, _ = integrate.quad(lambda x: norm.pdf(x - theta1) * (norm.cdf((-c - w * x) / sd - theta2)
+                                                                + norm.sf((c - w * x) / sd - theta2)),
                              -c, c, epsabs=1e-13, epsrel=1e-10)
-    return float(min(1.0, 2 * norm.sf(c) + tail))
+    return float(norm.cdf(-c - theta1) + norm.sf(c - theta1) + tail)
+
+
+def two_look_power(effect: float, sd: float, first: int, seeds: int, cap: int, level: float) -> float:
+    """The power of `two_look_p`'s test to detect a paired gap of size `effect` (per-seed spread `sd`) in a row
+    whose first pass has `first` seeds and which the rule takes to `seeds` (cap `max_seeds` = `cap`, which fixes
+    the weights), at `level`. Each pass's z is its paired t test's p turned into a normal quantile, so under no cost
+    both are N(0, 1) (Pocock's c for the level holds exactly) and under a cost each is a transform of a noncentral t
+    (df = seeds of the pass - 1, noncentrality effect sqrt(n) / sd, as `stats.paired_t_power`): the first look
+    rejects where |T1| passes the t quantile of Phi(c), the second where the combination does, integrated over T1.
+    A row left at the first pass (or given fewer than 2 more seeds) has only its first look, at Pocock's c. The
+    outcome's step (`resolution`) is left out, as the fixed-n power leaves it."""
+    from scipy import integrate
+    from scipy.optimize import brentq
+    from scipy.stats import nct, norm
+    from scipy.stats import t as student
+
+    if not (np.isfinite(sd) and sd > 0 and np.isfinite(effect) and cap > first >= 2 and seeds >= first):
+        return float("nan")
+    w = np.sqrt(first / cap)
+    c = brentq(lambda v: two_look_reject(v, w) - level, 0.5, 12.0, xtol=1e-10)
+    df1, th1 = first - 1, abs(effect) * np.sqrt(first) / sd
+    t1 = float(student.ppf(norm.cdf(c), df1))
+    def against(x, df, th):  # P(T <= x) for x on the far side of the effect: tiny, and scipy's nct gives NaN there
+        return float(np.nan_to_num(nct.cdf(x, df, th), nan=0.0))
+
+    power = float(nct.sf(t1, df1, th1) + against(-t1, df1, th1))
+    if seeds - first < 2:
+        return power
+    df2, th2, s2 = seeds - first - 1, abs(effect) * np.sqrt(seeds - first) / sd, np.sqrt(1 - w * w)
+
+    def second(t: float) -> float:  # P(|w z1 + s2 Z2| >= c) given the first pass's t
+        z1 = float(norm.ppf(student.cdf(t, df1)))
+        hi, lo = (student.ppf(norm.cdf(u), df2) for u in ((c - w * z1) / s2, (-c - w * z1) / s2))
+        return float(nct.sf(hi, df2, th2) + against(lo, df2, th2)) * float(nct.pdf(t, df1, th1))
+
+    more, _ = integrate.quad(second, -t1, t1, epsabs=1e-10, epsrel=1e-8, limit=200)
+    return float(min(1.0, power + more))
 
 
 def control_passes(r) -> bool:

@@ -31,7 +31,7 @@ rule may extend is tested by a two-look group-sequential test on the inverse-nor
 (`analysis.two_look_p`: Pocock's boundary, weights fixed by num_seeds / max_seeds before the run), which holds the
 level whatever the rule decides; a row left at the first pass pays for the second look it might have had (its p a
 little above its one-look p). The sizing above is the plan's fixed-n power (as issue #58 asks for it); the two-look
-test's own power at those seeds is somewhat lower.
+test's own power at those seeds is lower, and each call reports it (`power_two_look`, `analysis.two_look_power`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from rlwb.core.measure import stats
+from rlwb.experiments.mismatch_study.analysis import two_look_power
 from rlwb.experiments.mismatch_study.benchmarks import row_studies
 from rlwb.experiments.mismatch_study.comparisons import study_tests
 from rlwb.experiments.mismatch_study.design import TrainingRun
@@ -65,6 +66,7 @@ class SeedCall:
     seeds: int
     power: float
     capped: bool
+    power_two_look: float = float("nan")  # the two-look test's own power at `seeds` (`analysis.two_look_power`)
 
 
 def enabled(p) -> bool:
@@ -112,7 +114,8 @@ def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_see
             calls.append(SeedCall(label=label, arm=b.arm, benchmark=b.name, why=why, bmr=bmr, sd=sd,
                                   power_first=stats.paired_t_power(bmr, sd, num_seeds, level), seeds=n,
                                   power=stats.paired_t_power(bmr, sd, n, level),
-                                  capped=n == max_seeds and stats.paired_t_power(bmr, sd, n, level) < target_power))
+                                  capped=n == max_seeds and stats.paired_t_power(bmr, sd, n, level) < target_power,
+                                  power_two_look=two_look_power(bmr, sd, num_seeds, n, max_seeds, level)))
     return calls
 
 
@@ -154,14 +157,16 @@ def second_pass_runs(calls: list[SeedCall], first_runs: list[TrainingRun], p) ->
 
 
 def sequential_metrics(calls: list[SeedCall], m: int, first_runs: list[TrainingRun], p) -> dict[str, float]:
-    """`sequential/<label>/<arm>/{seeds, power_first, power}` per dose row the rule looked at (seeds: what it gets;
-    power: at the BMR, alpha / m, from the first pass's sd, with the first pass's seeds and with those),
+    """`sequential/<label>/<arm>/{seeds, power_first, power, power_two_look}` per dose row the rule looked at (seeds:
+    what it gets; power: at the BMR, alpha / m, from the first pass's sd, with the first pass's seeds and with those,
+    as the rule sizes it (fixed n); power_two_look: that of the test the row gets, `analysis.two_look_power`),
     `sequential/<label>/<arm>/seeds` per extended clean twin, and `sequential/{family_tests, rows, runs}`: the m it
     sized at, the dose rows given more seeds and the second pass's runs."""
     out = {"sequential/family_tests": float(m), "sequential/rows": float(sum(c.seeds > p.num_seeds for c in calls))}
     for c in calls:
         k = f"sequential/{c.label}/{c.arm}"
-        out.update({f"{k}/seeds": float(c.seeds), f"{k}/power_first": c.power_first, f"{k}/power": c.power})
+        out.update({f"{k}/seeds": float(c.seeds), f"{k}/power_first": c.power_first, f"{k}/power": c.power,
+                    f"{k}/power_two_look": c.power_two_look})
     for j, n in twin_seeds(calls, first_runs).items():
         if j.kind == "clean" and n > p.num_seeds:
             out[f"sequential/{j.label}/{j.arm}/seeds"] = float(n)

@@ -127,7 +127,8 @@ def placebo_line(metrics: dict) -> str:
 def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power: float) -> str:
     """Notebook 08's sequential seed rule in one sentence (`mismatch_study.sequential`): the rule as declared, and
     each dose row it gave more seeds, from how many to how many, with the power at the BMR before and after (from the
-    first pass's spread; "capped" where `max_seeds` stopped short of the target); "" without a second pass."""
+    first pass's spread; "capped" where `max_seeds` stopped short of the target) and the power of the two-look test
+    the row gets at those seeds (lower: the rule sizes by a fixed-n t test); "" without a second pass."""
     if "sequential/rows" not in metrics:
         return ""
     m = int(metrics["sequential/family_tests"])
@@ -137,14 +138,18 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
             label, arm = k[len("sequential/"):-len("/seeds")].rsplit("/", 1)
             power = metrics.get(f"sequential/{label}/{arm}/power", float("nan"))
             before = metrics.get(f"sequential/{label}/{arm}/power_first", float("nan"))
+            two = metrics.get(f"sequential/{label}/{arm}/power_two_look", float("nan"))
             if np.isfinite(power):  # a dose row (a clean twin has no power of its own)
                 more.append(f"`{label}` `{arm}` {num_seeds} → {int(n)} (power {before:.2f} → {power:.2f}"
-                            f"{', capped' if power < target_power else ''})")
+                            f"{', capped' if power < target_power else ''}"
+                            + (f"; {two:.2f} for the two-look test" if two is not None and np.isfinite(two) else "")
+                            + ")")
     return (f"**Seeds** (a sequential rule declared before the run: a first pass of {num_seeds} seeds, then, at each "
             f"benchmark row's doses whose gap interval holds −BMR or that bracket its BMD, the seeds that give "
             f"{target_power:.0%} power to detect a cost of the BMR at α/m = 0.05/{m} from the first pass's sd, at most "
-            f"{max_seeds}; every dose row it may extend tested at two looks, Pocock's boundary on the passes' "
-            f"inverse-normal combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps "
+            f"{max_seeds} (a fixed-n paired t test's power, which the two-look test below falls short of); every "
+            f"dose row it may extend tested at two looks, Pocock's boundary on the passes' inverse-normal "
+            f"combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps "
                                                 "the seeds every dose of its row has" if more else
                                                 "no dose row needed more") + ".")
 
