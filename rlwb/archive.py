@@ -418,20 +418,25 @@ def reanalysis_refusal(source, why: list[str]) -> str:
     return f"reanalyze {str(source)!r} refused: {'; '.join(why)}."
 
 
-def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict, source_params: dict | None = None
-                     ) -> dict:
+def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict, source_params: dict | None = None,
+                     reads: tuple[str, ...] = (), neutral: dict | None = None) -> dict:
     """The `reanalysis` record of a run of `stem` with `params` (its record `here`, `start_record`) that redoes
-    the analysis of the finished run `source` from its data, else a `ParamError` naming every reason, before any
-    kernel starts: a finished (`ok`) run of the same notebook with the same params, bar `NON_COMPUTATIONAL` (an
-    analysis param is a design param too: 08's benchmark response decided which rows its second pass trained), and a
-    clean tree at a
-    known commit in both runs. The commits may differ: that is what a reanalysis is for (a fixed analysis, the same
-    data), so the record names the source's commit beside this run's; the environments may differ too (nothing
-    trains here), so the record keeps what made the data: the source's commit, CPU, wall time by phase and which run
-    trained which jobs (a published reanalysis stands for its source). `source_params`: the source's params.yaml as
-    today's schema loads it (the runner's `params.load`), so a param added since the source ran, which its file
-    lacks, counts at its default (what rerunning that file does) and is named in the record (`defaulted`). The model
-    build is checked once this run has resolved it (`Run.reanalyzes`)."""
+    the analysis of the finished run `source` from its data (`reads`: the data tables the analysis reads, each
+    `data/<name>.parquet`), else a `ParamError` naming every reason, before any kernel starts: a finished (`ok`) run
+    of the same notebook with the same params, bar `NON_COMPUTATIONAL` (an analysis param is a design param too:
+    08's benchmark response decided which rows its second pass trained), those tables, and a clean tree at a known
+    commit in both runs. The commits may differ: that is what a reanalysis is for (a fixed analysis, the same data);
+    the environments may differ too (nothing trains here).
+
+    So the record keeps what made the data (`training`, a published reanalysis standing for it): the run that trained
+    it, its commit, CPU, wall time by phase, which run trained which jobs (`parts`: each part's jobs and the sum of
+    their wall times, `job_s`, which lanes run side by side) and each part's own duration (`chain`: the run and the
+    runs it resumed, as far as they are archived here). A source that is itself a reanalysis passes its `training` on
+    and is named in `via`. `source_params`: the source's params.yaml as today's schema loads it (the runner's
+    `params.load`): a param added since the source ran, which its file lacks, counts only at its neutral value (the
+    schema's `HASH_NEUTRAL`, `neutral`: the value that computes what runs before it did), named in `defaulted`;
+    at any other default it is refused. The model build is checked once this run has resolved it
+    (`Run.reanalyzes`)."""
     import yaml
 
     src = Path(source)
@@ -445,30 +450,57 @@ def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict, s
     if rec.get("status") != "ok":
         why.append(f"its status is {rec.get('status')!r}: only a finished run's data is whole (an unfinished one "
                    f"resumes: --resume-from)")
+    why += [f"it has no data/{name}.parquet (what the analysis reads)" for name in reads
+            if not (src / "data" / f"{name}.parquet").is_file()]
     written = yaml.safe_load((src / "params.yaml").read_text()) or {}
     theirs, mine = (written if source_params is None else source_params), params.to_dict()
     missing = object()
     why += [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
             for k in sorted(set(theirs) | set(mine))
             if k not in NON_COMPUTATIONAL and theirs.get(k, missing) != mine.get(k, missing)]
+    defaulted = {k: v for k, v in theirs.items() if k not in written}
+    neutral = neutral or {}
+    why += [f"param {k}: not in its params.yaml (added since it ran), and today's default {v!r} is not known to "
+            f"compute what it did (the schema's HASH_NEUTRAL)" for k, v in defaulted.items()
+            if k not in NON_COMPUTATIONAL and (k not in neutral or neutral[k] != v)]
     for who, r in (("there", rec), ("here", here)):
         if not r.get("git_commit") or r.get("git_dirty") is not False:
             why.append(f"the working tree was {'dirty' if r.get('git_dirty') else 'unknown'} {who} (a run of record "
                        f"names a commit that holds its code)")
     if why:
         raise ParamError(reanalysis_refusal(source, why))
+    before = rec.get("reanalysis") or {}
+    via = [*before.get("via", []), {"run_id": rec.get("run_id"), "commit": rec.get("git_commit")}] if before else []
+    return {"from": str(src.resolve()), "training": before.get("training") or training_record(src, rec), "via": via,
+            "defaulted": defaulted}
+
+
+def training_record(run_dir: Path, rec: dict) -> dict:
+    """What made a run's data, from its record: the run, commit, CPU, duration and wall time by phase, which run
+    trained which jobs (`parts`, each part's `job_s`: the sum of its jobs' wall times, lanes side by side) and the
+    chain of runs it resumed with each one's own duration, as far as they are archived beside it."""
     jobs = rec.get("resume") or {}
-    return {"from": str(src.resolve()), "from_run_id": rec.get("run_id"), "from_commit": rec.get("git_commit"),
-            "from_host": (rec.get("host") or {}).get("cpu"), "from_duration_s": rec.get("duration_s"),
-            "from_time_s": rec.get("time_s"), "from_jobs": {k: jobs[k] for k in ("jobs", "parts") if k in jobs},
-            "defaulted": {k: v for k, v in theirs.items() if k not in written}}
+    parts = {k: {"jobs": v.get("jobs"), "job_s": v.get("wall_s"), "host": v.get("host")}
+             for k, v in (jobs.get("parts") or {}).items()}
+    chain, seen, at = [], set(), (run_dir, rec)
+    while at is not None and at[1].get("run_id") not in seen:
+        d, r = at
+        seen.add(r.get("run_id"))
+        chain.append({k: r.get(k) for k in ("run_id", "status", "started_at", "finished_at", "duration_s")})
+        back = (r.get("resume") or {}).get("from")
+        prev = read_record(Path(back), None) if back and Path(back).is_dir() else None
+        at = (Path(back), prev) if prev else None
+    return {"run_id": rec.get("run_id"), "commit": rec.get("git_commit"), "host": (rec.get("host") or {}).get("cpu"),
+            "duration_s": rec.get("duration_s"), "time_s": rec.get("time_s"), "jobs": jobs.get("jobs"),
+            "parts": parts, "chain": chain}
 
 
 def reanalysis_engines(source: str | os.PathLike) -> dict:
-    """The engines of the run a reanalysis reads (its record's), each tagged with that run (`from_run`): none
+    """The engines of the run a reanalysis reads (its record's), each tagged with the run that started it
+    (`from_run`: the source, or where the source is itself a reanalysis, the run its record already names): none
     starts in the reanalysis, and its record still names what made its data."""
     rec = read_record(Path(source), {}) or {}
-    return {k: {**v, "from_run": rec.get("run_id")} for k, v in (rec.get("engines") or {}).items()}
+    return {k: {**v, "from_run": v.get("from_run") or rec.get("run_id")} for k, v in (rec.get("engines") or {}).items()}
 
 
 def model_differences(there: dict, here: dict) -> list[str]:

@@ -47,9 +47,10 @@ class Notebook:
     needs: Needs  # what one run holds on a GPU besides engine shares (rlwb.memory_plan)
     # data tables read from its runs of record besides the ones its figures are drawn from: `rlwb publish` keeps them
     reads: tuple[str, ...] = ()
-    # its experiment redoes its analysis from a finished run's data (`rlwb run --reanalyze`: its module's `run`
-    # takes `reanalyzing=`, the source run's directory: `archive.Run.reanalyzes`)
-    reanalyzes: bool = False
+    # the data tables its experiment's analysis reads where it redoes a finished run's analysis from them (`rlwb run
+    # --reanalyze`: its module's `run` takes `reanalyzing=`, the source run's directory, `archive.Run.reanalyzes`);
+    # none: it cannot
+    reanalysis_reads: tuple[str, ...] = ()
 
     @property
     def stem(self) -> str:
@@ -59,6 +60,10 @@ class Notebook:
     def name(self) -> str:
         """`03_toy_grpo` -> `toy_grpo`: the experiment's and the figures' module name."""
         return self.stem.split("_", 1)[1]
+
+    @property
+    def reanalyzes(self) -> bool:
+        return bool(self.reanalysis_reads)
 
     @property
     def path(self) -> Path:
@@ -101,7 +106,7 @@ NOTEBOOKS: dict[str, Notebook] = {record.stem: record for record in (
     Notebook(MismatchCostParams, "what engine-trainer mismatch costs a GRPO run: reward gap per dose, paired by "
              "seed, per kind of mismatch and correction", Needs(2, "train"),
              reads=("benchmarks",),  # `rlwb audit` places an engine's k3 against them (dose_response.study_benchmarks)
-             reanalyzes=True),
+             reanalysis_reads=("curves",)),
     # the fp32 master, its float64 reference and one setting's copy at a time; one engine at a time
     Notebook(TrainerSettingsParams, "how far the trainer's own settings (dtype, attention, batching, micro-batch, "
              "checkpointing, compile, fp32 head) move its logprobs, beside the engine's", Needs(1, "settings")),

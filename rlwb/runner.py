@@ -147,7 +147,8 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         archive.resume_check(resume, nb.stem, params, record)
     if source is not None:
         theirs = params_mod.load(nb.stem, [str(source / "params.yaml")]).to_dict()
-        again = archive.reanalysis_check(source, nb.stem, params, record, theirs)
+        again = archive.reanalysis_check(source, nb.stem, params, record, theirs, record_nb.reanalysis_reads,
+                                         type(params).HASH_NEUTRAL)
         record = {**record, "reanalysis": again, "engines": archive.reanalysis_engines(source)}
     tmp, final = archive.new_run_dir(root, nb.stem, params.hash())
     (tmp / "params.yaml").write_text(yaml.safe_dump(params.to_dict(), sort_keys=False))

@@ -48,12 +48,14 @@ hash_of() { cat "$@" | sha256sum | cut -c1-16; }
 strip_vision() { "$1/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true; }
 
 setup_kernel() {
-  local v=.venv h; h=$(hash_of pyproject.toml scripts/setup.sh)
+  local v=.venv h; h=$(hash_of pyproject.toml scripts/setup.sh scripts/device/wheels.txt)
   if stamp_ok $v "$h"; then log "kernel env .venv is up to date"; return; fi
   log "creating kernel env .venv"
   begin_env $v
   [ -x $v/bin/python ] || "$PY" -m venv $v
-  pipq $v/bin/pip install -q -e .
+  # under the GPU machine's carried pins (scripts/device/wheels.txt): the notebook stack the suite tests, the CPU
+  # rehearsal installs and the device runs is one set of versions, whatever versions this machine's index offers
+  pipq $v/bin/pip install -q -e . -c scripts/device/wheels.txt
   $v/bin/python -c "import rlwb, torch, transformers, papermill" || { echo "kernel env is broken" >&2; exit 1; }
   $v/bin/python -m ipykernel install --sys-prefix --name rlwb --display-name "rlwb (.venv)" >/dev/null
   finish_env $v "$h"

@@ -174,6 +174,9 @@ def test_the_baselines_own_noise_widens_the_bounds_and_leaves_the_point_estimate
     assert all(r.bmd == plain.bmd and r.clean_gain == plain.clean_gain for r in noisy)
     assert plain.bmdl >= noisy[0].bmdl >= noisy[1].bmdl and noisy[1].bmdl < 0.9 * plain.bmdl
     assert plain.bmdu <= noisy[0].bmdu <= noisy[1].bmdu
+    # the band is of the fitted outcome, which the baseline does not move: as wide as without the noise
+    width = [float(np.mean(r.curve["high"] - r.curve["low"])) for r in (plain, noisy[1])]
+    assert width[1] == pytest.approx(width[0], rel=0.05)
 
 
 def test_the_baseline_se_is_the_binomial_bound_of_the_sampled_reward():

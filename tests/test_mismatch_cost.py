@@ -969,8 +969,9 @@ def test_a_benchmark_row_places_each_dose_at_the_k3_of_the_seeds_it_fits():
 def test_the_declared_confirmation_loads_on_the_study_with_fresh_seeds_and_its_counted_runs():
     """params/08_mismatch_cost/confirm_study.yaml, declared before it runs, layered on the benchmark study: it
     validates, confirms on seeds no study used (from 1000) at a fixed n, keeps the PPO-epochs regimes exploratory
-    (new there: nothing to confirm), and trains the 385 runs its header counts (its budget rests on them). Catches
-    a declaration that no longer loads, or a design changed without its budget."""
+    (new there: nothing to confirm; a declared `mode` confirms its first-regime rows, not the regimes' ones), and
+    trains the 385 runs its header counts (its budget rests on them). Catches a declaration that no longer loads, a
+    design changed without its budget, or a further regime's contrast labelled confirmatory."""
     from rlwb import params
     from rlwb.experiments.mismatch_study import design
     from rlwb.experiments.mismatch_study.grammar import CONFIRM_SEED_BASE
@@ -982,6 +983,13 @@ def test_the_declared_confirmation_loads_on_the_study_with_fresh_seeds_and_its_c
     runs = design.training_runs(p)
     assert len(runs) == 385 and "385 runs" in (folder / "confirm_study.yaml").read_text()
     assert {(r.updates, r.epochs) for r in runs} == {(1, 1), (4, 1), (2, 2), (1, 4)}
+    # confirmatory: the declared kinds at their first-regime rows; the epochs regimes' contrasts stay exploratory
+    from rlwb.experiments.mismatch_study.comparisons import standing
+
+    assert standing("mode", p, "stale@4") == standing("mode", p, "weights@0.1") == "confirmatory"
+    assert standing("one-sided vs symmetric", p, "vllm-v1") == "confirmatory"
+    for test, label in (("mode", "stale@4+ppo1x4"), ("mode", "stale@4+ppo2x2"), ("regime", "stale@4+ppo4")):
+        assert standing(test, p, label) == "exploratory", (test, label)
 
 
 def test_the_two_look_power_is_the_power_of_the_test_the_rows_get():

@@ -399,16 +399,18 @@ def check_reanalysis(d: Path, m: dict, jobs: int) -> None:
 
     src = d.parent.parent.parent / "reanalysis-source" / d.parent.name / d.name
     shutil.copytree(d, src, ignore=shutil.ignore_patterns("jobs"))
-    archive.update_record(src, git_commit="a" * 40, git_dirty=False)
+    source = json.loads((d / "run.json").read_text())
+    archive.update_record(src, git_commit="a" * 40, git_dirty=False, host={**source["host"], "cpu": "Other CPU"})
     with mock.patch.object(archive, "git_info", lambda: {"git_commit": "b" * 40, "git_dirty": False}):
         new = runner.run(d.parent.name, [], None, src.parent.parent.parent / "reanalysis", reanalyze=src)
     rec, again = (json.loads((new / f).read_text()) for f in ("run.json", "metrics.json"))
-    assert rec["status"] == "ok" and rec["git_commit"] == "b" * 40
-    source = json.loads((d / "run.json").read_text())
-    assert rec["reanalysis"] == {"from": str(src.resolve()), "from_run_id": d.name, "from_commit": "a" * 40,
-                                 "from_host": rec["host"]["cpu"], "from_duration_s": source["duration_s"],
-                                 "from_time_s": source["time_s"],
-                                 "from_jobs": {k: source["resume"][k] for k in ("jobs", "parts")}, "defaulted": {}}
+    assert rec["status"] == "ok" and rec["git_commit"] == "b" * 40 and rec["host"]["cpu"] != "Other CPU"
+    trained = rec["reanalysis"]["training"]
+    assert rec["reanalysis"]["from"] == str(src.resolve()) and rec["reanalysis"]["via"] == []
+    assert (trained["run_id"], trained["commit"], trained["host"]) == (d.name, "a" * 40, "Other CPU")
+    assert (trained["duration_s"], trained["time_s"], trained["jobs"]) == (source["duration_s"], source["time_s"],
+                                                                         jobs)
+    assert [c["run_id"] for c in trained["chain"]] == [d.name] and trained["parts"][d.name]["jobs"] == jobs
     assert rec["engines"] == {k: {**v, "from_run": d.name} for k, v in source["engines"].items()}  # none started here
     assert all(rec["time_s"].get(phase, 0) == 0 for phase in ("engine_start", "sampling", "training"))
     assert not list((new / "data").glob("jobs/*.parquet"))

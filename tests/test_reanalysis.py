@@ -5,6 +5,7 @@ through `Run.reanalyzes`. The whole path on a real finished study: tests/test_no
 check (`check_reanalysis`)."""
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import yaml
 from rlwb import archive, runner
 from rlwb import params as params_mod
 from rlwb.errors import ParamError
+from rlwb.experiments.mismatch_cost import RUN_COLUMNS
+from rlwb.experiments.mismatch_study.design import TrainingRun
 
 NB = "08_mismatch_cost"
 ENV = {"python": "3.12.3", "packages": {"rlwb": "0.1", "torch": "2.9.0"},
@@ -26,7 +29,10 @@ def finished(root: Path, name: str, p, **rec) -> Path:
                                             "git_dirty": False, "model": {"weights_sha256_16": "ab12"},
                                             "engines": {"vllm-v1-fixed": {"vllm_version": "0.11.0"}}, **ENV,
                                             "duration_s": 3600.0, "time_s": {"training": 1800.0},
-                                            "resume": {"from": None, "jobs": 9, "parts": {"src": {"jobs": 9}}},
+                                            "started_at": "t0", "finished_at": "t1",
+                                            "resume": {"from": None, "jobs": 9, "parts": {"src": {
+                                                "jobs": 9, "wall_s": 20.5, "host": {"cpu": "AMD EPYC 9654",
+                                                                                    "gpu": None}}}},
                                             **rec}))
     (d / "params.yaml").write_text(yaml.safe_dump(p.to_dict(), sort_keys=False))
     return d
@@ -45,16 +51,37 @@ def test_a_reanalysis_is_refused_unless_it_reads_a_finished_run_of_the_same_para
     p = params_mod.load(NB, [], {"num_seeds": 2, "steps": 2})
     src = finished(tmp_path, "src", p)
     here = {"git_commit": "b" * 40, "git_dirty": False, **ENV, "python": "3.13.0"}
-    again = archive.reanalysis_check(src, NB, p, here)
-    assert again == {"from": str(src.resolve()), "from_run_id": "src", "from_commit": "a" * 40,
-                     "from_host": "AMD EPYC 9654", "from_duration_s": 3600.0, "from_time_s": {"training": 1800.0},
-                     "from_jobs": {"jobs": 9, "parts": {"src": {"jobs": 9}}}, "defaulted": {}}
-    # a param added since the source ran: its file lacks it; at its default (as today's schema loads that file) it is
-    # the source's computation, named in the record; at another value it is refused
+    (src / "data" / "curves.parquet").write_bytes(b"")
+    again = archive.reanalysis_check(src, NB, p, here, reads=("curves",))
+    training = {"run_id": "src", "commit": "a" * 40, "host": "AMD EPYC 9654", "duration_s": 3600.0,
+                "time_s": {"training": 1800.0}, "jobs": 9,
+                "parts": {"src": {"jobs": 9, "job_s": 20.5, "host": {"cpu": "AMD EPYC 9654", "gpu": None}}},
+                "chain": [{"run_id": "src", "status": "ok", "started_at": "t0", "finished_at": "t1",
+                           "duration_s": 3600.0}]}
+    assert again == {"from": str(src.resolve()), "training": training, "via": [], "defaulted": {}}
+    # each part the study ran as, with its own duration: the run it resumed, where it is archived beside it
+    part = finished(tmp_path, "part", p, status="failed", duration_s=1200.0)
+    archive.update_record(src, resume={**json.loads((src / "run.json").read_text())["resume"], "from": str(part)})
+    chain = archive.reanalysis_check(src, NB, p, here)["training"]["chain"]
+    assert [(c["run_id"], c["status"], c["duration_s"]) for c in chain] == [("src", "ok", 3600.0),
+                                                                            ("part", "failed", 1200.0)]
+    with pytest.raises(ParamError, match="no data/doses.parquet"):
+        archive.reanalysis_check(src, NB, p, here, reads=("curves", "doses"))
+    # a reanalysis of a reanalysis names the run that trained the data, and the reanalysis it read
+    first = finished(tmp_path, "first", p, git_commit="b" * 40, reanalysis=again,
+                     engines={"vllm-v1-fixed": {"vllm_version": "0.11.0", "from_run": "src"}})
+    second = archive.reanalysis_check(first, NB, p, {**here, "git_commit": "c" * 40})
+    assert second["training"] == training and second["via"] == [{"run_id": "first", "commit": "b" * 40}]
+    assert archive.reanalysis_engines(first) == {"vllm-v1-fixed": {"vllm_version": "0.11.0", "from_run": "src"}}
+    # a param added since the source ran: its file lacks it; at its neutral value (the schema's HASH_NEUTRAL: what
+    # runs before it computed) it is the source's computation, named in the record; at any other it is refused
     legacy = finished(tmp_path, "legacy", p)
     (legacy / "params.yaml").write_text(yaml.safe_dump({k: v for k, v in p.to_dict().items() if k != "ppo_epochs"}))
-    loaded = params_mod.load(NB, [legacy / "params.yaml"])
-    assert archive.reanalysis_check(legacy, NB, p, here, loaded.to_dict())["defaulted"] == {"ppo_epochs": [1]}
+    loaded = params_mod.load(NB, [legacy / "params.yaml"]).to_dict()
+    neutral = type(p).HASH_NEUTRAL
+    assert archive.reanalysis_check(legacy, NB, p, here, loaded, neutral=neutral)["defaulted"] == {"ppo_epochs": [1]}
+    with pytest.raises(ParamError, match="param ppo_epochs: not in its params.yaml .* not known to compute"):
+        archive.reanalysis_check(legacy, NB, p, here, loaded, neutral={})
     with pytest.raises(ParamError, match="param ppo_epochs: '\\(none\\)' there, \\[1\\] here"):
         archive.reanalysis_check(legacy, NB, p, here)  # the raw file: the runner always passes the loaded params
     assert archive.reanalysis_check(src, NB, params_mod.load(NB, [], {"num_seeds": 2, "steps": 2,
@@ -90,6 +117,7 @@ def test_a_reanalysis_is_refused_unless_it_reads_a_finished_run_of_the_same_para
     with pytest.raises(ParamError, match="model weights checksum ab12 there, cd34 here"):
         _ = archive.Run(new).reanalyzes
     assert archive.reanalysis_engines(src) == {"vllm-v1-fixed": {"vllm_version": "0.11.0", "from_run": "src"}}
+    assert sorted(RUN_COLUMNS) == sorted(f.name for f in fields(TrainingRun) if f.name != "steps")  # `+long` labels
 
 
 def test_the_notebooks_that_reanalyse_are_the_ones_whose_experiment_can():

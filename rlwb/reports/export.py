@@ -56,7 +56,9 @@ def _reanalysis_fields(again: dict | None) -> dict | None:
     """The run whose data a reanalysis (`rlwb run --reanalyze`) analysed again, and the commit that trained it."""
     if not again:
         return None
-    return {"run_id": str(again.get("from_run_id")), "commit": str(again.get("from_commit") or "unknown")[:10]}
+    trained = again.get("training") or {}
+    return {"run_id": str(trained.get("run_id") or "unknown"), "commit": str(trained.get("commit") or "unknown")[:10],
+            "via": [str(v.get("run_id")) for v in again.get("via") or []]}
 
 
 def provenance_html(run_dir: Path, error: str | None = None) -> str:

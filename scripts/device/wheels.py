@@ -10,8 +10,11 @@ ones the rehearsal installs and tests; another machine's .venv may resolve other
     python scripts/device/wheels.py pinned DIR           # the pinned wheels in DIR (exit 1 naming any missing)
 
 The list is computed, not hand-kept: tests/test_gpu_runs.py checks wheels.txt's names against `list` and its
-versions against the env's requirements (`excluded`), and the CPU
-rehearsal installs exactly these into a view of the image (`image_venv.py`) and runs the whole script there.
+versions against the env's requirements (`excluded`), and the CPU rehearsal installs exactly these into a view of
+the image (`image_venv.py`) and runs the whole script there. The kernel env itself is installed under these pins
+(scripts/setup.sh: `pip install -e . -c wheels.txt`), so another machine's index cannot resolve other versions of
+them (CI's once resolved platformdirs 4.4.0 where the pin was 4.14.8); to upgrade one, edit its pin, run `make
+setup` and `wheels.py write`.
 """
 
 from __future__ import annotations

@@ -439,8 +439,8 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, S, size=(n_boot, S))
     yb, wb = _group_means(st_, idx)
-    if baseline_se > 0:  # each resample's own baseline: y - (baseline + e) for every group
-        yb = yb - np.random.default_rng([seed, 1]).normal(0.0, baseline_se, n_boot)[:, None]
+    drawn = np.random.default_rng([seed, 1]).normal(0.0, baseline_se, n_boot) if baseline_se > 0 else np.zeros(n_boot)
+    yb = yb - drawn[:, None]  # each resample's own baseline: y - (baseline + e) for every group
     bfits = [fit_many(m, x, n, yb, x_max, exps) for m in msel]
     brss = np.stack([wb + f.rss for f in bfits], axis=1)  # [B, M]
     bw = _weights(_akaike(brss, N, p_mean[sel][None]), np.ones(len(sel), bool)[None])
@@ -450,7 +450,9 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     boot[0] = from_metric(bx, dose_scale, d_min)
     xs = np.concatenate([[0.0], to_metric(np.geomspace(d_min, d_max, CURVE_POINTS), dose_scale, d_min)])
     mid = average_curve(msel, [fits[i] for i in sel], w[sel][None], xs[None])[0]
-    spread = average_curve(msel, bfits, bw, np.broadcast_to(xs, (n_boot, xs.size)).copy())
+    # the band is of the fitted outcome, which the baseline's draw does not move (it moves only where the BMR lies):
+    # each resample's curve back on the outcome's scale before the quantiles
+    spread = average_curve(msel, bfits, bw, np.broadcast_to(xs, (n_boot, xs.size)).copy()) + drawn[:, None]
     band[0] = {"dose": from_metric(xs, dose_scale, d_min), "mean": mid,
                "low": np.nanquantile(spread, alpha / 2, axis=0), "high": np.nanquantile(spread, 1 - alpha / 2, axis=0)}
     if bx.size < 0.5 * n_boot:

@@ -232,13 +232,19 @@ def study_tests(curves: pd.DataFrame, p) -> StudyTests:
     con = contrast_table(table, curves, q)
     hz, hm = horizon_table(curves, p.steps, 1.0 / (p.prompts_per_step * p.group_size * p.steps))
     # what the params declared, before the run, it confirms (on fresh seeds); every other test is exploratory
-    con["standing"] = [standing(c, p) for c in con["contrast"]]
+    con["standing"] = [standing(c, p, lab) for c, lab in zip(con["contrast"], con["label"])]
     hz["standing"] = standing("horizon", p)
     family = one_family(table, bench, con, hm)
     return StudyTests(table, bench, fits, con, hz, hm, family)
 
 
-def standing(test: str, p) -> str:
+def standing(test: str, p, label: str = "") -> str:
     """"confirmatory" for a kind of test the params declared, before the run, to confirm (`confirms`, on seeds no
-    study uses), "exploratory" otherwise: a contrast chosen after seeing a study's results is exploratory there."""
-    return "confirmatory" if test in getattr(p, "confirms", []) else "exploratory"
+    study uses), "exploratory" otherwise: a contrast chosen after seeing a study's results is exploratory there.
+    A declared kind confirms its rows in the first PPO regime at the study's horizon (`label`: the contrast's row):
+    at a further regime's row (`+ppo...`) only the `regime` contrast, whose question that regime is, and at a
+    long-horizon row (`+long`) only where `horizon` is declared too; the rest there is exploratory."""
+    declared = getattr(p, "confirms", [])
+    if test not in declared or ("+ppo" in label and test != "regime") or (LONG in label and "horizon" not in declared):
+        return "exploratory"
+    return "confirmatory"

@@ -172,3 +172,19 @@ def sequential_metrics(calls: list[SeedCall], m: int, first_runs: list[TrainingR
             out[f"sequential/{j.label}/{j.arm}/seeds"] = float(n)
     out["sequential/runs"] = float(len(second_pass_runs(calls, first_runs, p)))
     return out
+
+
+def unmatched(metrics: dict[str, float], curves: pd.DataFrame) -> list[str]:
+    """Where the rule's decision (`sequential_metrics`, redone from a study's first pass) differs from the seeds its
+    curves hold: each row's `seeds` against the distinct seeds of that row in the curves. Empty for a study this rule
+    ran; in a reanalysis by another commit's code (`rlwb run --reanalyze`), a rule changed since would report a
+    decision the study did not take."""
+    have = curves.groupby(["label", "arm"])["seed"].nunique()
+    out = []
+    for k, n in metrics.items():
+        if k.startswith("sequential/") and k.endswith("/seeds"):
+            label, arm = k[len("sequential/"):-len("/seeds")].rsplit("/", 1)
+            got = int(have.get((label, arm), 0))
+            if got != int(n):
+                out.append(f"{label} {arm}: the rule gives {int(n)} seeds, the data hold {got}")
+    return out
