@@ -1024,3 +1024,25 @@ def test_the_two_look_power_is_the_power_of_the_test_the_rows_get():
     assert analysis.two_look_power(eff, sd, first, cap, cap, level) < stats.paired_t_power(eff, sd, cap, level)
     assert analysis.two_look_power(eff, sd, first, first, cap, level) == analysis.two_look_power(
         eff, sd, first, first + 1, cap, level) < stats.paired_t_power(eff, sd, first, level)
+
+
+def test_the_rule_can_size_by_the_two_look_tests_own_power():
+    """`seed_power: two-look` sizes each row by the power of the test it gets (`analysis.two_look_power`), which at
+    the family's level needs more seeds than the fixed-n plan; the default stays fixed-n (what every study before
+    the param computed: its HASH_NEUTRAL value, so a reanalysis of one redoes its decision). Catches the option
+    ignored, or sizing that stops short of the target where the cap allows it."""
+    from rlwb.experiments.mismatch_study import sequential
+    from rlwb.params.schemas.mismatch_cost import MismatchCostParams
+
+    level, bmr, sd = 0.05 / 97, 0.085, 0.085
+    fixed = sequential.seeds_for(bmr, sd, 8, 40, level, 0.8)
+    two = sequential.seeds_for(bmr, sd, 8, 40, level, 0.8, "two-look")
+    assert fixed < two < 40
+    assert analysis.two_look_power(bmr, sd, 8, two, 40, level) >= 0.8 > analysis.two_look_power(
+        bmr, sd, 8, two - 1, 40, level)
+    assert MismatchCostParams().seed_power == MismatchCostParams.HASH_NEUTRAL["seed_power"] == "fixed-n"
+    from rlwb import params
+    from rlwb.errors import ParamError
+
+    with pytest.raises(ParamError, match="seed_power"):
+        params.load("08_mismatch_cost", [], {"seed_power": "bayes"})

@@ -30,8 +30,9 @@ rate at 5% came out 5.4-7.9% (simulated, tests/test_mismatch_cost.py). In a stud
 rule may extend is tested by a two-look group-sequential test on the inverse-normal combination of the passes
 (`analysis.two_look_p`: Pocock's boundary, weights fixed by num_seeds / max_seeds before the run), which holds the
 level whatever the rule decides; a row left at the first pass pays for the second look it might have had (its p a
-little above its one-look p). The sizing above is the plan's fixed-n power (as issue #58 asks for it); the two-look
-test's own power at those seeds is lower, and each call reports it (`power_two_look`, `analysis.two_look_power`).
+little above its one-look p). The sizing above is by default the plan's fixed-n power; the two-look test's own
+power at those seeds is lower (on the default policy's study, 0.45-0.74 where the plan said 0.8), and each call
+reports it (`power_two_look`, `analysis.two_look_power`). `seed_power: two-look` sizes by the test the row gets.
 """
 
 from __future__ import annotations
@@ -74,18 +75,26 @@ def enabled(p) -> bool:
     return getattr(p, "max_seeds", 0) > p.num_seeds
 
 
-def seeds_for(bmr: float, sd: float, first: int, cap: int, level: float, power: float) -> int:
-    """The fewest seeds n in [first, cap] whose paired t test at `level` detects a gap of `bmr` with probability
-    >= `power` given per-seed spread `sd` (at least first + 2 where more than `first`: the second look's own t test
-    needs 2); `cap` where none does; `first` where there is no spread to size by."""
+def sizing_power(bmr: float, sd: float, first: int, n: int, cap: int, level: float, rule: str = "fixed-n") -> float:
+    """The power the rule sizes a row by at n seeds (`seed_power`): "fixed-n", a paired t test over the n seeds
+    (`stats.paired_t_power`, the plan's); "two-look", the two-look test the row gets (`analysis.two_look_power`)."""
+    if rule == "two-look":
+        return two_look_power(bmr, sd, first, n, cap, level)
+    return stats.paired_t_power(bmr, sd, n, level)
+
+
+def seeds_for(bmr: float, sd: float, first: int, cap: int, level: float, power: float, rule: str = "fixed-n") -> int:
+    """The fewest seeds n in [first, cap] whose test (`sizing_power` under `rule`) at `level` detects a gap of `bmr`
+    with probability >= `power` given per-seed spread `sd` (at least first + 2 where more than `first`: the second
+    look's own t test needs 2); `cap` where none does; `first` where there is no spread to size by."""
     if not (np.isfinite(sd) and sd > 0) or cap < first + 2:
         return first
-    n = next((n for n in range(first, cap + 1) if stats.paired_t_power(bmr, sd, n, level) >= power), cap)
+    n = next((n for n in range(first, cap + 1) if sizing_power(bmr, sd, first, n, cap, level, rule) >= power), cap)
     return n if n == first else max(n, first + 2)  # a second pass of at least 2 seeds: its own t test
 
 
 def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_seeds: int, max_seeds: int,
-           target_power: float) -> list[SeedCall]:
+           target_power: float, seed_power: str = "fixed-n") -> list[SeedCall]:
     """The rule (the module's docstring) on a first pass: `table` its `dose_table` with the family's adjustment,
     `bench` its `benchmark_table`, `studies` its `row_studies` (which dose labels each benchmark row holds), `m` its
     family's size. One `SeedCall` per dose row the rule looks at, in the benchmark rows' order."""
@@ -110,11 +119,12 @@ def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_see
             if not why:
                 continue
             sd = stats.floored_sd(float(r.gap_sd), float(r.q_eff)) if np.isfinite(r.gap_sd) else float("nan")
-            n = seeds_for(bmr, sd, num_seeds, max_seeds, level, target_power)
+            n = seeds_for(bmr, sd, num_seeds, max_seeds, level, target_power, seed_power)
+            sized = sizing_power(bmr, sd, num_seeds, n, max_seeds, level, seed_power)
             calls.append(SeedCall(label=label, arm=b.arm, benchmark=b.name, why=why, bmr=bmr, sd=sd,
                                   power_first=stats.paired_t_power(bmr, sd, num_seeds, level), seeds=n,
                                   power=stats.paired_t_power(bmr, sd, n, level),
-                                  capped=n == max_seeds and stats.paired_t_power(bmr, sd, n, level) < target_power,
+                                  capped=n == max_seeds and sized < target_power,
                                   power_two_look=two_look_power(bmr, sd, num_seeds, n, max_seeds, level)))
     return calls
 
@@ -132,7 +142,8 @@ def first_pass(curves: pd.DataFrame, p) -> tuple[list[SeedCall], int]:
     tests = study_tests(first, p)
     m = int(tests.family["family/tests"])
     return decide(tests.table, tests.bench, row_studies(first, tests.table), m, num_seeds=p.num_seeds,
-                  max_seeds=p.max_seeds, target_power=p.target_power), m
+                  max_seeds=p.max_seeds, target_power=p.target_power,
+                  seed_power=getattr(p, "seed_power", "fixed-n")), m
 
 
 def twin_seeds(calls: list[SeedCall], first_runs: list[TrainingRun]) -> dict[TrainingRun, int]:

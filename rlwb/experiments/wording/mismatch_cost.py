@@ -124,7 +124,8 @@ def placebo_line(metrics: dict) -> str:
                "intervals assume, and every verdict of this family is suspect)."))
 
 
-def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power: float) -> str:
+def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power: float,
+                    seed_power: str = "fixed-n") -> str:
     """Notebook 08's sequential seed rule in one sentence (`mismatch_study.sequential`): the rule as declared, and
     each dose row it gave more seeds, from how many to how many, with the power at the BMR before and after (from the
     first pass's spread; "capped" where `max_seeds` stopped short of the target) and the power of the two-look test
@@ -139,17 +140,20 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
             power = metrics.get(f"sequential/{label}/{arm}/power", float("nan"))
             before = metrics.get(f"sequential/{label}/{arm}/power_first", float("nan"))
             two = metrics.get(f"sequential/{label}/{arm}/power_two_look", float("nan"))
+            two = float("nan") if two is None else two
+            sized = two if seed_power == "two-look" else power
             if np.isfinite(power):  # a dose row (a clean twin has no power of its own)
                 more.append(f"`{label}` `{arm}` {num_seeds} → {int(n)} (power {before:.2f} → {power:.2f}"
-                            f"{', capped' if power < target_power else ''}"
-                            + (f"; {two:.2f} for the two-look test" if two is not None and np.isfinite(two) else "")
-                            + ")")
+                            + (f"; {two:.2f} for the two-look test" if np.isfinite(two) else "")
+                            + f"{', capped' if sized < target_power else ''})")
     return (f"**Seeds** (a sequential rule declared before the run: a first pass of {num_seeds} seeds, then, at each "
             f"benchmark row's doses whose gap interval holds −BMR or that bracket its BMD, the seeds that give "
             f"{target_power:.0%} power to detect a cost of the BMR at α/m = 0.05/{m} from the first pass's sd, at most "
-            f"{max_seeds} (a fixed-n paired t test's power, which the two-look test below falls short of); every "
-            f"dose row it may extend tested at two looks, Pocock's boundary on the passes' inverse-normal "
-            f"combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps "
+            f"{max_seeds} ("
+            + ("the power of the two-look test below" if seed_power == "two-look" else
+               "a fixed-n paired t test's power, which the two-look test below falls short of")
+            + "); every dose row it may extend tested at two looks, Pocock's boundary on the passes' inverse-normal "
+            "combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps "
                                                 "the seeds every dose of its row has" if more else
                                                 "no dose row needed more") + ".")
 
@@ -337,7 +341,8 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
              f"{family_text(metrics)} (controls apart, tested alone); MDE = the smallest cost these seeds detect "
              f"with 80% power at α/m, the family's strictest level (noncentral t). "
              f"{words['timing']}"]
-    seq = sequential_line(metrics, p.num_seeds, getattr(p, "max_seeds", 0), getattr(p, "target_power", 0.8))
+    seq = sequential_line(metrics, p.num_seeds, getattr(p, "max_seeds", 0), getattr(p, "target_power", 0.8),
+                          getattr(p, "seed_power", "fixed-n"))
     if seq:
         lines.append(seq)
     lines += floor_lines(metrics)

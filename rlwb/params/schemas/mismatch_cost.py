@@ -86,9 +86,9 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
     RETIRED: typing.ClassVar[dict[str, str]] = {
         "resume_from": "a run option now, not a param: `rlwb run --resume-from RUN_DIR` (`rlwb sweep --resume`)"}
     # what every run computed before each param existed: one epoch, one placebo stream, no second pass of seeds,
-    # nothing declared confirmatory
+    # nothing declared confirmatory, seeds sized by fixed-n power
     HASH_NEUTRAL: typing.ClassVar[dict[str, object]] = {"ppo_epochs": [1], "placebo_streams": 1, "max_seeds": 0,
-                                                        "target_power": 0.8, "confirms": []}
+                                                        "target_power": 0.8, "confirms": [], "seed_power": "fixed-n"}
 
     NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
     HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final"] + [
@@ -119,6 +119,10 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
                            ge=0, le=MAX_SEEDS)
     target_power: float = param(0.8, "the sequential rule's power to detect a cost equal to the BMR (two-sided paired "
                                      "t at the study's strictest Holm level alpha/m, the first pass's sd)", gt=0, lt=1)
+    seed_power: str = param("fixed-n", "whose power the sequential rule sizes by: fixed-n (a paired t test over the "
+                                       "row's seeds, the plan's) or two-look (the two-look test each extended row "
+                                       "gets, which needs more seeds for the same power)",
+                            choices=["fixed-n", "two-look"])
     placebo_arms: list[str] = param(["none@engine"], "arms whose clean run is trained again with an independent "
                                     "stream of sampling seeds (same prompts): placebo rows inside the Holm family, "
                                     "whose false-positive rate checks the tests' calibration", check=check_arm,
