@@ -131,3 +131,14 @@ def test_the_notebooks_that_reanalyse_are_the_ones_whose_experiment_can():
     for stem, nb in NOTEBOOKS.items():
         assert ("reanalyzing" in inspect.signature(nb.experiment().run).parameters) == nb.reanalyzes, stem
     assert NOTEBOOKS[NB].reanalyzes
+
+
+def test_the_index_says_whose_data_a_reanalysis_analysed_and_what_training_took():
+    """The runs index shows a reanalysis's own seconds with what they are not: the training run it analysed again and
+    the sum of its parts' durations. Catches a reanalysis listed as if its minute were the study's wall time."""
+    from rlwb.reports.index import reanalysis_note
+
+    again = {"training": {"run_id": "20261127-073912-69f6476f", "commit": "665b5d7559",
+                          "chain": [{"duration_s": 4101.1}, {"duration_s": 3451.3}]}}
+    assert reanalysis_note(again) == "reanalysis of 20261127-073912-69f6476f (commit 665b5d7, 7552 s to train)"
+    assert reanalysis_note(None) == ""

@@ -127,6 +127,7 @@ def run_rows(root: Path, runs: list[dict]) -> list[dict]:
             "run_id": r["run_id"],
             "started": (r.get("started_at") or "")[:19].replace("T", " "), "status": status,
             "error": (r.get("error") or "")[:200], "duration": number(r.get("duration_s"), ".4g"),
+            "reanalysis": reanalysis_note(r.get("reanalysis")),
             "commit": (r.get("git_commit") or "")[:10] + (" (dirty)" if r.get("git_dirty") else ""),
             "engines": ", ".join(f"{k} ({v.get('engine')}{' ' + v['vllm_version'] if v.get('vllm_version') else ''})"
                                  for k, v in engines.items()),
@@ -136,6 +137,17 @@ def run_rows(root: Path, runs: list[dict]) -> list[dict]:
                         for f in sorted(Path(r["dir"], "figures").glob("*.png"))],
             "files": run_files(root, r)})
     return rows
+
+
+def reanalysis_note(again: dict | None) -> str:
+    """What the index says of a run that trained nothing (`rlwb run --reanalyze`): whose data it analysed again and
+    what training them took (each part of the chain's own duration), so its own seconds are not read as the study's."""
+    if not again:
+        return ""
+    trained = again.get("training") or {}
+    spent = sum(float(c.get("duration_s") or 0) for c in trained.get("chain") or [])
+    return (f"reanalysis of {trained.get('run_id', '?')} (commit {str(trained.get('commit') or '?')[:7]}"
+            + (f", {spent:.4g} s to train" if spent else "") + ")")
 
 
 def shown_path(root: Path) -> str:
