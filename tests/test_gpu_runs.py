@@ -37,6 +37,19 @@ def test_wheel_list_is_what_the_kernel_env_requires():
     assert not set(wheels.listed()) & set(wheels.LEFT_OUT)
 
 
+def test_the_tree_and_the_wheels_fit_what_the_device_carries():
+    """The GPU command travels as the tracked tree plus the carried wheels, 64 MiB in all (the device refuses more):
+    every run of record published counts against it. With a 1 MiB margin for untracked files; the wheels' weight is
+    the folder's where `make gpu-wheels` fetched it, else the measured constant. Catches a publish that leaves no GPU
+    session able to start."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    size = sum((ROOT / f).stat().st_size for f in tracked.decode().split("\0") if f and (ROOT / f).is_file())
+    found, missing = wheels.pinned(ROOT / ".whl") if (ROOT / ".whl").is_dir() else ([], ["all"])
+    carried = wheels.WHEELS_BYTES_CP312 if missing else sum(w.stat().st_size for w in found)
+    assert size + carried <= wheels.DEVICE_TREE_LIMIT - 2**20, (
+        f"tracked {size / 2**20:.1f} MiB + wheels {carried / 2**20:.1f} MiB: over what the device carries")
+
+
 def test_requirements_follow_extras_and_markers():
     import importlib.metadata as md
 

@@ -39,6 +39,10 @@ LEFT_OUT = {"debugpy": "ipykernel's debugger", "jedi": "IPython's tab completion
 HEADER = ("# Written by `python scripts/device/wheels.py write` (tests/test_gpu_runs.py checks it): the wheels the\n"
           "# GPU machine needs beyond its image (image_packages.txt), at the kernel .venv's versions; left out on\n"
           "# purpose: debugpy, jedi, parso (wheels.py LEFT_OUT).\n")
+# what the pinned cp312 wheels weigh (`make gpu-wheels` fetched them: 44 files, 2026-11-27); the device carries them
+# beside the tracked tree, 64 MiB in all (tests/test_gpu_runs.py keeps the two under it)
+WHEELS_BYTES_CP312 = 8_176_118
+DEVICE_TREE_LIMIT = 64 * 2**20
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64", "manylinux_2_31_x86_64",
              "manylinux_2_34_x86_64", "manylinux_2_35_x86_64"]
