@@ -1046,3 +1046,21 @@ def test_the_rule_can_size_by_the_two_look_tests_own_power():
 
     with pytest.raises(ParamError, match="seed_power"):
         params.load("08_mismatch_cost", [], {"seed_power": "bayes"})
+
+
+def test_a_reanalysis_stops_where_the_rules_decision_is_not_the_datas():
+    """`sequential.unmatched` compares the rule's decision, redone on a study's first pass, with the seeds its curves
+    hold, both ways: a row the rule extends that the data do not, and a row the data extend that the rule does not
+    name. Catches a one-way check (a rule changed since that extends fewer rows passes)."""
+    from rlwb.experiments.mismatch_study import sequential
+
+    curves = pd.DataFrame([{"label": lab, "arm": "none@engine", "seed": s}
+                           for lab, n in (("clean", 12), ("ratio@1", 12), ("ratio@0.1", 8)) for s in range(n)])
+    said = {"sequential/ratio@1/none@engine/seeds": 12.0, "sequential/clean/none@engine/seeds": 12.0,
+            "sequential/ratio@0.1/none@engine/seeds": 8.0, "sequential/runs": 8.0}
+    assert sequential.unmatched(said, curves, 8) == []
+    assert sequential.unmatched({**said, "sequential/ratio@0.1/none@engine/seeds": 10.0}, curves, 8) == [
+        "ratio@0.1 none@engine: the rule gives 10 seeds, the data hold 8"]
+    fewer = {k: v for k, v in said.items() if "ratio@1" not in k}
+    assert sequential.unmatched(fewer, curves, 8) == ["ratio@1 none@engine: the data hold 12 seeds, the rule gives "
+                                                      "none beyond 8"]

@@ -114,7 +114,8 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True, 
     trains: the result is that run's curves analysed by this code (`reanalyze`), every job counted as reused."""
     if reanalyzing is not None:
         result = reanalyze(reanalyzing, params)
-        if wrong := sequential.unmatched(result.metrics, result.curves):
+        if sequential.enabled(params) and (wrong := sequential.unmatched(result.metrics, result.curves,
+                                                                          params.num_seeds)):
             raise ValueError(f"{reanalyzing}: this code's sequential seed rule, redone on the study's first pass, is "
                              f"not the decision its data hold ({'; '.join(wrong)}): its analysis would report seeds "
                              f"the study did not train")

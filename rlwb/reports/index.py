@@ -145,9 +145,10 @@ def reanalysis_note(again: dict | None) -> str:
     if not again:
         return ""
     trained = again.get("training") or {}
-    spent = sum(float(c.get("duration_s") or 0) for c in trained.get("chain") or [])
+    spent = sum(float(c.get("duration_s") or 0) for c in trained.get("chain") or []) or float(
+        trained.get("duration_s") or 0)
     return (f"reanalysis of {trained.get('run_id', '?')} (commit {str(trained.get('commit') or '?')[:7]}"
-            + (f", {spent:.4g} s to train" if spent else "") + ")")
+            + (f", {spent:.0f} s to train" if spent else "") + ")")
 
 
 def shown_path(root: Path) -> str:

@@ -7,6 +7,8 @@ data/curves.parquet alone."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 
@@ -280,6 +282,15 @@ def two_look_reject(c: float, w: float, theta1: float = 0.0, theta2: float = 0.0
     return float(norm.cdf(-c - theta1) + norm.sf(c - theta1) + tail)
 
 
+@functools.lru_cache(maxsize=256)
+def pocock_c(w: float, level: float) -> float:
+    """Pocock's critical value for the two-look test at `level` with first-look weight `w` (`two_look_reject` at no
+    effect equals the level); cached: the rule asks it for every candidate n of every row."""
+    from scipy.optimize import brentq
+
+    return float(brentq(lambda v: two_look_reject(v, w) - level, 0.5, 12.0, xtol=1e-10))
+
+
 def two_look_power(effect: float, sd: float, first: int, seeds: int, cap: int, level: float) -> float:
     """The power of `two_look_p`'s test to detect a paired gap of size `effect` (per-seed spread `sd`) in a row
     whose first pass has `first` seeds and which the rule takes to `seeds` (cap `max_seeds` = `cap`, which fixes
@@ -290,14 +301,13 @@ def two_look_power(effect: float, sd: float, first: int, seeds: int, cap: int, l
     A row left at the first pass (or given fewer than 2 more seeds) has only its first look, at Pocock's c. The
     outcome's step (`resolution`) is left out, as the fixed-n power leaves it."""
     from scipy import integrate
-    from scipy.optimize import brentq
     from scipy.stats import nct, norm
     from scipy.stats import t as student
 
     if not (np.isfinite(sd) and sd > 0 and np.isfinite(effect) and cap > first >= 2 and seeds >= first):
         return float("nan")
     w = np.sqrt(first / cap)
-    c = brentq(lambda v: two_look_reject(v, w) - level, 0.5, 12.0, xtol=1e-10)
+    c = pocock_c(float(w), float(level))
     df1, th1 = first - 1, abs(effect) * np.sqrt(first) / sd
     t1 = float(student.ppf(norm.cdf(c), df1))
     def against(x, df, th):  # P(T <= x) for x on the far side of the effect: tiny, and scipy's nct gives NaN there

@@ -31,7 +31,7 @@ rule may extend is tested by a two-look group-sequential test on the inverse-nor
 (`analysis.two_look_p`: Pocock's boundary, weights fixed by num_seeds / max_seeds before the run), which holds the
 level whatever the rule decides; a row left at the first pass pays for the second look it might have had (its p a
 little above its one-look p). The sizing above is by default the plan's fixed-n power; the two-look test's own
-power at those seeds is lower (on the default policy's study, 0.45-0.74 where the plan said 0.8), and each call
+power at those seeds is lower (on the default policy's study, 0.44-0.74 where the plan said 0.8), and each call
 reports it (`power_two_look`, `analysis.two_look_power`). `seed_power: two-look` sizes by the test the row gets.
 """
 
@@ -87,7 +87,8 @@ def seeds_for(bmr: float, sd: float, first: int, cap: int, level: float, power: 
     """The fewest seeds n in [first, cap] whose test (`sizing_power` under `rule`) at `level` detects a gap of `bmr`
     with probability >= `power` given per-seed spread `sd` (at least first + 2 where more than `first`: the second
     look's own t test needs 2); `cap` where none does; `first` where there is no spread to size by."""
-    if not (np.isfinite(sd) and sd > 0) or cap < first + 2:
+    if not (np.isfinite(sd) and sd > 0) or cap < first + 2 or not np.isfinite(
+            sizing_power(bmr, sd, first, cap, cap, level, rule)):  # no power to size by (NaN): none
         return first
     n = next((n for n in range(first, cap + 1) if sizing_power(bmr, sd, first, n, cap, level, rule) >= power), cap)
     return n if n == first else max(n, first + 2)  # a second pass of at least 2 seeds: its own t test
@@ -124,8 +125,9 @@ def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_see
             calls.append(SeedCall(label=label, arm=b.arm, benchmark=b.name, why=why, bmr=bmr, sd=sd,
                                   power_first=stats.paired_t_power(bmr, sd, num_seeds, level), seeds=n,
                                   power=stats.paired_t_power(bmr, sd, n, level),
-                                  capped=n == max_seeds and sized < target_power,
-                                  power_two_look=two_look_power(bmr, sd, num_seeds, n, max_seeds, level)))
+                                  capped=n == max_seeds and not sized >= target_power,
+                                  power_two_look=sized if seed_power == "two-look" else
+                                  two_look_power(bmr, sd, num_seeds, n, max_seeds, level)))
     return calls
 
 
@@ -169,8 +171,9 @@ def second_pass_runs(calls: list[SeedCall], first_runs: list[TrainingRun], p) ->
 
 def sequential_metrics(calls: list[SeedCall], m: int, first_runs: list[TrainingRun], p) -> dict[str, float]:
     """`sequential/<label>/<arm>/{seeds, power_first, power, power_two_look}` per dose row the rule looked at (seeds:
-    what it gets; power: at the BMR, alpha / m, from the first pass's sd, with the first pass's seeds and with those,
-    as the rule sizes it (fixed n); power_two_look: that of the test the row gets, `analysis.two_look_power`),
+    what it gets; power: at the BMR, alpha / m, from the first pass's sd, of a fixed-n t test with the first pass's
+    seeds and with those; power_two_look: that of the two-look test the row gets, `analysis.two_look_power`; the rule
+    sized by one or the other, `seed_power`),
     `sequential/<label>/<arm>/seeds` per extended clean twin, and `sequential/{family_tests, rows, runs}`: the m it
     sized at, the dose rows given more seeds and the second pass's runs."""
     out = {"sequential/family_tests": float(m), "sequential/rows": float(sum(c.seeds > p.num_seeds for c in calls))}
@@ -185,17 +188,17 @@ def sequential_metrics(calls: list[SeedCall], m: int, first_runs: list[TrainingR
     return out
 
 
-def unmatched(metrics: dict[str, float], curves: pd.DataFrame) -> list[str]:
+def unmatched(metrics: dict[str, float], curves: pd.DataFrame, num_seeds: int) -> list[str]:
     """Where the rule's decision (`sequential_metrics`, redone from a study's first pass) differs from the seeds its
-    curves hold: each row's `seeds` against the distinct seeds of that row in the curves. Empty for a study this rule
-    ran; in a reanalysis by another commit's code (`rlwb run --reanalyze`), a rule changed since would report a
-    decision the study did not take."""
+    curves hold, both ways: each row the rule names against the distinct seeds of that row in the curves, and each
+    row of the curves with more than `num_seeds` seeds against the rule's. Empty for a study this rule ran; in a
+    reanalysis by another commit's code (`rlwb run --reanalyze`), a rule changed since, or a Holm family grown since
+    (its level sizes the rule), would report a decision the study did not take: such a reanalysis stops."""
     have = curves.groupby(["label", "arm"])["seed"].nunique()
-    out = []
-    for k, n in metrics.items():
-        if k.startswith("sequential/") and k.endswith("/seeds"):
-            label, arm = k[len("sequential/"):-len("/seeds")].rsplit("/", 1)
-            got = int(have.get((label, arm), 0))
-            if got != int(n):
-                out.append(f"{label} {arm}: the rule gives {int(n)} seeds, the data hold {got}")
+    said = {tuple(k[len("sequential/"):-len("/seeds")].rsplit("/", 1)): int(n) for k, n in metrics.items()
+            if k.startswith("sequential/") and k.endswith("/seeds")}
+    out = [f"{lab} {arm}: the rule gives {n} seeds, the data hold {int(have.get((lab, arm), 0))}"
+           for (lab, arm), n in said.items() if int(have.get((lab, arm), 0)) != n]
+    out += [f"{lab} {arm}: the data hold {int(n)} seeds, the rule gives none beyond {num_seeds}"
+            for (lab, arm), n in have.items() if n > num_seeds and (lab, arm) not in said]
     return out

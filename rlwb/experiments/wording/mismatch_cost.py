@@ -129,7 +129,8 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
     """Notebook 08's sequential seed rule in one sentence (`mismatch_study.sequential`): the rule as declared, and
     each dose row it gave more seeds, from how many to how many, with the power at the BMR before and after (from the
     first pass's spread; "capped" where `max_seeds` stopped short of the target) and the power of the two-look test
-    the row gets at those seeds (lower: the rule sizes by a fixed-n t test); "" without a second pass."""
+    the row gets at those seeds (lower than the fixed-n t test's; the rule sized by one or the other, `seed_power`);
+    "" without a second pass."""
     if "sequential/rows" not in metrics:
         return ""
     m = int(metrics["sequential/family_tests"])
@@ -143,9 +144,9 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
             two = float("nan") if two is None else two
             sized = two if seed_power == "two-look" else power
             if np.isfinite(power):  # a dose row (a clean twin has no power of its own)
-                more.append(f"`{label}` `{arm}` {num_seeds} → {int(n)} (power {before:.2f} → {power:.2f}"
-                            + (f"; {two:.2f} for the two-look test" if np.isfinite(two) else "")
-                            + f"{', capped' if sized < target_power else ''})")
+                capped = "capped; " if not sized >= target_power else ""
+                more.append(f"`{label}` `{arm}` {num_seeds} → {int(n)} ({capped}power {before:.2f} → {power:.2f}"
+                            + (f"; {two:.2f} for the two-look test" if np.isfinite(two) else "") + ")")
     return (f"**Seeds** (a sequential rule declared before the run: a first pass of {num_seeds} seeds, then, at each "
             f"benchmark row's doses whose gap interval holds −BMR or that bracket its BMD, the seeds that give "
             f"{target_power:.0%} power to detect a cost of the BMR at α/m = 0.05/{m} from the first pass's sd, at most "

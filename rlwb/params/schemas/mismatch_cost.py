@@ -114,11 +114,12 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
                               "when max_seeds adds a second)", ge=2, le=MAX_SEEDS)
     max_seeds: int = param(0, "the sequential rule's cap on seeds per row (0: no second pass): after the first "
                               "pass, each benchmark row's doses whose gap interval holds -BMR or that bracket its BMD "
-                              "get the seeds that give target_power at the BMR (paired t at alpha/m, the first pass's "
-                              "sd), at most this many (at least num_seeds + 2)",
+                              "get the seeds that give target_power at the BMR (at alpha/m, the first pass's sd, by "
+                              "seed_power), at most this many (at least num_seeds + 2)",
                            ge=0, le=MAX_SEEDS)
-    target_power: float = param(0.8, "the sequential rule's power to detect a cost equal to the BMR (two-sided paired "
-                                     "t at the study's strictest Holm level alpha/m, the first pass's sd)", gt=0, lt=1)
+    target_power: float = param(0.8, "the sequential rule's power to detect a cost equal to the BMR (two-sided, at the "
+                                     "study's strictest Holm level alpha/m, the first pass's sd; whose power: "
+                                     "seed_power)", gt=0, lt=1)
     seed_power: str = param("fixed-n", "whose power the sequential rule sizes by: fixed-n (a paired t test over the "
                                        "row's seeds, the plan's) or two-look (the two-look test each extended row "
                                        "gets, which needs more seeds for the same power)",
