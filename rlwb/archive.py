@@ -373,6 +373,15 @@ def finish_record(record: dict, started: float, error: str | None) -> dict:
 
 
 # -- resuming an unfinished run ------------------------------------------------------------------------------------
+def param_differences(theirs: dict, mine: dict) -> list[str]:
+    """Each param that differs between an archived run's params (`theirs`) and this run's, named with both values;
+    `NON_COMPUTATIONAL` ones left out (what a resume and a reanalysis both hold a source to)."""
+    missing = object()
+    return [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
+            for k in sorted(set(theirs) | set(mine))
+            if k not in NON_COMPUTATIONAL and theirs.get(k, missing) != mine.get(k, missing)]
+
+
 def refusal(source, why: list[str]) -> str:
     return (f"resume_from {str(source)!r} refused: not the same computation ({'; '.join(why)}). Run without "
             f"resume_from to train every job.")
@@ -397,11 +406,7 @@ def resume_check(source: str | os.PathLike, stem: str, params, here: dict) -> di
         raise ParamError(f"{stem} does not resume from {str(source)!r}: a run of {rec.get('notebook')}")
     if not (src / JOBS_DIR).is_dir():
         raise ParamError(f"{stem} does not resume from {str(source)!r}: it kept no jobs ({JOBS_DIR}/)")
-    theirs, mine = yaml.safe_load((src / "params.yaml").read_text()) or {}, params.to_dict()
-    missing = object()
-    why = [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
-           for k in sorted(set(theirs) | set(mine))
-           if k not in NON_COMPUTATIONAL and theirs.get(k, missing) != mine.get(k, missing)]
+    why = param_differences(yaml.safe_load((src / "params.yaml").read_text()) or {}, params.to_dict())
     if rec.get("git_commit") != here.get("git_commit") or not here.get("git_commit"):
         why.append(f"git commit {rec.get('git_commit')} there, {here.get('git_commit')} here")
     for who, r in (("there", rec), ("here", here)):
@@ -453,11 +458,8 @@ def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict, s
     why += [f"it has no data/{name}.parquet (what the analysis reads)" for name in reads
             if not (src / "data" / f"{name}.parquet").is_file()]
     written = yaml.safe_load((src / "params.yaml").read_text()) or {}
-    theirs, mine = (written if source_params is None else source_params), params.to_dict()
-    missing = object()
-    why += [f"param {k}: {theirs.get(k, '(none)')!r} there, {mine.get(k, '(none)')!r} here"
-            for k in sorted(set(theirs) | set(mine))
-            if k not in NON_COMPUTATIONAL and theirs.get(k, missing) != mine.get(k, missing)]
+    theirs = written if source_params is None else source_params
+    why += param_differences(theirs, params.to_dict())
     defaulted = {k: v for k, v in theirs.items() if k not in written}
     neutral = neutral or {}
     why += [f"param {k}: not in its params.yaml (added since it ran), and today's default {v!r} is not known to "
