@@ -1064,3 +1064,33 @@ def test_a_reanalysis_stops_where_the_rules_decision_is_not_the_datas():
     fewer = {k: v for k, v in said.items() if "ratio@1" not in k}
     assert sequential.unmatched(fewer, curves, 8) == ["ratio@1 none@engine: the data hold 12 seeds, the rule gives "
                                                       "none beyond 8"]
+
+
+def test_a_reanalysis_reports_the_decision_the_study_took():
+    """`sequential.reanalysis_decision`: this code's redone decision where it is the data's; the study's recorded one
+    (flagged, with the rows this code's rule would change) where only that is; a stop where neither is. The case it
+    exists for: a Holm family grown since the study sizes the redone rule at another level, so it extends fewer rows."""
+    from rlwb.experiments.mismatch_study import sequential
+
+    curves = pd.DataFrame([{"label": lab, "arm": "none@engine", "seed": s}
+                           for lab, n in (("clean", 12), ("ratio@1", 12), ("ratio@0.1", 8)) for s in range(n)])
+    took = {"sequential/ratio@1/none@engine/seeds": 12.0, "sequential/ratio@1/none@engine/power": 0.81,
+            "sequential/clean/none@engine/seeds": 12.0, "sequential/ratio@0.1/none@engine/seeds": 8.0,
+            "sequential/rows": 1.0, "sequential/runs": 8.0, "sequential/family_tests": 97.0}
+    same, differs = sequential.reanalysis_decision({**took, "gap": -0.1}, took, curves, 8)
+    assert same == took and differs == []  # this code's own, and only the sequential keys
+    grown = {**took, "sequential/ratio@1/none@engine/seeds": 10.0, "sequential/clean/none@engine/seeds": 10.0,
+             "sequential/family_tests": 101.0}
+    kept, differs = sequential.reanalysis_decision(grown, took, curves, 8)
+    assert kept == {**took, "sequential/decision_recorded": 1.0, "sequential/rule_differs": 2.0}
+    assert differs == ["ratio@1 none@engine: the rule gives 10 seeds, the data hold 12",
+                       "clean none@engine: the rule gives 10 seeds, the data hold 12"]
+    from rlwb.experiments.wording.mismatch_cost import sequential_line
+
+    assert "would give 2 row(s) other seeds" in sequential_line(kept, 8, 24, 0.8)
+    assert "other seeds" not in sequential_line(same, 8, 24, 0.8) and "`ratio@1` `none@engine` 8 → 12" in \
+        sequential_line(same, 8, 24, 0.8)
+    with pytest.raises(ValueError, match="neither is the decision the study recorded"):
+        sequential.reanalysis_decision(grown, grown, curves, 8)
+    with pytest.raises(ValueError, match="no sequential decision recorded"):
+        sequential.reanalysis_decision(grown, {"gap": -0.1}, curves, 8)

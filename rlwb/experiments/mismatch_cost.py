@@ -18,6 +18,7 @@ Controls that must come out null (a failed control says the design, not the engi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,11 +115,15 @@ def run(params, model_path, *, on_start: OnStart = None, progress: bool = True, 
     trains: the result is that run's curves analysed by this code (`reanalyze`), every job counted as reused."""
     if reanalyzing is not None:
         result = reanalyze(reanalyzing, params)
-        if sequential.enabled(params) and (wrong := sequential.unmatched(result.metrics, result.curves,
-                                                                          params.num_seeds)):
-            raise ValueError(f"{reanalyzing}: this code's sequential seed rule, redone on the study's first pass, is "
-                             f"not the decision its data hold ({'; '.join(wrong)}): its analysis would report seeds "
-                             f"the study did not train")
+        if sequential.enabled(params):  # the decision the study took: redone where it matches, else as recorded
+            recorded = json.loads((Path(reanalyzing) / "metrics.json").read_text())
+            try:
+                kept, _ = sequential.reanalysis_decision(result.metrics, recorded, result.curves, params.num_seeds)
+            except ValueError as e:
+                raise ValueError(f"{reanalyzing}: {e}") from None
+            for k in [k for k in result.metrics if k.startswith("sequential/")]:
+                del result.metrics[k]
+            result.metrics.update(kept)
         jobs = float(result.curves.groupby(RUN_COLUMNS, dropna=False).ngroups)
         result.metrics.update({"resume/reused_jobs": jobs, "resume/trained_jobs": 0.0})
         return result

@@ -193,7 +193,7 @@ def unmatched(metrics: dict[str, float], curves: pd.DataFrame, num_seeds: int) -
     curves hold, both ways: each row the rule names against the distinct seeds of that row in the curves, and each
     row of the curves with more than `num_seeds` seeds against the rule's. Empty for a study this rule ran; in a
     reanalysis by another commit's code (`rlwb run --reanalyze`), a rule changed since, or a Holm family grown since
-    (its level sizes the rule), would report a decision the study did not take: such a reanalysis stops."""
+    (its level sizes the rule), would report a decision the study did not take (`reanalysis_decision`)."""
     have = curves.groupby(["label", "arm"])["seed"].nunique()
     said = {tuple(k[len("sequential/"):-len("/seeds")].rsplit("/", 1)): int(n) for k, n in metrics.items()
             if k.startswith("sequential/") and k.endswith("/seeds")}
@@ -202,3 +202,26 @@ def unmatched(metrics: dict[str, float], curves: pd.DataFrame, num_seeds: int) -
     out += [f"{lab} {arm}: the data hold {int(n)} seeds, the rule gives none beyond {num_seeds}"
             for (lab, arm), n in have.items() if n > num_seeds and (lab, arm) not in said]
     return out
+
+
+def reanalysis_decision(redone: dict[str, float], recorded: dict[str, float], curves: pd.DataFrame,
+                        num_seeds: int) -> tuple[dict[str, float], list[str]]:
+    """The sequential metrics a reanalysis (`rlwb run --reanalyze`) reports, and where this code's rule would differ.
+    The seeds a study trained are the decision it took, not one redone later: a rule changed since, or a Holm family
+    grown since (its level sizes the rule), redone on the first pass, may give other rows other seeds. So: this
+    code's decision (`redone`) where it is the one the data hold (`unmatched` empty; nothing differs); else the
+    decision the study recorded in its metrics (`recorded`, its `sequential/*`, with `sequential/decision_recorded`
+    1 and `sequential/rule_differs` the rows where this code's rule would differ) where that one is what the data
+    hold; else (neither: the data are not what any rule took) a ValueError naming the rows, and the reanalysis stops
+    before it reports a decision nobody took."""
+    wrong = unmatched(redone, curves, num_seeds)
+    if not wrong:
+        return {k: v for k, v in redone.items() if k.startswith("sequential/")}, []
+    kept = {k: v for k, v in recorded.items() if k.startswith("sequential/") and k not in
+            ("sequential/decision_recorded", "sequential/rule_differs")}
+    theirs = unmatched(kept, curves, num_seeds) if "sequential/rows" in kept else ["no sequential decision recorded"]
+    if theirs:
+        raise ValueError(f"this code's sequential seed rule, redone on the study's first pass, is not the decision its "
+                         f"data hold ({'; '.join(wrong)}), and neither is the decision the study recorded "
+                         f"({'; '.join(theirs)}): its analysis would report seeds the study did not train")
+    return {**kept, "sequential/decision_recorded": 1.0, "sequential/rule_differs": float(len(wrong))}, wrong

@@ -130,10 +130,15 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
     each dose row it gave more seeds, from how many to how many, with the power at the BMR before and after (from the
     first pass's spread; "capped" where `max_seeds` stopped short of the target) and the power of the two-look test
     the row gets at those seeds (lower than the fixed-n t test's; the rule sized by one or the other, `seed_power`);
-    "" without a second pass."""
+    "" without a second pass. A reanalysis reporting the study's recorded decision (`sequential.reanalysis_decision`)
+    says so."""
     if "sequential/rows" not in metrics:
         return ""
     m = int(metrics["sequential/family_tests"])
+    recorded = (f" These are the seeds the study trained, as its run recorded them: this code's rule, redone on the "
+                f"first pass (a Holm family or a rule changed since), would give "
+                f"{int(metrics['sequential/rule_differs'])} row(s) other seeds."
+                if metrics.get("sequential/decision_recorded") else "")
     more = []
     for k, n in metrics.items():
         if k.startswith("sequential/") and k.endswith("/seeds") and n > num_seeds:
@@ -156,7 +161,8 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
             + "); every dose row it may extend tested at two looks, Pocock's boundary on the passes' inverse-normal "
             "combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps "
                                                 "the seeds every dose of its row has" if more else
-                                                "no dose row needed more") + ".")
+                                                "no dose row needed more") + "."
+            + recorded)
 
 
 def regime_words(updates: int, epochs: int) -> str:
