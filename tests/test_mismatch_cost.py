@@ -628,6 +628,13 @@ def test_a_declared_confirmation_labels_its_tests_and_needs_fresh_seeds():
     assert set(con.loc[con["contrast"] == "mode", "standing"]) == {"confirmatory"}
     assert set(con.loc[con["contrast"] != "mode", "standing"]) <= {"exploratory"}
     assert "*(confirmatory)*" in "\n".join(words_08.contrast_lines(con))
+    # a declared kind these runs cannot test (no raw-logprob engine here) is said missing, not passed over
+    both = MismatchCostParams(arms=["none@engine", "none@trainer"], placebo_arms=[], seed=1000,
+                              confirms=["mode", "one-sided vs symmetric"])
+    done = mc.analyze(c, both)
+    assert words_08.untested_confirmations(both.confirms, done.contrasts, done.horizon) == ["one-sided vs symmetric"]
+    assert "not tested in these data**: `one-sided vs symmetric`" in done.conclusion()
+    assert "not tested in these data" not in mc.analyze(c, p).conclusion()
     with pytest.raises(ParamError, match="fresh seeds: 'seed' must be >= 1000"):
         MismatchCostParams(confirms=["mode"], seed=0)
     from rlwb.params.validation import validate

@@ -165,6 +165,19 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
             + recorded)
 
 
+def untested_confirmations(confirms, con, hz) -> list[str]:
+    """The kinds of test the params declared to confirm (`confirms`) that no confirmatory test in the contrasts
+    (`con`) or the horizon table (`hz`) stands for: a declared confirmation the data could not make (a contrast
+    needs both its rows; one-sided vs symmetric a ratio dose matched to the engine's k3) must be said, since a
+    silent absence reads as nothing found."""
+    held = set()
+    for tab, kind in ((con, "contrast"), (hz, None)):
+        if tab is not None and len(tab) and "standing" in tab:
+            conf = tab[tab["standing"] == "confirmatory"]
+            held |= set(conf[kind]) if kind else ({"horizon"} if len(conf) else set())
+    return [c for c in confirms if c not in held]
+
+
 def regime_words(updates: int, epochs: int) -> str:
     """A PPO regime in words: `4 updates per batch`, or `2 mini-batches x 2 epochs (4 updates) per batch`."""
     if epochs == 1:
@@ -386,6 +399,12 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
                      "minus under one, seed by seed; *confirmatory*: declared before the run, in params "
                      "`confirms`, and run on fresh seeds; *exploratory*: every other):\n"
                      + "\n".join(contrast_lines(con)))
+    untested = untested_confirmations(getattr(p, "confirms", []), con, hz)
+    if untested:
+        lines.append("**Declared to confirm, not tested in these data**: " + ", ".join(f"`{c}`" for c in untested)
+                     + " (params `confirms`): these runs hold no test of that kind where it confirms (a first-regime "
+                       "row at the study's horizon; for `one-sided vs symmetric`, a symmetric ratio dose within 2× of "
+                       "a raw-logprob engine's k3 in training), so the confirmation is missing, not null.")
     if hz is not None and len(hz):
         lines.append(f"**Horizon** ({p.long_steps} steps; the training reward's gap to the long clean run per block "
                      f"of {p.steps} steps, 95% interval over seeds; change = last block minus first, paired t test, "
