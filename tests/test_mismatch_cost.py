@@ -997,6 +997,14 @@ def test_the_declared_confirmation_loads_on_the_study_with_fresh_seeds_and_its_c
     assert standing("one-sided vs symmetric", p, "vllm-v1") == "confirmatory"
     for test, label in (("mode", "stale@4+ppo1x4"), ("mode", "stale@4+ppo2x2"), ("regime", "stale@4+ppo4")):
         assert standing(test, p, label) == "exploratory", (test, label)
+    # qwen2-chat's, on the same study file: its model, 209 runs (32 of 120 steps), one TIS row, the mode rows
+    q = params.load("08_mismatch_cost", [folder / "benchmark_study.yaml", folder / "confirm_study_qwen2.yaml"])
+    assert q.model == "qwen2-chat" and q.seed >= CONFIRM_SEED_BASE and q.max_seeds == 0
+    assert set(q.confirms) == {"mode", "correction", "horizon"}
+    runs = design.training_runs(q)
+    assert len(runs) == 209 and "209 runs" in (folder / "confirm_study_qwen2.yaml").read_text()
+    assert sum(r.label.endswith("+long") for r in runs) == 32
+    assert {r.label for r in runs if r.arm == "tis@trainer"} == {"clean", "weights@0.1"}
 
 
 def test_the_two_look_power_is_the_power_of_the_test_the_rows_get():
