@@ -633,7 +633,8 @@ def test_a_declared_confirmation_labels_its_tests_and_needs_fresh_seeds():
                               confirms=["mode", "one-sided vs symmetric"])
     done = mc.analyze(c, both)
     assert words_08.untested_confirmations(both.confirms, done.contrasts, done.horizon) == ["one-sided vs symmetric"]
-    assert "not tested in these data**: `one-sided vs symmetric`" in done.conclusion()
+    said = "not tested in these data** (params `confirms`): `one-sided vs symmetric` (needs a raw-logprob"
+    assert said in done.conclusion()
     assert "not tested in these data" not in mc.analyze(c, p).conclusion()
     with pytest.raises(ParamError, match="fresh seeds: 'seed' must be >= 1000"):
         MismatchCostParams(confirms=["mode"], seed=0)
@@ -1081,6 +1082,38 @@ def test_a_reanalysis_stops_where_the_rules_decision_is_not_the_datas():
                                                       "none beyond 8"]
 
 
+def test_run_reanalyzing_with_a_changed_rule_reports_the_recorded_decision(tmp_path, monkeypatch):
+    """`mismatch_cost.run(reanalyzing=)` end to end from the source's metrics.json: where this code's redone rule
+    extends other rows than the data hold, the result's sequential metrics are the recorded ones (flagged), not a
+    mix, and every other metric is this code's. A mock (`reanalyze`), because a rule changed since the study cannot
+    be caused without changing the code under test."""
+    import json
+    from types import SimpleNamespace
+
+    rows = [{"engine": "e", "kind": k, "label": lab, "dose": 0.0, "arm": "none@engine", "seed": s, "temperature": 0.7,
+             "updates": 1, "epochs": 1, "stream": 0}
+            for k, lab, n in (("clean", "clean", 12), ("ratio", "ratio@1", 12), ("ratio", "ratio@0.1", 8))
+            for s in range(n)]
+    took = {"sequential/ratio@1/none@engine/seeds": 12.0, "sequential/clean/none@engine/seeds": 12.0,
+            "sequential/ratio@1/none@engine/power": 0.81, "sequential/rows": 1.0, "sequential/runs": 8.0,
+            "sequential/family_tests": 97.0}
+    (tmp_path / "metrics.json").write_text(json.dumps({**took, "gap": -0.2}))
+    redone = {"sequential/ratio@1/none@engine/seeds": 10.0, "sequential/clean/none@engine/seeds": 10.0,
+              "sequential/ratio@1/none@engine/power_two_look": 0.5, "sequential/rows": 1.0,
+              "sequential/family_tests": 101.0, "gap": -0.1}
+    monkeypatch.setattr(mc, "reanalyze", lambda d, p: SimpleNamespace(metrics=dict(redone),
+                                                                      curves=pd.DataFrame(rows)))
+    p = MismatchCostParams(num_seeds=8, max_seeds=24)
+    out = mc.run(p, None, reanalyzing=tmp_path).metrics
+    assert {k: v for k, v in out.items() if k.startswith("sequential/")} == {
+        **took, "sequential/decision_recorded": 1.0, "sequential/rule_differs": 2.0}
+    assert out["gap"] == -0.1 and out["resume/trained_jobs"] == 0.0
+    assert out["resume/reused_jobs"] == 12 + 12 + 8  # one job per run
+    (tmp_path / "metrics.json").write_text(json.dumps({"gap": -0.2}))  # no decision recorded: it stops
+    with pytest.raises(ValueError, match="no sequential decision recorded"):
+        mc.run(p, None, reanalyzing=tmp_path)
+
+
 def test_a_reanalysis_reports_the_decision_the_study_took():
     """`sequential.reanalysis_decision`: this code's redone decision where it is the data's; the study's recorded one
     (flagged, with the rows this code's rule would change) where only that is; a stop where neither is. The case it
@@ -1102,7 +1135,7 @@ def test_a_reanalysis_reports_the_decision_the_study_took():
                        "clean none@engine: the rule gives 10 seeds, the data hold 12"]
     from rlwb.experiments.wording.mismatch_cost import sequential_line
 
-    assert "would give 2 row(s) other seeds" in sequential_line(kept, 8, 24, 0.8)
+    assert "would give 2 row(s), clean twins counted, other seeds" in sequential_line(kept, 8, 24, 0.8)
     assert "other seeds" not in sequential_line(same, 8, 24, 0.8) and "`ratio@1` `none@engine` 8 → 12" in \
         sequential_line(same, 8, 24, 0.8)
     with pytest.raises(ValueError, match="neither is the decision the study recorded"):

@@ -137,7 +137,7 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
     m = int(metrics["sequential/family_tests"])
     recorded = (f" These are the seeds the study trained, as its run recorded them: this code's rule, redone on the "
                 f"first pass (a Holm family or a rule changed since), would give "
-                f"{int(metrics['sequential/rule_differs'])} row(s) other seeds."
+                f"{int(metrics['sequential/rule_differs'])} row(s), clean twins counted, other seeds."
                 if metrics.get("sequential/decision_recorded") else "")
     more = []
     for k, n in metrics.items():
@@ -163,6 +163,14 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
                                                 "the seeds every dose of its row has" if more else
                                                 "no dose row needed more") + "."
             + recorded)
+
+
+# where a declared kind of test confirms, what it needs there (`comparisons.standing`, `contrast_table`)
+CONFIRMS_WHERE = {"*": "needs both its rows in the first PPO regime at the study's horizon",
+                  "one-sided vs symmetric": "needs a raw-logprob engine point and a symmetric ratio dose within 2x of "
+                                            "its k3 in training, same temperature and arm",
+                  "regime": "needs a further PPO regime's row in both modes, and the same dose in the first regime",
+                  "horizon": "needs a long-horizon row and its long clean twin"}
 
 
 def untested_confirmations(confirms, con, hz) -> list[str]:
@@ -401,10 +409,10 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
                      + "\n".join(contrast_lines(con)))
     untested = untested_confirmations(getattr(p, "confirms", []), con, hz)
     if untested:
-        lines.append("**Declared to confirm, not tested in these data**: " + ", ".join(f"`{c}`" for c in untested)
-                     + " (params `confirms`): these runs hold no test of that kind where it confirms (a first-regime "
-                       "row at the study's horizon; for `one-sided vs symmetric`, a symmetric ratio dose within 2× of "
-                       "a raw-logprob engine's k3 in training), so the confirmation is missing, not null.")
+        lines.append("**Declared to confirm, not tested in these data** (params `confirms`): "
+                     + "; ".join(f"`{c}` ({CONFIRMS_WHERE.get(c, CONFIRMS_WHERE['*'])})" for c in untested)
+                     + ". These runs hold no test of that kind where it confirms: the confirmation is missing, not "
+                       "null.")
     if hz is not None and len(hz):
         lines.append(f"**Horizon** ({p.long_steps} steps; the training reward's gap to the long clean run per block "
                      f"of {p.steps} steps, 95% interval over seeds; change = last block minus first, paired t test, "
