@@ -33,8 +33,10 @@ module does:
   Burnham & Augustin 1997, Biometrics 53:603, https://doi.org/10.2307/2533961) on the *curves*: the BMD is where the
   weighted mean curve reaches the BMR (Wheeler & Bailer 2007, Risk Analysis 27:659,
   https://doi.org/10.1111/j.1539-6924.2007.00920.x; EFSA 2022 recommends averaging over selecting). BMDS's own
-  selection rule (lowest AIC, or lowest BMDL where the passing models' BMDLs differ more than 3x) is computed too,
-  with BMDS's profile BMDLs (`BMDResult.bmds_pick`, `bmds_bmdl`), for comparison only.
+  recommender is computed too, for comparison only (`bmds_recommend`: BMDS's models, its viability checks, its AIC
+  and test-4 degrees of freedom that leave out parameters on their bounds, then the lowest AIC, or the lowest BMDL
+  where the viable models' BMDLs differ more than 3x), with BMDS's profile BMDLs (`BMDResult.bmds_pick`,
+  `bmds_bmdl`).
 - **BMDL / BMDU from a bootstrap over seeds**: each resample draws S seeds with replacement and takes each drawn
   seed's clean run *with* its dosed runs (the pairing kept, the clean gain and so the BMR re-estimated in every
   resample), refits every passing model, re-weights the average and finds its BMD and each model's (the bootstrap
@@ -397,21 +399,21 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
                         for m, f in zip(models, fits)])
     for i, (m, f) in enumerate(zip(models, fits)):
         bl = bu = float("nan")
-        if profile and bmr_type == "relative" and np.isfinite(bmd_x_m[i]) and not saturated[i]:
+        # a saturated model with its shape exponent on a bound has a free parameter fewer, so BMDS fits and bounds it
+        # (and its recommender may pick it: `bmds_recommend`); it is never in the average
+        shape = f.t2[0] if m in _SHAPE else float("nan")
+        on_bound = bool(np.isfinite(shape) and min(abs(shape - exps[0]), abs(shape - exps[-1])) < 1e-6)
+        if profile and bmr_type == "relative" and np.isfinite(bmd_x_m[i]) and (not saturated[i] or on_bound):
             bl, bu = profile_bounds(m, x, n, ybar, float(within[0]), N, f, bmd_x_m[i], bmr, x_max, alpha, exps)
         to_d = (lambda v: float(from_metric(v, dose_scale, d_min)))
         rows.append(ModelFit(m, params_of(m, f), int(p_mean[i]) + 1, float(-aics[i] / 2 + p_mean[i] + 1),
                              float(aics[i]), int(gof_df[i]), float(gof_p[i]), bool(saturated[i]), bool(passes[i]),
                              to_d(bmd_x_m[i]), to_d(bl), to_d(bu), float(w[i])))
 
-    # BMDS's recommender among the passing models: lowest AIC if their BMDLs lie within 3x, else lowest BMDL
-    pick, pick_bmdl = None, float("nan")
-    cand = [r for r in rows if r.passes and np.isfinite(r.bmdl)]
-    if cand:
-        bl = np.array([r.bmdl for r in cand])
-        best = cand[int(np.argmin([r.aic for r in cand]))] if bl.max() / max(bl.min(), 1e-300) <= 3 else \
-            cand[int(np.argmin(bl))]
-        pick, pick_bmdl = best.model, best.bmdl
+    # BMDS's recommender (pybmds recommender/default.json), for comparison
+    y0 = np.column_stack([st_.clean, st_.dosed])
+    pick, pick_bmdl = bmds_recommend(rows, fits, x, n, ybar[0], y0.std(0, ddof=1), float(within[0]),
+                                     np.concatenate([[0.0], st_.doses]), exps)
 
     boot, model_bounds, band = [None], [None], [None]
 
@@ -487,6 +489,51 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
 
 
 INTERVALS = ("expanded", "percentile", "bc")
+
+
+BMDS_MODELS = ("linear", "power", "exp3", "exp5", "hill")  # BMDS's continuous models: no Hill 3
+_SHAPE = {"power": "n", "exp3": "d", "exp5": "d", "hill": "n"}
+
+
+def bmds_recommend(rows: list[ModelFit], fits, x, n, ybar, sds, within: float, doses, exps) -> tuple[str | None, float]:
+    """The model BMDS's recommender picks, and its BMDL (pybmds 25.2, `recommender/default.json`, continuous data):
+    among BMDS's own models, those left "viable" by every check that bins a model questionable or unusable (test 4
+    p < 0.1, no degrees of freedom, |scaled residual at the dose nearest the BMD| > 2, BMD or BMDL more than 10x
+    below the lowest dose, BMD/BMDL > 20, the constant-variance test 2 p < 0.05, a missing AIC/BMD/BMDL); of those,
+    the lowest AIC where their BMDLs lie within 3x, else the lowest BMDL; ties to the fewest parameters. Its AIC
+    and its test 4 count only the parameters off their bounds (a shape exponent at 1 or at the grid's top), as
+    BMDS's do.
+    (None, NaN) when no model is viable. For comparison with the model average, which is the bound quoted."""
+    from scipy import stats as st
+
+    N = float(n.sum())
+    ss = (n - 1) * np.asarray(sds, dtype=float) ** 2
+    with np.errstate(divide="ignore"):  # test 2: one variance against one per dose group
+        lr2 = N * np.log(max(within, 1e-300) / N) - float(np.sum(n * np.log(np.maximum(ss, 1e-300) / n)))
+    variance_fails = bool(st.chi2.sf(max(lr2, 0.0), len(n) - 1) < 0.05) if np.all(ss > 0) else False
+    lowest = float(doses[doses > 0].min())
+    viable = []
+    for r, f in zip(rows, fits):
+        if r.model not in BMDS_MODELS or not (np.isfinite(r.aic) and np.isfinite(r.bmd) and np.isfinite(r.bmdl)):
+            continue
+        shape = r.params.get(_SHAPE.get(r.model, ""), float("nan"))
+        on_bound = int(np.isfinite(shape) and min(abs(shape - exps[0]), abs(shape - exps[-1])) < 1e-6)
+        rss = within + float(f.rss[0])
+        df = r.gof_df + on_bound  # BMDS's test 4 counts only the parameters off their bounds
+        gof = float(st.chi2.sf(max(N * np.log(rss / max(within, 1e-300)), 0.0), df)) if df > 0 else float("nan")
+        pred = f.alpha[0] + f.beta[0] * basis(r.model, x, f.t1[0], f.t2[0])
+        roi = float(((ybar - pred) / (np.sqrt(rss / N) / np.sqrt(n)))[int(np.argmin(np.abs(doses - r.bmd)))])
+        if (df <= 0 or not gof >= GOF_LEVEL or abs(roi) > 2 or variance_fails or r.bmd <= 0 or r.bmdl <= 0
+                or lowest / r.bmd > 10 or lowest / r.bmdl > 10 or r.bmd / r.bmdl > 20):
+            continue
+        viable.append((r, -2 * r.loglik + 2 * (r.n_params - on_bound)))
+    if not viable:
+        return None, float("nan")
+    bl = np.array([r.bmdl for r, _ in viable])
+    # AICs equal to 1e-6 are a tie (power with its exponent on 1 is the line), broken as BMDS does: fewer parameters
+    key = [round(a, 6) for _, a in viable] if bl.max() / bl.min() <= 3 else list(bl)
+    best = min(range(len(viable)), key=lambda i: (key[i], viable[i][0].n_params))
+    return viable[best][0].model, viable[best][0].bmdl
 
 
 def bootstrap_bounds(boot, estimate: float, seeds: int, alpha: float = ALPHA, interval: str = "expanded"):
