@@ -111,7 +111,11 @@ def dose_response(fits, style: str = "notebook"):
         x_break = np.sqrt(x_zero * lo_d)
         ax.axvline(x_break, color="0.85", lw=6, zorder=0)  # the untested decades between dose 0 and the doses
         ticks = [t for t in ax.get_xticks() if lo_d / 1.5 <= t <= hi_d * 1.5]
-        ax.set_xticks([x_zero, *ticks], ["0", *[f"$10^{{{int(round(np.log10(t)))}}}$" for t in ticks]])
+        labels = [f"$10^{{{int(round(np.log10(t)))}}}$" for t in ticks]
+        if not ticks:  # the doses span no decade mark (one dose, or a few within a decade): label the doses
+            ticks = [lo_d, hi_d] if hi_d / lo_d >= 2 else [lo_d]  # two labels closer than 2x would overlap
+            labels = [f"{t:.1e}" for t in ticks]
+        ax.set_xticks([x_zero, *ticks], ["0", *labels])
         ax.minorticks_off()
         ax.set_title(titles[kind].replace("\n", " "), fontsize="medium", loc="left")
         ax.set_ylabel("share of clean gain kept")
