@@ -531,8 +531,9 @@ def bmds_recommend(rows: list[ModelFit], fits, x, n, ybar, sds, within: float, d
         return None, float("nan")
     bl = np.array([r.bmdl for r, _ in viable])
     # AICs equal to 1e-6 are a tie (power with its exponent on 1 is the line), broken as BMDS does: fewer parameters
-    key = [round(a, 6) for _, a in viable] if bl.max() / bl.min() <= 3 else list(bl)
-    best = min(range(len(viable)), key=lambda i: (key[i], viable[i][0].n_params))
+    key = [a for _, a in viable] if bl.max() / bl.min() <= 3 else list(bl)
+    tied = [i for i in range(len(viable)) if key[i] - min(key) <= 1e-6 * max(1.0, abs(min(key)))]
+    best = min(tied, key=lambda i: viable[i][0].n_params)
     return viable[best][0].model, viable[best][0].bmdl
 
 
