@@ -399,10 +399,11 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
                         for m, f in zip(models, fits)])
     for i, (m, f) in enumerate(zip(models, fits)):
         bl = bu = float("nan")
-        # a saturated model with its shape exponent on a bound has a free parameter fewer, so BMDS fits and bounds it
-        # (and its recommender may pick it: `bmds_recommend`); it is never in the average
+        # on BMDS's restricted bounds, a saturated model with its shape exponent on a bound has a free parameter
+        # fewer, so BMDS fits and bounds it (and its recommender may pick it: `bmds_recommend`); never in the average
         shape = f.t2[0] if m in _SHAPE else float("nan")
-        on_bound = bool(np.isfinite(shape) and min(abs(shape - exps[0]), abs(shape - exps[-1])) < 1e-6)
+        on_bound = bool(restricted and np.isfinite(shape) and min(abs(shape - exps[0]), abs(shape - exps[-1])) < 1e-6
+                        and gof_df[i] + 1 > 0)
         if profile and bmr_type == "relative" and np.isfinite(bmd_x_m[i]) and (not saturated[i] or on_bound):
             bl, bu = profile_bounds(m, x, n, ybar, float(within[0]), N, f, bmd_x_m[i], bmr, x_max, alpha, exps)
         to_d = (lambda v: float(from_metric(v, dose_scale, d_min)))
