@@ -401,9 +401,7 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
         bl = bu = float("nan")
         # on BMDS's restricted bounds, a saturated model with its shape exponent on a bound has a free parameter
         # fewer, so BMDS fits and bounds it (and its recommender may pick it: `bmds_recommend`); never in the average
-        shape = f.t2[0] if m in _SHAPE else float("nan")
-        on_bound = bool(restricted and np.isfinite(shape) and min(abs(shape - exps[0]), abs(shape - exps[-1])) < 1e-6
-                        and gof_df[i] + 1 > 0)
+        on_bound = restricted and m in _SHAPE and _on_bound(f.t2[0], exps) and gof_df[i] + 1 > 0
         if profile and bmr_type == "relative" and np.isfinite(bmd_x_m[i]) and (not saturated[i] or on_bound):
             bl, bu = profile_bounds(m, x, n, ybar, float(within[0]), N, f, bmd_x_m[i], bmr, x_max, alpha, exps)
         to_d = (lambda v: float(from_metric(v, dose_scale, d_min)))
@@ -493,7 +491,12 @@ INTERVALS = ("expanded", "percentile", "bc")
 
 
 BMDS_MODELS = ("linear", "power", "exp3", "exp5", "hill")  # BMDS's continuous models: no Hill 3
-_SHAPE = {"power": "n", "exp3": "d", "exp5": "d", "hill": "n"}
+_SHAPE = {"power": "n", "exp3": "d", "exp5": "d", "hill": "n"}  # each model's shape exponent (BMDS's name)
+
+
+def _on_bound(shape: float, exps) -> bool:
+    """Is a fitted shape exponent on an end of the grid it was fitted on (BMDS: a parameter on its bound)?"""
+    return bool(np.isfinite(shape) and min(abs(shape - exps[0]), abs(shape - exps[-1])) < 1e-6)
 
 
 def bmds_recommend(rows: list[ModelFit], fits, x, n, ybar, sds, within: float, doses, exps) -> tuple[str | None, float]:
@@ -517,8 +520,7 @@ def bmds_recommend(rows: list[ModelFit], fits, x, n, ybar, sds, within: float, d
     for r, f in zip(rows, fits):
         if r.model not in BMDS_MODELS or not (np.isfinite(r.aic) and np.isfinite(r.bmd) and np.isfinite(r.bmdl)):
             continue
-        shape = r.params.get(_SHAPE.get(r.model, ""), float("nan"))
-        on_bound = int(np.isfinite(shape) and min(abs(shape - exps[0]), abs(shape - exps[-1])) < 1e-6)
+        on_bound = int(r.model in _SHAPE and _on_bound(r.params[_SHAPE[r.model]], exps))
         rss = within + float(f.rss[0])
         df = r.gof_df + on_bound  # BMDS's test 4 counts only the parameters off their bounds
         gof = float(st.chi2.sf(max(N * np.log(rss / max(within, 1e-300)), 0.0), df)) if df > 0 else float("nan")
