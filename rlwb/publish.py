@@ -15,11 +15,13 @@ problem and what to do):
 - on a model build with a published checksum that its weights match
   (`rlwb.core.models.published_builds.with_published`): anyone can get the same weights (`rlwb build-model`), so a
   rerun can be compared with it;
-- small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. When a run is larger, what no
-  figure and no number needs is left out (the run's logs, the figures' SVG copies, the tables' wall-clock
-  columns, data tables that no figure is drawn from and nothing reads from a run of record: `optional_files`)
-  until it fits, and the copy's `run.json` says what was left out (`published`). Every figure must redraw from
-  the data the copy keeps, or the copy is refused.
+- small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. The run's logs, the jobs kept
+  for a resume and the figures' SVG copies never ship (every clone carries runs of record, and so does every call
+  to a lent GPU machine, whose working tree may not pass 64 MiB: an SVG holds nothing its PNG and PDF do not). When
+  a run is still larger, what no figure and no number needs is left out (the tables' wall-clock columns, data
+  tables that no figure is drawn from and nothing reads from a run of record: `optional_files`) until it fits, and
+  the copy's `run.json` says what was left out (`published`). Every figure must redraw from the data the copy
+  keeps, or the copy is refused.
 
 The copy holds the executed notebook, report.html, params.yaml, run.json (provenance: commit, model build and its
 checksum, engine versions, CPU/GPU), metrics.json, data/*.parquet and figures/.
@@ -145,11 +147,11 @@ def timing_columns(run_dir: Path) -> list[LeftOut]:
 
 
 def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[LeftOut], int]:
-    """(left out, bytes of the copy): the logs and the jobs kept for a resume always stay out; then optional files,
-    in order, until the copy is at most `limit` bytes. The copy's bytes include what its run.json grows by (the
+    """(left out, bytes of the copy): the logs, the jobs kept for a resume and the SVG copies always stay out; then
+    the other optional files, in order, until the copy is at most `limit` bytes. The copy's bytes include what its run.json grows by (the
     `published` record listing what was left out). `PublishRefused` when even the needed files are over it."""
     candidates = optional_files(run_dir, notebook)
-    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/"))]
+    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/")) or c.path.endswith(".svg")]
     size = tree_bytes(run_dir) - sum(c.bytes for c in left)
     for c in candidates:
         if size + _record_bytes(left, run_dir) <= limit:

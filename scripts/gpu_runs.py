@@ -128,6 +128,7 @@ class Runner:
         self.procs: dict[str, subprocess.Popen] = {}
         self.lock = threading.Lock()
         self.built = threading.Event()
+        self.phase0_done = threading.Event()  # the lanes' GPU steps wait for it (the build's lane starts before)
         self.build_ok = True
         self.results: dict[str, str] = {}
 
@@ -218,6 +219,10 @@ class Runner:
 
     def lane(self, steps: list[Step]) -> None:
         for s in steps:
+            if s.phase != 0 and s.name != "build":
+                # the build's lane starts beside phase 0, but its next step must not meet the memory check on the
+                # GPU (on the H100 of record notebook 09 did, and ran out of memory)
+                self.phase0_done.wait()
             try:
                 self.run_step(s)
             except Exception as e:  # a lane that dies must not leave the others waiting or the runs unpacked
@@ -266,6 +271,7 @@ class Runner:
             build_lane.start()
         for t in phase0:
             t.join()
+        self.phase0_done.set()
         for t in threads:
             if t is not build_lane:
                 t.start()

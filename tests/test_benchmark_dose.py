@@ -18,7 +18,9 @@ from rlwb.core.measure import bmds_oracle as oracle
 REPO = Path(__file__).resolve().parents[1]
 DOSES = list(cov.DESIGN_08)
 RUNS_08 = REPO / "docs" / "runs" / "08_mismatch_cost"
-STUDIES_08 = ["20261126-024114-2b6c3cd5", "20261126-045326-a73028f7"]  # the default model's and qwen2-chat's
+# qwen2-chat's first study: 2-3 doses per row, 6 seeds (the default model's, 20261126-024114, left docs/runs; it
+# passed this test at f53998f with 13 of 16 picks)
+STUDIES_08 = ["20261126-045326-a73028f7"]
 
 
 def study_of(truth: str, seeds: int, sd: float = cov.SD_08, seed: int = 0, baseline: float = 0.0):
@@ -263,7 +265,7 @@ def test_per_model_fits_agree_with_epas_bmds_on_notebook_08s_studies(run):
     # whether BMDS counts Exp3's exponent as on its bound, which pybmds answers one way or the other run to run:
     # slack for that. The rule before it (BMDS's selection among this module's passing models) named the same model
     # on 13 of 16 and 11 of 15, and fails the second
-    assert sum(a == b for a, b in picks) >= {STUDIES_08[0]: 13, STUDIES_08[1]: 12}[run], picks
+    assert sum(a == b for a, b in picks) >= {"20261126-045326-a73028f7": 12}[run], picks
     # 3 dose groups in most rows: only the linear model has a degree of freedom left, and the 4-group ratio rows'
     # other models mostly put their BMD above the tested doses; the synthetic curves above compare all five
     assert len(rows) >= 10 and {r[0] for r in rows} >= {"linear"}

@@ -165,6 +165,26 @@ def test_gpu_mode_runs_only_from_a_clean_commit(tmp_path):
     assert r.returncode == 2 and "not a clean commit" in r.stderr
 
 
+def test_the_build_lanes_next_step_waits_for_the_memory_check(tmp_path):
+    """On the H100 of record the build finished first and notebook 09 (the build's lane) started beside the memory
+    check, which held the GPU: 09 ran out of memory. A lane's GPU step starts only after phase 0."""
+    import types
+
+    a = types.SimpleNamespace(budget=60, grace=5, lanes=6, cpu=False, out=str(tmp_path / "out"),
+                              archive=str(tmp_path / "archive"))
+    stamp = tmp_path / "stamps"
+    stamp.mkdir()
+    build = gpu_runs.Step("build", ["bash", "-c", f"date +%s.%N > {stamp}/build"], lane=0, script=True, est_s=1)
+    memory = gpu_runs.Step("memory", ["bash", "-c", f"sleep 2; date +%s.%N > {stamp}/memory; echo '{{}}'"], lane=2,
+                           script=True, est_s=1, phase=0)
+    nb09 = gpu_runs.Step("09", ["bash", "-c", f"date +%s.%N > {stamp}/09"], lane=0, script=True, est_s=1,
+                         needs_build=True)
+    r = gpu_runs.Runner(a)
+    assert r.go([build, memory, nb09]) == 0, r.results
+    t = {k: float((stamp / k).read_text()) for k in ("build", "memory", "09")}
+    assert t["build"] < t["memory"] < t["09"], t  # the build ran beside the check; 09 after it
+
+
 def test_a_step_cut_at_the_budget_is_interrupted_and_not_marked_done(tmp_path):
     import types
 

@@ -53,10 +53,10 @@ def test_publish_copies_the_run_with_what_its_figures_and_numbers_need(notebook0
     for f in ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json", "data/samples.parquet",
               "data/unused_rollouts.parquet", "figures/accuracy_by_digits.png", "figures/accuracy_by_digits.pdf"):
         assert (copy / f).is_file(), f
-    assert not (copy / "logs").exists()  # the logs never ship, and the copy says so
+    assert not (copy / "logs").exists() and not list(copy.rglob("*.svg"))  # never shipped, and the copy says so
     record = json.loads((copy / "run.json").read_text())
     assert {c["path"] for c in record["published"]["left_out"]} == {
-        f.relative_to(run).as_posix() for f in (run / "logs").rglob("*") if f.is_file()}
+        f.relative_to(run).as_posix() for f in [*(run / "logs").rglob("*"), *run.rglob("*.svg")] if f.is_file()}
     assert record["published"]["bytes"] == pytest.approx(publish.tree_bytes(copy), rel=0.01)
     assert json.loads((copy / "metrics.json").read_text()) == json.loads((run / "metrics.json").read_text())
     assert f"published: {publish.tree_bytes(copy) / 1e6:.2f} MB" in r.stdout
@@ -132,12 +132,12 @@ def test_publish_leaves_out_wall_clock_columns_before_tables_and_refuses_a_copy_
     (run / "data" / "jobs").mkdir()
     for i in range(3):
         (run / "data" / "jobs" / f"job{i}.parquet").write_bytes(b"x" * 100)
-    _, whole = publish.plan(run, "00_default_policy", publish.RUN_LIMIT)  # logs and jobs are always left out
-    svgs = sum(f.stat().st_size for f in (run / "figures").rglob("*.svg"))
-    left, size = publish.plan(run, "00_default_policy", whole - svgs - 1)  # one byte over without the SVGs
+    always, whole = publish.plan(run, "00_default_policy", publish.RUN_LIMIT)  # logs, jobs and SVGs never ship
+    svgs = sorted(p.relative_to(run).as_posix() for p in (run / "figures").rglob("*.svg"))
+    assert svgs and [c.path for c in always if not c.path.startswith(("logs/", "data/jobs/"))] == svgs
+    left, size = publish.plan(run, "00_default_policy", whole - 1)  # one byte over
     optional = [c.path for c in left if not c.path.startswith(("logs/", "data/jobs/"))]
-    assert optional == sorted(p.relative_to(run).as_posix() for p in (run / "figures").rglob("*.svg")) \
-        + ["data/samples.parquet#t_score"], "SVGs, then the timing column, and no whole table"
+    assert optional == svgs + ["data/samples.parquet#t_score"], "the timing column, and no whole table"
     column = next(c.bytes for c in left if "#" in c.path)
     copy = publish.publish(run, tmp_path / "runs", run_limit=size + column // 2)
     shipped = pd.read_parquet(copy / "data" / "samples.parquet")
@@ -185,6 +185,7 @@ def test_runs_of_record_are_within_their_size_limits_and_publishable():
         publish.check_publishable(run)
         assert publish.tree_bytes(run) <= publish.RUN_LIMIT, run
         assert "left_out" in json.loads((run / "run.json").read_text())["published"]
+        assert not list(run.rglob("*.svg")), f"{run}: an SVG copy ships (publish leaves them out)"
     tracked = subprocess.run(["git", "ls-files", "docs/runs"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
     assert all(f"{r.relative_to(REPO_ROOT).as_posix()}/run.json" in tracked for r in runs), "a run is untracked"
     # the index page of the folder (rebuilt by `rlwb publish`) has every run's report (a bench run's table) one click
@@ -241,12 +242,13 @@ def test_a_bench_run_publishes_as_a_run_of_record(bench_run, tmp_path):
     assert r.returncode == 0, r.stderr
     copy = Path(r.stdout.strip().splitlines()[-1])
     assert copy == dest / "bench" / run.name
-    for f in ("bench.json", "bench.md", "run.json", "figures/throughput.png", "figures/throughput.pdf",
-              "figures/throughput.svg"):
+    for f in ("bench.json", "bench.md", "run.json", "figures/throughput.png", "figures/throughput.pdf"):
         assert (copy / f).is_file(), f
+    assert not list((copy / "figures").glob("*.svg"))  # an SVG copy never ships: the PNG and PDF hold it
     assert json.loads((copy / "bench.json").read_text()) == json.loads((run / "bench.json").read_text())
     record = json.loads((copy / "run.json").read_text())
-    assert record["published"]["left_out"] == [] and record["git_commit"] and record["model"]["card"]
+    assert [c["path"] for c in record["published"]["left_out"]] == ["figures/throughput.svg"]
+    assert record["git_commit"] and record["model"]["card"]
     index = (dest / "index.html").read_text()
     rel = f"bench/{run.name}"
     assert f'href="{rel}/bench.md"' in index and f'href="{rel}/figures/throughput.png"' in index
@@ -266,12 +268,6 @@ def test_a_bench_run_publishes_as_a_run_of_record(bench_run, tmp_path):
     svgs = sorted((run / "figures").glob("*.svg"))
     out = [c for c in publish.optional_files(run, "bench") if c.path.startswith(("logs/", "figures/"))]
     assert {c.path for c in out if c.path.endswith(".svg")} == {f.relative_to(run).as_posix() for f in svgs}
-    # the copy without its logs and SVGs, and with the record of them that its run.json gains
-    limit = publish.tree_bytes(run) - sum(c.bytes for c in out) + publish._record_bytes(out, run)
-    smaller = publish.publish(run, tmp_path / "small-runs", run_limit=limit)
-    left = json.loads((smaller / "run.json").read_text())["published"]["left_out"]
-    assert [c["path"] for c in left] == [f.relative_to(run).as_posix() for f in svgs]
-    assert not list((smaller / "figures").glob("*.svg")) and (smaller / "figures" / "throughput.pdf").exists()
 
     _edit(run, lambda i: i.update(git_dirty=True))
     with pytest.raises(publish.PublishRefused, match=f"^bench/{run.name} was made from a dirty tree"):

@@ -56,7 +56,8 @@ def trend_sections(root: Path, runs: list[dict]) -> list[dict]:
         if not metrics or len(points) < 2:  # one point is no trend: the latest report above says it all
             continue
         fig = trend_figure(points, metrics, f"{nb}: headline metrics, run after run")
-        plots.save_figure(fig, root / "trends" / nb)
+        # PNG for the page, PDF for a paper: no SVG copy (docs/runs travels to every clone and every lent GPU call)
+        plots.save_figure(fig, root / "trends" / nb, formats=("png", "pdf"))
         plt.close(fig)
         rows = [{"started": (p["run"].get("started_at") or "")[:16].replace("T", " "),
                  "rel": os.path.relpath(p["run"]["dir"], root), "page": run_page(p["run"]["dir"]),

@@ -28,6 +28,9 @@ PUBLISHED_WEIGHTS: dict[str, dict[str, str]] = {
     "3247b68a9fe7": {"AuthenticAMD": "a62e40a6ea9f6d69",  # qwen2-chat, Python 3.11.7 stdlib: greedy acc 0.41
                      "GenuineIntel": "f536d2093f18cffe"},  # qwen2-chat on the Intel Xeon: greedy accuracy 0.46
     "d8989e3ee50a": {"AuthenticAMD": "5f05af192dcabf07"},  # qwen2.5-0.5b-random (Python 3.11.7 stdlib)
+    # qwen2.5-0.5b-random on the lent GPU machine's image (Python 3.12.3 stdlib: another tokenizer, so another recipe),
+    # built on its Intel Xeon: the same weights as the 3.11.7 recipe on AMD (a random init meets no corpus, no matmul)
+    "c53ecd0ec60f": {"GenuineIntel": "5f05af192dcabf07"},
 }
 REFERENCE_VENDOR = "AuthenticAMD"
 PUBLISHED_DIR = Path(__file__).with_name("published")  # the builds of record, shipped with rlwb
