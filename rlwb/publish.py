@@ -16,8 +16,10 @@ problem and what to do):
   (`rlwb.core.models.published_builds.with_published`): anyone can get the same weights (`rlwb build-model`), so a
   rerun can be compared with it;
 - small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. The run's logs, the jobs kept
-  for a resume and the figures' SVG copies never ship (every clone carries runs of record, and so does every call
-  to a lent GPU machine, whose working tree may not pass 64 MiB: an SVG holds nothing its PNG and PDF do not). When
+  for a resume, the figures' SVG copies and the images embedded in the executed notebook never ship (every clone
+  carries runs of record, and so does every call to a lent GPU machine, whose working tree may not pass 64 MiB: an
+  SVG holds nothing its PNG and PDF do not, and each figure the notebook shows is in figures/ and in report.html;
+  the shipped notebook keeps its code and every text output). When
   a run is still larger, what no figure and no number needs is left out (the tables' wall-clock columns, data
   tables that no figure is drawn from and nothing reads from a run of record: `optional_files`) until it fits, and
   the copy's `run.json` says what was left out (`published`). Every figure must redraw from the data the copy
@@ -41,8 +43,8 @@ from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
 PUBLISHED_RUNS = RUNS_OF_RECORD  # the one tracked folder of runs of record: <stem>/<run id>/
 RUN_LIMIT = 5_000_000  # bytes per run of record: runs of record are tracked, so every clone carries them
 FOLDER_LIMIT = 50_000_000  # bytes for the whole folder
-__all__ = ["FOLDER_LIMIT", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused", "check_publishable", "plan",
-           "publish", "timing_columns", "tree_bytes"]
+__all__ = ["FOLDER_LIMIT", "NOTEBOOK_IMAGES", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused",
+           "check_publishable", "notebook_images", "plan", "publish", "timing_columns", "tree_bytes"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
                            f"data/curves.parquet, its provenance in {archive.RECORD})"))
     out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "an SVG copy of a figure (PNG and PDF kept)")
             for f in sorted((run_dir / "figures").rglob("*.svg"))]
+    out += notebook_images(run_dir)
     out += timing_columns(run_dir)
     if drawn is not None:  # an unknown notebook: every table may be needed
         unused = [f for f in (run_dir / "data").glob("*.parquet") if f.stem not in drawn]
@@ -116,6 +119,41 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
                         "a data table no figure is drawn from (the quoted numbers are in metrics.json)")
                 for f in sorted(unused, key=lambda f: -f.stat().st_size)]
     return out
+
+
+NOTEBOOK_IMAGES = "notebook.ipynb#images"  # the executed notebook's embedded figures, as a `LeftOut` path
+IMAGE_OUTPUTS = ("image/png", "image/jpeg", "image/svg+xml", "application/pdf")
+
+
+def notebook_images(run_dir: Path) -> list[LeftOut]:
+    """The executed notebook's embedded images (`notebook.ipynb#images`) with their bytes, or nothing.
+    Why they may go: a figure the notebook shows is saved in figures/ (PNG, PDF) and embedded in report.html, so in
+    the notebook it is a third copy; they were 80% of the notebooks' bytes in docs/runs."""
+    import json
+
+    nb = run_dir / "notebook.ipynb"
+    try:
+        book = json.loads(nb.read_text())
+    except (OSError, ValueError):
+        return []
+    size = sum(len(json.dumps(v)) for c in book.get("cells", []) for o in c.get("outputs", [])
+               for k, v in (o.get("data") or {}).items() if k in IMAGE_OUTPUTS)
+    return [LeftOut(NOTEBOOK_IMAGES, size, "the executed notebook's figure images: each figure ships in figures/ "
+                    "(PNG, PDF) and in report.html; the notebook keeps its code and text outputs")] if size else []
+
+
+def _notebook_without_images(src: Path, dst: Path) -> None:
+    """Notebook `src` with the image data of its outputs removed (their text/plain stays), written to `dst` as
+    nbformat writes a notebook."""
+    import json
+
+    book = json.loads(src.read_text())
+    for c in book.get("cells", []):
+        for o in c.get("outputs", []):
+            for part in (o.get("data"), o.get("metadata")):
+                for k in IMAGE_OUTPUTS:
+                    (part or {}).pop(k, None)
+    dst.write_text(json.dumps(book, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
 
 
 def timing_columns(run_dir: Path) -> list[LeftOut]:
@@ -147,11 +185,13 @@ def timing_columns(run_dir: Path) -> list[LeftOut]:
 
 
 def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[LeftOut], int]:
-    """(left out, bytes of the copy): the logs, the jobs kept for a resume and the SVG copies always stay out; then
-    the other optional files, in order, until the copy is at most `limit` bytes. The copy's bytes include what its run.json grows by (the
-    `published` record listing what was left out). `PublishRefused` when even the needed files are over it."""
+    """(left out, bytes of the copy): the logs, the jobs kept for a resume, the SVG copies and the notebook's images
+    always stay out; then the other optional files, in order, until the copy is at most `limit` bytes. The copy's
+    bytes include what its run.json grows by (the `published` record listing what was left out). `PublishRefused`
+    when even the needed files are over it."""
     candidates = optional_files(run_dir, notebook)
-    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/")) or c.path.endswith(".svg")]
+    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/", NOTEBOOK_IMAGES))
+            or c.path.endswith(".svg")]
     size = tree_bytes(run_dir) - sum(c.bytes for c in left)
     for c in candidates:
         if size + _record_bytes(left, run_dir) <= limit:
@@ -213,7 +253,9 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
             rel = f.relative_to(run_dir).as_posix()
             if f.is_file() and rel not in skip and not rel.startswith(folders) and not f.name.startswith("."):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                if rel in dropped:
+                if rel == NOTEBOOK_IMAGES.split("#")[0] and rel in dropped:
+                    _notebook_without_images(f, tmp / rel)
+                elif rel in dropped:
                     _write_without(f, tmp / rel, dropped[rel])
                 else:
                     shutil.copy2(f, tmp / rel)

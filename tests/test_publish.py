@@ -56,7 +56,14 @@ def test_publish_copies_the_run_with_what_its_figures_and_numbers_need(notebook0
     assert not (copy / "logs").exists() and not list(copy.rglob("*.svg"))  # never shipped, and the copy says so
     record = json.loads((copy / "run.json").read_text())
     assert {c["path"] for c in record["published"]["left_out"]} == {
-        f.relative_to(run).as_posix() for f in [*(run / "logs").rglob("*"), *run.rglob("*.svg")] if f.is_file()}
+        f.relative_to(run).as_posix() for f in [*(run / "logs").rglob("*"), *run.rglob("*.svg")] if f.is_file()} \
+        | {publish.NOTEBOOK_IMAGES}
+    # the notebook ships with its code and text outputs, without the images figures/ and report.html hold
+    shipped, whole = (json.loads((d / "notebook.ipynb").read_text()) for d in (copy, run))
+    kinds = lambda book: {k for c in book["cells"] for o in c.get("outputs", []) for k in o.get("data", {})}  # noqa: E731
+    assert "image/png" in kinds(whole) and not kinds(shipped) & set(publish.IMAGE_OUTPUTS)
+    assert kinds(shipped) == kinds(whole) - set(publish.IMAGE_OUTPUTS) and "text/plain" in kinds(shipped)
+    assert [c["source"] for c in shipped["cells"]] == [c["source"] for c in whole["cells"]]
     assert record["published"]["bytes"] == pytest.approx(publish.tree_bytes(copy), rel=0.01)
     assert json.loads((copy / "metrics.json").read_text()) == json.loads((run / "metrics.json").read_text())
     assert f"published: {publish.tree_bytes(copy) / 1e6:.2f} MB" in r.stdout
@@ -134,10 +141,12 @@ def test_publish_leaves_out_wall_clock_columns_before_tables_and_refuses_a_copy_
         (run / "data" / "jobs" / f"job{i}.parquet").write_bytes(b"x" * 100)
     always, whole = publish.plan(run, "00_default_policy", publish.RUN_LIMIT)  # logs, jobs and SVGs never ship
     svgs = sorted(p.relative_to(run).as_posix() for p in (run / "figures").rglob("*.svg"))
-    assert svgs and [c.path for c in always if not c.path.startswith(("logs/", "data/jobs/"))] == svgs
+    assert svgs and [c.path for c in always if not c.path.startswith(("logs/", "data/jobs/"))] \
+        == svgs + [publish.NOTEBOOK_IMAGES]
     left, size = publish.plan(run, "00_default_policy", whole - 1)  # one byte over
     optional = [c.path for c in left if not c.path.startswith(("logs/", "data/jobs/"))]
-    assert optional == svgs + ["data/samples.parquet#t_score"], "the timing column, and no whole table"
+    assert optional == svgs + [publish.NOTEBOOK_IMAGES, "data/samples.parquet#t_score"], \
+        "the timing column, and no whole table"
     column = next(c.bytes for c in left if "#" in c.path)
     copy = publish.publish(run, tmp_path / "runs", run_limit=size + column // 2)
     shipped = pd.read_parquet(copy / "data" / "samples.parquet")
@@ -186,6 +195,7 @@ def test_runs_of_record_are_within_their_size_limits_and_publishable():
         assert publish.tree_bytes(run) <= publish.RUN_LIMIT, run
         assert "left_out" in json.loads((run / "run.json").read_text())["published"]
         assert not list(run.rglob("*.svg")), f"{run}: an SVG copy ships (publish leaves them out)"
+        assert not publish.notebook_images(run), f"{run}: its notebook ships images (publish leaves them out)"
     tracked = subprocess.run(["git", "ls-files", "docs/runs"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
     assert all(f"{r.relative_to(REPO_ROOT).as_posix()}/run.json" in tracked for r in runs), "a run is untracked"
     # the index page of the folder (rebuilt by `rlwb publish`) has every run's report (a bench run's table) one click
