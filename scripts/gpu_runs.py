@@ -269,13 +269,17 @@ class Runner:
         build_lane = next((t for t, ls in zip(threads, lanes.values()) if ls[0].name == "build"), None)
         if build_lane:
             build_lane.start()
+        stop = self.t0 + self.a.budget + self.a.grace
         for t in phase0:
-            t.join()
+            t.join(timeout=max(stop - time.monotonic(), 0))
+        if any(t.is_alive() for t in phase0):  # a hung memory check must not hold the lanes past the budget
+            self.interrupt()
+            for t in phase0:
+                t.join(timeout=15)
         self.phase0_done.set()
         for t in threads:
             if t is not build_lane:
                 t.start()
-        stop = self.t0 + self.a.budget + self.a.grace
         for t in threads:
             t.join(timeout=max(stop - time.monotonic(), 0))
         if any(t.is_alive() for t in threads):
