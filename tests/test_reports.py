@@ -173,3 +173,19 @@ def test_rerun_compares_with_a_pinned_reference_run(notebook00_runs, tmp_path):
     verdict = json.loads((new / "run.json").read_text())["drift"]
     assert verdict["ok"] and verdict["reference"] == a.name and verdict["drifted"] == []
     assert "no drift" in (work / "index.html").read_text()  # the trend view shows the verdict
+
+
+def test_the_provenance_block_names_the_gpu_a_run_computed_on(tmp_path):
+    """A GPU run of record's report says which GPU (with its CUDA runtime and driver) under its title; a CPU run says
+    its CPU."""
+    import json
+
+    from rlwb.reports.export import provenance_html
+
+    cuda = {"driver": "580.159.04", "cuda_runtime": "13.0"}
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "host": {"cpu": "Intel Xeon", "gpu": "NVIDIA H100",
+                                                                            "cuda": cuda}}))
+    assert "on NVIDIA H100 (CUDA 13.0, driver 580.159.04)" in provenance_html(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "host": {"cpu": "AMD EPYC"}}))
+    html = provenance_html(tmp_path)
+    assert "on AMD EPYC (CPU)" in html and "H100" not in html

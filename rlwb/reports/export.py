@@ -61,6 +61,18 @@ def _reanalysis_fields(again: dict | None) -> dict | None:
             "via": [str(v.get("run_id")) for v in again.get("via") or []]}
 
 
+def device_line(host: dict | None) -> str:
+    """Where the run computed, for the provenance block: the GPU with its CUDA runtime and driver where it had one
+    (`host.cuda`), else the CPU."""
+    host = host or {}
+    if host.get("gpu"):
+        cuda = host.get("cuda") or {}
+        extra = ", ".join(x for x in (f"CUDA {cuda['cuda_runtime']}" if cuda.get("cuda_runtime") else "",
+                                      f"driver {cuda['driver']}" if cuda.get("driver") else "") if x)
+        return f"{host['gpu']}" + (f" ({extra})" if extra else "")
+    return f"{host['cpu']} (CPU)" if host.get("cpu") else "?"
+
+
 def provenance_html(run_dir: Path, error: str | None = None) -> str:
     """The compact block under a report's title: what ran, on what, from which commit; params folded; a failure
     stated (`templates/provenance.html`, autoescaped: no value can break the page)."""
@@ -74,7 +86,8 @@ def provenance_html(run_dir: Path, error: str | None = None) -> str:
     commit = (info.get("git_commit") or "unknown")[:10] + (" (uncommitted changes)" if info.get("git_dirty") else "")
     return render("provenance.html", run_id=str(info.get("run_id", run_dir.name)),
                   started_at=str(info.get("started_at", "?")), commit=commit, torch=str(pk.get("torch", "?")),
-                  transformers=str(pk.get("transformers", "?")), model=_model_fields(info.get("model")),
+                  transformers=str(pk.get("transformers", "?")), device=device_line(info.get("host")),
+                  model=_model_fields(info.get("model")),
                   engines=[(k, _engine_what(v)) for k, v in (info.get("engines") or {}).items()],
                   source=_source_fields(info.get("source")), reanalysis=_reanalysis_fields(info.get("reanalysis")),
                   params_hash=str(info.get("params_hash", "?")),
