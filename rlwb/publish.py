@@ -253,9 +253,9 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
             rel = f.relative_to(run_dir).as_posix()
             if f.is_file() and rel not in skip and not rel.startswith(folders) and not f.name.startswith("."):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                if rel == NOTEBOOK_IMAGES.split("#")[0] and rel in dropped:
+                if rel in dropped and rel.endswith(".ipynb"):  # NOTEBOOK_IMAGES: the notebook less its images
                     _notebook_without_images(f, tmp / rel)
-                elif rel in dropped:
+                elif rel in dropped:  # a table less its dropped columns
                     _write_without(f, tmp / rel, dropped[rel])
                 else:
                     shutil.copy2(f, tmp / rel)
