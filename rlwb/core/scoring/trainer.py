@@ -31,13 +31,15 @@ Head = Callable[[torch.Tensor], torch.Tensor]  # hidden states -> logits: a mode
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """fp32 logits of the sampling distribution: z / T, then top-k, then top-p (masked with -inf).
+    """Logits of the sampling distribution: z / T, then top-k, then top-p (masked with -inf). In fp32, as peers
+    take their log-softmax, whatever the trainer's dtype; float64 stays float64, so a float64 reference is not
+    rounded to fp32 in its last step (its floor would be fp32's, ~2^-19 at |logp| 12, not float64's).
 
     Mirrors vLLM's `apply_top_k_top_p` (sort ascending; top-k keeps values >= the k-th largest, so ties
     are kept; top-p drops the prefix whose cumulative probability is <= 1 - p, always keeping the top
     token). Temperature <= 0 means greedy, which both vLLM engines score with T = 1.
     """
-    z = logits.float()
+    z = logits if logits.dtype == torch.float64 else logits.float()
     if temperature > 0 and temperature != 1.0:
         z = z / temperature
     if (top_k is None or top_k <= 0) and (top_p is None or top_p >= 1.0):
@@ -145,7 +147,8 @@ def completion_logprobs(model, batch: Batch, temperature: float = 1.0, top_k: in
         if on:
             out[k] = []
     for s in range(0, h.shape[0], chunk_tokens):
-        z = head(h[s: s + chunk_tokens]).float()
+        z = head(h[s: s + chunk_tokens])
+        z = z if z.dtype == torch.float64 else z.float()  # fp32 log-softmax as peers take it; float64 kept
         t = targets[s: s + chunk_tokens, None]
         lp = process_logits(z, temperature, top_k, top_p).log_softmax(-1)
         out["logp"].append(lp.gather(-1, t).squeeze(-1))
