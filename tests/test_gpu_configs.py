@@ -79,10 +79,10 @@ def check_which_correction(frames: dict, m: dict, phases: dict) -> None:
 
 def check_trainer_settings(frames: dict, m: dict, phases: dict) -> None:
     """The sampler's and the grid engine's chat prompts were scored by each setting; a kernel the machine lacks is a
-    row with the library's error; the float64 reference is its own control."""
+    row with the library's error; float64 in batches agrees with the float64 reference to its rounding."""
     status = frames["status"].set_index("setting")
     assert status.loc["bf16+mb4+grad", "status"] == "ok" and status.loc["flash3", "status"] == "unsupported here"
-    assert m["fp64/abs_dlogp_max"] == 0 and "grid/vllm-v1-fixed@bf16-head-native/fp32/k3_mean" in m
+    assert m["fp64/abs_dlogp_max"] < 1e-12 and "grid/vllm-v1-fixed@bf16-head-native/fp32/k3_mean" in m
 
 
 # notebook 06: its smoke run is on the same chat model (and its MoE build) at the same fp32 dtype, with every knob and
