@@ -74,28 +74,36 @@ def test_the_trend_interval_is_the_t_interval_of_the_per_seed_slopes():
 
 
 def test_the_audit_reads_the_study_not_a_newer_follow_up(tmp_path):
-    """`study_benchmarks` (what `rlwb audit` places an engine's k3 against): per model the newest study (two doses of
-    a kind at least). A newer follow-up run of one dose per kind (08's one-sided vs symmetric run) must not hide the
-    study; a newer study replaces the older one, even one whose rows have no benchmark. Hand-made tables, real file
-    layout."""
+    """`study_benchmarks` (what `rlwb audit` places an engine's k3 against): per model the broadest study (two doses
+    of a kind at least; the most benchmark rows), the newest of those. A newer follow-up run of one dose per kind
+    (08's one-sided vs symmetric run), or of several doses of one kind and one arm (08's horizon run), must not hide
+    the study; a newer study as broad replaces the older one, even one whose rows have no benchmark. Hand-made
+    tables, real file layout."""
     import pandas as pd
 
     from rlwb.core.rl.mismatch_doses import dose_kinds
 
-    def run(name: str, model: str, rows: list[tuple[str, str, float]], ratio_k3=(0.01, 0.1)) -> None:
+    def run(name: str, model: str, rows: list[tuple[str, str, float]], ratio_k3=(0.01, 0.1), doses: int = 4) -> None:
         d = tmp_path / name
         (d / "data").mkdir(parents=True)
         (d / "params.yaml").write_text(f"model: {model}\nratio_k3: {list(ratio_k3)}\nweight_noise: []\n")
-        pd.DataFrame([{"name": n, "kind": n, "arm": "none@engine", "status": st, "bmdl": b} for n, st, b in rows]
-                     ).to_parquet(d / "data" / "benchmarks.parquet")
+        pd.DataFrame([{"name": n, "kind": n, "arm": "none@engine", "status": st, "bmdl": b, "doses": doses}
+                      for n, st, b in rows]).to_parquet(d / "data" / "benchmarks.parquet")
 
-    run("20260101-000000-study", "default", [("ratio", bd.BOUNDED, 0.14), ("weights+ppo4", bd.NO_BENCHMARK, np.nan)])
+    # an older study of more rows on 2-3 doses each, then the study of 4 doses a row
+    run("20251201-000000-first", "default", [(k, bd.BOUNDED, 0.2) for k in ("ratio", "stale", "weights")], doses=3)
+    run("20260101-000000-study", "default", [("ratio", bd.BOUNDED, 0.14), ("stale", bd.ABOVE_RANGE, 0.01),
+                                             ("weights+ppo4", bd.NO_BENCHMARK, np.nan)])
     run("20260102-000000-followup", "default", [("ratio", bd.NO_BENCHMARK, np.nan)], ratio_k3=(0.0015,))
+    run("20260102-000000-horizon", "default", [("ratio", bd.BOUNDED, 0.03), ("ratio+long", bd.BOUNDED, 0.01)],
+        ratio_k3=(0.01, 0.03, 0.1, 1.0))
     run("20260101-000000-chat", "qwen2-chat", [("ratio", bd.BELOW_RANGE, 0.1)])
     dose_params = [k.param for k in dose_kinds()]  # what the audit passes: each kind's list of doses
-    got = {r["model"]: (r["run"], list(r["benchmarks"]["name"])) for r in dr.study_benchmarks(tmp_path, dose_params)}
-    assert got == {"default": ("20260101-000000-study", ["ratio"]), "qwen2-chat": ("20260101-000000-chat", ["ratio"])}
+    got = {r["model"]: (r["run"], list(r["benchmarks"]["name"]))
+           for r in dr.study_benchmarks(tmp_path, dose_params, min_doses=4)}
+    assert got == {"default": ("20260101-000000-study", ["ratio", "stale"]),
+                   "qwen2-chat": ("20260101-000000-chat", ["ratio"])}
     # a study whose clean run gained nothing
-    run("20260103-000000-study2", "default", [("ratio", bd.NO_BENCHMARK, np.nan)])
-    assert {r["model"]: r["run"] for r in dr.study_benchmarks(tmp_path, dose_params)}["default"] == (
+    run("20260103-000000-study2", "default", [("ratio", bd.NO_BENCHMARK, np.nan), ("stale", bd.NO_BENCHMARK, np.nan)])
+    assert {r["model"]: r["run"] for r in dr.study_benchmarks(tmp_path, dose_params, 4)}["default"] == (
         "20260103-000000-study2")

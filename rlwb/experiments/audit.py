@@ -236,7 +236,9 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
     small embedded models). `runs` empty: no study run of record yet."""
     from rlwb.core.measure import dose_response
 
-    runs = dose_response.study_benchmarks(runs_dir, [k.param for k in dose_kinds()])
+    from rlwb.experiments.mismatch_study.benchmarks import MIN_DOSES
+
+    runs = dose_response.study_benchmarks(runs_dir, [k.param for k in dose_kinds()], MIN_DOSES)
     engines = []
     for e, raw in reports_raw.items():
         k3 = metrics.get(f"{e}/k3_mean")

@@ -97,14 +97,17 @@ def first_regime_benchmarks(bench: pd.DataFrame) -> pd.DataFrame:
     return bench[~bench["name"].astype(str).str.contains("+", regex=False)]
 
 
-def study_benchmarks(runs_dir: str | Path | None = None, dose_params: Iterable[str] = ()) -> list[dict]:
-    """The benchmark doses of notebook 08's study runs of record, newest run per model: for each, `run` (its id),
+def study_benchmarks(runs_dir: str | Path | None = None, dose_params: Iterable[str] = (), min_doses: int = 1
+                     ) -> list[dict]:
+    """The benchmark doses of notebook 08's study runs of record, one run per model: for each, `run` (its id),
     `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
     from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
-    run counts as the study's only if its params give some kind of mismatch two doses or more (a curve to fit: each
+    run counts as a study only if its params give some kind of mismatch two doses or more (a curve to fit: each
     of `dose_params` is a parameter listing one kind's doses, the caller's `DoseKind.param`s, this domain importing
-    no other) and it has a benchmark table; a follow-up with one dose per kind
-    (`params/08_mismatch_cost/one_sided.yaml`) is not one, and a newer such run must not hide the study.
+    no other) and it has a benchmark table. Per model the study with the most benchmark rows (kind x arm) fitted on
+    `min_doses` doses or more (the caller's least for a level) counts, the newest of those: a narrower follow-up (a
+    confirmation with two doses of one kind, a horizon run of one arm and one kind) must not hide the study, an
+    older study of more rows on fewer doses must not either, and a newer study as broad replaces it.
     Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
     import pandas as pd
     import yaml
@@ -112,8 +115,8 @@ def study_benchmarks(runs_dir: str | Path | None = None, dose_params: Iterable[s
     from rlwb.paths import RUNS_OF_RECORD
 
     root = Path(runs_dir) if runs_dir is not None else RUNS_OF_RECORD / STUDY_DIR
-    newest: dict[str, dict] = {}
-    for d in sorted(root.glob("*/")) if root.is_dir() else []:
+    best: dict[str, dict] = {}
+    for d in sorted(root.glob("*/")) if root.is_dir() else []:  # run ids sort by time: newest last
         bench_file, params_file = d / "data" / "benchmarks.parquet", d / "params.yaml"
         if not (bench_file.exists() and params_file.exists()):
             continue
@@ -125,5 +128,7 @@ def study_benchmarks(runs_dir: str | Path | None = None, dose_params: Iterable[s
             continue
         bench = first_regime_benchmarks(bench)
         model = str(params.get("model", "?"))
-        newest[model] = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench}  # sorted: newest last
-    return list(newest.values())
+        breadth = int((bench["doses"] >= min_doses).sum()) if "doses" in bench else 0
+        if model not in best or breadth >= best[model]["breadth"]:
+            best[model] = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench, "breadth": breadth}
+    return [{k: v for k, v in r.items() if k != "breadth"} for r in best.values()]
