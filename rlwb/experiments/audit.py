@@ -235,7 +235,6 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
     the BMDL and its status, from the study's runs of record (`dose_response.study_benchmarks`, measured on rlwb's
     small embedded models). `runs` empty: no study run of record yet."""
     from rlwb.core.measure import dose_response
-
     from rlwb.experiments.mismatch_study.benchmarks import MIN_DOSES
 
     runs = dose_response.study_benchmarks(runs_dir, [k.param for k in dose_kinds()], MIN_DOSES)
