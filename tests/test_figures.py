@@ -145,3 +145,24 @@ def test_the_dose_response_legend_names_an_arm_trained_at_some_kinds_only():
     legend = fig.axes[-1].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == ["none@engine", "geo_rs_len@trainer"]
     plt.close(fig)
+
+
+def test_the_dose_response_draws_the_long_horizon_as_its_own_series_and_no_further_regime():
+    """A horizon run fits its arm at the study's horizon and at the long one (`weights` and `weights+long`): both
+    drawn, the long one named as such, in one panel; a further PPO regime's row (`weights+ppo4`) is not drawn (its
+    own regimes table reads it)."""
+    import pandas as pd
+
+    from rlwb.plots.mismatch_cost import dose_response
+
+    rows = [{"kind": "weights", "arm": "none@engine", "name": name, "part": "group", "dose": dose, "y": y - drop,
+             "low": y - drop - 0.05, "high": y - drop + 0.05, "baseline": 0.3, "gain": 0.3, "status": None,
+             "label": None, "control": None}
+            for name, drop in (("weights", 0.0), ("weights+long", 0.1), ("weights+ppo4", 0.2))
+            for dose, y in ((0.0, 0.6), (1e-5, 0.55), (1e-4, 0.45), (1e-3, 0.4), (1e-2, 0.35))]
+    fig = dose_response(pd.DataFrame(rows))
+    assert len(fig.axes) == 1
+    legend = fig.axes[-1].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["none@engine", "none@engine, long horizon"]
+    assert len(fig.axes[0].containers) == 2  # two error-bar series: the ppo4 row is not drawn
+    plt.close(fig)

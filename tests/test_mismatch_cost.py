@@ -360,6 +360,8 @@ def test_the_benchmark_response_is_a_fraction_of_the_clean_gain_in_the_tested_ou
     """The fit is of the policy reward, so the BMR is 25% of the clean run's policy-reward gain over the initial
     policy (0.6 + mean seed offset - 0.3), not of its training-reward gain (0.27): a dose keeping exp(-k3 / 0.5)
     of the policy-reward gain has its BMD at 0.5 ln(4/3) = 0.144."""
+    from rlwb.experiments.mismatch_study import benchmarks
+
     c = ratio_curves(0.0)
     c = with_policy(c, {(lab, a): 0.6 if lab == "clean" else 0.3 + 0.3 * np.exp(-float(lab[6:]) / 0.5)
                         for lab, a in c[["label", "arm"]].drop_duplicates().itertuples(index=False)})
@@ -371,6 +373,10 @@ def test_the_benchmark_response_is_a_fraction_of_the_clean_gain_in_the_tested_ou
     b = res.benchmarks.iloc[0]
     assert b["clean_gain"] == pytest.approx(gain, rel=0.02) and b["bmr"] == pytest.approx(0.25 * b["clean_gain"])
     assert b["bmd"] == pytest.approx(0.5 * np.log(4 / 3), rel=0.15) and b["status"] == "bounded"
+    # the baseline's sampling noise is in the bounds (its binomial bound, policy_samples x the held-out problems),
+    # and the report says so, not the opposite
+    assert b["baseline_se"] == pytest.approx(np.sqrt(0.3 * 0.7 / benchmarks.baseline_draws(p)))
+    assert "its sampling noise drawn in every resample" in res.conclusion() and "noise not in" not in res.conclusion()
     # an archived run without the initial policy's outcome has no benchmark response in that outcome: said so
     old = mc.analyze(c.drop(columns="initial_policy_reward"), p)
     assert np.isnan(old.benchmarks["bmr"].iloc[0]) and old.benchmarks["status"].iloc[0].startswith("no benchmark")

@@ -12,6 +12,7 @@ from rlwb.core.rl.mismatch_doses import dose_kinds
 from rlwb.plots.style import FLOOR_VALUE, OKABE_ITO, figsize, seed_band
 
 MARKERS = "osD^v<>"
+LONG = "+long"  # a long-horizon row's name suffix (`mismatch_study.design.LONG`: plots import no experiment)
 
 
 def _arm_style(arms):
@@ -37,10 +38,14 @@ def dose_response(fits, style: str = "notebook"):
     gives the initial policy (log x); the model-average curve with its pointwise 95% bootstrap band over the tested
     doses only; dose 0 drawn apart in its own narrow axis, not joined across the untested decades below the
     smallest dose; the BMD (diamond) with its BMDL-BMDU bar on the BMR line where the row is bounded; real engines
-    as stars (their paired gap to their own clean run, a control hollow). The first PPO regime at the study's
-    horizon only."""
+    as stars (their paired gap to their own clean run, a control hollow). The first PPO regime only; a row of the
+    long horizon (`+long`) is a series of its own beside its arm's at the study's horizon, on the same axis (its
+    share is of its own long clean twins' gain, its BMR the same fraction)."""
     if "name" in fits and len(fits):
-        fits = fits[~fits["name"].astype(str).str.contains("+", regex=False)]
+        name = fits["name"].astype(str)
+        fits = fits[~name.str.contains("+ppo", regex=False)]
+        fits = fits.assign(arm=np.where(fits["name"].astype(str).str.endswith(LONG),
+                                        fits["arm"].astype(str) + ", long horizon", fits["arm"].astype(str)))
     titles = kind_titles()
     kinds = [k for k in titles if (fits["kind"] == k).any()] if len(fits) else []
     arms = list(dict.fromkeys(fits["arm"])) if len(fits) else []

@@ -83,6 +83,17 @@ def benchmark_line(r, bmr_fraction: float) -> str:
     return head + f"no level to quote: {benchmark_reason(r)}; {trend}."
 
 
+def baseline_noise_words(bench) -> str:
+    """How the bounds treat the initial policy's outcome (the baseline the clean gain is measured from): one
+    measurement, its sampling noise drawn in every bootstrap resample at the binomial upper bound where the benchmark
+    table carries it (`benchmarks.baseline_se`), else left out."""
+    se = bench["baseline_se"] if "baseline_se" in bench else None
+    if se is not None and (se.fillna(0) > 0).any():
+        return ("the initial policy's outcome is one measurement, its sampling noise drawn in every resample (the "
+                "binomial upper bound on it, so the bounds are if anything too wide)")
+    return "the initial policy's outcome is one measurement, its noise not in the bounds"
+
+
 def below_initial_line(table) -> str:
     """The rows whose trained policy ends below the untrained one in the tested outcome (its upper 95% limit over
     seeds under the initial policy's): a dose that does not just slow learning but undoes it; "" where none."""
@@ -387,8 +398,7 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
                      f"from a bootstrap over seeds that redraws each seed's clean run with its dosed runs, the lowest "
                      f"of the average's and every passing model's, each row alone (no adjustment across rows); a level "
                      f"is quoted only where the row has {MIN_DOSES} doses or more, the BMD lies inside them and the "
-                     f"log dose scale agrees; the initial policy's outcome is one measurement, its noise not in the "
-                     f"bounds; trend "
+                     f"log dose scale agrees; {baseline_noise_words(bench)}; trend "
                      f"p's are Holm-adjusted in the study's one family):\n"
                      + "\n".join(benchmark_line(r, p.bmr_fraction) for r in bench.itertuples()))
     below = below_initial_line(regimes)
