@@ -87,7 +87,7 @@ def baseline_noise_words(bench) -> str:
     """How the bounds treat the initial policy's outcome (the baseline the clean gain is measured from): one
     measurement, its sampling noise drawn in every bootstrap resample at the binomial upper bound where the benchmark
     table carries it (`benchmarks.baseline_se`), else left out."""
-    se = bench["baseline_se"] if "baseline_se" in bench else None
+    se = bench.get("baseline_se")
     if se is not None and (se.fillna(0) > 0).any():
         return ("the initial policy's outcome is one measurement, its sampling noise drawn in every resample (the "
                 "binomial upper bound on it, so the bounds are if anything too wide)")
