@@ -17,15 +17,17 @@ from rlwb import params
 from rlwb.core.measure import dose_response
 from rlwb.core.rl.mismatch_doses import dose_kinds
 from rlwb.experiments import mismatch_cost
+from rlwb.experiments.mismatch_study.benchmarks import MIN_DOSES
 from rlwb.experiments.wording.mismatch_cost import quotable
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="*", help="run directories (default: the newest study run of record per model)")
+    ap.add_argument("runs", nargs="*", help="run directories (default: the study run of record per model the audit "
+                    "reads: `dose_response.study_benchmarks`)")
     a = ap.parse_args()
     runs = [Path(r) for r in a.runs] or [Path(s["path"]) for s in dose_response.study_benchmarks(
-        dose_params=[k.param for k in dose_kinds()])]
+        None, dose_params=[k.param for k in dose_kinds()], min_doses=MIN_DOSES)]
     for run in runs:
         p = params.load("08_mismatch_cost", [run / "params.yaml"])
         b = mismatch_cost.reanalyze(run, p).benchmarks

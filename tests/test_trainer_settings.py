@@ -73,13 +73,14 @@ def test_float64_reference_agrees_with_itself_across_batch_sizes(setup):
     reference is a fixed point for every setting to ~1e-12, a million times below fp32's floor; and its log-softmax
     is taken in float64 (an fp32 log-softmax would round it to fp32's steps, ~1e-7 at these |logp|)."""
     master, seq, ref, p = setup
-    assert all(r.dtype == np.float64 for r in ref)
     applied = apply_setting(master, TS.parse_setting("fp64"))
     for batch in (12, 5):
         got = applied.score(seq.prompt_ids, seq.completion_ids, p.temperature, batch_size=batch)
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(got, ref)) < F64_TOL, batch
-    # not fp32-rounded: some reference logprob is not an fp32 number (an fp32 log-softmax makes every one exactly one)
-    assert any(np.any(r.astype(np.float32).astype(np.float64) != r) for r in ref)
+    # not fp32-rounded: nearly every reference logprob is not an fp32 number (an fp32 log-softmax makes every one
+    # exactly one; a float64 one is an fp32 number only by chance, or at logp 0)
+    flat = np.concatenate(ref)
+    assert np.mean(flat.astype(np.float32).astype(np.float64) != flat) > 0.9
     # and fp32, on the same sequences, is neither bitwise batch-invariant here nor within float64's tolerance of
     # the reference (what makes the control necessary, and the tolerance tight enough to tell them apart)
     fp32 = apply_setting(master, TS.TrainerSetting())

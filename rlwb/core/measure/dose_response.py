@@ -97,8 +97,7 @@ def first_regime_benchmarks(bench: pd.DataFrame) -> pd.DataFrame:
     return bench[~bench["name"].astype(str).str.contains("+", regex=False)]
 
 
-def study_benchmarks(runs_dir: str | Path | None = None, dose_params: Iterable[str] = (), min_doses: int = 1
-                     ) -> list[dict]:
+def study_benchmarks(runs_dir: str | Path | None, dose_params: Iterable[str], min_doses: int) -> list[dict]:
     """The benchmark doses of notebook 08's study runs of record, one run per model: for each, `run` (its id),
     `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
     from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a

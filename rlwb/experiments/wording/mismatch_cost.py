@@ -89,8 +89,8 @@ def baseline_noise_words(bench) -> str:
     table carries it (`benchmarks.baseline_se`), else left out."""
     se = bench.get("baseline_se")
     if se is not None and (se.fillna(0) > 0).any():
-        return ("the initial policy's outcome is one measurement, its sampling noise drawn in every resample (the "
-                "binomial upper bound on it, so the bounds are if anything too wide)")
+        return ("the initial policy's outcome is one measurement, its sampling noise drawn in every resample at "
+                "its binomial upper bound (so this part of the bounds' width is if anything overstated)")
     return "the initial policy's outcome is one measurement, its noise not in the bounds"
 
 
