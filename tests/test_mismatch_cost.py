@@ -1014,6 +1014,32 @@ def test_the_declared_confirmation_loads_on_the_study_with_fresh_seeds_and_its_c
     assert {r.label for r in runs if r.arm == "tis@trainer"} == {"clean", "weights@0.1"}
 
 
+def test_the_horizon_run_and_the_second_one_sided_confirmation_load_as_declared():
+    """params/08_mismatch_cost/horizon_study.yaml and confirm_onesided.yaml, declared before they ran, layered on the
+    benchmark study: each validates, trains the runs its header counts (its budget rests on them) on seeds no other
+    run of record used, the horizon run four weights doses at both horizons (a level per horizon needs 4), the
+    confirmation its one contrast alone in a family of 3 at a fixed n."""
+    from rlwb import params
+    from rlwb.experiments.mismatch_study import design
+    from rlwb.experiments.mismatch_study.comparisons import standing
+
+    folder = Path(__file__).resolve().parent.parent / "params" / "08_mismatch_cost"
+    study = folder / "benchmark_study.yaml"
+    h = params.load("08_mismatch_cost", [study, folder / "horizon_study.yaml"])
+    runs = design.training_runs(h)
+    assert len(runs) == 81 and "81 runs" in (folder / "horizon_study.yaml").read_text()
+    assert h.confirms == [] and h.max_seeds == 0 and h.seeds == list(range(2000, 2008))
+    for horizon in ("", "+long"):
+        assert {r.label for r in runs if r.kind == "weights" and r.label.endswith(horizon)} >= {
+            f"weights@{d:g}{horizon}" for d in (0.003, 0.01, 0.03, 0.1)}
+    c = params.load("08_mismatch_cost", [study, folder / "confirm_onesided.yaml"])
+    runs = design.training_runs(c)
+    assert len(runs) == 73 and "73 runs" in (folder / "confirm_onesided.yaml").read_text()
+    assert c.confirms == ["one-sided vs symmetric"] and c.max_seeds == 0 and c.seeds == list(range(3000, 3024))
+    assert standing("one-sided vs symmetric", c, "vllm-v1") == "confirmatory"
+    assert {r.label for r in runs} == {"clean", "ratio@0.0015", "vllm-v1", "rerun"}
+
+
 def test_the_two_look_power_is_the_power_of_the_test_the_rows_get():
     """`analysis.two_look_power` (what each sequential call reports beside the fixed-n power it was sized by) against
     simulation: the rejection rate of `two_look_p` itself on synthetic paired gaps (400 studies, within 4 standard
