@@ -540,6 +540,28 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
     assert "keep k3 below 1.4e-01" not in text and "analysed before rlwb fitted benchmark doses" in text
 
 
+def test_entropy_collapse_is_against_the_clean_run_at_the_same_step_not_its_first():
+    """A run that learns sharpens its policy: the long clean run's entropy halves by step 20 here, and a dosed run
+    that tracks it has not collapsed (the detector once compared with the clean run's first step, and flagged runs
+    that cost nothing). A dosed run whose entropy falls below half the clean run's at the same step has, from the first
+    such step."""
+    from rlwb.experiments.mismatch_study.comparisons import horizon_table
+
+    rows = []
+    for label, kind in (("clean+long", "clean"), ("weights@0.01+long", "weights"), ("weights@0.1+long", "weights")):
+        for seed in range(3):
+            for t in range(40):
+                e = 1.0 * 0.96 ** t  # below half the first step's from step 17
+                if label == "weights@0.1+long" and t >= 30:
+                    e *= 0.3  # collapses against the clean run from step 30
+                rows.append({"step": t, "label": label, "kind": kind, "arm": "none@engine", "seed": seed,
+                             "reward_mean": 0.5, "grad_norm": 1.0, "entropy": e})
+    _, out = horizon_table(pd.DataFrame(rows), block=10)
+    assert np.isnan(out["clean+long/none@engine/entropy_collapse_step"])
+    assert np.isnan(out["weights@0.01+long/none@engine/entropy_collapse_step"])
+    assert out["weights@0.1+long/none@engine/entropy_collapse_step"] == 30
+
+
 def test_the_horizon_figure_draws_each_blocks_gap_with_its_interval_and_the_collapse_step():
     """One error-bar series per long row (block gaps with their 95% intervals) and a vertical line at
     the step its collapse starts; a run without long rows says so."""

@@ -23,7 +23,10 @@ from rlwb.experiments.mismatch_study.analysis import (
 from rlwb.experiments.mismatch_study.benchmarks import baseline_draws, benchmark_table
 from rlwb.experiments.mismatch_study.design import LONG
 
-SPIKE, ENTROPY_DROP = 3.0, 0.5  # a gradient-norm spike: > 3 x the clean run's median; entropy collapse: < half
+# a gradient-norm spike: > 3 x the long clean run's median; entropy collapse: < half the long clean run's entropy
+# at the same step (not its first step's: a run that learns sharpens its policy, and the clean run itself would
+# "collapse" by step ~20 on the default policy)
+SPIKE, ENTROPY_DROP = 3.0, 0.5
 
 
 def horizon_table(curves: pd.DataFrame, block: int, resolution: float = 0.0) -> tuple[pd.DataFrame, dict[str, float]]:
@@ -32,8 +35,8 @@ def horizon_table(curves: pd.DataFrame, block: int, resolution: float = 0.0) -> 
     whether it changes from the first block to the last (a paired t test of each seed's last-block minus
     first-block gap: `<label>/<arm>/gap_change` and `_p`). Per long row (clean ones included) the step where a
     collapse starts, if any: the first step whose seed-mean gradient norm exceeds `SPIKE` x the long clean run's
-    median (`grad_spike_step`), or whose seed-mean entropy falls below `ENTROPY_DROP` x the clean run's first-step
-    entropy (`entropy_collapse_step`); NaN: none. The training reward, because it is the only outcome measured per
+    median (`grad_spike_step`), or whose seed-mean entropy falls below `ENTROPY_DROP` x the clean run's seed-mean
+    entropy at the same step (`entropy_collapse_step`); NaN: none. The training reward, because it is the only outcome measured per
     step (under a stale dose it carries the lag bias, `lag_bias`). `resolution`: the step of one block's mean
     training reward (`stats.paired_gap_test`; the change is a difference of four such means). `gap_change_p` is
     unadjusted here; `analyze` puts it in the study's one Holm family (`gap_change_p_holm`)."""
@@ -49,7 +52,8 @@ def horizon_table(curves: pd.DataFrame, block: int, resolution: float = 0.0) -> 
         em = clean.groupby("step")["entropy"].mean()
         own_g, own_e = d.groupby("step")["grad_norm"].mean(), d.groupby("step")["entropy"].mean()
         spike = own_g[own_g > SPIKE * gm.median()].index
-        drop = own_e[own_e < ENTROPY_DROP * em.iloc[0]].index if len(em) else []
+        ref = em.reindex(own_e.index)
+        drop = own_e[own_e < ENTROPY_DROP * ref].index if len(em) else []
         out[f"{label}/{arm}/grad_spike_step"] = float(spike[0]) if len(spike) else float("nan")
         out[f"{label}/{arm}/entropy_collapse_step"] = float(drop[0]) if len(drop) else float("nan")
         if d["kind"].iloc[0] == "clean":
