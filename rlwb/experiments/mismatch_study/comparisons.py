@@ -37,9 +37,9 @@ def horizon_table(curves: pd.DataFrame, block: int, resolution: float = 0.0) -> 
     collapse starts, if any: the first step whose seed-mean gradient norm exceeds `SPIKE` x the long clean run's
     median (`grad_spike_step`), or whose seed-mean entropy falls below `ENTROPY_DROP` x the clean run's seed-mean
     entropy at the same step (`entropy_collapse_step`); NaN: none. The training reward, because it is the only
-    outcome measured per step (under a stale dose it carries the lag bias, `lag_bias`). `resolution`: the step of one block's mean
-    training reward (`stats.paired_gap_test`; the change is a difference of four such means). `gap_change_p` is
-    unadjusted here; `analyze` puts it in the study's one Holm family (`gap_change_p_holm`)."""
+    outcome measured per step (under a stale dose it carries the lag bias, `lag_bias`). `resolution`: the step of
+    one block's mean training reward (`stats.paired_gap_test`; the change is a difference of four such means).
+    `gap_change_p` is unadjusted here; `analyze` puts it in the study's one Holm family (`gap_change_p_holm`)."""
     curves = with_defaults(curves)
     long = curves[curves["label"].str.endswith(LONG)]
     rows, out = [], {}
