@@ -425,3 +425,16 @@ def test_the_07_answer_leads_with_the_verdicts_per_level_or_says_none_could_be_t
                            "`raw`: 3 inconclusive; `bf16`: falls short `icepop` (+0.000).")
     assert W07.finding(rank.assign(verdict="n/a"), ["raw", "bf16"], 0.05).startswith("No correction could be tested")
     assert W07.finding(rank, [], 0.05).startswith("No mismatch level ran")
+
+
+def test_08s_doses_text_keeps_an_intended_doses_two_digits():
+    """A ratio dose of k3 1.5e-3 (the one matched to V1's k3) was printed as "2e-03 →" beside its measured 1.50e-03."""
+    import pandas as pd
+
+    from rlwb.experiments.wording.mismatch_cost import doses_text
+
+    first = pd.DataFrame([{"kind": "ratio", "label": "ratio@0.0015", "dose": 0.0015, "k3_intended": 0.0015,
+                           "k3_achieved": 0.0015022, "sigma": 0.055, "k1_achieved": 0.0, "achieved": True}])
+    text = doses_text(first, [{"name": "ratio", "title": "ratio mismatch", "intended_k3": True,
+                               "intended_words": "", "dose_words": ""}])
+    assert "1.5e-03 → 1.50e-03" in text and "2e-03" not in text

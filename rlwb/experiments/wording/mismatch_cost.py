@@ -496,12 +496,12 @@ def doses_text(first, kinds: list[dict]) -> str:
                 + ".")
             continue
         parts.append(f"{k['intended_words'] or title}: "
-                     + ", ".join(f"{metric('k3', r.k3_intended, '.0e')} → {metric('k3', r.k3_achieved, '.2e')} ("
+                     + ", ".join(f"{metric('k3', r.k3_intended, '.1e')} → {metric('k3', r.k3_achieved, '.2e')} ("
                                  + (f"σ {r.sigma:.3f}, " if np.isfinite(r.sigma) else "")
                                  + f"mean log r {-r.k1_achieved:+.3f})" for r in d.itertuples()) + ".")
         off = [r for r in d.itertuples() if not r.achieved]
         if off:
             parts.append("**Warning: dose not achieved** (measured k3 outside [0.5, 2] × intended): "
-                         + ", ".join(f"{r.label} {r.k3_achieved:.2e} for {r.k3_intended:.0e}" for r in off)
+                         + ", ".join(f"{r.label} {r.k3_achieved:.2e} for {r.k3_intended:.1e}" for r in off)
                          + ". The dose path is wrong, not the engine.")
     return " ".join(parts) or "No doses in this run."
