@@ -689,6 +689,8 @@ def test_a_dose_that_leaves_the_policy_below_where_it_started_is_said_so():
     assert t.loc["ratio@1", "initial_outcome"] == pytest.approx(0.3)
     line = words_08.below_initial_line(res.doses)
     assert "ratio@1 `none@engine`" in line and "ratio@0.3" not in line and line in res.conclusion()
+    # the number listed is the row's mean, and the line says so (it read as the upper limit)
+    assert f"`none@engine` {t.loc['ratio@1', 'policy_reward']:.3f}" in line and "its mean over seeds" in line
 
 
 def test_a_level_is_quoted_only_from_four_doses_bounded_with_the_dose_scales_agreeing():

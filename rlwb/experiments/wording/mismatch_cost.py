@@ -104,8 +104,8 @@ def below_initial_line(table) -> str:
         return ""
     said = "; ".join(f"{r.label} `{r.arm}` {getattr(r, r.outcome):.3f}" for r in rows.itertuples())
     return (f"**Ends below where it started** (the trained policy's {rows['outcome'].iloc[0].replace('_', ' ')}, "
-            f"upper 95% limit over seeds below the initial policy's {rows['initial_outcome'].iloc[0]:.3f}): "
-            f"{said}.")
+            f"its mean over seeds, listed where its upper 95% limit over seeds lies below the initial policy's "
+            f"{rows['initial_outcome'].iloc[0]:.3f}): {said}.")
 
 
 def placebo_line(metrics: dict) -> str:
