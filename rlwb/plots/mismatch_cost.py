@@ -42,10 +42,9 @@ def dose_response(fits, style: str = "notebook"):
     long horizon (`+long`) is a series of its own beside its arm's at the study's horizon, on the same axis (its
     share is of its own long clean twins' gain, its BMR the same fraction)."""
     if "name" in fits and len(fits):
-        name = fits["name"].astype(str)
-        fits = fits[~name.str.contains("+ppo", regex=False)]
-        fits = fits.assign(arm=np.where(fits["name"].astype(str).str.endswith(LONG),
-                                        fits["arm"].astype(str) + ", long horizon", fits["arm"].astype(str)))
+        fits = fits[~fits["name"].astype(str).str.contains("+ppo", regex=False)]
+        arm = fits["arm"].astype(str)
+        fits = fits.assign(arm=np.where(fits["name"].astype(str).str.endswith(LONG), arm + ", long horizon", arm))
     titles = kind_titles()
     kinds = [k for k in titles if (fits["kind"] == k).any()] if len(fits) else []
     arms = list(dict.fromkeys(fits["arm"])) if len(fits) else []
