@@ -383,6 +383,50 @@ def test_the_benchmark_response_is_a_fraction_of_the_clean_gain_in_the_tested_ou
     assert "not measured" in old.benchmarks["status"].iloc[0]
 
 
+def test_a_measured_baseline_noise_replaces_the_binomial_bound_in_the_bounds_and_the_words():
+    """A run that kept the initial policy's measured standard error (`analysis.INITIAL_SE`) is bounded with it, not
+    with the binomial bound, and its report says which: the bounds move with it (each resample draws the baseline)."""
+    from rlwb.experiments.mismatch_study.analysis import INITIAL_SE
+
+    c = ratio_curves(0.0)
+    c = with_policy(c, {(lab, a): 0.6 if lab == "clean" else 0.3 + 0.3 * np.exp(-float(lab[6:]) / 0.5)
+                        for lab, a in c[["label", "arm"]].drop_duplicates().itertuples(index=False)})
+    p = MismatchCostParams(arms=["none@engine"], placebo_arms=[], ratio_k3=list(RATIO_DOSES))
+    bound = mc.analyze(c, p).benchmarks.iloc[0]
+    measured = mc.analyze(c.assign(**{INITIAL_SE: 0.011}), p)
+    b = measured.benchmarks.iloc[0]
+    assert bound["baseline_se_source"] == "binomial bound" and bound["baseline_se"] > 0.011
+    assert b["baseline_se"] == 0.011 and b["baseline_se_source"] == "measured"
+    assert b["bmdl"] != bound["bmdl"] and b["bmd"] == pytest.approx(bound["bmd"])  # the bounds, not the fit
+    assert "measured from each held-out problem's repeated draws (0.011)" in measured.conclusion()
+    assert "binomial" not in measured.conclusion()
+
+
+def test_the_initial_policys_sampling_noise_is_measured_from_its_repeated_draws(engine, default_model):
+    """Real engine (vLLM V1, fp32): the initial policy's tested outcome keeps, beside its mean, the standard error of
+    that mean over its draws with the problems fixed, computed from the very draws (the engine samples them again
+    bitwise under the fixed seed), not the binomial bound."""
+    from rlwb.core.data import tokenizer
+    from rlwb.core.measure import stats
+    from rlwb.experiments.grpo_grid import load_trainer
+    from rlwb.experiments.mismatch_study.analysis import INITIAL_SE
+    from rlwb.experiments.mismatch_study.design import HELDOUT_SEED, held_out
+
+    p = MismatchCostParams(policy_samples=2, max_tokens=16)
+    problems, _ = held_out(p, 48, HELDOUT_SEED)
+    w, (model, initial) = engine("vllm-v1-fixed"), load_trainer(default_model.path)
+    codec = tokenizer.PromptCodec(default_model.path, p.chat_template)
+    out = execution.initial_outcomes(model, w, initial, codec, problems, p)
+    draws = execution.policy_rewards(model, w, codec, problems, p, p.temperature)
+    assert draws.shape == (48, 2) and set(np.unique(draws)) <= {0.0, 1.0}
+    assert 0 < draws.mean() < 1 and (draws[:, 0] != draws[:, 1]).any()  # some problems split: a noise to measure
+    assert out["initial_policy_reward"] == draws.mean()
+    assert out[INITIAL_SE] == stats.fixed_items_mean_se(draws) > 0
+    one = execution.initial_outcomes(model, w, initial, codec, problems,
+                                     MismatchCostParams(policy_samples=1, max_tokens=16))
+    assert INITIAL_SE not in one  # one draw per problem measures no noise of its own
+
+
 def family_curves() -> pd.DataFrame:
     """Two arms x three ratio doses (a trend each), weights@0.1 in two PPO regimes (a mode contrast in each, and the
     regime contrast between them), a placebo row: every kind of test the study's family holds."""
@@ -1039,7 +1083,7 @@ def test_the_declared_confirmation_loads_on_the_study_with_fresh_seeds_and_its_c
 
 
 def test_the_horizon_run_and_the_second_one_sided_confirmation_load_as_declared():
-    """params/08_mismatch_cost/horizon_study.yaml and confirm_onesided.yaml, declared before they ran, layered on the
+    """params/08_mismatch_cost/horizon_study*.yaml and confirm_onesided.yaml, declared before they ran, layered on the
     benchmark study: each validates, trains the runs its header counts (its budget rests on them) on seeds no other
     run of record used, the horizon run four weights doses at both horizons (a level per horizon needs 4), the
     confirmation its one contrast alone in a family of 3 at a fixed n."""
@@ -1056,6 +1100,14 @@ def test_the_horizon_run_and_the_second_one_sided_confirmation_load_as_declared(
     for horizon in ("", "+long"):
         assert {r.label for r in runs if r.kind == "weights" and r.label.endswith(horizon)} >= {
             f"weights@{d:g}{horizon}" for d in (0.003, 0.01, 0.03, 0.1)}
+    q = params.load("08_mismatch_cost", [study, folder / "horizon_study_qwen2.yaml"])
+    runs = design.training_runs(q)
+    assert len(runs) == 81 and "81 runs" in (folder / "horizon_study_qwen2.yaml").read_text()
+    assert (q.model, q.max_digits, q.lr) == ("qwen2-chat", 1, 4e-5)  # the sweep's qwen2-chat cell
+    assert q.confirms == [] and q.max_seeds == 0 and q.seeds == list(range(4000, 4008)) and q.policy_samples >= 2
+    for horizon in ("", "+long"):
+        assert {r.label for r in runs if r.kind == "weights" and r.label.endswith(horizon)} >= {
+            f"weights@{d:g}{horizon}" for d in (0.001, 0.003, 0.01, 0.03)}
     c = params.load("08_mismatch_cost", [study, folder / "confirm_onesided.yaml"])
     runs = design.training_runs(c)
     assert len(runs) == 73 and "73 runs" in (folder / "confirm_onesided.yaml").read_text()

@@ -341,6 +341,11 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     assert not t1["identical"] or t1["gap"] == 0
     # the initial policy scored as the trained ones (one value for the whole study): the clean gain's baseline
     assert curves["initial_policy_reward"].between(0, 1).all() and curves["initial_policy_reward"].nunique() == 1
+    # one completion per problem (smoke: policy_samples 1) cannot measure its sampling noise: the bounds take the
+    # binomial bound and say so (a run sampling 2 or more keeps it measured: test_mismatch_cost)
+    bench = pd.read_parquet(d / "data" / "benchmarks.parquet")
+    assert "initial_policy_reward_se" not in curves and len(bench)
+    assert (bench["baseline_se_source"] == "binomial bound").all() and (bench["baseline_se"] > 0).all()
     acc0 = curves["initial_heldout_greedy_acc"]
     assert acc0.between(0, 1).all() and acc0.nunique() == 1
     assert curves["kl_to_clean"].notna().all()  # each run's KL is in the curves: the analysis needs them alone

@@ -403,3 +403,25 @@ def test_paired_gap_test_is_continuous_through_ties_of_a_discrete_outcome():
     assert stats.paired_gap_test([0.5] * 4, 0.01).p_equiv == 1.0
     with pytest.raises(ValueError, match="resolution"):
         stats.paired_gap_test([0.1, 0.2], 1.0, resolution=-1)
+
+
+def test_fixed_items_mean_se_is_unbiased_over_draws_and_below_the_binomial_bound_on_mixed_items():
+    """128 problems of mixed difficulty (some always solved, some never, the rest in between), 2 draws each, as
+    notebook 08 samples its initial policy: the estimated variance averages to the true sampling variance of the mean
+    with the problems fixed, sum p_i (1 - p_i) / (n^2 k), which lies well below the binomial bound b (1 - b) / (n k)
+    that counts the problems' spread in difficulty as noise."""
+    rng = np.random.default_rng(5)
+    n, k = 128, 2
+    p = np.concatenate([np.zeros(40), np.ones(30), rng.uniform(0.1, 0.9, n - 70)])
+    true_var = float((p * (1 - p)).sum() / (n * n * k))
+    est = np.array([stats.fixed_items_mean_se((rng.random((n, k)) < p[:, None]).astype(float)) ** 2
+                    for _ in range(4000)])
+    assert est.mean() == pytest.approx(true_var, rel=0.03)
+    b = p.mean()
+    assert np.sqrt(true_var) < 0.7 * np.sqrt(b * (1 - b) / (n * k))
+    # deterministic problems carry no sampling noise; one draw per problem cannot measure it
+    assert stats.fixed_items_mean_se(np.repeat([[0.0], [1.0]], 2, axis=1)) == 0.0
+    with pytest.raises(ValueError, match="k >= 2"):
+        stats.fixed_items_mean_se(np.ones((5, 1)))
+    with pytest.raises(ValueError, match="finite"):
+        stats.fixed_items_mean_se(np.array([[0.0, np.nan]]))

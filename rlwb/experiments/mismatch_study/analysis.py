@@ -447,6 +447,9 @@ def placebo_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, floa
 
 
 INITIAL = {"policy_reward": "initial_policy_reward", "heldout_acc": "initial_heldout_greedy_acc"}
+# the initial policy_reward's standard error over its sampling draws, measured (`stats.fixed_items_mean_se`); absent
+# from runs archived before it was kept, whose bounds take the binomial upper bound (`benchmarks.baseline_se`)
+INITIAL_SE = "initial_policy_reward_se"
 
 
 def initial_outcome(curves: pd.DataFrame, outcome: str) -> float:

@@ -2,7 +2,8 @@
 convention (`rlwb.core.measure.benchmark_dose`: models anchored at dose 0, test of fit, model average, a bootstrap
 over seeds that re-estimates the clean gain, so the benchmark response's own uncertainty is inside every bound; the
 initial policy's outcome, the baseline, is one measurement of its own, and each resample draws it too, with the
-binomial bound on its sampling noise: `baseline_se`).
+standard error of its sampling noise, measured from each held-out problem's repeated draws, or for a run that did not
+keep them the binomial bound: `baseline_se`).
 
 What is on the dose axis: `k3_initial`, the k3 a dose gives the policy a run starts from (at the kind's
 `DoseKind.first_full_step`: step 0, before any update, or for a lag the step it is first whole, per arm). The
@@ -31,6 +32,7 @@ from rlwb.core.measure import benchmark_dose as bd
 from rlwb.core.measure import dose_response, stats
 from rlwb.experiments.mismatch_study.analysis import (
     INITIAL,
+    INITIAL_SE,
     initial_outcome,
     k3_initial,
     outcome_of,
@@ -71,6 +73,7 @@ class RowStudy:
     seeds: list[int]
     outcome: str
     baseline_se: float = 0.0  # the baseline's standard error (`baseline_se`)
+    baseline_se_source: str = ""  # MEASURED, BOUND, or "" (no noise of its own)
 
 
 def _baseline(curves: pd.DataFrame, outcome: str, clean_labels) -> float:
@@ -91,17 +94,35 @@ def baseline_draws(p) -> int:
     return len(held_out(p, HELDOUT_PROBLEMS, HELDOUT_SEED)[0]) * int(p.policy_samples)
 
 
-def baseline_se(outcome: str, baseline: float, draws: int) -> float:
-    """The standard error of the baseline as a measurement: for the sampled policy reward (a 0/1 reward, `draws`
-    completions of fixed problems at the study's T), the binomial bound sqrt(b (1 - b) / draws), which no spread of
-    the problems' own success rates can exceed (sum p_i (1 - p_i) <= n b (1 - b)), and which ignores the common
-    sampling seed the trained policies are scored with (a positive correlation would shrink the gain's noise);
-    0 for greedy accuracy (deterministic on fixed problems) and for the training reward's baseline (the clean runs'
-    own first steps, resampled with them)."""
-    if outcome != "policy_reward" or not np.isfinite(baseline) or draws <= 0:
-        return 0.0
+MEASURED, BOUND = "measured", "binomial bound"  # where a row's `baseline_se` comes from (`baseline_se_source`)
+
+
+def baseline_se(outcome: str, baseline: float, draws: int, measured: float = float("nan")) -> tuple[float, str]:
+    """(standard error, its source) of the baseline as a measurement. For the sampled policy reward (a 0/1 reward,
+    `draws` completions of fixed problems at the study's T): `measured`, the run's own estimate from each problem's
+    repeated draws (`analysis.INITIAL_SE`, `stats.fixed_items_mean_se`) where the run kept it, else the binomial
+    bound sqrt(b (1 - b) / draws), which no spread of the problems' own success rates can exceed
+    (sum p_i (1 - p_i) <= n b (1 - b)). Both ignore the common sampling seed the trained policies are scored with (a
+    positive correlation would shrink the gain's noise). (0, "") for greedy accuracy (deterministic on fixed
+    problems) and for the training reward's baseline (the clean runs' own first steps, resampled with them)."""
+    if outcome != "policy_reward" or not np.isfinite(baseline):
+        return 0.0, ""
+    if np.isfinite(measured):
+        if measured < 0:
+            raise ValueError(f"a measured standard error must be >= 0, got {measured}")
+        return float(measured), MEASURED
+    if draws <= 0:
+        return 0.0, ""
     b = min(max(baseline, 0.0), 1.0)
-    return float(np.sqrt(b * (1 - b) / draws))
+    return float(np.sqrt(b * (1 - b) / draws)), BOUND
+
+
+def _measured_se(curves: pd.DataFrame) -> float:
+    """The initial policy's measured standard error (one value per study), NaN where the run did not keep it."""
+    if INITIAL_SE not in curves or curves[INITIAL_SE].isna().all():
+        return float("nan")
+    values = curves[INITIAL_SE].dropna().unique()
+    return float(values[0] if len(values) == 1 else values.mean())
 
 
 def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> list[RowStudy]:
@@ -111,6 +132,7 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> li
     curves = with_defaults(curves)
     s = per_seed(curves)
     outcome = outcome_of(s)
+    measured_se = _measured_se(curves)
     first = Regime(int(table["updates"].iloc[0]), int(table["epochs"].iloc[0])) if len(table) else Regime(1)
     sel = table[table["kind"].isin(dosed_kinds()) & (table["control"] == "")]
     rows = []
@@ -135,17 +157,19 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> li
         doses = np.array([x0.get((lab, arm), k) for lab, k in zip(labels, d["k3_initial"])], float)
         order = np.argsort(doses, kind="stable")
         labels = [labels[i] for i in order]
+        b = _baseline(curves, outcome, clean_labels)
+        se, source = baseline_se(outcome, b, draws, measured_se)
         rows.append(RowStudy(
             kind=kind, updates=int(updates), epochs=int(epochs), long=bool(long), arm=arm,
             name=kind_label(kind, regime, first) + (LONG if long else ""), labels=labels,
             doses=doses[order], k3_achieved=d["k3_achieved"].to_numpy(float)[order],
             clean=wide["__clean__"].to_numpy(float), dosed=wide[labels].to_numpy(float),
-            baseline=(b := _baseline(curves, outcome, clean_labels)), seeds=list(map(int, wide.index)),
-            outcome=outcome, baseline_se=baseline_se(outcome, b, draws)))
+            baseline=b, seeds=list(map(int, wide.index)), outcome=outcome, baseline_se=se, baseline_se_source=source))
     return rows
 
 
 COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "outcome", "baseline", "baseline_se",
+           "baseline_se_source",
            "clean_gain", "bmr", "k3_min", "k3_max", "k3_achieved_min", "k3_achieved_max", "trend_slope",
            "trend_ci_low", "trend_ci_high", "trend_p", "bmd", "bmdl", "bmdu", "status", "models_passing",
            "bmds_pick", "bmd_log", "bmdl_log", "status_log", "scale_agree", "keep_below", "error_control"]
@@ -169,7 +193,7 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
     for r in row_studies(curves, table, draws):
         base = {"kind": r.kind, "updates": r.updates, "epochs": r.epochs, "arm": r.arm, "name": r.name}
         row = {**base, "doses": len(r.labels), "seeds": len(r.seeds), "outcome": r.outcome, "baseline": r.baseline,
-               "baseline_se": r.baseline_se,
+               "baseline_se": r.baseline_se, "baseline_se_source": r.baseline_se_source,
                "k3_min": float(r.doses.min()), "k3_max": float(r.doses.max()),
                "k3_achieved_min": float(r.k3_achieved.min()), "k3_achieved_max": float(r.k3_achieved.max())}
         gaps = r.dosed - r.clean[:, None]

@@ -13,12 +13,14 @@ import pandas as pd
 import torch
 
 from rlwb.core.data import tokenizer
+from rlwb.core.measure import stats
 from rlwb.core.rl.grpo import train
 from rlwb.core.scoring.trainer import completion_logprobs, greedy_rewards
 from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart
 from rlwb.experiments.grpo_grid import one_phase, run_grid
 from rlwb.experiments.mismatch_study import sequential
+from rlwb.experiments.mismatch_study.analysis import INITIAL_SE
 from rlwb.experiments.mismatch_study.design import (
     HELDOUT_PROBLEMS,
     HELDOUT_SEED,
@@ -212,7 +214,10 @@ def initial_outcomes(model, engine, initial: dict, codec, problems, p) -> dict[s
     model.load_state_dict(initial)
     out = {"initial_heldout_greedy_acc": float(greedy_rewards(model, codec, problems, p.max_tokens).mean())}
     if p.policy_samples:
-        out["initial_policy_reward"] = policy_reward(model, engine, codec, problems, p, p.temperature)
+        draws = policy_rewards(model, engine, codec, problems, p, p.temperature)
+        out["initial_policy_reward"] = float(draws.mean())
+        if p.policy_samples >= 2:  # its sampling noise, measured from the problems' own repeated draws
+            out[INITIAL_SE] = stats.fixed_items_mean_se(draws)
     return out
 
 
@@ -258,6 +263,11 @@ def policy_reward(model, engine, codec, problems, p, temperature: float) -> floa
     it unperturbed: no dose between the policy and its reward. Under a distribution dose the training reward is
     what the perturbed or stale engine sampled; this is what the run trained. `CleanScorer` picks the engine (the
     base preset) and the temperature (the study's) for every run."""
+    return float(policy_rewards(model, engine, codec, problems, p, temperature).mean())
+
+
+def policy_rewards(model, engine, codec, problems, p, temperature: float) -> np.ndarray:
+    """`policy_reward`'s draws, [problems, policy_samples]: each completion's 0/1 reward, by problem."""
     from rlwb.core.data import tasks as task_mod
     from rlwb.engines.worker import Sampling
 
@@ -266,8 +276,8 @@ def policy_reward(model, engine, codec, problems, p, temperature: float) -> floa
     prompts = [codec.encode_task(q) for q in problems for _ in range(p.policy_samples)]
     comps = engine.generate(prompts, Sampling(temperature=temperature, max_tokens=p.max_tokens, seed=POLICY_SEED),
                             text=False)
-    return float(np.mean([task_mod.reward(problems[i // p.policy_samples], codec.decode(c.token_ids))
-                          for i, c in enumerate(comps)]))
+    return np.array([task_mod.reward(problems[i // p.policy_samples], codec.decode(c.token_ids))
+                     for i, c in enumerate(comps)], dtype=np.float64).reshape(len(problems), p.policy_samples)
 
 
 class TwinKL:

@@ -85,13 +85,20 @@ def benchmark_line(r, bmr_fraction: float) -> str:
 
 def baseline_noise_words(bench) -> str:
     """How the bounds treat the initial policy's outcome (the baseline the clean gain is measured from): one
-    measurement, its sampling noise drawn in every bootstrap resample at the binomial upper bound where the benchmark
-    table carries it (`benchmarks.baseline_se`), else left out."""
+    measurement, its sampling noise drawn in every bootstrap resample, at its standard error measured from the
+    held-out problems' repeated draws or at the binomial upper bound, whichever the benchmark table carries
+    (`benchmarks.baseline_se`), else left out."""
     se = bench.get("baseline_se")
-    if se is not None and (se.fillna(0) > 0).any():
-        return ("the initial policy's outcome is one measurement, its sampling noise drawn in every resample at "
-                "its binomial upper bound (so this part of the bounds' width is if anything overstated)")
-    return "the initial policy's outcome is one measurement, its noise not in the bounds"
+    if se is None or not (se.fillna(0) > 0).any():
+        return "the initial policy's outcome is one measurement, its noise not in the bounds"
+    source = bench.get("baseline_se_source")
+    used = bench[se.fillna(0) > 0]
+    if source is not None and (used["baseline_se_source"] == "measured").all():
+        return (f"the initial policy's outcome is one measurement, its sampling noise drawn in every resample at "
+                f"its standard error measured from each held-out problem's repeated draws "
+                f"({used['baseline_se'].iloc[0]:.3f})")
+    return ("the initial policy's outcome is one measurement, its sampling noise drawn in every resample at "
+            "its binomial upper bound (so this part of the bounds' width is if anything overstated)")
 
 
 def below_initial_line(table) -> str:
