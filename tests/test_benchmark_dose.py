@@ -183,7 +183,7 @@ def test_the_baselines_own_noise_widens_the_bounds_and_leaves_the_point_estimate
     assert width[1] == pytest.approx(width[0], rel=0.05)
 
 
-def test_the_baseline_se_is_the_binomial_bound_of_the_sampled_reward():
+def test_the_baseline_se_is_the_measured_one_or_else_the_binomial_bound_of_the_sampled_reward():
     """Notebook 08's baseline noise: the sampled policy reward of `draws` completions, sqrt(b (1 - b) / draws); none
     for greedy accuracy (deterministic on fixed problems) or a training-reward baseline; `baseline_draws` counts the
     held-out problems the study scores times the samples of each. Catches the wrong n (problems alone, or the
@@ -191,10 +191,19 @@ def test_the_baseline_se_is_the_binomial_bound_of_the_sampled_reward():
     from rlwb.experiments.mismatch_study import benchmarks
     from rlwb.params.schemas.mismatch_cost import MismatchCostParams
 
-    assert benchmarks.baseline_se("policy_reward", 0.5, 256) == pytest.approx(0.03125)
-    assert benchmarks.baseline_se("policy_reward", 0.2, 100) == pytest.approx(0.04)
-    assert benchmarks.baseline_se("heldout_acc", 0.5, 256) == 0 == benchmarks.baseline_se("reward_final", 0.5, 256)
-    assert benchmarks.baseline_se("policy_reward", float("nan"), 256) == 0
+    se, source = benchmarks.baseline_se("policy_reward", 0.5, 256)
+    assert se == pytest.approx(0.03125) and source == benchmarks.BOUND
+    assert benchmarks.baseline_se("policy_reward", 0.2, 100)[0] == pytest.approx(0.04)
+    assert benchmarks.baseline_se("heldout_acc", 0.5, 256) == (0, "") == benchmarks.baseline_se("reward_final", 0.5,
+                                                                                                 256)
+    assert benchmarks.baseline_se("policy_reward", float("nan"), 256) == (0, "")
+    # a run that kept its measured standard error is bounded with it (0 included: a measurement), never the bound;
+    # not for an outcome without sampling noise of its own
+    assert benchmarks.baseline_se("policy_reward", 0.5, 256, 0.021) == (0.021, benchmarks.MEASURED)
+    assert benchmarks.baseline_se("policy_reward", 0.5, 256, 0.0) == (0.0, benchmarks.MEASURED)
+    assert benchmarks.baseline_se("heldout_acc", 0.5, 256, 0.021) == (0, "")
+    with pytest.raises(ValueError, match=">= 0"):
+        benchmarks.baseline_se("policy_reward", 0.5, 256, -0.01)
     assert benchmarks.baseline_draws(MismatchCostParams(policy_samples=2)) == 256  # 128 held out x 2
     small = MismatchCostParams(policy_samples=2, max_digits=1)  # 1-digit sums: fewer than 128 distinct problems
     assert benchmarks.baseline_draws(small) == 2 * len(benchmarks.held_out(small, 128, benchmarks.HELDOUT_SEED)[0])

@@ -399,7 +399,16 @@ def test_a_measured_baseline_noise_replaces_the_binomial_bound_in_the_bounds_and
     assert b["baseline_se"] == 0.011 and b["baseline_se_source"] == "measured"
     assert b["bmdl"] != bound["bmdl"] and b["bmd"] == pytest.approx(bound["bmd"])  # the bounds, not the fit
     assert "measured from each held-out problem's repeated draws (0.011)" in measured.conclusion()
-    assert "binomial" not in measured.conclusion()
+    assert "binomial" not in measured.conclusion() and "one shared sampling seed" in measured.conclusion()
+    # a measured noise of 0 is a measurement, not a noise left out; a table analysed before the source was kept
+    # (a standard error, no source) had the bound; several studies' curves mixed are refused
+    zero = pd.DataFrame({"baseline_se": [0.0], "baseline_se_source": ["measured"]})
+    assert "measured" in words_08.baseline_noise_words(zero) and "not in" not in words_08.baseline_noise_words(zero)
+    assert "binomial upper bound" in words_08.baseline_noise_words(pd.DataFrame({"baseline_se": [0.02]}))
+    assert "not in the bounds" in words_08.baseline_noise_words(pd.DataFrame({"baseline_se": [0.0]}))
+    mixed = c.assign(**{INITIAL_SE: np.where(c["seed"] == c["seed"].iloc[0], 0.011, 0.012)})
+    with pytest.raises(ValueError, match="one value per study"):
+        mc.analyze(mixed, p)
 
 
 def test_the_initial_policys_sampling_noise_is_measured_from_its_repeated_draws(engine, default_model):

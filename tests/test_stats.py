@@ -419,6 +419,9 @@ def test_fixed_items_mean_se_is_unbiased_over_draws_and_below_the_binomial_bound
     assert est.mean() == pytest.approx(true_var, rel=0.03)
     b = p.mean()
     assert np.sqrt(true_var) < 0.7 * np.sqrt(b * (1 - b) / (n * k))
+    # an estimate, not the bound: every problem split 1-1 gives sqrt(2) x the binomial bound at b = 0.5
+    split = np.tile([0.0, 1.0], (n, 1))
+    assert stats.fixed_items_mean_se(split) == pytest.approx(np.sqrt(2) * np.sqrt(0.25 / (n * k)))
     # deterministic problems carry no sampling noise; one draw per problem cannot measure it
     assert stats.fixed_items_mean_se(np.repeat([[0.0], [1.0]], 2, axis=1)) == 0.0
     with pytest.raises(ValueError, match="k >= 2"):

@@ -148,8 +148,10 @@ def fixed_items_mean_se(draws: np.ndarray) -> float:
     e.g. k completions of each held-out problem) over the draws alone, the items held fixed: sqrt(sum_i s_i^2 / k) / n
     with s_i^2 each item's sample variance (ddof 1, unbiased for p_i (1 - p_i) on a 0/1 reward). Why not the spread of
     all n k draws: problems differ in difficulty, and that spread counts it as noise, while a policy scored again on
-    the same problems meets the same difficulties; the binomial sqrt(b (1 - b) / (n k)) is its upper bound. Needs
-    k >= 2 (one draw per item says nothing about its own variance)."""
+    the same problems meets the same difficulties. The binomial sqrt(b (1 - b) / (n k)) bounds the true standard
+    error; this estimate of it can exceed that bound by chance, by up to sqrt(k / (k - 1)) (every item split evenly),
+    and as the square root of an unbiased variance it runs slightly low. Needs k >= 2 (one draw per item says nothing
+    about its own variance)."""
     d = np.asarray(draws, dtype=np.float64)
     if d.ndim != 2 or d.shape[0] < 1 or d.shape[1] < 2:
         raise ValueError(f"draws must be [items, k] with k >= 2 draws of each item, got shape {d.shape}")

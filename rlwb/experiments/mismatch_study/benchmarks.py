@@ -102,9 +102,11 @@ def baseline_se(outcome: str, baseline: float, draws: int, measured: float = flo
     `draws` completions of fixed problems at the study's T): `measured`, the run's own estimate from each problem's
     repeated draws (`analysis.INITIAL_SE`, `stats.fixed_items_mean_se`) where the run kept it, else the binomial
     bound sqrt(b (1 - b) / draws), which no spread of the problems' own success rates can exceed
-    (sum p_i (1 - p_i) <= n b (1 - b)). Both ignore the common sampling seed the trained policies are scored with (a
-    positive correlation would shrink the gain's noise). (0, "") for greedy accuracy (deterministic on fixed
-    problems) and for the training reward's baseline (the clean runs' own first steps, resampled with them)."""
+    (sum p_i (1 - p_i) <= n b (1 - b)). Neither holds what the fixed scoring seed shares: every trained policy is
+    sampled with the same seed on the same problems, so part of their scoring noise is common to all seeds (no
+    resample over seeds sees it) and correlated with the baseline's; its net effect on the bounds is not measured.
+    (0, "") for greedy accuracy (deterministic on fixed problems) and for the training reward's baseline (the clean
+    runs' own first steps, resampled with them)."""
     if outcome != "policy_reward" or not np.isfinite(baseline):
         return 0.0, ""
     if np.isfinite(measured):
@@ -122,7 +124,10 @@ def _measured_se(curves: pd.DataFrame) -> float:
     if INITIAL_SE not in curves or curves[INITIAL_SE].isna().all():
         return float("nan")
     values = curves[INITIAL_SE].dropna().unique()
-    return float(values[0] if len(values) == 1 else values.mean())
+    if len(values) != 1:
+        raise ValueError(f"{INITIAL_SE}: one value per study expected (the initial policy is scored once), got "
+                         f"{len(values)}: curves of several studies mixed?")
+    return float(values[0])
 
 
 def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> list[RowStudy]:

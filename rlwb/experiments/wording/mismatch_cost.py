@@ -88,17 +88,25 @@ def baseline_noise_words(bench) -> str:
     measurement, its sampling noise drawn in every bootstrap resample, at its standard error measured from the
     held-out problems' repeated draws or at the binomial upper bound, whichever the benchmark table carries
     (`benchmarks.baseline_se`), else left out."""
-    se = bench.get("baseline_se")
-    if se is None or not (se.fillna(0) > 0).any():
-        return "the initial policy's outcome is one measurement, its noise not in the bounds"
-    source = bench.get("baseline_se_source")
-    used = bench[se.fillna(0) > 0]
-    if source is not None and (used["baseline_se_source"] == "measured").all():
-        return (f"the initial policy's outcome is one measurement, its sampling noise drawn in every resample at "
-                f"its standard error measured from each held-out problem's repeated draws "
-                f"({used['baseline_se'].iloc[0]:.3f})")
-    return ("the initial policy's outcome is one measurement, its sampling noise drawn in every resample at "
-            "its binomial upper bound (so this part of the bounds' width is if anything overstated)")
+    from rlwb.experiments.mismatch_study.benchmarks import BOUND, MEASURED
+
+    head = "the initial policy's outcome is one measurement"
+    sources = bench.get("baseline_se_source")
+    if sources is None:  # a table analysed before the source was kept: the bound where it has a noise at all
+        se = bench.get("baseline_se")
+        sources = (se.fillna(0) > 0).map({True: BOUND, False: ""}) if se is not None else bench.iloc[:, 0].map(
+            lambda _: "")
+    said = []
+    if (sources == MEASURED).any():
+        se = bench.loc[sources == MEASURED, "baseline_se"].iloc[0]
+        said.append(f"its standard error measured from each held-out problem's repeated draws ({se:.3f})")
+    if (sources == BOUND).any():
+        said.append("its binomial upper bound (so this part of the bounds' width is if anything overstated)")
+    if not said:
+        return head + ", its noise not in the bounds"
+    shared = ("; the trained policies are scored with one shared sampling seed, whose common noise no resample over "
+              "seeds holds")
+    return head + ", its sampling noise drawn in every resample at " + " or ".join(said) + shared
 
 
 def below_initial_line(table) -> str:
