@@ -630,7 +630,15 @@ def test_the_horizon_figure_draws_each_blocks_gap_with_its_interval_and_the_coll
     ax = fig.axes[0]
     assert len(ax.containers) == 1 and list(ax.containers[0].lines[0].get_ydata()) == [-0.01, -0.05]
     assert any(list(ln.get_xdata()) == [41.0, 41.0] for ln in ax.get_lines())
-    assert "no entropy collapse" in " ".join(t.get_text() for t in ax.texts)
+    assert "no entropy collapse in any row" in " ".join(t.get_text() for t in fig.texts)
+    # four rows, none collapsing: what none showed is said once per kind, inside the figure (a note per row ran
+    # 2.5 figure-widths off its edge in qwen2-chat's horizon run)
+    many = pd.concat([hz.assign(label=f"weights@{d}+long", grad_spike_step=np.nan) for d in (0.001, 0.003, 0.01, 0.03)])
+    fig = plots.horizon_gaps(many)
+    words = " ".join(t.get_text() for t in fig.texts)
+    assert words.count("no grad-norm spikes") == 1 and "no entropy collapse in any row" in words
+    renderer = fig.canvas.get_renderer()
+    assert all(t.get_window_extent(renderer).x1 <= fig.bbox.x1 for t in fig.texts)
     empty = plots.horizon_gaps(hz.iloc[:0])
     assert "no long-horizon rows" in empty.axes[0].texts[0].get_text()
     plt.close("all")

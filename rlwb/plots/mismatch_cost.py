@@ -222,7 +222,8 @@ def horizon_gaps(horizon, style: str = "notebook"):
                 va="center", transform=ax.transAxes)
         fig.tight_layout()
         return fig
-    notes = []
+    missing: dict[str, list[str]] = {}  # what was not seen -> the rows it was not seen in
+    rows = list(dict.fromkeys(horizon["label"]))
     for i, ((label, arm), d) in enumerate(horizon.groupby(["label", "arm"], sort=False)):
         color = OKABE_ITO[i % len(OKABE_ITO)]
         mid = (d["block_start"] + d["block_end"]) / 2
@@ -233,13 +234,21 @@ def horizon_gaps(horizon, style: str = "notebook"):
             step = d[col].iloc[0] if col in d else np.nan
             if np.isfinite(step):
                 ax.axvline(step, color=color, ls=ls, lw=1, label=f"{what} from step {int(step)}")
-            else:
-                notes.append(f"{label}: no {what}")
+            elif label not in missing.setdefault(what, []):
+                missing[what].append(label)
     ax.axhline(0, color="0.5", lw=0.8)
+    ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    # what no row showed, said once per kind under the axes (a note per row ran off the figure's edge)
+    notes = [f"no {what} in any row" if set(labs) == set(rows) else f"no {what}: {', '.join(labs)}"
+             for what, labs in missing.items()]
     if notes:
-        ax.text(0.01, 0.01, "; ".join(dict.fromkeys(notes)), transform=ax.transAxes, fontsize="x-small", va="bottom")
-    ax.legend(fontsize="x-small")
-    fig.tight_layout()
+        import textwrap
+
+        text = textwrap.fill("; ".join(notes) + ".", 110)
+        fig.text(0.01, 0.01, text, fontsize="x-small", va="bottom", ha="left")
+        fig.tight_layout(rect=(0, 0.035 * (text.count("\n") + 2), 1, 1))
+    else:
+        fig.tight_layout()
     return fig
 
 
