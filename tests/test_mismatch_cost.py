@@ -198,6 +198,9 @@ def test_the_benchmark_dose_of_a_hand_made_dose_response_and_its_sentence(loss_s
         assert "keep k3 below" not in line and "no level to quote" in line and "larger doses" in line
     m = benchmarks.benchmark_metrics(b)
     assert m["ratio/none@engine/bmdl_bounded"] == float(r.status == "bounded")
+    assert m["ratio/none@engine/bmd_log_k3"] == r.bmd_log or np.isnan(r.bmd_log)
+    assert m["ratio/none@engine/bmdl_log_k3"] == r.bmdl_log or np.isnan(r.bmdl_log)
+    assert m["ratio/none@engine/baseline_se"] == r.baseline_se and m["ratio/none@engine/baseline_se_measured"] == 0
     groups = fits[fits["part"] == "group"]
     assert groups["dose"].to_numpy() == pytest.approx([0.0, *RATIO_DOSES], rel=1e-9)
     fitted = fits[fits["part"] == "fit"]
@@ -217,6 +220,9 @@ def test_the_wording_knows_every_benchmark_status_the_estimator_gives():
     spelt = {wording.BMD_BOUNDED, wording.BMD_ABOVE, wording.BMD_BELOW, wording.BMD_NO_FIT, wording.BMD_SATURATED,
              wording.BMD_NO_BENCHMARK, wording.BMD_NOT_BOUNDED}
     assert spelt == set(bd.STATUSES)
+    from rlwb.experiments.mismatch_study import benchmarks
+
+    assert (wording.SE_MEASURED, wording.SE_BOUND) == (benchmarks.MEASURED, benchmarks.BOUND)
     for status in bd.STATUSES:  # each has its own reason, never the bare status
         r = SimpleNamespace(status=status, doses=2, k3_min=0.01, k3_max=1.0, bmd=2.0, bmdl=0.5, bmdl_log=0.4,
                             status_log=status, clean_gain=0.3)

@@ -293,8 +293,10 @@ def engine_points(table: pd.DataFrame, fits: list[dict]) -> list[dict]:
 
 def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
     """`<kind>[+ppo<u>][+long]/<arm>/{trend_slope, trend_p_holm, bmr, bmd_k3, bmdl_k3, bmdu_k3, bmdl_bounded,
-    keep_below_k3, scale_agree}` per benchmark row (`bmdl_bounded`: 1 where the status is "bounded";
-    `keep_below_k3`: the level to quote, NaN where there is none, `keep_below`)."""
+    keep_below_k3, scale_agree, bmd_log_k3, bmdl_log_k3, baseline_se, baseline_se_measured}` per benchmark row
+    (`bmdl_bounded`: 1 where the status is "bounded"; `keep_below_k3`: the level to quote, NaN where there is none,
+    `keep_below`; `*_log_k3`: the same fit on the log dose scale, what `scale_agree` compares; `baseline_se_measured`:
+    1 where the baseline's noise is the run's own measurement, 0 for the binomial bound)."""
     out = {}
     for r in bench.itertuples():
         k = f"{r.name}/{r.arm}"
@@ -302,6 +304,9 @@ def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
                     f"{k}/bmr": float(r.bmr), f"{k}/bmd_k3": float(r.bmd), f"{k}/bmdl_k3": float(r.bmdl),
                     f"{k}/bmdu_k3": float(r.bmdu), f"{k}/bmdl_bounded": float(r.status == bd.BOUNDED),
                     f"{k}/keep_below_k3": float(r.keep_below),
-                    f"{k}/scale_agree": float(bool(r.scale_agree))})
+                    f"{k}/scale_agree": float(bool(r.scale_agree)), f"{k}/bmd_log_k3": float(r.bmd_log),
+                    f"{k}/bmdl_log_k3": float(r.bmdl_log), f"{k}/baseline_se": float(r.baseline_se)})
+        if "baseline_se_source" in bench:
+            out[f"{k}/baseline_se_measured"] = float(r.baseline_se_source == MEASURED)
     return out
 

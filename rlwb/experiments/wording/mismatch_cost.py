@@ -83,24 +83,27 @@ def benchmark_line(r, bmr_fraction: float) -> str:
     return head + f"no level to quote: {benchmark_reason(r)}; {trend}."
 
 
+# where a benchmark row's baseline noise comes from, spelled as `benchmarks.MEASURED` / `BOUND` spell it (the wording
+# imports no analysis module; test_the_wording_knows_every_benchmark_status_the_estimator_gives holds them equal)
+SE_MEASURED, SE_BOUND = "measured", "binomial bound"
+
+
 def baseline_noise_words(bench) -> str:
     """How the bounds treat the initial policy's outcome (the baseline the clean gain is measured from): one
     measurement, its sampling noise drawn in every bootstrap resample, at its standard error measured from the
     held-out problems' repeated draws or at the binomial upper bound, whichever the benchmark table carries
     (`benchmarks.baseline_se`), else left out."""
-    from rlwb.experiments.mismatch_study.benchmarks import BOUND, MEASURED
-
     head = "the initial policy's outcome is one measurement"
     sources = bench.get("baseline_se_source")
     if sources is None:  # a table analysed before the source was kept: the bound where it has a noise at all
         se = bench.get("baseline_se")
-        sources = (se.fillna(0) > 0).map({True: BOUND, False: ""}) if se is not None else bench.iloc[:, 0].map(
+        sources = (se.fillna(0) > 0).map({True: SE_BOUND, False: ""}) if se is not None else bench.iloc[:, 0].map(
             lambda _: "")
     said = []
-    if (sources == MEASURED).any():
-        se = bench.loc[sources == MEASURED, "baseline_se"].iloc[0]
+    if (sources == SE_MEASURED).any():
+        se = bench.loc[sources == SE_MEASURED, "baseline_se"].iloc[0]
         said.append(f"its standard error measured from each held-out problem's repeated draws ({se:.3f})")
-    if (sources == BOUND).any():
+    if (sources == SE_BOUND).any():
         said.append("its binomial upper bound (so this part of the bounds' width is if anything overstated)")
     if not said:
         return head + ", its noise not in the bounds"
