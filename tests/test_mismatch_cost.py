@@ -404,7 +404,7 @@ def test_a_measured_baseline_noise_replaces_the_binomial_bound_in_the_bounds_and
     assert bound["baseline_se_source"] == "binomial bound" and bound["baseline_se"] > 0.011
     assert b["baseline_se"] == 0.011 and b["baseline_se_source"] == "measured"
     assert b["bmdl"] != bound["bmdl"] and b["bmd"] == pytest.approx(bound["bmd"])  # the bounds, not the fit
-    assert "measured from each held-out problem's repeated draws (0.011)" in measured.conclusion()
+    assert "measured from each scored problem's repeated draws (0.011)" in measured.conclusion()
     assert "binomial" not in measured.conclusion() and "one shared sampling seed" in measured.conclusion()
     # a measured noise of 0 is a measurement, not a noise left out; a table analysed before the source was kept
     # (a standard error, no source) had the bound; several studies' curves mixed are refused

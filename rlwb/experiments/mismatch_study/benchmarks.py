@@ -2,7 +2,7 @@
 convention (`rlwb.core.measure.benchmark_dose`: models anchored at dose 0, test of fit, model average, a bootstrap
 over seeds that re-estimates the clean gain, so the benchmark response's own uncertainty is inside every bound; the
 initial policy's outcome, the baseline, is one measurement of its own, and each resample draws it too, with the
-standard error of its sampling noise, measured from each held-out problem's repeated draws, or for a run that did not
+standard error of its sampling noise, measured from each scored problem's repeated draws, or for a run that did not
 keep them the binomial bound: `baseline_se`).
 
 What is on the dose axis: `k3_initial`, the k3 a dose gives the policy a run starts from (at the kind's

@@ -91,7 +91,7 @@ SE_MEASURED, SE_BOUND = "measured", "binomial bound"
 def baseline_noise_words(bench) -> str:
     """How the bounds treat the initial policy's outcome (the baseline the clean gain is measured from): one
     measurement, its sampling noise drawn in every bootstrap resample, at its standard error measured from the
-    held-out problems' repeated draws or at the binomial upper bound, whichever the benchmark table carries
+    scored problems' repeated draws or at the binomial upper bound, whichever the benchmark table carries
     (`benchmarks.baseline_se`), else left out."""
     head = "the initial policy's outcome is one measurement"
     sources = bench.get("baseline_se_source")
@@ -102,7 +102,7 @@ def baseline_noise_words(bench) -> str:
     said = []
     if (sources == SE_MEASURED).any():
         se = bench.loc[sources == SE_MEASURED, "baseline_se"].iloc[0]
-        said.append(f"its standard error measured from each held-out problem's repeated draws ({se:.3f})")
+        said.append(f"its standard error measured from each scored problem's repeated draws ({se:.3f})")
     if (sources == SE_BOUND).any():
         said.append("its binomial upper bound (so this part of the bounds' width is if anything overstated)")
     if not said:
