@@ -305,8 +305,7 @@ def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
                     f"{k}/bmdu_k3": float(r.bmdu), f"{k}/bmdl_bounded": float(r.status == bd.BOUNDED),
                     f"{k}/keep_below_k3": float(r.keep_below),
                     f"{k}/scale_agree": float(bool(r.scale_agree)), f"{k}/bmd_log_k3": float(r.bmd_log),
-                    f"{k}/bmdl_log_k3": float(r.bmdl_log), f"{k}/baseline_se": float(r.baseline_se)})
-        if "baseline_se_source" in bench:
-            out[f"{k}/baseline_se_measured"] = float(r.baseline_se_source == MEASURED)
+                    f"{k}/bmdl_log_k3": float(r.bmdl_log), f"{k}/baseline_se": float(r.baseline_se),
+                    f"{k}/baseline_se_measured": float(r.baseline_se_source == MEASURED)})
     return out
 

@@ -97,8 +97,9 @@ def baseline_noise_words(bench) -> str:
     sources = bench.get("baseline_se_source")
     if sources is None:  # a table analysed before the source was kept: the bound where it has a noise at all
         se = bench.get("baseline_se")
-        sources = (se.fillna(0) > 0).map({True: SE_BOUND, False: ""}) if se is not None else bench.iloc[:, 0].map(
-            lambda _: "")
+        if se is None:
+            return head + ", its noise not in the bounds"
+        sources = (se.fillna(0) > 0).map({True: SE_BOUND, False: ""})
     said = []
     if (sources == SE_MEASURED).any():
         se = bench.loc[sources == SE_MEASURED, "baseline_se"].iloc[0]
