@@ -1131,6 +1131,14 @@ def test_the_horizon_run_and_the_second_one_sided_confirmation_load_as_declared(
     for horizon in ("", "+long"):
         assert {r.label for r in runs if r.kind == "weights" and r.label.endswith(horizon)} >= {
             f"weights@{d:g}{horizon}" for d in (0.001, 0.003, 0.01, 0.03)}
+    g = params.load("08_mismatch_cost", [study, folder / "horizon_gap_qwen2.yaml"])  # the 12x gap's doses
+    runs = design.training_runs(g)
+    assert len(runs) == 81 and "81 runs" in (folder / "horizon_gap_qwen2.yaml").read_text()
+    assert (g.model, g.max_digits, g.lr, g.policy_samples) == (q.model, q.max_digits, q.lr, q.policy_samples)
+    assert g.confirms == [] and g.max_seeds == 0 and g.seeds == list(range(5000, 5008))
+    for horizon in ("", "+long"):
+        assert {r.label for r in runs if r.kind == "weights" and r.label.endswith(horizon)} == {
+            f"weights@{d:g}{horizon}" for d in (0.003, 0.005, 0.007, 0.01)}
     c = params.load("08_mismatch_cost", [study, folder / "confirm_onesided.yaml"])
     runs = design.training_runs(c)
     assert len(runs) == 73 and "73 runs" in (folder / "confirm_onesided.yaml").read_text()
