@@ -86,6 +86,21 @@ def test_engine_from_an_unfinished_env_is_refused(tmp_path):
     preset.check_interpreter()
 
 
+def test_a_missing_engine_env_inside_the_repo_is_named_by_its_repo_path(tmp_path):
+    """Notebook 09 on a machine without vLLM shows this reason in its report: the env's path in the repo, never the
+    machine's checkout (a lent GPU's report named /work/main/.venvs/vllm-v1/bin/python)."""
+    from rlwb.engines.presets import PresetError, resolve_preset
+    from rlwb.paths import REPO_ROOT
+
+    presets = tmp_path / "presets.yaml"
+    missing = REPO_ROOT / ".venvs" / "no-such-env" / "bin" / "python"
+    presets.write_text(f"gone:\n  backend: vllm\n  python: {missing}\n")
+    with pytest.raises(PresetError) as e:
+        resolve_preset("gone", files=[presets]).check_interpreter()
+    assert "interpreter .venvs/no-such-env/bin/python does not exist (run `make engines`)" in str(e.value)
+    assert str(REPO_ROOT) not in str(e.value)
+
+
 def test_progress_in_a_log_is_a_few_whole_lines():
     """A bar of 2,000 quick updates, stderr a pipe (a log): a handful of lines, not one per redraw."""
     code = ("import time\nfrom rlwb.progress import progress_bar\n"

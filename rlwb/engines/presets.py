@@ -53,14 +53,18 @@ class Preset:
     def check_interpreter(self) -> None:
         if self.backend == "openai":  # no interpreter: the server is reached (and checked) when the engine opens
             return
+        in_repo = self.python.is_relative_to(REPO_ROOT)
+        # a reason reports and notebooks show: the env's path inside the repo, not this machine's checkout
+        shown = self.python.relative_to(REPO_ROOT) if in_repo else self.python
         if not self.python.exists():
             hint = (f"run `rlwb engines setup {self.name.split(KNOB_SEP)[0]}`" if self.setup else
-                    "run `make engines`" if str(self.python).startswith(str(REPO_ROOT)) else "create that environment")
-            raise PresetError(f"engine preset {self.name!r}: interpreter {self.python} does not exist ({hint})")
+                    "run `make engines`" if in_repo else "create that environment")
+            raise PresetError(f"engine preset {self.name!r}: interpreter {shown} does not exist ({hint})")
         env_root = self.python.parent.parent
         if (env_root / ".rlwb-incomplete").exists():  # written by scripts/setup.sh until the env imports
-            raise PresetError(f"engine preset {self.name!r}: the setup of {env_root} did not finish (it failed or "
-                              f"was interrupted); run `rlwb engines setup {self.name.split(KNOB_SEP)[0]}` again")
+            raise PresetError(f"engine preset {self.name!r}: the setup of {shown.parent.parent} did not finish (it "
+                              f"failed or was interrupted); run `rlwb engines setup "
+                              f"{self.name.split(KNOB_SEP)[0]}` again")
 
 
 def interpreter_path(python: str) -> Path:
