@@ -86,19 +86,27 @@ def test_engine_from_an_unfinished_env_is_refused(tmp_path):
     preset.check_interpreter()
 
 
-def test_a_missing_engine_env_inside_the_repo_is_named_by_its_repo_path(tmp_path):
-    """Notebook 09 on a machine without vLLM shows this reason in its report: the env's path in the repo, never the
-    machine's checkout (a lent GPU's report named /work/main/.venvs/vllm-v1/bin/python)."""
+def test_a_missing_engine_env_inside_the_repo_is_named_by_its_repo_path(tmp_path, monkeypatch):
+    """Notebook 09 on a machine without vLLM shows this reason in its report: the env's path in the repo, not this
+    machine's checkout (a lent GPU's report named /work/main/.venvs/vllm-v1/bin/python). Both forms a preset takes:
+    an absolute path into the repo, and `.venvs/...` under the environments' directory with a `setup:` recipe (the
+    shipped presets' form, whose hint is `rlwb engines setup`)."""
+    import yaml
+
     from rlwb.engines.presets import PresetError, resolve_preset
     from rlwb.paths import REPO_ROOT
 
+    monkeypatch.setenv("RLWB_ENVS", ".venvs-missing-for-a-test")  # relative: inside the repo, and absent
     presets = tmp_path / "presets.yaml"
-    missing = REPO_ROOT / ".venvs" / "no-such-env" / "bin" / "python"
-    presets.write_text(f"gone:\n  backend: vllm\n  python: {missing}\n")
-    with pytest.raises(PresetError) as e:
-        resolve_preset("gone", files=[presets]).check_interpreter()
-    assert "interpreter .venvs/no-such-env/bin/python does not exist (run `make engines`)" in str(e.value)
-    assert str(REPO_ROOT) not in str(e.value)
+    presets.write_text(yaml.safe_dump({
+        "gone": {"backend": "vllm", "python": str(REPO_ROOT / ".venvs" / "no-such-env" / "bin" / "python")},
+        "unmade": {"backend": "vllm", "python": ".venvs/vllm-v1/bin/python", "setup": {"pip": ["vllm"]}}}))
+    for name, shown, hint in (("gone", ".venvs/no-such-env/bin/python", "run `make engines`"),
+                              ("unmade", ".venvs-missing-for-a-test/vllm-v1/bin/python", "run `rlwb engines setup")):
+        with pytest.raises(PresetError) as e:
+            resolve_preset(name, files=[presets]).check_interpreter()
+        assert f"interpreter {shown} does not exist ({hint}" in str(e.value)
+        assert str(REPO_ROOT) not in str(e.value)
 
 
 def test_progress_in_a_log_is_a_few_whole_lines():

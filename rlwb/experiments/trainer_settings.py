@@ -5,10 +5,13 @@ One engine preset (`sampler`, fp32) samples the prompts once (task and open-ende
 micro-batch with grad, checkpointing, torch.compile, an fp32 head) scores the same sequences, each against a
 float64 forward of the same weights run one sequence at a time (the reference), through the scorer's own loop
 (`rlwb.core.scoring.trainer.score_sequences`). `fp64` (float64 in the scorer's batches) is always measured first: the
-reference's control, which must agree with the reference bitwise. Per setting: |Δlogp| and k3 against the
-reference (95% sequence-bootstrap intervals), the share of sequences bitwise identical to the same setting one
-sequence per forward (batch invariance), time per 1k tokens (relative to `fp32` in the same run) and, for a
-setting with grad, its PPO ratio at the first micro-step (update pass / its own old-logprob pass).
+reference's control, which must agree with the reference far below fp32's floor (bitwise where the batched kernels
+round as the single-sequence ones do; transformers' Qwen2 norm computes in fp32 even in float64, so a batched
+kernel's last-bit difference can flip one of its fp32 roundings: 2e-07 on an H100, docs/gpu.md).
+Per setting: |Δlogp| and k3 against the reference (95% sequence-bootstrap intervals), the share of sequences bitwise
+identical to the same setting one sequence per forward (batch invariance), time per 1k tokens (relative to `fp32` in
+the same run) and, for a setting with grad, its PPO ratio at the first micro-step (update pass / its own old-logprob
+pass).
 
 The grid: each `grid_engines` preset (bf16 engines without and with an fp32 head) samples the same prompts and
 each `grid_settings` trainer scores its sequences: k3 engine vs trainer (what a user sees), engine vs reference
