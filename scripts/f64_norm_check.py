@@ -5,7 +5,8 @@ Notebook 09's `fp64` row on an H100 put float64 in batches 2.0e-07 from float64 
 flip one of its fp32 roundings. This scores the same sequences at Qwen2.5-0.5B's shapes (random weights, float64) in
 one padded batch and one at a time, with transformers' norm and with the norm kept in float64, and prints the
 largest logprob difference and the share of sequences bitwise equal for each. If the norm is the cause, the float64
-norm's difference falls to float64's rounding (~1e-13 or below).
+norm's difference falls to float64's rounding (~1e-13 or below). It also prints how far the reference (one sequence
+at a time, transformers' norm) lies from the same forward with the norm in float64: the reference's own accuracy.
 
     python scripts/f64_norm_check.py            # on a GPU (Qwen2.5-0.5B's config: ~4 GB of float64 weights)
     python scripts/f64_norm_check.py --tiny     # a 2-layer model, anywhere (checks the script, not the claim)
@@ -45,13 +46,14 @@ def compare(model, seqs: list[torch.Tensor], device) -> dict:
         ids[i, :len(s)], mask[i, :len(s)] = s, 1
     with torch.no_grad():
         batched = token_logprobs(model, ids, mask)
-        diffs, equal = [], 0
+        diffs, equal, alones = [], 0, []
         for i, s in enumerate(seqs):
             alone = token_logprobs(model, s[None].to(device), torch.ones(1, len(s), dtype=torch.long, device=device))[0]
             d = (batched[i, :len(s) - 1] - alone).abs().max().item()
             diffs.append(d)
             equal += d == 0
-    return {"max_abs_dlogp": max(diffs), "bitwise_equal_frac": equal / len(seqs)}
+            alones.append(alone)
+    return {"max_abs_dlogp": max(diffs), "bitwise_equal_frac": equal / len(seqs)}, alones
 
 
 def main() -> None:
@@ -68,9 +70,11 @@ def main() -> None:
             for n in torch.randint(60, 121, (args.sequences,), generator=g)]
     out = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
            "transformers": __import__("transformers").__version__, "sequences": len(seqs)}
-    out["transformers_norm_fp32"] = compare(model, seqs, device)
+    out["transformers_norm_fp32"], reference = compare(model, seqs, device)
     modeling_qwen2.Qwen2RMSNorm.forward = float64_norm
-    out["norm_in_float64"] = compare(model, seqs, device)
+    out["norm_in_float64"], exact = compare(model, seqs, device)
+    out["reference_vs_norm_in_float64_max_abs_dlogp"] = max((a - b).abs().max().item()
+                                                            for a, b in zip(reference, exact))
     print(json.dumps(out, indent=1))
 
 
