@@ -41,8 +41,11 @@ bmds:                                ## .venvs/bmds: EPA's BMDS engine (pybmds; 
 browser:                             ## Debian's chromium, for the index-page and JupyterLab browser tests
 	bash scripts/setup.sh browser
 
-model: kernel                        ## build (or reuse from $RLWB_CACHE) the embedded default policy
+# The suite's chat fixture (tests/conftest.py chat_smoke_model) is built here, beside the V0 build: inside the suite
+# its 2 GB build ran beside the engines' servers and was killed by the OOM killer (exit -9), erroring 15 tests.
+model: kernel                        ## build (or reuse from $RLWB_CACHE) the embedded default policy and the suite's chat smoke model
 	set -o pipefail; $(RLWB) build-model | tail -2
+	set -o pipefail; $(RLWB) build-model --model qwen2-chat-smoke | tail -2
 
 reports: setup versions              ## run every notebook with its default params and archive it
 	@set -e; since=$$(date -u +%Y-%m-%dT%H:%M:%S); for nb in $(NOTEBOOKS); do \
