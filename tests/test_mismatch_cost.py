@@ -313,8 +313,8 @@ def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_tempera
             return {"preset": "vllm-v1-fixed", "vllm_version": "0.11.0"}
 
     monkeypatch.setattr(worker, "EngineWorker", Worker)
-    monkeypatch.setattr(execution, "policy_reward", lambda m, engine, codec, probs, p, t: calls.append((engine.name, t))
-                        or 0.5)
+    monkeypatch.setattr(execution, "policy_rewards",
+                        lambda m, engine, codec, probs, p, t: calls.append((engine.name, t)) or np.full((1, 2), 0.5))
     p = MismatchCostParams(engine_points=["vllm-v1-fixed@bf16", "vllm-v1@T1.0"], temperature=0.7)
     recorded = []
     scorer = execution.CleanScorer(p.engines[0], "model", p.dtype, recorded.append)
@@ -324,7 +324,7 @@ def test_every_outcome_is_sampled_by_the_clean_base_engine_at_the_studys_tempera
     t1 = design.TrainingRun("engine", float("nan"), "none@engine", 0, "vllm-v1", 1.0, "vllm-v1@T1")
     clean_t1 = design.TrainingRun("clean", 0.0, "none@engine", 0, p.engines[0], 1.0, "clean@T1")
     for job, lane in ((base_job, "lane"), (point, "bf16 lane"), (t1, "v1 lane"), (clean_t1, "lane")):
-        scorer.policy_reward(None, job, FakeEngine(lane), None, [], p)
+        scorer.policy_draws(None, job, FakeEngine(lane), None, [], p)
     assert calls == [("lane", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7), ("scorer:vllm-v1-fixed:float32", 0.7),
                      ("lane", 0.7)]
     assert len(started) == 1 and [(r["preset"], r["role"]) for r in recorded] == [

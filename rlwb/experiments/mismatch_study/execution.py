@@ -20,7 +20,6 @@ from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart
 from rlwb.experiments.grpo_grid import one_phase, run_grid
 from rlwb.experiments.mismatch_study import sequential
-from rlwb.experiments.mismatch_study.analysis import INITIAL_SE
 from rlwb.experiments.mismatch_study.design import (
     HELDOUT_PROBLEMS,
     HELDOUT_SEED,
@@ -108,13 +107,16 @@ def train_study(p, model_path, *, on_start: OnStart = None, progress: bool = Tru
         kl.add(job, full)
         df["heldout_greedy_acc"] = float(greedy_rewards(m, codec, heldout, p.max_tokens).mean())
         if p.policy_samples:
-            df["policy_reward"] = scorer.policy_reward(m, job, engine, codec, heldout, p)
+            t1 = time.time()
+            draws = scorer.policy_draws(m, job, engine, codec, heldout, p)
+            df = df.assign(**outcome_columns(draws), t_policy=time.time() - t1)
             df["outcome_engine"], df["outcome_temperature"] = scorer.preset, p.temperature
         for i, (k, v) in enumerate((("kind", job.kind), ("label", job.label), ("dose", job.dose),
                                     ("arm", job.arm), ("seed", job.seed), ("temperature", job.temperature),
                                     ("updates", job.updates), ("epochs", job.epochs))):
             df.insert(1 + i, k, v)
-        return df.assign(engine=job.engine, stream=job.stream, **start).assign(_wall_s=time.time() - t0)
+        wall = time.time() - t0
+        return df.assign(engine=job.engine, stream=job.stream, **start).assign(t_job=wall, _wall_s=wall)
 
     def finished(job: TrainingRun, df: pd.DataFrame) -> pd.DataFrame:
         wall = float(df.pop("_wall_s").iloc[0])
@@ -207,17 +209,18 @@ POLICY_SEED = 999_961
 
 
 def initial_outcomes(model, engine, initial: dict, codec, problems, p) -> dict[str, float]:
-    """The tested outcomes of the *initial* policy, as every trained one is scored (`initial_policy_reward`: sampled
+    """The tested outcomes of the *initial* policy, as every trained one is scored (`initial_policy_reward` and the
+    rest of `outcome_columns`, each prefixed `initial_`: sampled
     by the base engine at the study's T with the same fixed seed; `initial_heldout_greedy_acc`: greedy, no engine):
     what a clean run's gain in the tested outcome is measured from (the benchmark response). `model` and `engine`
     are a lane's trainer and base engine before its run; `train` reloads the initial weights into both after."""
     model.load_state_dict(initial)
     out = {"initial_heldout_greedy_acc": float(greedy_rewards(model, codec, problems, p.max_tokens).mean())}
     if p.policy_samples:
+        # scored as every trained policy is (`outcome_columns`): with two draws or more per problem its sampling
+        # noise (`analysis.INITIAL_SE`) is measured from the problems' own repeated draws
         draws = policy_rewards(model, engine, codec, problems, p, p.temperature)
-        out["initial_policy_reward"] = float(draws.mean())
-        if p.policy_samples >= 2:  # its sampling noise, measured from the problems' own repeated draws
-            out[INITIAL_SE] = stats.fixed_items_mean_se(draws)
+        out.update({f"initial_{k}": v for k, v in outcome_columns(draws).items()})
     return out
 
 
@@ -235,9 +238,10 @@ class CleanScorer:
         self._own = None
         self._lock = threading.Lock()
 
-    def policy_reward(self, model, job: TrainingRun, engine, codec, problems, p) -> float:
+    def policy_draws(self, model, job: TrainingRun, engine, codec, problems, p) -> np.ndarray:
+        """The trained policy's draws on `problems` (`policy_rewards`), sampled by the engine this class picks."""
         if job.engine == self.preset:
-            return policy_reward(model, engine, codec, problems, p, p.temperature)
+            return policy_rewards(model, engine, codec, problems, p, p.temperature)
         with self._lock:
             if self._own is None:
                 from rlwb.engines.worker import EngineWorker
@@ -245,7 +249,7 @@ class CleanScorer:
                 self._own = EngineWorker(self.preset, self._model, dtype=self._dtype)
                 if self._on_start:  # run.json's record of it, beside the base engine's (the same preset)
                     self._on_start({**self._own.info(), "preset": self.scorer_key, "role": "clean scorer"})
-            return policy_reward(model, self._own, codec, problems, p, p.temperature)
+            return policy_rewards(model, self._own, codec, problems, p, p.temperature)
 
     @property
     def scorer_key(self) -> str:
@@ -257,17 +261,33 @@ class CleanScorer:
             self._own = None
 
 
-def policy_reward(model, engine, codec, problems, p, temperature: float) -> float:
-    """The trained policy's mean task reward on `problems` (`p.policy_samples` completions each at `temperature`,
-    one fixed sampling seed for every run: paired), sampled by `engine` after the trained weights are loaded into
-    it unperturbed: no dose between the policy and its reward. Under a distribution dose the training reward is
-    what the perturbed or stale engine sampled; this is what the run trained. `CleanScorer` picks the engine (the
-    base preset) and the temperature (the study's) for every run."""
-    return float(policy_rewards(model, engine, codec, problems, p, temperature).mean())
+def outcome_columns(draws: np.ndarray) -> dict[str, float]:
+    """A run's tested outcome from its draws ([problems, policy_samples] of 0/1 rewards): `policy_reward`, their
+    mean; with two draws or more per problem also its standard error over the draws, the problems fixed
+    (`policy_reward_se`, `stats.fixed_items_mean_se`), and each sample index's own mean over the problems
+    (`policy_reward_s<j>`). Why keep those: sample index j of problem i is drawn with the same seed in every run
+    (`policy_rewards`), so the columns are what the shared scoring seed's common noise and the worth of more
+    samples are measured from (`scoring_noise`), and a mean of the first k columns is the outcome a study with
+    `policy_samples` k would have had from these runs, a fresh sampling of the same cells."""
+    d = np.asarray(draws, dtype=np.float64)
+    out = {"policy_reward": float(d.mean())}
+    if d.shape[1] >= 2:
+        out["policy_reward_se"] = stats.fixed_items_mean_se(d)
+        out.update({f"{SAMPLE_COLUMN}{j}": float(v) for j, v in enumerate(d.mean(axis=0))})
+    return out
+
+
+SAMPLE_COLUMN = "policy_reward_sample"  # + the sample index: `outcome_columns`
 
 
 def policy_rewards(model, engine, codec, problems, p, temperature: float) -> np.ndarray:
-    """`policy_reward`'s draws, [problems, policy_samples]: each completion's 0/1 reward, by problem."""
+    """The tested outcome's draws, [problems, policy_samples]: each completion's 0/1 reward, by problem. The trained
+    policy's completions (`p.policy_samples` each at `temperature`) are sampled by `engine` after the trained
+    weights are loaded into it unperturbed: no dose between the policy and its reward (under a distribution dose
+    the training reward is what the perturbed or stale engine sampled; this is what the run trained). One fixed
+    seed for every run: request i (problem i // policy_samples, sample index i % policy_samples) is drawn with seed
+    POLICY_SEED + i in every run, so the runs' outcomes are paired down to each draw's seed. `CleanScorer` picks
+    the engine (the base preset) and the temperature (the study's) for every run."""
     from rlwb.core.data import tasks as task_mod
     from rlwb.engines.worker import Sampling
 
