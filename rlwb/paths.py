@@ -35,6 +35,15 @@ def outputs_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(env).expanduser().resolve() if env else REPO_ROOT / "outputs"
 
 
+def shown(path: str | os.PathLike) -> str:
+    """A path as pages, records and messages name it: relative to the repo root inside the repo (the same in any
+    checkout: a committed page must not name one machine's path), else as given. Not resolved: a venv's
+    `bin/python` links out of the repo, and its name in the repo is the one to show (callers resolve first where
+    the real file is meant)."""
+    p = Path(path)
+    return p.relative_to(REPO_ROOT).as_posix() if p.is_relative_to(REPO_ROOT) else str(p)
+
+
 def repo_path(value: str | os.PathLike) -> Path:
     """A path given in params (a prompts file, an archived run): absolute as it is, relative from the repo root
     (the notebook's kernel runs in `notebooks/`, so the invoking directory is gone by then; `rlwb audit` and

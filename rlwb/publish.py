@@ -38,7 +38,7 @@ from pathlib import Path
 
 from rlwb import archive
 from rlwb.errors import PublishRefused
-from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
+from rlwb.paths import RUNS_OF_RECORD, shown
 
 PUBLISHED_RUNS = RUNS_OF_RECORD  # the one tracked folder of runs of record: <stem>/<run id>/
 RUN_LIMIT = 5_000_000  # bytes per run of record: runs of record are tracked, so every clone carries them
@@ -261,8 +261,7 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
                     shutil.copy2(f, tmp / rel)
         _check_figures_redraw(tmp, notebook, f"{notebook}/{run_dir.name}")
         record = archive.read_record(tmp, {})
-        source = run_dir.relative_to(REPO_ROOT).as_posix() if run_dir.is_relative_to(REPO_ROOT) else str(run_dir)
-        record["published"] = {"from": source, "at": archive.utc_now(), "bytes": 0,
+        record["published"] = {"from": shown(run_dir), "at": archive.utc_now(), "bytes": 0,
                                "left_out": [vars(c) for c in left]}
         rest = tree_bytes(tmp) - archive.record_path(tmp).stat().st_size  # everything but the run.json rewritten here
         while True:  # the copy as shipped, its run.json included (whose size holds the number: a fixed point)

@@ -186,3 +186,16 @@ def test_the_v0_build_that_setup_made_is_this_machines_and_is_reused(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert Path(r.stdout.strip()) == other / "wheels" / "vllm-0.8.5+cpu" / key / wheel.name
     assert "using cached V0 wheel" in r.stderr and "building" not in r.stderr
+
+
+def test_shown_names_a_path_inside_the_repo_by_its_repo_path_and_keeps_links_unresolved(tmp_path):
+    """`paths.shown`, what pages, records and messages print: the repo path inside the repo (a venv's python, a
+    link out of the repo, by its name in the repo, not its target), an outside path as given."""
+    from rlwb.paths import REPO_ROOT, shown
+
+    outside = tmp_path / "python3"
+    outside.write_text("")
+    inside = REPO_ROOT / ".venvs" / "no-such-env" / "bin" / "python"
+    assert shown(inside) == ".venvs/no-such-env/bin/python"
+    assert shown(outside) == str(outside)
+    assert shown(REPO_ROOT / "docs" / "runs") == "docs/runs"

@@ -96,10 +96,9 @@ def cmd_audit(a) -> int:
     if a.model:
         overrides["model"] = a.model if not Path(a.model).exists() else str(Path(a.model).resolve())
     if a.prompts:  # a file of the repository is recorded as the repository names it (the same in any checkout)
-        from rlwb.paths import REPO_ROOT
+        from rlwb.paths import shown
 
-        path = Path(a.prompts).expanduser().resolve()
-        overrides["prompts_file"] = str(path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path)
+        overrides["prompts_file"] = shown(Path(a.prompts).expanduser().resolve())
     if a.engine:
         overrides["engines"] = a.engine
     if a.served_model:

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import yaml
 
 from rlwb.errors import PresetError
-from rlwb.paths import PARAMS_DIR, REPO_ROOT, envs_dir
+from rlwb.paths import PARAMS_DIR, REPO_ROOT, envs_dir, shown
 
 KNOB_SEP = "@"  # `vllm-v1-fixed@kv-fp8`: a preset with knobs (params/engine_knobs.yaml) applied, left to right
 KNOB_KEYS = {"description", "env", "vllm_kwargs", "fp32_lm_head", "reset_prefix_cache_on_update", "idle_spin_s",
@@ -54,15 +54,15 @@ class Preset:
         if self.backend == "openai":  # no interpreter: the server is reached (and checked) when the engine opens
             return
         in_repo = self.python.is_relative_to(REPO_ROOT)
-        # a reason reports and notebooks show: the env's path inside the repo, not this machine's checkout
-        shown = self.python.relative_to(REPO_ROOT) if in_repo else self.python
         if not self.python.exists():
             hint = (f"run `rlwb engines setup {self.name.split(KNOB_SEP)[0]}`" if self.setup else
                     "run `make engines`" if in_repo else "create that environment")
-            raise PresetError(f"engine preset {self.name!r}: interpreter {shown} does not exist ({hint})")
+            # a reason reports and notebooks show: the env's path inside the repo, not this machine's checkout
+            raise PresetError(f"engine preset {self.name!r}: interpreter {shown(self.python)} does not exist "
+                              f"({hint})")
         env_root = self.python.parent.parent
         if (env_root / ".rlwb-incomplete").exists():  # written by scripts/setup.sh until the env imports
-            raise PresetError(f"engine preset {self.name!r}: the setup of {shown.parent.parent} did not finish (it "
+            raise PresetError(f"engine preset {self.name!r}: the setup of {shown(env_root)} did not finish (it "
                               f"failed or was interrupted); run `rlwb engines setup "
                               f"{self.name.split(KNOB_SEP)[0]}` again")
 

@@ -53,6 +53,7 @@ from rlwb.experiments.mismatch_study.design import (
     training_runs,
 )
 from rlwb.experiments.mismatch_study.execution import train_study
+from rlwb.experiments.mismatch_study.scoring_noise import scoring_metrics
 from rlwb.experiments.wording import mismatch_cost as words_08
 from rlwb.experiments.wording import one_line
 
@@ -147,6 +148,7 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     metrics.update(family)
     ratios = regime_ratios(curves)
     metrics.update(regime_metrics(ratios))
+    metrics.update(scoring_metrics(curves))  # runs that kept their outcome's draws by index: what scoring costs
     if sequential.enabled(p):  # the rule's decision, redone from the first pass's curves as the study took it
         calls, m = sequential.first_pass(curves, p)
         metrics.update(sequential.sequential_metrics(calls, m, training_runs(p), p))

@@ -155,10 +155,9 @@ def reanalysis_note(again: dict | None) -> str:
 def shown_path(root: Path) -> str:
     """The archive root as the page names it: repository-relative inside the repository (a committed index, e.g. of
     docs/runs, must not name one machine's path), else absolute."""
-    from rlwb.paths import REPO_ROOT
+    from rlwb.paths import shown
 
-    root = Path(root).resolve()
-    return root.relative_to(REPO_ROOT).as_posix() if root.is_relative_to(REPO_ROOT) else str(root)
+    return shown(Path(root).resolve())
 
 
 def build_index(root: Path) -> Path:

@@ -450,6 +450,8 @@ INITIAL = {"policy_reward": "initial_policy_reward", "heldout_acc": "initial_hel
 # the initial policy_reward's standard error over its sampling draws, measured (`stats.fixed_items_mean_se`); absent
 # from runs archived before it was kept, whose bounds take the binomial upper bound (`benchmarks.baseline_se`)
 INITIAL_SE = "initial_policy_reward_se"
+# + a draw index j: a run's mean over the held-out problems of its j-th draw of each (`execution.outcome_columns`)
+SAMPLE_COLUMN = "policy_reward_sample"
 
 
 def initial_outcome(curves: pd.DataFrame, outcome: str) -> float:

@@ -20,6 +20,7 @@ from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart
 from rlwb.experiments.grpo_grid import one_phase, run_grid
 from rlwb.experiments.mismatch_study import sequential
+from rlwb.experiments.mismatch_study.analysis import SAMPLE_COLUMN
 from rlwb.experiments.mismatch_study.design import (
     HELDOUT_PROBLEMS,
     HELDOUT_SEED,
@@ -275,9 +276,6 @@ def outcome_columns(draws: np.ndarray) -> dict[str, float]:
         out["policy_reward_se"] = stats.fixed_items_mean_se(d)
         out.update({f"{SAMPLE_COLUMN}{j}": float(v) for j, v in enumerate(d.mean(axis=0))})
     return out
-
-
-SAMPLE_COLUMN = "policy_reward_sample"  # + the sample index: `outcome_columns`
 
 
 def policy_rewards(model, engine, codec, problems, p, temperature: float) -> np.ndarray:

@@ -1,0 +1,169 @@
+"""What a study's tested outcome owes to its scoring, measured on the study's own runs.
+
+Every trained policy is scored on the same held-out problems with `policy_samples` draws each, draw (i, j) sampled
+with the same seed in every run (`execution.policy_rewards`), and each run keeps draw index j's mean over the
+problems (`execution.outcome_columns`: `policy_reward_sample<j>`, S of them; the outcome is their mean). So a study
+scoring k < S draws a problem is the mean of k of those columns, recomputed from the same trained policies:
+
+- `gaps_by_samples`: every dose row's gaps to its clean twins recomputed from k of the S columns, k = 1, 2, 4, ...,
+  S, over the disjoint groups of k columns, and their within-row variance pooled over rows and groups: the gap's
+  variance a study scoring k draws would have had with these policies. Model-free: no variance model is fitted.
+- `common_noise`: the shared seeds' common noise. The clean runs of one arm by draw index as a two-way layout with
+  random effects: var(a draw index's effect, common to every run) and var(the rest, run by run). The common part
+  moves every run's outcome alike, so it cancels from a gap to a twin scored on the same seeds and from the clean
+  runs' gain over the initial policy (scored on them too); it stays in each row's mean.
+- `value_of_samples`: information per second of a run at k draws against the study's own reference k (the studies
+  of record scored 2): (1 / gap variance) / (the run's wall time), the run's wall time at k being its own minus
+  the share of its scoring k would not have drawn (`t_policy` x (1 - k / S); scoring time taken as linear in the
+  draws, which overstates the saving below S: larger batches sample faster per draw).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from rlwb.experiments.mismatch_study.analysis import KEYS, SAMPLE_COLUMN, per_seed, seed_gaps, with_defaults
+
+ROW = ["label", "arm", "temperature", "updates", "epochs", "horizon"]
+
+
+def sample_columns(curves: pd.DataFrame) -> list[str]:
+    """The draw-index columns of a run's outcome (`policy_reward_sample0`, ...), in index order; empty for runs
+    scored with one draw a problem or archived before they were kept."""
+    cols = [c for c in curves.columns if c.startswith(SAMPLE_COLUMN) and c[len(SAMPLE_COLUMN):].isdigit()]
+    return sorted(cols, key=lambda c: int(c[len(SAMPLE_COLUMN):]))
+
+
+def runs(curves: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: `per_seed`'s outcomes with the draw-index columns and the run's timings (`t_job`, its wall
+    time in its lane; `t_policy`, its scoring's)."""
+    curves = with_defaults(curves)
+    cols = sample_columns(curves)
+    if len(cols) < 2:
+        raise ValueError("these curves keep no draw-index columns (policy_reward_sample<j>): runs scored with one "
+                         "draw a problem, or archived before the columns were kept, cannot be split by draw")
+    extra = [c for c in ("t_job", "t_policy") if c in curves]
+    first = curves.groupby(KEYS, sort=False, dropna=False)[cols + extra].first().reset_index()
+    return per_seed(curves).merge(first, on=KEYS, how="left", validate="one_to_one")
+
+
+def groups(s: int, k: int) -> list[list[int]]:
+    """The disjoint groups of k draw indices among s (the remainder, fewer than k, left out)."""
+    return [list(range(g * k, (g + 1) * k)) for g in range(s // k)]
+
+
+def sizes(s: int) -> list[int]:
+    """k = 1, 2, 4, ... up to s, and s itself."""
+    return sorted({*(2 ** i for i in range(int(np.log2(s)) + 1)), s})
+
+
+def pooled_var(values: pd.Series, by: pd.DataFrame) -> tuple[float, int]:
+    """The within-group variance pooled over groups (ddof 1 each) and its degrees of freedom."""
+    g = values.groupby([by[c] for c in by.columns], sort=False, dropna=False)
+    n, v = g.count(), g.var(ddof=1)
+    ok = n >= 2
+    df = int((n[ok] - 1).sum())
+    return (float(((n[ok] - 1) * v[ok]).sum() / df) if df else float("nan")), df
+
+
+def gaps_by_samples(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per k (draws a problem): the dose rows' gap variance pooled within rows (`gap_var`, its `df` summed over the
+    groups of k columns), the clean runs' between-seed variance (`clean_var`, the first arm's), and the mean over
+    runs of their scoring time at k (`t_policy_k`) and wall time at k (`t_job_k`). The dose rows are every run's
+    row that is not a clean one (placebo streams included: clean runs on other sampling seeds)."""
+    r = runs(curves)
+    cols = sample_columns(curves)
+    s = len(cols)
+    clean_arm = sorted(r.loc[r["kind"] == "clean", "arm"].unique())[0]
+    out = []
+    for k in sizes(s):
+        gv, gdf, cv, cdf = [], 0, [], 0
+        for idx in groups(s, k):
+            rk = r.assign(policy_reward=r[[cols[i] for i in idx]].mean(axis=1))
+            g = seed_gaps(rk)
+            v, df = pooled_var(g["gap"], g[ROW])
+            gv.append(v * df)
+            gdf += df
+            c = rk[(rk["kind"] == "clean") & (rk["arm"] == clean_arm)]
+            v, df = pooled_var(c["policy_reward"], c[ROW])
+            cv.append(v * df)
+            cdf += df
+        row = {"k": k, "groups": s // k, "gap_var": sum(gv) / gdf, "df": gdf, "clean_var": sum(cv) / cdf}
+        if {"t_job", "t_policy"} <= set(r):
+            row["t_policy_k"] = float(r["t_policy"].mean() * k / s)
+            row["t_job_k"] = float((r["t_job"] - r["t_policy"] * (1 - k / s)).mean())
+        out.append(row)
+    t = pd.DataFrame(out)
+    t["gap_sd"] = np.sqrt(t["gap_var"])
+    return t
+
+
+def value_of_samples(table: pd.DataFrame, reference: int = 2) -> pd.DataFrame:
+    """`gaps_by_samples`' table with each k's information per second of a run against k = `reference`:
+    (gap_var at reference / gap_var at k) x (t_job at reference / t_job at k); > 1: k buys more per second. A
+    study's seeds for the same power scale with gap_var, its cost with seeds x t_job."""
+    t = table.set_index("k")
+    if reference not in t.index:
+        raise ValueError(f"reference k={reference} not among the sizes {list(t.index)}")
+    out = table.copy()
+    out["variance_ratio"] = t.loc[reference, "gap_var"] / out["gap_var"]
+    if "t_job_k" in out:
+        out["time_ratio"] = t.loc[reference, "t_job_k"] / out["t_job_k"]
+        out["value_ratio"] = out["variance_ratio"] * out["time_ratio"]
+    return out
+
+
+def common_noise(curves: pd.DataFrame) -> dict[str, float]:
+    """The draw indices' common effect, from the clean runs of the first arm at the first temperature, horizon and
+    regime (one run per seed: the clean runs of the other arms are the same policies, scored alike, and would
+    count as independent runs), as a two-way random-effects layout without replication (runs x draw index):
+
+    - `var_common`: the variance of a draw index's effect shared by every run ((MS_index - MS_residual) / R,
+      floored at 0), with its F test (`p_common`: MS_index / MS_residual);
+    - `var_run`: the variance of a run's own effect, the policies' spread ((MS_run - MS_residual) / S);
+    - `var_residual`: a draw index's run-specific noise (MS_residual);
+    - `sd_common_outcome`: the common noise in the S-column outcome, sqrt(var_common / S), what every run's outcome
+      shares; `sd_scoring_outcome`: a run's own scoring noise in it, sqrt(var_residual / S)."""
+    r = runs(curves)
+    cols = sample_columns(curves)
+    c = r[r["kind"] == "clean"]
+    first = c.sort_values(ROW).iloc[0]
+    c = c[(c[ROW] == first[ROW]).all(axis=1)]
+    y = c[cols].to_numpy(dtype=float)
+    n_runs, s = y.shape
+    if n_runs < 2:
+        raise ValueError(f"common_noise needs two clean runs or more, got {n_runs}")
+    m, rows, colm = y.mean(), y.mean(axis=1), y.mean(axis=0)
+    ms_run = s * ((rows - m) ** 2).sum() / (n_runs - 1)
+    ms_idx = n_runs * ((colm - m) ** 2).sum() / (s - 1)
+    df_res = (n_runs - 1) * (s - 1)
+    ms_res = ((y - rows[:, None] - colm[None, :] + m) ** 2).sum() / df_res
+    var_common = max(0.0, (ms_idx - ms_res) / n_runs)
+    return {"runs": n_runs, "draws": s, "arm": first["arm"], "var_common": var_common,
+            "p_common": float(sps.f.sf(ms_idx / ms_res, s - 1, df_res)),
+            "var_run": max(0.0, (ms_run - ms_res) / s), "var_residual": ms_res,
+            "sd_common_outcome": float(np.sqrt(var_common / s)), "sd_scoring_outcome": float(np.sqrt(ms_res / s))}
+
+
+def scoring_metrics(curves: pd.DataFrame, reference: int = 2) -> dict[str, float]:
+    """The study's metrics of its scoring (`scoring/...`), for runs that kept their draw-index columns (none else):
+    per k draws a problem the gap's pooled sd and, against k = `reference` where the study drew that many, the
+    variance, time and value ratios (`value_of_samples`); the common noise's sd in the outcome and its F test, a
+    run's own scoring sd and the policies' spread (`common_noise`)."""
+    if len(sample_columns(curves)) < 2:
+        return {}
+    t = gaps_by_samples(curves)
+    if reference in set(t["k"]):
+        t = value_of_samples(t, reference)
+    out = {}
+    for r in t.itertuples(index=False):
+        for name in ("gap_sd", "variance_ratio", "time_ratio", "value_ratio", "t_job_k"):
+            if hasattr(r, name):
+                out[f"scoring/k{r.k}/{name}"] = float(getattr(r, name))
+    c = common_noise(curves)
+    out.update({"scoring/draws": float(c["draws"]), "scoring/common_sd": c["sd_common_outcome"],
+                "scoring/common_p": c["p_common"], "scoring/run_scoring_sd": c["sd_scoring_outcome"],
+                "scoring/policy_sd": float(np.sqrt(c["var_run"]))})
+    return out

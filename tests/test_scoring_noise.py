@@ -1,0 +1,90 @@
+"""Notebook 08's scoring-noise measurement (`mismatch_study.scoring_noise`) on synthetic runs whose variance
+components are known: the draw-index columns a run keeps, a draw index's effect common to every run, the policies'
+own spread and each draw's run-specific noise."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rlwb.experiments.mismatch_study import scoring_noise
+from rlwb.experiments.mismatch_study.execution import outcome_columns
+
+STEPS = range(4)
+
+
+def study(seeds: int, draws: int, *, sd_run: float, sd_common: float, sd_draw: float, cost: float = 0.1,
+          rng_seed: int = 0, t_job: float = 20.0, t_policy: float = 4.0) -> pd.DataFrame:
+    """Curves of a clean row and one dose row (bypass): draw index j of run r scores
+    0.7 + policy_r + common_j + noise_rj (- cost for the dose row), common_j shared by every run."""
+    rng = np.random.default_rng(rng_seed)
+    common = rng.normal(0, sd_common, draws)
+    rows = []
+    for label, kind, c in (("clean", "clean", 0.0), ("weights@0.03", "weights", cost)):
+        for s in range(seeds):
+            cols = 0.7 - c + rng.normal(0, sd_run) + common + rng.normal(0, sd_draw, draws)
+            per_run = {f"policy_reward_sample{j}": v for j, v in enumerate(cols)}
+            for t in STEPS:
+                rows.append({"step": t, "kind": kind, "label": label, "dose": 0.0 if kind == "clean" else 0.03,
+                             "temperature": 0.7, "arm": "none@engine", "seed": s, "reward_mean": 0.5,
+                             "grad_norm": 1.0, "clip_frac": 0.0, "mismatch_k3": 0.0, "entropy": 0.5,
+                             "raw_logprobs": False, "heldout_greedy_acc": 0.5, "policy_reward": cols.mean(),
+                             "t_job": t_job, "t_policy": t_policy, **per_run})
+    return pd.DataFrame(rows)
+
+
+def test_outcome_columns_keep_the_mean_its_standard_error_and_each_draw_index():
+    draws = np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    out = outcome_columns(draws)
+    assert out["policy_reward"] == draws.mean()
+    assert [out[f"policy_reward_sample{j}"] for j in range(3)] == [0.5, 0.0, 1.0]
+    assert out["policy_reward_se"] > 0
+    assert outcome_columns(np.array([[1.0], [0.0]])) == {"policy_reward": 0.5}  # one draw: no noise of its own
+
+
+def test_the_common_noise_and_the_runs_own_are_recovered():
+    c = study(400, 16, sd_run=0.03, sd_common=0.05, sd_draw=0.08)
+    out = scoring_noise.common_noise(c)
+    assert out["runs"] == 400 and out["draws"] == 16
+    assert out["var_common"] == pytest.approx(0.05 ** 2, rel=0.5)
+    assert out["var_run"] == pytest.approx(0.03 ** 2, rel=0.2)
+    assert out["var_residual"] == pytest.approx(0.08 ** 2, rel=0.05)
+    assert out["p_common"] < 1e-6
+    none = scoring_noise.common_noise(study(400, 16, sd_run=0.03, sd_common=0.0, sd_draw=0.08))
+    assert none["var_common"] < 0.1 * 0.05 ** 2 and none["p_common"] > 0.001
+
+
+def test_the_gap_variance_falls_with_draws_as_the_runs_own_noise_and_the_common_noise_cancels():
+    """gap_var(k) = 2 var_run + 2 var_draw / k: the common draw effects cancel from a gap to the twin."""
+    sd_run, sd_draw = 0.03, 0.08
+    c = study(300, 16, sd_run=sd_run, sd_common=0.2, sd_draw=sd_draw)
+    t = scoring_noise.gaps_by_samples(c).set_index("k")
+    assert list(t.index) == [1, 2, 4, 8, 16] and list(t["groups"]) == [16, 8, 4, 2, 1]
+    for k in t.index:
+        assert t.loc[k, "gap_var"] == pytest.approx(2 * sd_run ** 2 + 2 * sd_draw ** 2 / k, rel=0.2)
+    assert t.loc[16, "df"] == 299 and t.loc[1, "df"] == 16 * 299
+    assert t.loc[16, "t_job_k"] == 20.0 and t.loc[2, "t_job_k"] == pytest.approx(20.0 - 4.0 * 14 / 16)
+
+
+def test_value_of_samples_weighs_variance_against_wall_time():
+    t = pd.DataFrame({"k": [1, 2, 4], "gap_var": [4.0, 2.0, 1.5], "t_job_k": [9.0, 10.0, 12.0]})
+    v = scoring_noise.value_of_samples(t).set_index("k")
+    assert v.loc[2, "value_ratio"] == 1.0
+    assert v.loc[4, "variance_ratio"] == pytest.approx(2.0 / 1.5) and v.loc[4, "time_ratio"] == pytest.approx(10 / 12)
+    assert v.loc[4, "value_ratio"] == pytest.approx(2.0 / 1.5 * 10 / 12)
+    with pytest.raises(ValueError, match="reference k=3"):
+        scoring_noise.value_of_samples(t, reference=3)
+
+
+def test_runs_scored_without_draw_columns_are_refused_by_name():
+    c = study(4, 4, sd_run=0.03, sd_common=0.0, sd_draw=0.08)
+    with pytest.raises(ValueError, match="policy_reward_sample"):
+        scoring_noise.runs(c.drop(columns=[f"policy_reward_sample{j}" for j in range(4)]))
+
+
+def test_the_studys_scoring_metrics_come_from_its_draw_columns_and_only_theirs():
+    c = study(40, 4, sd_run=0.03, sd_common=0.02, sd_draw=0.08)
+    m = scoring_noise.scoring_metrics(c)
+    assert m["scoring/k2/value_ratio"] == 1.0 and m["scoring/k4/variance_ratio"] > 1
+    assert {"scoring/k1/gap_sd", "scoring/common_sd", "scoring/common_p", "scoring/run_scoring_sd"} <= set(m)
+    assert m["scoring/draws"] == 4
+    assert scoring_noise.scoring_metrics(c.drop(columns=scoring_noise.sample_columns(c))) == {}
