@@ -10,7 +10,9 @@ scoring time (`t_policy`) and its wall time (`t_job`); this prints, from one suc
   sd, a run's wall time at k, and against k = 2 (the studies of record's) the variance ratio, the time ratio and
   their product, the information per second of a run;
 - the draw indices' common noise (two-way random effects over the clean runs of one arm): its sd in the S-draw
-  outcome beside a run's own scoring noise and the policies' spread.
+  outcome beside a run's own scoring noise and the policies' spread;
+- per dose row, the part of that noise its gap keeps, common to the row's seeds (so in no interval over seeds),
+  beside the row's standard error over seeds at k = 2.
 
     .venv/bin/python scripts/scoring_noise.py docs/runs/08_mismatch_cost/<run id> [--reference 2]
 """
@@ -41,6 +43,11 @@ def main() -> None:
     print(f"common noise over {c['runs']} clean runs ({c['arm']}) x {c['draws']} draw indices: "
           f"sd in the outcome {c['sd_common_outcome']:.4f} (F test p {c['p_common']:.3g}); a run's own scoring "
           f"{c['sd_scoring_outcome']:.4f}; the policies' spread {np.sqrt(c['var_run']):.4f}")
+    g = scoring_noise.common_gap_noise(curves)
+    print("the draw indices' noise common to a dose row's seeds (not in an interval over seeds), beside its se over "
+          "seeds at k = 2:")
+    cols = ["label", "arm", "seeds", "p_common", *[c for c in g if c.startswith("sd_common_k")], "se_seeds_k2"]
+    print(g[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 
 
 if __name__ == "__main__":

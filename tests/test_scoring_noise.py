@@ -88,3 +88,29 @@ def test_the_studys_scoring_metrics_come_from_its_draw_columns_and_only_theirs()
     assert {"scoring/k1/gap_sd", "scoring/common_sd", "scoring/common_p", "scoring/run_scoring_sd"} <= set(m)
     assert m["scoring/draws"] == 4
     assert scoring_noise.scoring_metrics(c.drop(columns=scoring_noise.sample_columns(c))) == {}
+
+
+def gap_study(seeds: int, draws: int, sd_gap_common: float, rng_seed: int = 1) -> pd.DataFrame:
+    """`study`, with a draw-index effect on the dose row alone (a dose that changes how each draw's seed lands):
+    common to the row's seeds, it does not cancel from the gap."""
+    c = study(seeds, draws, sd_run=0.03, sd_common=0.05, sd_draw=0.08, rng_seed=rng_seed)
+    shift = np.random.default_rng(rng_seed + 1).normal(0, sd_gap_common, draws)
+    dosed = c["kind"] != "clean"
+    for j in range(draws):
+        c.loc[dosed, f"policy_reward_sample{j}"] += shift[j]
+    return c
+
+
+def test_a_draw_effect_on_the_gap_shared_by_the_rows_seeds_is_measured_and_none_is_found_where_there_is_none():
+    t = scoring_noise.common_gap_noise(gap_study(300, 16, 0.06)).set_index("label")
+    assert list(t.index) == ["weights@0.03", "pooled"]
+    assert t.loc["weights@0.03", "var_common"] == pytest.approx(0.06 ** 2, rel=0.6)
+    assert t.loc["weights@0.03", "p_common"] < 1e-6
+    assert t.loc["weights@0.03", "sd_common_k2"] == pytest.approx(np.sqrt(t.loc["weights@0.03", "var_common"] / 2))
+    assert t.loc["pooled", "var_common"] == pytest.approx(t.loc["weights@0.03", "var_common"])  # one row
+    # the clean runs' common draw effect (sd_common 0.05) cancels from the gap: nothing common is left
+    none = scoring_noise.common_gap_noise(gap_study(300, 16, 0.0)).set_index("label")
+    assert none.loc["weights@0.03", "var_common"] < 0.1 * 0.06 ** 2
+    # the row's se over seeds at 2 draws: sqrt((2 var_run + 2 var_draw / 2) / seeds)
+    assert none.loc["weights@0.03", "se_seeds_k2"] == pytest.approx(np.sqrt((2 * 0.03 ** 2 + 0.08 ** 2) / 300),
+                                                                     rel=0.15)

@@ -9,9 +9,10 @@ scoring k < S draws a problem is the mean of k of those columns, recomputed from
   S, over the disjoint groups of k columns, and their within-row variance pooled over rows and groups: the gap's
   variance a study scoring k draws would have had with these policies. Model-free: no variance model is fitted.
 - `common_noise`: the shared seeds' common noise. The clean runs of one arm by draw index as a two-way layout with
-  random effects: var(a draw index's effect, common to every run) and var(the rest, run by run). The common part
-  moves every run's outcome alike, so it cancels from a gap to a twin scored on the same seeds and from the clean
-  runs' gain over the initial policy (scored on them too); it stays in each row's mean.
+  random effects: var(a draw index's effect, common to every run) and var(the rest, run by run). Where a draw's
+  seed moves every policy's outcome alike it cancels from a gap to a twin scored on the same seeds; what does not
+  cancel is `common_gap_noise`: the same layout on each dose row's gaps, whose common part is shared by the row's
+  seeds, so no interval over seeds holds it.
 - `value_of_samples`: information per second of a run at k draws against the study's own reference k (the studies
   of record scored 2): (1 / gap variance) / (the run's wall time), the run's wall time at k being its own minus
   the share of its scoring k would not have drawn (`t_policy` x (1 - k / S); scoring time taken as linear in the
@@ -115,36 +116,80 @@ def value_of_samples(table: pd.DataFrame, reference: int = 2) -> pd.DataFrame:
     return out
 
 
-def common_noise(curves: pd.DataFrame) -> dict[str, float]:
-    """The draw indices' common effect, from the clean runs of the first arm at the first temperature, horizon and
-    regime (one run per seed: the clean runs of the other arms are the same policies, scored alike, and would
-    count as independent runs), as a two-way random-effects layout without replication (runs x draw index):
+def two_way(y: np.ndarray) -> dict[str, float]:
+    """Variance components of a [units, draw indices] layout without replication, random effects: `var_common`
+    (a draw index's effect shared by every unit, (MS_index - MS_residual) / units, floored at 0) with its F test
+    (`p_common`), `var_unit` (a unit's own effect, (MS_unit - MS_residual) / draws, floored at 0),
+    `var_residual` (MS_residual) and `ms_index` (MS_index, for pooling layouts)."""
+    y = np.asarray(y, dtype=float)
+    n, s = y.shape
+    if n < 2 or s < 2:
+        raise ValueError(f"a two-way layout needs two units and two draw indices or more, got {n} x {s}")
+    m, rows, cols = y.mean(), y.mean(axis=1), y.mean(axis=0)
+    ms_unit = s * ((rows - m) ** 2).sum() / (n - 1)
+    ms_idx = n * ((cols - m) ** 2).sum() / (s - 1)
+    df_res = (n - 1) * (s - 1)
+    ms_res = ((y - rows[:, None] - cols[None, :] + m) ** 2).sum() / df_res
+    return {"units": n, "draws": s, "var_common": max(0.0, (ms_idx - ms_res) / n),
+            "p_common": float(sps.f.sf(ms_idx / ms_res, s - 1, df_res)) if ms_res > 0 else float("nan"),
+            "var_unit": max(0.0, (ms_unit - ms_res) / s), "var_residual": float(ms_res), "ms_index": float(ms_idx)}
 
-    - `var_common`: the variance of a draw index's effect shared by every run ((MS_index - MS_residual) / R,
-      floored at 0), with its F test (`p_common`: MS_index / MS_residual);
-    - `var_run`: the variance of a run's own effect, the policies' spread ((MS_run - MS_residual) / S);
-    - `var_residual`: a draw index's run-specific noise (MS_residual);
-    - `sd_common_outcome`: the common noise in the S-column outcome, sqrt(var_common / S), what every run's outcome
-      shares; `sd_scoring_outcome`: a run's own scoring noise in it, sqrt(var_residual / S)."""
+
+def common_noise(curves: pd.DataFrame) -> dict[str, float]:
+    """The draw indices' common effect on the clean runs' outcomes, from the clean runs of the first arm at the
+    first temperature, horizon and regime (one run per seed: the clean runs of the other arms are the same
+    policies, scored alike, and would count as independent runs), runs x draw index (`two_way`): `var_run` (the
+    policies' spread), `sd_common_outcome` (what every run's S-draw outcome shares, sqrt(var_common / S)) and
+    `sd_scoring_outcome` (a run's own scoring noise in it, sqrt(var_residual / S))."""
     r = runs(curves)
     cols = sample_columns(curves)
     c = r[r["kind"] == "clean"]
     first = c.sort_values(ROW).iloc[0]
     c = c[(c[ROW] == first[ROW]).all(axis=1)]
-    y = c[cols].to_numpy(dtype=float)
-    n_runs, s = y.shape
-    if n_runs < 2:
-        raise ValueError(f"common_noise needs two clean runs or more, got {n_runs}")
-    m, rows, colm = y.mean(), y.mean(axis=1), y.mean(axis=0)
-    ms_run = s * ((rows - m) ** 2).sum() / (n_runs - 1)
-    ms_idx = n_runs * ((colm - m) ** 2).sum() / (s - 1)
-    df_res = (n_runs - 1) * (s - 1)
-    ms_res = ((y - rows[:, None] - colm[None, :] + m) ** 2).sum() / df_res
-    var_common = max(0.0, (ms_idx - ms_res) / n_runs)
-    return {"runs": n_runs, "draws": s, "arm": first["arm"], "var_common": var_common,
-            "p_common": float(sps.f.sf(ms_idx / ms_res, s - 1, df_res)),
-            "var_run": max(0.0, (ms_run - ms_res) / s), "var_residual": ms_res,
-            "sd_common_outcome": float(np.sqrt(var_common / s)), "sd_scoring_outcome": float(np.sqrt(ms_res / s))}
+    w = two_way(c[cols].to_numpy(dtype=float))
+    return {"runs": w["units"], "draws": w["draws"], "arm": first["arm"], "var_common": w["var_common"],
+            "p_common": w["p_common"], "var_run": w["var_unit"], "var_residual": w["var_residual"],
+            "sd_common_outcome": float(np.sqrt(w["var_common"] / w["draws"])),
+            "sd_scoring_outcome": float(np.sqrt(w["var_residual"] / w["draws"]))}
+
+
+def common_gap_noise(curves: pd.DataFrame) -> pd.DataFrame:
+    """The shared seeds' noise in each dose row's mean gap, which a t interval over seeds cannot see (it is common
+    to every seed of the row): the row's gaps by draw index (seed x draw index: the dosed run's column j minus its
+    clean twin's) as a two-way layout (`two_way`). A draw index's effect on the gap, shared by the row's seeds
+    (`var_common`: where the dose changes how a draw's seed lands, it does not cancel in the gap), enters the mean
+    gap over k draws as sqrt(var_common / k) (`sd_common_k<k>`, at the study's own S and at 2); beside it the row's
+    standard error over seeds at 2 draws (`se_seeds_k2`: the gaps' sd from the first two columns over sqrt(seeds)),
+    what its bounds hold. One row per dose row, and `pooled` (the rows' sums of squares pooled)."""
+    r = runs(curves)
+    cols = sample_columns(curves)
+    s = len(cols)
+    on = ["temperature", "updates", "epochs", "horizon", "arm", "seed"]
+    clean = r.loc[r["kind"] == "clean", on + cols]
+    d = r[r["kind"] != "clean"].merge(clean, on=on, how="inner", suffixes=("", "_clean"))
+    out, ss = [], []
+    for key, g in d.groupby(ROW, sort=False):
+        if len(g) < 2:
+            continue
+        y = g[cols].to_numpy(dtype=float) - g[[c + "_clean" for c in cols]].to_numpy(dtype=float)
+        w = two_way(y)
+        two = y[:, :2].mean(axis=1) if s >= 2 else y[:, 0]
+        out.append({**dict(zip(ROW, key)), "seeds": w["units"], "draws": s, "var_common": w["var_common"],
+                    "p_common": w["p_common"], "se_seeds_k2": float(two.std(ddof=1) / np.sqrt(len(two)))})
+        ss.append(w)
+    t = pd.DataFrame(out)
+    if ss:  # pooled: the rows' mean squares weighted by their degrees of freedom
+        df_idx, df_res = len(ss) * (s - 1), sum((w["units"] - 1) * (s - 1) for w in ss)
+        ms_idx = sum(w["ms_index"] * (s - 1) for w in ss) / df_idx
+        ms_res = sum(w["var_residual"] * (w["units"] - 1) * (s - 1) for w in ss) / df_res
+        units = np.mean([w["units"] for w in ss])
+        pooled = {"label": "pooled", "seeds": units, "draws": s, "var_common": max(0.0, (ms_idx - ms_res) / units),
+                  "p_common": float(sps.f.sf(ms_idx / ms_res, df_idx, df_res)),
+                  "se_seeds_k2": float(np.sqrt(np.mean(t["se_seeds_k2"] ** 2)))}
+        t = pd.concat([t, pd.DataFrame([pooled])], ignore_index=True)
+    for k in sorted({2, s}):
+        t[f"sd_common_k{k}"] = np.sqrt(t["var_common"] / k)
+    return t
 
 
 def scoring_metrics(curves: pd.DataFrame, reference: int = 2) -> dict[str, float]:
@@ -166,4 +211,10 @@ def scoring_metrics(curves: pd.DataFrame, reference: int = 2) -> dict[str, float
     out.update({"scoring/draws": float(c["draws"]), "scoring/common_sd": c["sd_common_outcome"],
                 "scoring/common_p": c["p_common"], "scoring/run_scoring_sd": c["sd_scoring_outcome"],
                 "scoring/policy_sd": float(np.sqrt(c["var_run"]))})
+    g = common_gap_noise(curves)
+    for r in g.itertuples(index=False):
+        name = "pooled" if r.label == "pooled" else f"{r.label}/{r.arm}"
+        out.update({f"scoring/gap_common/{name}/sd_k2": float(r.sd_common_k2),
+                    f"scoring/gap_common/{name}/p": float(r.p_common),
+                    f"scoring/gap_common/{name}/se_seeds_k2": float(r.se_seeds_k2)})
     return out
