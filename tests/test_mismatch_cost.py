@@ -437,6 +437,8 @@ def test_the_initial_policys_sampling_noise_is_measured_from_its_repeated_draws(
     assert 0 < draws.mean() < 1 and (draws[:, 0] != draws[:, 1]).any()  # some problems split: a noise to measure
     assert out["initial_policy_reward"] == draws.mean()
     assert out[INITIAL_SE] == stats.fixed_items_mean_se(draws) > 0
+    # each draw index's mean over the problems, kept as every trained run's are (`outcome_columns`)
+    assert [out[f"initial_policy_reward_sample{j}"] for j in range(2)] == list(draws.mean(axis=0))
     one = execution.initial_outcomes(model, w, initial, codec, problems,
                                      MismatchCostParams(policy_samples=1, max_tokens=16))
     assert INITIAL_SE not in one  # one draw per problem measures no noise of its own

@@ -345,6 +345,7 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     # binomial bound and say so (a run sampling 2 or more keeps it measured: test_mismatch_cost)
     bench = pd.read_parquet(d / "data" / "benchmarks.parquet")
     assert "initial_policy_reward_se" not in curves and len(bench)
+    assert not any(k.startswith("scoring/") for k in m)  # nor split its scoring by draw (`scoring_noise`)
     assert (bench["baseline_se_source"] == "binomial bound").all() and (bench["baseline_se"] > 0).all()
     acc0 = curves["initial_heldout_greedy_acc"]
     assert acc0.between(0, 1).all() and acc0.nunique() == 1

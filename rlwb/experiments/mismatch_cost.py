@@ -53,7 +53,7 @@ from rlwb.experiments.mismatch_study.design import (
     training_runs,
 )
 from rlwb.experiments.mismatch_study.execution import train_study
-from rlwb.experiments.mismatch_study.scoring_noise import scoring_metrics
+from rlwb.experiments.mismatch_study.scoring_noise import scoring_metrics, scoring_tables
 from rlwb.experiments.wording import mismatch_cost as words_08
 from rlwb.experiments.wording import one_line
 
@@ -75,11 +75,29 @@ class CostResult(Result):
     horizon: pd.DataFrame = field(default_factory=pd.DataFrame)
     # one row per (PPO regime, arm) of the clean runs: the PPO ratio's |log r| and clip fraction (`regime_ratios`)
     regimes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per k draws a problem: the gap's sd, a run's wall time and their worth per second (`scoring_noise`); empty for
+    # runs that kept no draws by index
+    scoring: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per dose row: the shared draws' noise its mean gap keeps, beside its se over seeds (`common_gap_noise`)
+    scoring_common: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         return {"curves": self.curves, "doses": self.doses, "benchmarks": self.benchmarks,
                 "dose_fits": self.dose_fits, "contrasts": self.contrasts, "horizon": self.horizon,
-                "regimes": self.regimes}
+                "regimes": self.regimes, "scoring": self.scoring, "scoring_common": self.scoring_common}
+
+    def scoring_words(self) -> str:
+        return words_08.scoring_words(self.metrics)
+
+    def scoring_views(self) -> list[pd.DataFrame]:
+        """The scoring tables to show (none for runs that kept no draws by index), their columns for a reader."""
+        if self.scoring.empty:
+            return []
+        by_k = [c for c in ("k", "groups", "df", "gap_sd", "t_job_k", "variance_ratio", "time_ratio", "value_ratio")
+                if c in self.scoring]
+        common = ["label", "arm", "seeds", "p_common", *[c for c in self.scoring_common if c.startswith("sd_common")],
+                  "se_seeds_k2"]
+        return [self.scoring[by_k].set_index("k"), self.scoring_common[common].set_index(["label", "arm"])]
 
     def summary(self) -> pd.DataFrame:
         cols = ["kind", "label", "arm", "k3_initial", "k3_achieved", "reward_final", "gap", "gap_ci_low",
@@ -148,11 +166,12 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     metrics.update(family)
     ratios = regime_ratios(curves)
     metrics.update(regime_metrics(ratios))
-    metrics.update(scoring_metrics(curves))  # runs that kept their outcome's draws by index: what scoring costs
+    scoring, scoring_common = scoring_tables(curves)  # runs that kept their outcome's draws by index
+    metrics.update(scoring_metrics(curves, scoring, scoring_common))
     if sequential.enabled(p):  # the rule's decision, redone from the first pass's curves as the study took it
         calls, m = sequential.first_pass(curves, p)
         metrics.update(sequential.sequential_metrics(calls, m, training_runs(p), p))
-    return CostResult(p, metrics, curves, table, bench, fits, con, hz, ratios)
+    return CostResult(p, metrics, curves, table, bench, fits, con, hz, ratios, scoring, scoring_common)
 
 
 def reanalyze(run_dir: str | Path, params) -> CostResult:

@@ -192,16 +192,27 @@ def common_gap_noise(curves: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def scoring_metrics(curves: pd.DataFrame, reference: int = 2) -> dict[str, float]:
-    """The study's metrics of its scoring (`scoring/...`), for runs that kept their draw-index columns (none else):
-    per k draws a problem the gap's pooled sd and, against k = `reference` where the study drew that many, the
-    variance, time and value ratios (`value_of_samples`); the common noise's sd in the outcome and its F test, a
-    run's own scoring sd and the policies' spread (`common_noise`)."""
+def scoring_tables(curves: pd.DataFrame, reference: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The study's scoring tables, for runs that kept their draw-index columns (two empty frames else): per k draws
+    a problem (`gaps_by_samples`, with `value_of_samples` against k = `reference` where the study drew that many),
+    and per dose row the draw noise its mean gap keeps (`common_gap_noise`)."""
     if len(sample_columns(curves)) < 2:
-        return {}
+        return pd.DataFrame(), pd.DataFrame()
     t = gaps_by_samples(curves)
     if reference in set(t["k"]):
         t = value_of_samples(t, reference)
+    return t, common_gap_noise(curves)
+
+
+def scoring_metrics(curves: pd.DataFrame, by_samples: pd.DataFrame, gap_common: pd.DataFrame) -> dict[str, float]:
+    """The study's metrics of its scoring (`scoring/...`) from `scoring_tables` (none for runs without draw-index
+    columns): per k draws a problem the gap's pooled sd, the run's wall time and, against the reference k, the
+    variance, time and value ratios; the clean runs' common noise in the outcome with its F test, a run's own
+    scoring sd and the policies' spread (`common_noise`); per dose row (and pooled) the common noise its mean gap
+    keeps at 2 draws, its F test and the row's se over seeds at 2 draws."""
+    if by_samples.empty:
+        return {}
+    t, g = by_samples, gap_common
     out = {}
     for r in t.itertuples(index=False):
         for name in ("gap_sd", "variance_ratio", "time_ratio", "value_ratio", "t_job_k"):
@@ -211,7 +222,6 @@ def scoring_metrics(curves: pd.DataFrame, reference: int = 2) -> dict[str, float
     out.update({"scoring/draws": float(c["draws"]), "scoring/common_sd": c["sd_common_outcome"],
                 "scoring/common_p": c["p_common"], "scoring/run_scoring_sd": c["sd_scoring_outcome"],
                 "scoring/policy_sd": float(np.sqrt(c["var_run"]))})
-    g = common_gap_noise(curves)
     for r in g.itertuples(index=False):
         name = "pooled" if r.label == "pooled" else f"{r.label}/{r.arm}"
         out.update({f"scoring/gap_common/{name}/sd_k2": float(r.sd_common_k2),

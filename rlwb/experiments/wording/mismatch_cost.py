@@ -524,3 +524,32 @@ def doses_text(first, kinds: list[dict]) -> str:
                          + ", ".join(f"{r.label} {r.k3_achieved:.2e} for {r.k3_intended:.1e}" for r in off)
                          + ". The dose path is wrong, not the engine.")
     return " ".join(parts) or "No doses in this run."
+
+
+def scoring_words(metrics: dict) -> str:
+    """What the run's scoring adds to its gaps and what more draws would buy (`mismatch_study.scoring_noise`'s
+    `scoring/*` metrics), or why this run cannot say."""
+    if "scoring/draws" not in metrics:
+        return ("This run kept no scores by draw index (`policy_samples` below 2, or trained before they were kept): "
+                "its scoring noise is not measured here.")
+    s = int(metrics["scoring/draws"])
+    ks = sorted(int(k.split("/")[1][1:]) for k in metrics if k.startswith("scoring/k") and k.endswith("/gap_sd"))
+    sd = ", ".join(f"{metrics[f'scoring/k{k}/gap_sd']:.3f} at {k}" for k in ks)
+    out = [f"**Scoring** ({s} draws a held-out problem, each draw's seed the same in every run): the dose rows' gap "
+           f"sd over seeds, recomputed from k of the draws, is {sd}."]
+    if "scoring/k2/value_ratio" in metrics:
+        best = max(ks, key=lambda k: metrics[f"scoring/k{k}/value_ratio"])
+        out.append(f"Per second of a run, against the 2 draws the studies of record scored, {s} draws give "
+                   f"{metrics[f'scoring/k{s}/value_ratio']:.2f}x the information (variance "
+                   f"{metrics[f'scoring/k{s}/variance_ratio']:.2f}x lower, time "
+                   f"{metrics[f'scoring/k{s}/time_ratio']:.2f}x); the best k here is {best} "
+                   f"({metrics[f'scoring/k{best}/value_ratio']:.2f}x).")
+    out.append(f"The draws' noise common to every run is sd {metrics['scoring/common_sd']:.4f} in a clean run's "
+               f"outcome (F test p {metrics['scoring/common_p']:.2g}), beside a run's own scoring noise "
+               f"{metrics['scoring/run_scoring_sd']:.4f} and the policies' spread {metrics['scoring/policy_sd']:.4f}.")
+    if "scoring/gap_common/pooled/sd_k2" in metrics:
+        out.append(f"What of it a dose row's mean gap keeps, common to the row's seeds and so in no interval over "
+                   f"them: sd {metrics['scoring/gap_common/pooled/sd_k2']:.4f} at 2 draws (pooled over the rows, F "
+                   f"test p {metrics['scoring/gap_common/pooled/p']:.2g}), against the rows' se over seeds "
+                   f"{metrics['scoring/gap_common/pooled/se_seeds_k2']:.4f}.")
+    return " ".join(out)
