@@ -81,13 +81,29 @@ def test_runs_scored_without_draw_columns_are_refused_by_name():
         scoring_noise.runs(c.drop(columns=[f"policy_reward_sample{j}" for j in range(4)]))
 
 
+def test_the_clean_gain_moves_with_the_initial_policys_draws_not_with_the_shared_ones():
+    """gain_sd: the clean mean minus the initial policy over groups of k draws. A draw effect shared by the clean
+    runs and the initial policy cancels; the initial policy's own draw noise stays."""
+    c = study(200, 16, sd_run=0.03, sd_common=0.1, sd_draw=0.08)
+    common = c.loc[c["kind"] == "clean"].groupby("seed")[scoring_noise.sample_columns(c)].first().mean()
+    assert np.isnan(scoring_noise.gain_sd(c))  # no initial columns: nothing to say
+    shared = c.assign(**{f"initial_{k}": v - 0.3 for k, v in common.items()})  # the clean mean's draws, shifted
+    assert scoring_noise.gain_sd(shared) < 1e-12
+    noisy = np.random.default_rng(5).normal(0, 0.08, 16)
+    own = c.assign(**{f"initial_{k}": v - 0.3 + e for (k, v), e in zip(common.items(), noisy)})
+    assert scoring_noise.gain_sd(own) == pytest.approx(np.std([noisy[g].mean() for g in scoring_noise.groups(16, 2)],
+                                                              ddof=1))
+
+
 def test_the_studys_scoring_metrics_come_from_its_draw_columns_and_only_theirs():
     c = study(40, 4, sd_run=0.03, sd_common=0.02, sd_draw=0.08)
-    m = scoring_noise.scoring_metrics(c)
+    m = scoring_noise.scoring_metrics(c, *scoring_noise.scoring_tables(c))
     assert m["scoring/k2/value_ratio"] == 1.0 and m["scoring/k4/variance_ratio"] > 1
     assert {"scoring/k1/gap_sd", "scoring/common_sd", "scoring/common_p", "scoring/run_scoring_sd"} <= set(m)
     assert m["scoring/draws"] == 4
-    assert scoring_noise.scoring_metrics(c.drop(columns=scoring_noise.sample_columns(c))) == {}
+    bare = c.drop(columns=scoring_noise.sample_columns(c))
+    assert scoring_noise.scoring_tables(bare)[0].empty
+    assert scoring_noise.scoring_metrics(bare, *scoring_noise.scoring_tables(bare)) == {}
 
 
 def gap_study(seeds: int, draws: int, sd_gap_common: float, rng_seed: int = 1) -> pd.DataFrame:

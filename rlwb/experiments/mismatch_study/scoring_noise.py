@@ -192,6 +192,25 @@ def common_gap_noise(curves: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+def gain_sd(curves: pd.DataFrame, k: int = 2) -> float:
+    """The clean runs' mean gain over the initial policy (the benchmark response's base), recomputed from each
+    disjoint group of k draw indices (the initial policy's own columns, `initial_policy_reward_sample<j>`, with the
+    clean runs' of the first arm, as `common_noise` picks them): its sd over the groups. What a study scoring k
+    draws would see its gain move by from the draws' seeds alone, the policies held; the bounds hold the initial
+    policy's part of it as the baseline's noise (`benchmarks.baseline_se`). NaN without the initial's columns or
+    with fewer than two groups."""
+    cols = sample_columns(curves)
+    init = [f"initial_{c}" for c in cols]
+    if not set(init) <= set(curves) or len(cols) // k < 2:
+        return float("nan")
+    r = runs(curves)
+    c = r[r["kind"] == "clean"]
+    first = c.sort_values(ROW).iloc[0]
+    c = c[(c[ROW] == first[ROW]).all(axis=1)]
+    gain = c[cols].to_numpy(dtype=float).mean(axis=0) - curves[init].iloc[0].to_numpy(dtype=float)
+    return float(np.std([gain[g].mean() for g in groups(len(cols), k)], ddof=1))
+
+
 def scoring_tables(curves: pd.DataFrame, reference: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The study's scoring tables, for runs that kept their draw-index columns (two empty frames else): per k draws
     a problem (`gaps_by_samples`, with `value_of_samples` against k = `reference` where the study drew that many),
@@ -208,7 +227,8 @@ def scoring_metrics(curves: pd.DataFrame, by_samples: pd.DataFrame, gap_common: 
     """The study's metrics of its scoring (`scoring/...`) from `scoring_tables` (none for runs without draw-index
     columns): per k draws a problem the gap's pooled sd, the run's wall time and, against the reference k, the
     variance, time and value ratios; the clean runs' common noise in the outcome with its F test, a run's own
-    scoring sd and the policies' spread (`common_noise`); per dose row (and pooled) the common noise its mean gap
+    scoring sd and the policies' spread (`common_noise`); the clean gain's sd over draw groups of 2 (`gain_sd`); per
+    dose row (and pooled) the common noise its mean gap
     keeps at 2 draws, its F test and the row's se over seeds at 2 draws."""
     if by_samples.empty:
         return {}
@@ -221,7 +241,7 @@ def scoring_metrics(curves: pd.DataFrame, by_samples: pd.DataFrame, gap_common: 
     c = common_noise(curves)
     out.update({"scoring/draws": float(c["draws"]), "scoring/common_sd": c["sd_common_outcome"],
                 "scoring/common_p": c["p_common"], "scoring/run_scoring_sd": c["sd_scoring_outcome"],
-                "scoring/policy_sd": float(np.sqrt(c["var_run"]))})
+                "scoring/policy_sd": float(np.sqrt(c["var_run"])), "scoring/gain_sd_k2": gain_sd(curves, 2)})
     for r in g.itertuples(index=False):
         name = "pooled" if r.label == "pooled" else f"{r.label}/{r.arm}"
         out.update({f"scoring/gap_common/{name}/sd_k2": float(r.sd_common_k2),

@@ -547,6 +547,10 @@ def scoring_words(metrics: dict) -> str:
     out.append(f"The draws' noise common to every run is sd {metrics['scoring/common_sd']:.4f} in a clean run's "
                f"outcome (F test p {metrics['scoring/common_p']:.2g}), beside a run's own scoring noise "
                f"{metrics['scoring/run_scoring_sd']:.4f} and the policies' spread {metrics['scoring/policy_sd']:.4f}.")
+    if np.isfinite(metrics.get("scoring/gain_sd_k2", float("nan"))):
+        out.append(f"The clean runs' gain over the initial policy, recomputed from each pair of draws, moves by sd "
+                   f"{metrics['scoring/gain_sd_k2']:.4f} (the initial policy's own draws: the bounds hold them as "
+                   f"the baseline's noise).")
     if "scoring/gap_common/pooled/sd_k2" in metrics:
         out.append(f"What of it a dose row's mean gap keeps, common to the row's seeds and so in no interval over "
                    f"them: sd {metrics['scoring/gap_common/pooled/sd_k2']:.4f} at 2 draws (pooled over the rows, F "
