@@ -535,8 +535,8 @@ def scoring_words(metrics: dict) -> str:
     s = int(metrics["scoring/draws"])
     ks = sorted(int(k.split("/")[1][1:]) for k in metrics if k.startswith("scoring/k") and k.endswith("/gap_sd"))
     sd = ", ".join(f"{metrics[f'scoring/k{k}/gap_sd']:.3f} at {k}" for k in ks)
-    out = [f"**Scoring** ({s} draws a held-out problem, each draw's seed the same in every run): the dose rows' gap "
-           f"sd over seeds, recomputed from k of the draws, is {sd}."]
+    out = [f"**Scoring** ({s} draws a held-out problem, each draw's seed the same in every run): the gaps' sd over "
+           f"seeds (every row's to its clean twins, a placebo's included), recomputed from k of the draws, is {sd}."]
     if "scoring/k2/value_ratio" in metrics:
         best = max(ks, key=lambda k: metrics[f"scoring/k{k}/value_ratio"])
         out.append(f"Per second of a run, against the 2 draws the studies of record scored, {s} draws give "
