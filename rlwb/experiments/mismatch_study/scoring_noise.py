@@ -183,7 +183,8 @@ def common_gap_noise(curves: pd.DataFrame) -> pd.DataFrame:
         ms_idx = sum(w["ms_index"] * (s - 1) for w in ss) / df_idx
         ms_res = sum(w["var_residual"] * (w["units"] - 1) * (s - 1) for w in ss) / df_res
         units = np.mean([w["units"] for w in ss])
-        pooled = {"label": "pooled", "arm": "every row", "seeds": units, "draws": s, "var_common": max(0.0, (ms_idx - ms_res) / units),
+        pooled = {"label": "pooled", "arm": "every row", "seeds": units, "draws": s,
+                  "var_common": max(0.0, (ms_idx - ms_res) / units),
                   "p_common": float(sps.f.sf(ms_idx / ms_res, df_idx, df_res)),
                   "se_seeds_k2": float(np.sqrt(np.mean(t["se_seeds_k2"] ** 2)))}
         t = pd.concat([t, pd.DataFrame([pooled])], ignore_index=True)
