@@ -101,6 +101,10 @@ def test_the_studys_scoring_metrics_come_from_its_draw_columns_and_only_theirs()
     assert m["scoring/k2/value_ratio"] == 1.0 and m["scoring/k4/variance_ratio"] > 1
     assert {"scoring/k1/gap_sd", "scoring/common_sd", "scoring/common_p", "scoring/run_scoring_sd"} <= set(m)
     assert m["scoring/draws"] == 4
+    # a study resumed from runs trained before the columns were kept: some runs lack them, nothing is split
+    some = c.copy()
+    some.loc[some["seed"] == 0, scoring_noise.sample_columns(c)] = np.nan
+    assert scoring_noise.scoring_tables(some)[0].empty
     bare = c.drop(columns=scoring_noise.sample_columns(c))
     assert scoring_noise.scoring_tables(bare)[0].empty
     assert scoring_noise.scoring_metrics(bare, *scoring_noise.scoring_tables(bare)) == {}

@@ -215,8 +215,10 @@ def gain_sd(curves: pd.DataFrame, k: int = 2) -> float:
 def scoring_tables(curves: pd.DataFrame, reference: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The study's scoring tables, for runs that kept their draw-index columns (two empty frames else): per k draws
     a problem (`gaps_by_samples`, with `value_of_samples` against k = `reference` where the study drew that many),
-    and per dose row the draw noise its mean gap keeps (`common_gap_noise`)."""
-    if len(sample_columns(curves)) < 2:
+    and per dose row the draw noise its mean gap keeps (`common_gap_noise`). Empty too where some runs lack them (a
+    study resumed from runs trained before they were kept): a split of some runs only would compare other rows."""
+    cols = sample_columns(curves)
+    if len(cols) < 2 or curves[cols].isna().any().any():
         return pd.DataFrame(), pd.DataFrame()
     t = gaps_by_samples(curves)
     if reference in set(t["k"]):

@@ -530,8 +530,8 @@ def scoring_words(metrics: dict) -> str:
     """What the run's scoring adds to its gaps and what more draws would buy (`mismatch_study.scoring_noise`'s
     `scoring/*` metrics), or why this run cannot say."""
     if "scoring/draws" not in metrics:
-        return ("This run kept no scores by draw index (`policy_samples` below 2, or trained before they were kept): "
-                "its scoring noise is not measured here.")
+        return ("This run kept no scores by draw index for every run (`policy_samples` below 2, or runs trained "
+                "before they were kept): its scoring noise is not measured here.")
     s = int(metrics["scoring/draws"])
     ks = sorted(int(k.split("/")[1][1:]) for k in metrics if k.startswith("scoring/k") and k.endswith("/gap_sd"))
     sd = ", ".join(f"{metrics[f'scoring/k{k}/gap_sd']:.3f} at {k}" for k in ks)
