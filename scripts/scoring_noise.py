@@ -36,7 +36,7 @@ def main() -> None:
     curves = pd.read_parquet(args.run_dir / "data" / "curves.parquet")
     t = scoring_noise.value_of_samples(scoring_noise.gaps_by_samples(curves), args.reference)
     t["clean_sd"] = np.sqrt(t["clean_var"])
-    cols = ["k", "groups", "df", "gap_sd", "clean_sd", "t_job_k", "variance_ratio", "time_ratio", "value_ratio"]
+    cols = ["k", "groups", "seed_df", "gap_sd", "clean_sd", "t_job_k", "variance_ratio", "time_ratio", "value_ratio"]
     print(f"{args.run_dir.name}: gaps by draws a problem (ratios against k = {args.reference})")
     print(t[[c for c in cols if c in t]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     c = scoring_noise.common_noise(curves)

@@ -5,6 +5,7 @@ own spread and each draw's run-specific noise."""
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as sps
 
 from rlwb.experiments.mismatch_study import scoring_noise
 from rlwb.experiments.mismatch_study.execution import outcome_columns
@@ -61,7 +62,7 @@ def test_the_gap_variance_falls_with_draws_as_the_runs_own_noise_and_the_common_
     assert list(t.index) == [1, 2, 4, 8, 16] and list(t["groups"]) == [16, 8, 4, 2, 1]
     for k in t.index:
         assert t.loc[k, "gap_var"] == pytest.approx(2 * sd_run ** 2 + 2 * sd_draw ** 2 / k, rel=0.2)
-    assert t.loc[16, "df"] == 299 and t.loc[1, "df"] == 16 * 299
+    assert set(t["seed_df"]) == {299}  # the same policies at every k
     assert t.loc[16, "t_job_k"] == 20.0 and t.loc[2, "t_job_k"] == pytest.approx(20.0 - 4.0 * 14 / 16)
 
 
@@ -134,3 +135,48 @@ def test_a_draw_effect_on_the_gap_shared_by_the_rows_seeds_is_measured_and_none_
     # the row's se over seeds at 2 draws: sqrt((2 var_run + 2 var_draw / 2) / seeds)
     assert none.loc["weights@0.03", "se_seeds_k2"] == pytest.approx(np.sqrt((2 * 0.03 ** 2 + 0.08 ** 2) / 300),
                                                                      rel=0.15)
+
+
+def test_the_f_test_has_the_layouts_degrees_of_freedom():
+    y = np.array([[0.1, 0.4, 0.2], [0.3, 0.9, 0.5], [0.2, 0.5, 0.1]])
+    w = scoring_noise.two_way(y)
+    m, rows, cols = y.mean(), y.mean(axis=1), y.mean(axis=0)
+    ms_idx = 3 * ((cols - m) ** 2).sum() / 2
+    ms_res = ((y - rows[:, None] - cols[None, :] + m) ** 2).sum() / 4
+    assert w["p_common"] == pytest.approx(sps.f.sf(ms_idx / ms_res, 2, 4))
+    assert w["var_common"] == pytest.approx(max(0.0, (ms_idx - ms_res) / 3))
+
+
+def test_the_pooled_common_gap_noise_weights_each_rows_own_estimate_by_its_seeds():
+    """Two dose rows with unequal seeds (as a sequential study's): the pooled estimate is the rows' unfloored
+    (MS_index - MS_residual) / seeds averaged with weights seeds, floored once."""
+    c = gap_study(40, 8, 0.05, rng_seed=3)
+    second = c[(c["kind"] != "clean") & (c["seed"] < 10)].assign(label="weights@0.06", dose=0.06)
+    rng = np.random.default_rng(9)
+    for j in range(8):
+        second[f"policy_reward_sample{j}"] += rng.normal(0, 0.05, len(second))
+    c = pd.concat([c, second], ignore_index=True)
+    t = scoring_noise.common_gap_noise(c).set_index("label")
+    assert list(t.index) == ["weights@0.03", "weights@0.06", "pooled"]
+    cols = scoring_noise.sample_columns(c)
+    r = scoring_noise.runs(c)
+    clean = r[r["kind"] == "clean"].set_index("seed")[cols]
+    raw, n = [], []
+    for label in ("weights@0.03", "weights@0.06"):
+        d = r[r["label"] == label].set_index("seed")[cols]
+        w = scoring_noise.two_way(d.to_numpy() - clean.loc[d.index].to_numpy())
+        raw.append((w["ms_index"] - w["var_residual"]) / w["units"])
+        n.append(w["units"])
+    assert t.loc["pooled", "var_common"] == pytest.approx(max(0.0, np.dot(n, raw) / sum(n)))
+    assert t.loc["weights@0.03", "seeds"] == 40 and t.loc["weights@0.06", "seeds"] == 10
+
+
+def test_runs_that_cannot_be_split_give_empty_tables_not_an_error():
+    one_seed = study(1, 4, sd_run=0.03, sd_common=0.0, sd_draw=0.08)
+    assert all(t.empty for t in scoring_noise.scoring_tables(one_seed))
+    clean_only = study(6, 4, sd_run=0.03, sd_common=0.0, sd_draw=0.08)
+    clean_only = clean_only[clean_only["kind"] == "clean"]
+    assert all(t.empty for t in scoring_noise.scoring_tables(clean_only))
+    placebo = study(6, 4, sd_run=0.03, sd_common=0.0, sd_draw=0.08)
+    placebo["kind"] = placebo["kind"].replace({"weights": "placebo"})  # a placebo row is not a dose row
+    assert all(t.empty for t in scoring_noise.scoring_tables(placebo))

@@ -93,8 +93,8 @@ class CostResult(Result):
         """The scoring tables to show (none for runs that kept no draws by index), their columns for a reader."""
         if self.scoring.empty:
             return []
-        by_k = [c for c in ("k", "groups", "df", "gap_sd", "t_job_k", "variance_ratio", "time_ratio", "value_ratio")
-                if c in self.scoring]
+        by_k = [c for c in ("k", "groups", "seed_df", "gap_sd", "t_job_k", "variance_ratio", "time_ratio",
+                            "value_ratio") if c in self.scoring]
         common = ["label", "arm", "seeds", "p_common", *[c for c in self.scoring_common if c.startswith("sd_common")],
                   "se_seeds_k2"]
         return [self.scoring[by_k].set_index("k"), self.scoring_common[common].set_index(["label", "arm"])]

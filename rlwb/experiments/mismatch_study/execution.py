@@ -266,10 +266,10 @@ def outcome_columns(draws: np.ndarray) -> dict[str, float]:
     """A run's tested outcome from its draws ([problems, policy_samples] of 0/1 rewards): `policy_reward`, their
     mean; with two draws or more per problem also its standard error over the draws, the problems fixed
     (`policy_reward_se`, `stats.fixed_items_mean_se`), and each sample index's own mean over the problems
-    (`policy_reward_s<j>`). Why keep those: sample index j of problem i is drawn with the same seed in every run
-    (`policy_rewards`), so the columns are what the shared scoring seed's common noise and the worth of more
-    samples are measured from (`scoring_noise`), and a mean of the first k columns is the outcome a study with
-    `policy_samples` k would have had from these runs, a fresh sampling of the same cells."""
+    (`policy_reward_sample<j>`). Why keep those: sample index j of problem i is drawn with the same seed in every
+    run (`policy_rewards`), so the columns are what the shared scoring seed's common noise and the worth of more
+    samples are measured from (`scoring_noise`): a mean of k of the columns is distributed as the outcome of a study
+    with `policy_samples` k on these policies (its seeds would be others, as exchangeable), not that outcome."""
     d = np.asarray(draws, dtype=np.float64)
     out = {"policy_reward": float(d.mean())}
     if d.shape[1] >= 2:

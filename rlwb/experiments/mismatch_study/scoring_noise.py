@@ -28,6 +28,25 @@ from scipy import stats as sps
 from rlwb.experiments.mismatch_study.analysis import KEYS, SAMPLE_COLUMN, per_seed, seed_gaps, with_defaults
 
 ROW = ["label", "arm", "temperature", "updates", "epochs", "horizon"]
+# rows that are not doses: their gaps say nothing about what scoring does to a dose's (a placebo is a clean run on
+# other seeds, whose gap to its twin is mostly scoring noise; a rerun is one run)
+NOT_DOSES = ("clean", "placebo", "rerun")
+
+
+def dose_gaps(r: pd.DataFrame) -> pd.DataFrame:
+    """`analysis.seed_gaps` of the dose rows (kinds not in NOT_DOSES, engine points included) of a `runs` table."""
+    g = seed_gaps(r)
+    return g[~g["kind"].isin(NOT_DOSES)]
+
+
+def first_clean(r: pd.DataFrame) -> pd.DataFrame:
+    """The clean runs of the first arm at the first temperature, horizon and regime: one run per seed (the clean
+    runs of the other arms are the same policies, scored alike, and would count as independent runs)."""
+    c = r[r["kind"] == "clean"]
+    if c.empty:
+        return c
+    first = c.sort_values(ROW).iloc[0]
+    return c[(c[ROW] == first[ROW]).all(axis=1)]
 
 
 def sample_columns(curves: pd.DataFrame) -> list[str]:
@@ -70,28 +89,28 @@ def pooled_var(values: pd.Series, by: pd.DataFrame) -> tuple[float, int]:
 
 
 def gaps_by_samples(curves: pd.DataFrame) -> pd.DataFrame:
-    """Per k (draws a problem): the dose rows' gap variance pooled within rows (`gap_var`, its `df` summed over the
-    groups of k columns), the clean runs' between-seed variance (`clean_var`, the first arm's), and the mean over
-    runs of their scoring time at k (`t_policy_k`) and wall time at k (`t_job_k`). The dose rows are every run's
-    row that is not a clean one (placebo streams included: clean runs on other sampling seeds)."""
+    """Per k (draws a problem): the dose rows' gap variance pooled within rows (`gap_var`; `seed_df`, the rows'
+    degrees of freedom over seeds, the same at every k: the groups of k columns re-score the same policies, so they
+    sharpen the estimate of the scoring's share, not of the policies'), the clean runs' between-seed variance
+    (`clean_var`, `first_clean`), and the mean over runs of their scoring time at k (`t_policy_k`) and wall time at
+    k (`t_job_k`). The dose rows are `dose_gaps`' (no placebo, no rerun). Empty where no dose row has two seeds."""
     r = runs(curves)
     cols = sample_columns(curves)
     s = len(cols)
-    clean_arm = sorted(r.loc[r["kind"] == "clean", "arm"].unique())[0]
+    seed_df = pooled_var(dose_gaps(r)["gap"], dose_gaps(r)[ROW])[1] if len(first_clean(r)) else 0
+    if not seed_df:
+        return pd.DataFrame()
     out = []
     for k in sizes(s):
-        gv, gdf, cv, cdf = [], 0, [], 0
+        gv, cv = [], []
         for idx in groups(s, k):
             rk = r.assign(policy_reward=r[[cols[i] for i in idx]].mean(axis=1))
-            g = seed_gaps(rk)
-            v, df = pooled_var(g["gap"], g[ROW])
-            gv.append(v * df)
-            gdf += df
-            c = rk[(rk["kind"] == "clean") & (rk["arm"] == clean_arm)]
-            v, df = pooled_var(c["policy_reward"], c[ROW])
-            cv.append(v * df)
-            cdf += df
-        row = {"k": k, "groups": s // k, "gap_var": sum(gv) / gdf, "df": gdf, "clean_var": sum(cv) / cdf}
+            g = dose_gaps(rk)
+            gv.append(pooled_var(g["gap"], g[ROW])[0])
+            c = first_clean(rk)
+            cv.append(pooled_var(c["policy_reward"], c[ROW])[0])
+        row = {"k": k, "groups": s // k, "seed_df": seed_df, "gap_var": float(np.mean(gv)),
+               "clean_var": float(np.nanmean(cv)) if np.isfinite(cv).any() else float("nan")}
         if {"t_job", "t_policy"} <= set(r):
             row["t_policy_k"] = float(r["t_policy"].mean() * k / s)
             row["t_job_k"] = float((r["t_job"] - r["t_policy"] * (1 - k / s)).mean())
@@ -143,11 +162,9 @@ def common_noise(curves: pd.DataFrame) -> dict[str, float]:
     `sd_scoring_outcome` (a run's own scoring noise in it, sqrt(var_residual / S))."""
     r = runs(curves)
     cols = sample_columns(curves)
-    c = r[r["kind"] == "clean"]
-    first = c.sort_values(ROW).iloc[0]
-    c = c[(c[ROW] == first[ROW]).all(axis=1)]
+    c = first_clean(r)
     w = two_way(c[cols].to_numpy(dtype=float))
-    return {"runs": w["units"], "draws": w["draws"], "arm": first["arm"], "var_common": w["var_common"],
+    return {"runs": w["units"], "draws": w["draws"], "arm": c["arm"].iloc[0], "var_common": w["var_common"],
             "p_common": w["p_common"], "var_run": w["var_unit"], "var_residual": w["var_residual"],
             "sd_common_outcome": float(np.sqrt(w["var_common"] / w["draws"])),
             "sd_scoring_outcome": float(np.sqrt(w["var_residual"] / w["draws"]))}
@@ -159,35 +176,40 @@ def common_gap_noise(curves: pd.DataFrame) -> pd.DataFrame:
     clean twin's) as a two-way layout (`two_way`). A draw index's effect on the gap, shared by the row's seeds
     (`var_common`: where the dose changes how a draw's seed lands, it does not cancel in the gap), enters the mean
     gap over k draws as sqrt(var_common / k) (`sd_common_k<k>`, at the study's own S and at 2); beside it the row's
-    standard error over seeds at 2 draws (`se_seeds_k2`: the gaps' sd from the first two columns over sqrt(seeds)),
-    what its bounds hold. One row per dose row, and `pooled` (the rows' sums of squares pooled)."""
+    standard error over seeds at 2 draws (`se_seeds_k2`: the gaps' sd over seeds from each disjoint pair of draws,
+    pooled over the pairs, over sqrt(seeds)), what its bounds hold. One row per dose row (`dose_gaps`' rows), and
+    `pooled`: the rows' unfloored estimates averaged, weighted by seeds, with an F test on the pooled mean squares
+    whose degrees of freedom are approximate (every row's gaps subtract the same clean twins, so the rows' draw
+    effects are correlated: the pooled test is anticonservative). Empty where no dose row has two seeds."""
     r = runs(curves)
     cols = sample_columns(curves)
     s = len(cols)
-    on = ["temperature", "updates", "epochs", "horizon", "arm", "seed"]
-    clean = r.loc[r["kind"] == "clean", on + cols]
-    d = r[r["kind"] != "clean"].merge(clean, on=on, how="inner", suffixes=("", "_clean"))
-    out, ss = [], []
+    twin = ["temperature", "updates", "epochs", "horizon", "arm", "seed"]  # analysis.seed_gaps' twin keys
+    d = r[~r["kind"].isin(NOT_DOSES)].merge(r.loc[r["kind"] == "clean", twin + cols], on=twin, how="inner",
+                                             suffixes=("", "_clean"))
+    out, ws = [], []
     for key, g in d.groupby(ROW, sort=False):
         if len(g) < 2:
             continue
         y = g[cols].to_numpy(dtype=float) - g[[c + "_clean" for c in cols]].to_numpy(dtype=float)
         w = two_way(y)
-        two = y[:, :2].mean(axis=1) if s >= 2 else y[:, 0]
+        se2 = np.mean([y[:, idx].mean(axis=1).var(ddof=1) for idx in groups(s, 2)]) / len(y)
         out.append({**dict(zip(ROW, key)), "seeds": w["units"], "draws": s, "var_common": w["var_common"],
-                    "p_common": w["p_common"], "se_seeds_k2": float(two.std(ddof=1) / np.sqrt(len(two)))})
-        ss.append(w)
+                    "p_common": w["p_common"], "se_seeds_k2": float(np.sqrt(se2))})
+        ws.append(w)
+    if not ws:
+        return pd.DataFrame()
     t = pd.DataFrame(out)
-    if ss:  # pooled: the rows' mean squares weighted by their degrees of freedom
-        df_idx, df_res = len(ss) * (s - 1), sum((w["units"] - 1) * (s - 1) for w in ss)
-        ms_idx = sum(w["ms_index"] * (s - 1) for w in ss) / df_idx
-        ms_res = sum(w["var_residual"] * (w["units"] - 1) * (s - 1) for w in ss) / df_res
-        units = np.mean([w["units"] for w in ss])
-        pooled = {"label": "pooled", "arm": "every row", "seeds": units, "draws": s,
-                  "var_common": max(0.0, (ms_idx - ms_res) / units),
-                  "p_common": float(sps.f.sf(ms_idx / ms_res, df_idx, df_res)),
-                  "se_seeds_k2": float(np.sqrt(np.mean(t["se_seeds_k2"] ** 2)))}
-        t = pd.concat([t, pd.DataFrame([pooled])], ignore_index=True)
+    n = np.array([w["units"] for w in ws], dtype=float)
+    raw = np.array([(w["ms_index"] - w["var_residual"]) / w["units"] for w in ws])
+    df_res = sum((w["units"] - 1) * (s - 1) for w in ws)
+    ms_idx = np.mean([w["ms_index"] for w in ws])
+    ms_res = sum(w["var_residual"] * (w["units"] - 1) * (s - 1) for w in ws) / df_res
+    pooled = {"label": "pooled", "arm": "every row", "seeds": float(n.mean()), "draws": s,
+              "var_common": max(0.0, float((n * raw).sum() / n.sum())),
+              "p_common": float(sps.f.sf(ms_idx / ms_res, len(ws) * (s - 1), df_res)),
+              "se_seeds_k2": float(np.sqrt(np.mean(t["se_seeds_k2"] ** 2)))}
+    t = pd.concat([t, pd.DataFrame([pooled])], ignore_index=True)
     for k in sorted({2, s}):
         t[f"sd_common_k{k}"] = np.sqrt(t["var_common"] / k)
     return t
@@ -197,17 +219,14 @@ def gain_sd(curves: pd.DataFrame, k: int = 2) -> float:
     """The clean runs' mean gain over the initial policy (the benchmark response's base), recomputed from each
     disjoint group of k draw indices (the initial policy's own columns, `initial_policy_reward_sample<j>`, with the
     clean runs' of the first arm, as `common_noise` picks them): its sd over the groups. What a study scoring k
-    draws would see its gain move by from the draws' seeds alone, the policies held; the bounds hold the initial
-    policy's part of it as the baseline's noise (`benchmarks.baseline_se`). NaN without the initial's columns or
+    draws would see its gain move by from the draws' seeds alone, the policies held (the clean runs and the initial
+    policy share the seeds, so this is not the initial policy's noise plus the clean mean's). NaN without the initial's columns or
     with fewer than two groups."""
     cols = sample_columns(curves)
     init = [f"initial_{c}" for c in cols]
     if not set(init) <= set(curves) or len(cols) // k < 2:
         return float("nan")
-    r = runs(curves)
-    c = r[r["kind"] == "clean"]
-    first = c.sort_values(ROW).iloc[0]
-    c = c[(c[ROW] == first[ROW]).all(axis=1)]
+    c = first_clean(runs(curves))
     gain = c[cols].to_numpy(dtype=float).mean(axis=0) - curves[init].iloc[0].to_numpy(dtype=float)
     return float(np.std([gain[g].mean() for g in groups(len(cols), k)], ddof=1))
 
@@ -220,7 +239,11 @@ def scoring_tables(curves: pd.DataFrame, reference: int = 2) -> tuple[pd.DataFra
     cols = sample_columns(curves)
     if len(cols) < 2 or curves[cols].isna().any().any():
         return pd.DataFrame(), pd.DataFrame()
+    if len(first_clean(runs(curves))) < 2:
+        return pd.DataFrame(), pd.DataFrame()
     t = gaps_by_samples(curves)
+    if t.empty:
+        return pd.DataFrame(), pd.DataFrame()
     if reference in set(t["k"]):
         t = value_of_samples(t, reference)
     return t, common_gap_noise(curves)

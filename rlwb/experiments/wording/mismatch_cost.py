@@ -535,8 +535,9 @@ def scoring_words(metrics: dict) -> str:
     s = int(metrics["scoring/draws"])
     ks = sorted(int(k.split("/")[1][1:]) for k in metrics if k.startswith("scoring/k") and k.endswith("/gap_sd"))
     sd = ", ".join(f"{metrics[f'scoring/k{k}/gap_sd']:.3f} at {k}" for k in ks)
-    out = [f"**Scoring** ({s} draws a held-out problem, each draw's seed the same in every run): the gaps' sd over "
-           f"seeds (every row's to its clean twins, a placebo's included), recomputed from k of the draws, is {sd}."]
+    out = [f"**Scoring** ({s} draws a held-out problem, each draw's seed the same in every run): the dose rows' gap "
+           f"sd over seeds (each to its clean twins; placebo and rerun rows left out), recomputed from k of the "
+           f"draws, is {sd}."]
     if "scoring/k2/value_ratio" in metrics:
         best = max(ks, key=lambda k: metrics[f"scoring/k{k}/value_ratio"])
         out.append(f"Per second of a run, against the 2 draws the studies of record scored, {s} draws give "
@@ -549,8 +550,8 @@ def scoring_words(metrics: dict) -> str:
                f"{metrics['scoring/run_scoring_sd']:.4f} and the policies' spread {metrics['scoring/policy_sd']:.4f}.")
     if np.isfinite(metrics.get("scoring/gain_sd_k2", float("nan"))):
         out.append(f"The clean runs' gain over the initial policy, recomputed from each pair of draws, moves by sd "
-                   f"{metrics['scoring/gain_sd_k2']:.4f} (the initial policy's own draws: the bounds hold them as "
-                   f"the baseline's noise).")
+                   f"{metrics['scoring/gain_sd_k2']:.4f} (the clean runs and the initial policy drawn on the same "
+                   f"seeds; the bounds hold the initial policy's measured noise as the baseline's).")
     if "scoring/gap_common/pooled/sd_k2" in metrics:
         out.append(f"What of it a dose row's mean gap keeps, common to the row's seeds and so in no interval over "
                    f"them: sd {metrics['scoring/gap_common/pooled/sd_k2']:.4f} at 2 draws (pooled over the rows, F "
