@@ -220,8 +220,8 @@ def gain_sd(curves: pd.DataFrame, k: int = 2) -> float:
     disjoint group of k draw indices (the initial policy's own columns, `initial_policy_reward_sample<j>`, with the
     clean runs' of the first arm, as `common_noise` picks them): its sd over the groups. What a study scoring k
     draws would see its gain move by from the draws' seeds alone, the policies held (the clean runs and the initial
-    policy share the seeds, so this is not the initial policy's noise plus the clean mean's). NaN without the initial's columns or
-    with fewer than two groups."""
+    policy share the seeds, so this is not the initial policy's noise plus the clean mean's). NaN without the
+    initial's columns or with fewer than two groups."""
     cols = sample_columns(curves)
     init = [f"initial_{c}" for c in cols]
     if not set(init) <= set(curves) or len(cols) // k < 2:
