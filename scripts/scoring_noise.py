@@ -34,16 +34,17 @@ def main() -> None:
     ap.add_argument("--reference", type=int, default=2, help="the k the ratios are against (the studies' 2)")
     args = ap.parse_args()
     curves = pd.read_parquet(args.run_dir / "data" / "curves.parquet")
-    t = scoring_noise.value_of_samples(scoring_noise.gaps_by_samples(curves), args.reference)
+    r = scoring_noise.runs(curves)
+    t = scoring_noise.value_of_samples(scoring_noise.gaps_by_samples(r), args.reference)
     t["clean_sd"] = np.sqrt(t["clean_var"])
     cols = ["k", "groups", "seed_df", "gap_sd", "clean_sd", "t_job_k", "variance_ratio", "time_ratio", "value_ratio"]
     print(f"{args.run_dir.name}: gaps by draws a problem (ratios against k = {args.reference})")
     print(t[[c for c in cols if c in t]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    c = scoring_noise.common_noise(curves)
+    c = scoring_noise.common_noise(r)
     print(f"common noise over {c['runs']} clean runs ({c['arm']}) x {c['draws']} draw indices: "
           f"sd in the outcome {c['sd_common_outcome']:.4f} (F test p {c['p_common']:.3g}); a run's own scoring "
           f"{c['sd_scoring_outcome']:.4f}; the policies' spread {np.sqrt(c['var_run']):.4f}")
-    g = scoring_noise.common_gap_noise(curves)
+    g = scoring_noise.common_gap_noise(r)
     print("the draw indices' noise common to a dose row's seeds (not in an interval over seeds), beside its se over "
           "seeds at k = 2:")
     cols = ["label", "arm", "seeds", "p_common", *[c for c in g if c.startswith("sd_common_k")], "se_seeds_k2"]

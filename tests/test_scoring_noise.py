@@ -44,13 +44,13 @@ def test_outcome_columns_keep_the_mean_its_standard_error_and_each_draw_index():
 
 def test_the_common_noise_and_the_runs_own_are_recovered():
     c = study(400, 16, sd_run=0.03, sd_common=0.05, sd_draw=0.08)
-    out = scoring_noise.common_noise(c)
+    out = scoring_noise.common_noise(scoring_noise.runs(c))
     assert out["runs"] == 400 and out["draws"] == 16
     assert out["var_common"] == pytest.approx(0.05 ** 2, rel=0.5)
     assert out["var_run"] == pytest.approx(0.03 ** 2, rel=0.2)
     assert out["var_residual"] == pytest.approx(0.08 ** 2, rel=0.05)
     assert out["p_common"] < 1e-6
-    none = scoring_noise.common_noise(study(400, 16, sd_run=0.03, sd_common=0.0, sd_draw=0.08))
+    none = scoring_noise.common_noise(scoring_noise.runs(study(400, 16, sd_run=0.03, sd_common=0.0, sd_draw=0.08)))
     assert none["var_common"] < 0.1 * 0.05 ** 2 and none["p_common"] > 0.001
 
 
@@ -58,7 +58,7 @@ def test_the_gap_variance_falls_with_draws_as_the_runs_own_noise_and_the_common_
     """gap_var(k) = 2 var_run + 2 var_draw / k: the common draw effects cancel from a gap to the twin."""
     sd_run, sd_draw = 0.03, 0.08
     c = study(300, 16, sd_run=sd_run, sd_common=0.2, sd_draw=sd_draw)
-    t = scoring_noise.gaps_by_samples(c).set_index("k")
+    t = scoring_noise.gaps_by_samples(scoring_noise.runs(c)).set_index("k")
     assert list(t.index) == [1, 2, 4, 8, 16] and list(t["groups"]) == [16, 8, 4, 2, 1]
     for k in t.index:
         assert t.loc[k, "gap_var"] == pytest.approx(2 * sd_run ** 2 + 2 * sd_draw ** 2 / k, rel=0.2)
@@ -87,28 +87,28 @@ def test_the_clean_gain_moves_with_the_initial_policys_draws_not_with_the_shared
     runs and the initial policy cancels; the initial policy's own draw noise stays."""
     c = study(200, 16, sd_run=0.03, sd_common=0.1, sd_draw=0.08)
     common = c.loc[c["kind"] == "clean"].groupby("seed")[scoring_noise.sample_columns(c)].first().mean()
-    assert np.isnan(scoring_noise.gain_sd(c))  # no initial columns: nothing to say
+    assert np.isnan(scoring_noise.gain_sd(scoring_noise.runs(c)))  # no initial columns: nothing to say
     shared = c.assign(**{f"initial_{k}": v - 0.3 for k, v in common.items()})  # the clean mean's draws, shifted
-    assert scoring_noise.gain_sd(shared) < 1e-12
+    assert scoring_noise.gain_sd(scoring_noise.runs(shared)) < 1e-12
     noisy = np.random.default_rng(5).normal(0, 0.08, 16)
     own = c.assign(**{f"initial_{k}": v - 0.3 + e for (k, v), e in zip(common.items(), noisy)})
-    assert scoring_noise.gain_sd(own) == pytest.approx(np.std([noisy[g].mean() for g in scoring_noise.groups(16, 2)],
-                                                              ddof=1))
+    expected = np.std([noisy[g].mean() for g in scoring_noise.groups(16, 2)], ddof=1)
+    assert scoring_noise.gain_sd(scoring_noise.runs(own)) == pytest.approx(expected)
 
 
 def test_the_studys_scoring_metrics_come_from_its_draw_columns_and_only_theirs():
     c = study(40, 4, sd_run=0.03, sd_common=0.02, sd_draw=0.08)
-    m = scoring_noise.scoring_metrics(c, *scoring_noise.scoring_tables(c))
+    m = scoring_noise.scoring_analysis(c)[2]
     assert m["scoring/k2/value_ratio"] == 1.0 and m["scoring/k4/variance_ratio"] > 1
     assert {"scoring/k1/gap_sd", "scoring/common_sd", "scoring/common_p", "scoring/run_scoring_sd"} <= set(m)
     assert m["scoring/draws"] == 4
     # a study resumed from runs trained before the columns were kept: some runs lack them, nothing is split
     some = c.copy()
     some.loc[some["seed"] == 0, scoring_noise.sample_columns(c)] = np.nan
-    assert scoring_noise.scoring_tables(some)[0].empty
+    assert scoring_noise.scoring_analysis(some)[0].empty
     bare = c.drop(columns=scoring_noise.sample_columns(c))
-    assert scoring_noise.scoring_tables(bare)[0].empty
-    assert scoring_noise.scoring_metrics(bare, *scoring_noise.scoring_tables(bare)) == {}
+    assert scoring_noise.scoring_analysis(bare)[0].empty
+    assert scoring_noise.scoring_analysis(bare)[2] == {}
 
 
 def gap_study(seeds: int, draws: int, sd_gap_common: float, rng_seed: int = 1) -> pd.DataFrame:
@@ -123,14 +123,14 @@ def gap_study(seeds: int, draws: int, sd_gap_common: float, rng_seed: int = 1) -
 
 
 def test_a_draw_effect_on_the_gap_shared_by_the_rows_seeds_is_measured_and_none_is_found_where_there_is_none():
-    t = scoring_noise.common_gap_noise(gap_study(300, 16, 0.06)).set_index("label")
+    t = scoring_noise.common_gap_noise(scoring_noise.runs(gap_study(300, 16, 0.06))).set_index("label")
     assert list(t.index) == ["weights@0.03", "pooled"]
     assert t.loc["weights@0.03", "var_common"] == pytest.approx(0.06 ** 2, rel=0.6)
     assert t.loc["weights@0.03", "p_common"] < 1e-6
     assert t.loc["weights@0.03", "sd_common_k2"] == pytest.approx(np.sqrt(t.loc["weights@0.03", "var_common"] / 2))
     assert t.loc["pooled", "var_common"] == pytest.approx(t.loc["weights@0.03", "var_common"])  # one row
     # the clean runs' common draw effect (sd_common 0.05) cancels from the gap: nothing common is left
-    none = scoring_noise.common_gap_noise(gap_study(300, 16, 0.0)).set_index("label")
+    none = scoring_noise.common_gap_noise(scoring_noise.runs(gap_study(300, 16, 0.0))).set_index("label")
     assert none.loc["weights@0.03", "var_common"] < 0.1 * 0.06 ** 2
     # the row's se over seeds at 2 draws: sqrt((2 var_run + 2 var_draw / 2) / seeds)
     assert none.loc["weights@0.03", "se_seeds_k2"] == pytest.approx(np.sqrt((2 * 0.03 ** 2 + 0.08 ** 2) / 300),
@@ -156,7 +156,7 @@ def test_the_pooled_common_gap_noise_weights_each_rows_own_estimate_by_its_seeds
     for j in range(8):
         second[f"policy_reward_sample{j}"] += rng.normal(0, 0.05, len(second))
     c = pd.concat([c, second], ignore_index=True)
-    t = scoring_noise.common_gap_noise(c).set_index("label")
+    t = scoring_noise.common_gap_noise(scoring_noise.runs(c)).set_index("label")
     assert list(t.index) == ["weights@0.03", "weights@0.06", "pooled"]
     cols = scoring_noise.sample_columns(c)
     r = scoring_noise.runs(c)
@@ -173,10 +173,10 @@ def test_the_pooled_common_gap_noise_weights_each_rows_own_estimate_by_its_seeds
 
 def test_runs_that_cannot_be_split_give_empty_tables_not_an_error():
     one_seed = study(1, 4, sd_run=0.03, sd_common=0.0, sd_draw=0.08)
-    assert all(t.empty for t in scoring_noise.scoring_tables(one_seed))
+    assert all(t.empty for t in scoring_noise.scoring_analysis(one_seed)[:2])
     clean_only = study(6, 4, sd_run=0.03, sd_common=0.0, sd_draw=0.08)
     clean_only = clean_only[clean_only["kind"] == "clean"]
-    assert all(t.empty for t in scoring_noise.scoring_tables(clean_only))
+    assert all(t.empty for t in scoring_noise.scoring_analysis(clean_only)[:2])
     placebo = study(6, 4, sd_run=0.03, sd_common=0.0, sd_draw=0.08)
     placebo["kind"] = placebo["kind"].replace({"weights": "placebo"})  # a placebo row is not a dose row
-    assert all(t.empty for t in scoring_noise.scoring_tables(placebo))
+    assert all(t.empty for t in scoring_noise.scoring_analysis(placebo)[:2])

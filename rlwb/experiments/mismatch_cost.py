@@ -53,7 +53,7 @@ from rlwb.experiments.mismatch_study.design import (
     training_runs,
 )
 from rlwb.experiments.mismatch_study.execution import train_study
-from rlwb.experiments.mismatch_study.scoring_noise import scoring_metrics, scoring_tables
+from rlwb.experiments.mismatch_study.scoring_noise import scoring_analysis
 from rlwb.experiments.wording import mismatch_cost as words_08
 from rlwb.experiments.wording import one_line
 
@@ -166,8 +166,8 @@ def analyze(curves: pd.DataFrame, p) -> CostResult:
     metrics.update(family)
     ratios = regime_ratios(curves)
     metrics.update(regime_metrics(ratios))
-    scoring, scoring_common = scoring_tables(curves)  # runs that kept their outcome's draws by index
-    metrics.update(scoring_metrics(curves, scoring, scoring_common))
+    scoring, scoring_common, scoring_m = scoring_analysis(curves)  # runs that kept their draws by index
+    metrics.update(scoring_m)
     if sequential.enabled(p):  # the rule's decision, redone from the first pass's curves as the study took it
         calls, m = sequential.first_pass(curves, p)
         metrics.update(sequential.sequential_metrics(calls, m, training_runs(p), p))

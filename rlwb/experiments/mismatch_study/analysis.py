@@ -18,6 +18,8 @@ from rlwb.experiments.grpo_grid import FINAL_FRAC, edge_steps, floor_breaches, r
 from rlwb.experiments.mismatch_study.design import HELDOUT_PROBLEMS, HELDOUT_SEED, LONG, dosed_kinds, held_out
 
 KEYS = ["kind", "label", "dose", "temperature", "updates", "epochs", "horizon", "arm", "seed"]
+# what pairs a run with its clean twin (`seed_gaps`): same temperature, PPO regime, horizon, arm and seed
+TWIN_KEYS = ["temperature", "updates", "epochs", "horizon", "arm", "seed"]
 
 
 def with_defaults(curves: pd.DataFrame) -> pd.DataFrame:
@@ -126,10 +128,9 @@ def seed_gaps(s: pd.DataFrame) -> pd.DataFrame:
     seed): `gap` (the tested outcome, `outcome_of`), `train_gap` (final training reward) and `heldout_gap` (own
     greedy accuracy). One row per (label, arm, seed)."""
     outcome = outcome_of(s)
-    on = ["temperature", "updates", "epochs", "horizon", "arm", "seed"]
     cols = list(dict.fromkeys([outcome, "reward_final", "heldout_acc"]))
-    clean = s.loc[s["kind"] == "clean", on + cols].rename(columns={c: c + "_clean" for c in cols})
-    d = s[s["kind"] != "clean"].merge(clean, on=on, how="left")
+    clean = s.loc[s["kind"] == "clean", TWIN_KEYS + cols].rename(columns={c: c + "_clean" for c in cols})
+    d = s[s["kind"] != "clean"].merge(clean, on=TWIN_KEYS, how="left")
     return d.assign(gap=d[outcome] - d[outcome + "_clean"], train_gap=d["reward_final"] - d["reward_final_clean"],
                     heldout_gap=d["heldout_acc"] - d["heldout_acc_clean"])
 

@@ -25,7 +25,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from rlwb.experiments.mismatch_study.analysis import KEYS, SAMPLE_COLUMN, per_seed, seed_gaps, with_defaults
+from rlwb.experiments.mismatch_study.analysis import (
+    KEYS,
+    SAMPLE_COLUMN,
+    TWIN_KEYS,
+    per_seed,
+    seed_gaps,
+    with_defaults,
+)
 
 ROW = ["label", "arm", "temperature", "updates", "epochs", "horizon"]
 # rows that are not doses: their gaps say nothing about what scoring does to a dose's (a placebo is a clean run on
@@ -57,14 +64,15 @@ def sample_columns(curves: pd.DataFrame) -> list[str]:
 
 
 def runs(curves: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: `per_seed`'s outcomes with the draw-index columns and the run's timings (`t_job`, its wall
-    time in its lane; `t_policy`, its scoring's)."""
+    """One row per run: `per_seed`'s outcomes with the draw-index columns, the initial policy's (`initial_<column>`,
+    where kept) and the run's timings (`t_job`, its wall time in its lane; `t_policy`, its scoring's): the table
+    every function below reads, made once per analysis (`scoring_analysis`)."""
     curves = with_defaults(curves)
     cols = sample_columns(curves)
     if len(cols) < 2:
         raise ValueError("these curves keep no draw-index columns (policy_reward_sample<j>): runs scored with one "
                          "draw a problem, or archived before the columns were kept, cannot be split by draw")
-    extra = [c for c in ("t_job", "t_policy") if c in curves]
+    extra = [c for c in ("t_job", "t_policy", *(f"initial_{c}" for c in cols)) if c in curves]
     first = curves.groupby(KEYS, sort=False, dropna=False)[cols + extra].first().reset_index()
     return per_seed(curves).merge(first, on=KEYS, how="left", validate="one_to_one")
 
@@ -88,16 +96,17 @@ def pooled_var(values: pd.Series, by: pd.DataFrame) -> tuple[float, int]:
     return (float(((n[ok] - 1) * v[ok]).sum() / df) if df else float("nan")), df
 
 
-def gaps_by_samples(curves: pd.DataFrame) -> pd.DataFrame:
+def gaps_by_samples(r: pd.DataFrame) -> pd.DataFrame:
     """Per k (draws a problem): the dose rows' gap variance pooled within rows (`gap_var`; `seed_df`, the rows'
     degrees of freedom over seeds, the same at every k: the groups of k columns re-score the same policies, so they
     sharpen the estimate of the scoring's share, not of the policies'), the clean runs' between-seed variance
     (`clean_var`, `first_clean`), and the mean over runs of their scoring time at k (`t_policy_k`) and wall time at
-    k (`t_job_k`). The dose rows are `dose_gaps`' (no placebo, no rerun). Empty where no dose row has two seeds."""
-    r = runs(curves)
-    cols = sample_columns(curves)
+    k (`t_job_k`), from a `runs` table. The dose rows are `dose_gaps`' (no placebo, no rerun). Empty where no dose
+    row has two seeds."""
+    cols = sample_columns(r)
     s = len(cols)
-    seed_df = pooled_var(dose_gaps(r)["gap"], dose_gaps(r)[ROW])[1] if len(first_clean(r)) else 0
+    g = dose_gaps(r)
+    seed_df = pooled_var(g["gap"], g[ROW])[1] if len(first_clean(r)) else 0
     if not seed_df:
         return pd.DataFrame()
     out = []
@@ -154,14 +163,13 @@ def two_way(y: np.ndarray) -> dict[str, float]:
             "var_unit": max(0.0, (ms_unit - ms_res) / s), "var_residual": float(ms_res), "ms_index": float(ms_idx)}
 
 
-def common_noise(curves: pd.DataFrame) -> dict[str, float]:
+def common_noise(r: pd.DataFrame) -> dict[str, float]:
     """The draw indices' common effect on the clean runs' outcomes, from the clean runs of the first arm at the
     first temperature, horizon and regime (one run per seed: the clean runs of the other arms are the same
     policies, scored alike, and would count as independent runs), runs x draw index (`two_way`): `var_run` (the
     policies' spread), `sd_common_outcome` (what every run's S-draw outcome shares, sqrt(var_common / S)) and
-    `sd_scoring_outcome` (a run's own scoring noise in it, sqrt(var_residual / S))."""
-    r = runs(curves)
-    cols = sample_columns(curves)
+    `sd_scoring_outcome` (a run's own scoring noise in it, sqrt(var_residual / S)); from a `runs` table."""
+    cols = sample_columns(r)
     c = first_clean(r)
     w = two_way(c[cols].to_numpy(dtype=float))
     return {"runs": w["units"], "draws": w["draws"], "arm": c["arm"].iloc[0], "var_common": w["var_common"],
@@ -170,7 +178,7 @@ def common_noise(curves: pd.DataFrame) -> dict[str, float]:
             "sd_scoring_outcome": float(np.sqrt(w["var_residual"] / w["draws"]))}
 
 
-def common_gap_noise(curves: pd.DataFrame) -> pd.DataFrame:
+def common_gap_noise(r: pd.DataFrame) -> pd.DataFrame:
     """The shared seeds' noise in each dose row's mean gap, which a t interval over seeds cannot see (it is common
     to every seed of the row): the row's gaps by draw index (seed x draw index: the dosed run's column j minus its
     clean twin's) as a two-way layout (`two_way`). A draw index's effect on the gap, shared by the row's seeds
@@ -180,13 +188,12 @@ def common_gap_noise(curves: pd.DataFrame) -> pd.DataFrame:
     pooled over the pairs, over sqrt(seeds)), what its bounds hold. One row per dose row (`dose_gaps`' rows), and
     `pooled`: the rows' unfloored estimates averaged, weighted by seeds, with an F test on the pooled mean squares
     whose degrees of freedom are approximate (every row's gaps subtract the same clean twins, so the rows' draw
-    effects are correlated: the pooled test is anticonservative). Empty where no dose row has two seeds."""
-    r = runs(curves)
-    cols = sample_columns(curves)
+    effects are correlated: the pooled test is anticonservative). From a `runs` table; empty where no dose row has
+    two seeds."""
+    cols = sample_columns(r)
     s = len(cols)
-    twin = ["temperature", "updates", "epochs", "horizon", "arm", "seed"]  # analysis.seed_gaps' twin keys
-    d = r[~r["kind"].isin(NOT_DOSES)].merge(r.loc[r["kind"] == "clean", twin + cols], on=twin, how="inner",
-                                             suffixes=("", "_clean"))
+    d = r[~r["kind"].isin(NOT_DOSES)].merge(r.loc[r["kind"] == "clean", TWIN_KEYS + cols], on=TWIN_KEYS,
+                                             how="inner", suffixes=("", "_clean"))
     out, ws = [], []
     for key, g in d.groupby(ROW, sort=False):
         if len(g) < 2:
@@ -215,62 +222,63 @@ def common_gap_noise(curves: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def gain_sd(curves: pd.DataFrame, k: int = 2) -> float:
+def gain_sd(r: pd.DataFrame, k: int = 2) -> float:
     """The clean runs' mean gain over the initial policy (the benchmark response's base), recomputed from each
     disjoint group of k draw indices (the initial policy's own columns, `initial_policy_reward_sample<j>`, with the
     clean runs' of the first arm, as `common_noise` picks them): its sd over the groups. What a study scoring k
     draws would see its gain move by from the draws' seeds alone, the policies held (the clean runs and the initial
-    policy share the seeds, so this is not the initial policy's noise plus the clean mean's). NaN without the
-    initial's columns or with fewer than two groups."""
-    cols = sample_columns(curves)
+    policy share the seeds, so this is not the initial policy's noise plus the clean mean's). From a `runs` table;
+    NaN without the initial's columns or with fewer than two groups."""
+    cols = sample_columns(r)
     init = [f"initial_{c}" for c in cols]
-    if not set(init) <= set(curves) or len(cols) // k < 2:
+    if not set(init) <= set(r) or len(cols) // k < 2:
         return float("nan")
-    c = first_clean(runs(curves))
-    gain = c[cols].to_numpy(dtype=float).mean(axis=0) - curves[init].iloc[0].to_numpy(dtype=float)
+    c = first_clean(r)
+    gain = c[cols].to_numpy(dtype=float).mean(axis=0) - c[init].iloc[0].to_numpy(dtype=float)
     return float(np.std([gain[g].mean() for g in groups(len(cols), k)], ddof=1))
 
 
-def scoring_tables(curves: pd.DataFrame, reference: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The study's scoring tables, for runs that kept their draw-index columns (two empty frames else): per k draws
-    a problem (`gaps_by_samples`, with `value_of_samples` against k = `reference` where the study drew that many),
-    and per dose row the draw noise its mean gap keeps (`common_gap_noise`). Empty too where some runs lack them (a
-    study resumed from runs trained before they were kept): a split of some runs only would compare other rows."""
+def scoring_analysis(curves: pd.DataFrame, reference: int = 2) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """The study's scoring tables and metrics, for runs that kept their draw-index columns (empty tables and no
+    metrics else): per k draws a problem (`gaps_by_samples`, with `value_of_samples` against k = `reference` where
+    the study drew that many), per dose row the draw noise its mean gap keeps (`common_gap_noise`), and
+    `scoring_metrics`. Empty too where some runs lack the columns (a study resumed from runs trained before they
+    were kept): a split of some runs only would compare other rows."""
+    empty = pd.DataFrame(), pd.DataFrame(), {}
     cols = sample_columns(curves)
     if len(cols) < 2 or curves[cols].isna().any().any():
-        return pd.DataFrame(), pd.DataFrame()
-    if len(first_clean(runs(curves))) < 2:
-        return pd.DataFrame(), pd.DataFrame()
-    t = gaps_by_samples(curves)
+        return empty
+    r = runs(curves)
+    if len(first_clean(r)) < 2:
+        return empty
+    t = gaps_by_samples(r)
     if t.empty:
-        return pd.DataFrame(), pd.DataFrame()
+        return empty
     if reference in set(t["k"]):
         t = value_of_samples(t, reference)
-    return t, common_gap_noise(curves)
+    g = common_gap_noise(r)
+    return t, g, scoring_metrics(r, t, g)
 
 
-def scoring_metrics(curves: pd.DataFrame, by_samples: pd.DataFrame, gap_common: pd.DataFrame) -> dict[str, float]:
-    """The study's metrics of its scoring (`scoring/...`) from `scoring_tables` (none for runs without draw-index
-    columns): per k draws a problem the gap's pooled sd, the run's wall time and, against the reference k, the
+def scoring_metrics(r: pd.DataFrame, by_samples: pd.DataFrame, gap_common: pd.DataFrame) -> dict[str, float]:
+    """The study's metrics of its scoring (`scoring/...`) from its `runs` table and `scoring_analysis`' tables: per k
+    draws a problem the gap's pooled sd, the run's wall time and, against the reference k, the
     variance, time and value ratios; the clean runs' common noise in the outcome with its F test, a run's own
     scoring sd and the policies' spread (`common_noise`); the clean gain's sd over draw groups of 2 (`gain_sd`); per
-    dose row (and pooled) the common noise its mean gap
-    keeps at 2 draws, its F test and the row's se over seeds at 2 draws."""
-    if by_samples.empty:
-        return {}
-    t, g = by_samples, gap_common
+    dose row (and pooled) the common noise its mean gap keeps at 2 draws, its F test and the row's se over seeds at
+    2 draws."""
     out = {}
-    for r in t.itertuples(index=False):
+    for row in by_samples.itertuples(index=False):
         for name in ("gap_sd", "variance_ratio", "time_ratio", "value_ratio", "t_job_k"):
-            if hasattr(r, name):
-                out[f"scoring/k{r.k}/{name}"] = float(getattr(r, name))
-    c = common_noise(curves)
+            if hasattr(row, name):
+                out[f"scoring/k{row.k}/{name}"] = float(getattr(row, name))
+    c = common_noise(r)
     out.update({"scoring/draws": float(c["draws"]), "scoring/common_sd": c["sd_common_outcome"],
                 "scoring/common_p": c["p_common"], "scoring/run_scoring_sd": c["sd_scoring_outcome"],
-                "scoring/policy_sd": float(np.sqrt(c["var_run"])), "scoring/gain_sd_k2": gain_sd(curves, 2)})
-    for r in g.itertuples(index=False):
-        name = "pooled" if r.label == "pooled" else f"{r.label}/{r.arm}"
-        out.update({f"scoring/gap_common/{name}/sd_k2": float(r.sd_common_k2),
-                    f"scoring/gap_common/{name}/p": float(r.p_common),
-                    f"scoring/gap_common/{name}/se_seeds_k2": float(r.se_seeds_k2)})
+                "scoring/policy_sd": float(np.sqrt(c["var_run"])), "scoring/gain_sd_k2": gain_sd(r, 2)})
+    for row in gap_common.itertuples(index=False):
+        name = "pooled" if row.label == "pooled" else f"{row.label}/{row.arm}"
+        out.update({f"scoring/gap_common/{name}/sd_k2": float(row.sd_common_k2),
+                    f"scoring/gap_common/{name}/p": float(row.p_common),
+                    f"scoring/gap_common/{name}/se_seeds_k2": float(row.se_seeds_k2)})
     return out
