@@ -97,7 +97,7 @@ def test_publish_refuses_a_run_that_cannot_be_a_run_of_record(notebook00_runs, t
 @pytest.mark.slow
 def test_publish_leaves_out_what_nothing_needs_and_refuses_what_stays_too_large(notebook00_runs, tmp_path):
     """Over 5 MB: a table no figure is drawn from is left out (and named in the copy's provenance); a figure's own
-    table that large is refused; a folder that would pass 50 MB is refused. The large files are sparse (their size
+    table that large is refused; a folder that would pass 42 MB is refused. The large files are sparse (their size
     is what publish measures)."""
     run = _edit(_copy(notebook00_runs, tmp_path), _as_committed)
     with open(run / "data" / "rollouts.parquet", "wb") as f:
@@ -118,7 +118,7 @@ def test_publish_leaves_out_what_nothing_needs_and_refuses_what_stays_too_large(
     full.mkdir()
     with open(full / "older-run.bin", "wb") as f:
         f.truncate(publish.FOLDER_LIMIT - 100_000)
-    with pytest.raises(publish.PublishRefused, match=r"would make .* MB \(limit 50 MB\)"):
+    with pytest.raises(publish.PublishRefused, match=r"would make .* MB \(limit 42 MB\)"):
         publish.publish(run, full)
 
 
@@ -185,7 +185,7 @@ def _published_runs() -> list[Path]:
 
 def test_runs_of_record_are_within_their_size_limits_and_publishable():
     """What `rlwb publish` checked still holds for every run in docs/runs: a finished run from a clean tree on a
-    published build, at most 5 MB, the folder at most 50 MB; its run.json says where it came from and what it left
+    published build, at most 5 MB, the folder at most 42 MB; its run.json says where it came from and what it left
     out."""
     runs = _published_runs()
     assert runs, "docs/runs holds no run of record"

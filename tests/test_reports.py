@@ -189,3 +189,56 @@ def test_the_provenance_block_names_the_gpu_a_run_computed_on(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "host": {"cpu": "AMD EPYC"}}))
     html = provenance_html(tmp_path)
     assert "on AMD EPYC (CPU)" in html and "H100" not in html
+
+
+@pytest.mark.browser
+def test_report_html_is_lean_and_shows_its_tables_and_figures(tmp_path):
+    """report.html carries a stylesheet of a few KB and no scripts (every clone and every lent GPU machine carries the
+    runs of record's reports; lab's inlined theme was ~260 KB of each, and require.js/MathJax/mermaid fetched from a
+    CDN fail offline). What a report holds still renders: its title in the tab, prose, a DataFrame table laid out
+    as a table, an embedded figure with its size, and nothing on Chromium's console."""
+    import base64
+    import io
+
+    import matplotlib
+    import nbformat
+    import pandas as pd
+
+    from rlwb.reports.export import export_report
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 3), dpi=100)
+    ax.plot([0, 1], [0, 1])
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    plt.close(fig)
+    table = pd.DataFrame({"arm": ["none@engine", "tis@trainer"], "gap": [-0.0153, 0.0021]}).to_html()
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 99 · A report's title\n\n**Question:** does it read?"),
+        nbformat.v4.new_code_cell("show()", outputs=[
+            nbformat.v4.new_output("display_data", {"text/html": table, "text/plain": "table"}),
+            nbformat.v4.new_output("display_data", {"image/png": base64.b64encode(png.getvalue()).decode(),
+                                                    "text/plain": "<Figure>"})])])
+    nbformat.write(nb, tmp_path / "notebook.ipynb")
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "host": {"cpu": "Intel Xeon"}}))
+    export_report(tmp_path / "notebook.ipynb", tmp_path / "report.html", tmp_path)
+    html = (tmp_path / "report.html").read_text()
+    head = html.split("</head>", 1)[0]
+    assert "<script" not in html and "cdnjs" not in html and "mathjax" not in html.lower()
+    assert len(head.encode()) < 8_000, len(head.encode())
+    assert "<title>99 · A report's title</title>" in head
+    dom = chromium("--dump-dom", "--enable-logging=stderr", "--v=0", (tmp_path / "report.html").as_uri(),
+                   profile=tmp_path / "profile")
+    assert dom.returncode == 0 and "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
+    assert "none@engine" in dom.stdout and "-0.0153" in dom.stdout and "does it read?" in dom.stdout
+    # laid out, not just present: the table's cells are side by side and the figure keeps its 400x300 pixels
+    script = ("const t=document.querySelector('table.dataframe');const r=t.rows[1].cells;"
+              "const i=document.querySelector('img');document.title=[r[1].getBoundingClientRect().left<"
+              "r[2].getBoundingClientRect().left, i.naturalWidth, i.getBoundingClientRect().width].join(',')")
+    (tmp_path / "probe.html").write_text(html.replace("</body>", f"<script>window.onload=()=>{{{script}}}</script>"
+                                                                 "</body>"))
+    probe = chromium("--dump-dom", "--virtual-time-budget=2000", (tmp_path / "probe.html").as_uri(),
+                     profile=tmp_path / "profile")
+    assert "<title>true,400,400</title>" in probe.stdout, probe.stdout[:500]

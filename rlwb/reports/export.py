@@ -8,6 +8,9 @@ from rlwb import archive
 
 # -- report.html ------------------------------------------------------------------------------------
 REMOVED_CELL_TAGS = ("parameters", "injected-parameters")  # shown in the provenance block instead
+# lab's markup, a reading stylesheet of a few KB, no scripts: every clone and every lent GPU carries the runs of
+# record's reports, and the lab theme they inlined was half of each (templates/nbconvert/rlwb_report)
+REPORT_TEMPLATE = Path(__file__).with_name("templates") / "nbconvert" / "rlwb_report"
 
 
 REPORT_CSS = """
@@ -108,6 +111,17 @@ def report_notebook(nb, run_dir: Path, error: str | None = None):
     return nb
 
 
+def report_title(nb) -> str:
+    """The browser tab's title: the notebook's first heading ("08 · What mismatch costs..."), not nbconvert's
+    "Notebook"."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return "rlwb report"
+
+
 def export_report(nb_path: Path, html_path: Path, run_dir: Path, error: str | None = None) -> None:
     """`report.html`: answer-first notebooks rendered without code or prompts (the code stays in
     notebook.ipynb), with the provenance block under the title."""
@@ -115,6 +129,12 @@ def export_report(nb_path: Path, html_path: Path, run_dir: Path, error: str | No
     from nbconvert import HTMLExporter
 
     nb = report_notebook(nbformat.read(nb_path, as_version=4), run_dir, error)
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    from traitlets.config import Config
+
+    nb.metadata["title"] = report_title(nb)
+    # no code is shown, so pygments' stylesheet has nothing to colour
+    exporter = HTMLExporter(config=Config({"CSSHTMLHeaderPreprocessor": {"enabled": False}}),
+                            template_name=REPORT_TEMPLATE.name, extra_template_basedirs=[str(REPORT_TEMPLATE.parent)],
+                            exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exporter.from_notebook_node(nb)
     html_path.write_text(body, encoding="utf-8")

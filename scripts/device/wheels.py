@@ -33,7 +33,7 @@ WHEELS_TXT = HERE / "wheels.txt"
 # what a run needs beyond the image: the notebook runner and its kernel, the HTML report, params validation
 ROOTS = {"papermill", "nbconvert", "nbformat", "nbclient", "ipykernel", "pydantic", "filelock"}
 # requirements a run does not need, left behind to keep the carried tree under the device's 64 MiB (the tracked
-# tree, runs of record included, is ~50 MB): ipykernel runs without its debugger (`_is_debugpy_available` False)
+# tree, runs of record included, is ~52 MB): ipykernel runs without its debugger (`_is_debugpy_available` False)
 # and IPython without jedi's completion (`JEDI_INSTALLED` False); the rehearsal runs the kernel without them
 LEFT_OUT = {"debugpy": "ipykernel's debugger", "jedi": "IPython's tab completion", "parso": "jedi's parser"}
 HEADER = ("# Written by `python scripts/device/wheels.py write` (tests/test_gpu_runs.py checks it): the wheels the\n"
