@@ -9,6 +9,7 @@ from scipy import stats as sps
 
 from rlwb.experiments.mismatch_study import scoring_noise
 from rlwb.experiments.mismatch_study.execution import outcome_columns
+from rlwb.experiments.wording.mismatch_cost import scoring_words
 
 STEPS = range(4)
 
@@ -102,6 +103,12 @@ def test_the_studys_scoring_metrics_come_from_its_draw_columns_and_only_theirs()
     assert m["scoring/k2/value_ratio"] == 1.0 and m["scoring/k4/variance_ratio"] > 1
     assert {"scoring/k1/gap_sd", "scoring/common_sd", "scoring/common_p", "scoring/run_scoring_sd"} <= set(m)
     assert m["scoring/draws"] == 4
+    assert "scoring/dispersion/ratio" not in m  # runs without their standard error: no dispersion to measure
+    c["policy_reward_se"] = 0.04  # draws of sd 0.08, 4 of them: var(draw-index means) = 4 x 0.04^2 (+ the common)
+    m = scoring_noise.scoring_analysis(c)[2]
+    assert m["scoring/dispersion/runs"] == 80 and 0.8 < m["scoring/dispersion/ratio"] < 1.4
+    assert f"over the 80 distinct policies their draw-index means vary {m['scoring/dispersion/ratio']:.2f}x" in \
+        scoring_words(m)
     # a study resumed from runs trained before the columns were kept: some runs lack them, nothing is split
     some = c.copy()
     some.loc[some["seed"] == 0, scoring_noise.sample_columns(c)] = np.nan
@@ -180,3 +187,34 @@ def test_runs_that_cannot_be_split_give_empty_tables_not_an_error():
     placebo = study(6, 4, sd_run=0.03, sd_common=0.0, sd_draw=0.08)
     placebo["kind"] = placebo["kind"].replace({"weights": "placebo"})  # a placebo row is not a dose row
     assert all(t.empty for t in scoring_noise.scoring_analysis(placebo)[:2])
+
+
+def scored(policies: int, problems: int, draws: int, *, column_sd: float, rng_seed: int = 0) -> pd.DataFrame:
+    """A `runs`-like table of policies scored as `execution.outcome_columns` scores them: 0/1 draws of each problem
+    at its own success rate; with `column_sd` > 0 each draw index of a policy shifts every problem's logit alike (a
+    draw's noise shared by the problems: what the standard error's model leaves out)."""
+    rng = np.random.default_rng(rng_seed)
+    rows = []
+    for _ in range(policies + 1):  # the last is the initial policy
+        logit = rng.normal(0.3, 1.5, problems)[:, None] + rng.normal(0, column_sd, draws)[None, :]
+        rows.append(outcome_columns((rng.random((problems, draws)) < 1 / (1 + np.exp(-logit))).astype(float)))
+    r = pd.DataFrame(rows[:-1])
+    for k, v in rows[-1].items():
+        r[f"initial_{k}"] = v
+    return r
+
+
+def test_the_draws_dispersion_is_1_for_independent_draws_and_above_it_for_a_shared_shock():
+    """The ratio of a policy's draw-index variance to S x se^2 is 1 in expectation when the draws are independent
+    (its interval covers 1, the test does not reject at 1%); a shock that each draw index shares over the problems
+    makes it > 1 and is detected. A rerun (the same columns) counts once."""
+    same = scoring_noise.dispersion(scored(80, 100, 16, column_sd=0.0))
+    assert same["runs"] == 80 and same["low"] < 1 < same["high"] and same["p"] > 0.01
+    assert 0.85 < same["ratio"] < 1.15 and 0 <= same["initial_p"] <= 1
+    assert same["initial_p_adjusted"] == pytest.approx(min(1.0, same["initial_p"] * 81))
+    shocked = scored(80, 100, 16, column_sd=0.5)
+    out = scoring_noise.dispersion(shocked)
+    assert out["low"] > 1.5 and out["p"] < 1e-6
+    doubled = pd.concat([shocked, shocked.iloc[:5]], ignore_index=True)
+    assert scoring_noise.dispersion(doubled)["ratio"] == out["ratio"]
+    assert scoring_noise.dispersion(shocked.drop(columns="policy_reward_se")) == {}

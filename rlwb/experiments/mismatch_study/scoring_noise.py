@@ -13,6 +13,10 @@ scoring k < S draws a problem is the mean of k of those columns, recomputed from
   seed moves every policy's outcome alike it cancels from a gap to a twin scored on the same seeds; what does not
   cancel is `common_gap_noise`: the same layout on each dose row's gaps, whose common part is shared by the row's
   seeds, so no interval over seeds holds it.
+- `dispersion`: whether a run's draws vary as the outcome's standard error says (`policy_reward_se`,
+  `stats.fixed_items_mean_se`: draws independent, problems fixed): a run's draw-index means vary by S x se^2 if so.
+  The ratio of the two, over the study's distinct policies, is the factor by which that error model misstates the
+  variance (it also prices the benchmark response's `baseline_se`).
 - `value_of_samples`: information per second of a run at k draws against the study's own reference k (the studies
   of record scored 2): (1 / gap variance) / (the run's wall time), the run's wall time at k being its own minus
   the share of its scoring k would not have drawn (`t_policy` x (1 - k / S); scoring time taken as linear in the
@@ -35,6 +39,7 @@ from rlwb.experiments.mismatch_study.analysis import (
 )
 
 ROW = ["label", "arm", "temperature", "updates", "epochs", "horizon"]
+SE_COLUMN = "policy_reward_se"  # the outcome's standard error over its draws (`execution.outcome_columns`)
 # rows that are not doses: their gaps say nothing about what scoring does to a dose's (a placebo is a clean run on
 # other seeds, whose gap to its twin is mostly scoring noise; a rerun is one run)
 NOT_DOSES = ("clean", "placebo", "rerun")
@@ -72,7 +77,8 @@ def runs(curves: pd.DataFrame) -> pd.DataFrame:
     if len(cols) < 2:
         raise ValueError("these curves keep no draw-index columns (policy_reward_sample<j>): runs scored with one "
                          "draw a problem, or archived before the columns were kept, cannot be split by draw")
-    extra = [c for c in ("t_job", "t_policy", *(f"initial_{c}" for c in cols)) if c in curves]
+    extra = [c for c in ("t_job", "t_policy", SE_COLUMN, f"initial_{SE_COLUMN}", *(f"initial_{c}" for c in cols))
+             if c in curves]
     first = curves.groupby(KEYS, sort=False, dropna=False)[cols + extra].first().reset_index()
     return per_seed(curves).merge(first, on=KEYS, how="left", validate="one_to_one")
 
@@ -238,6 +244,38 @@ def gain_sd(r: pd.DataFrame, k: int = 2) -> float:
     return float(np.std([gain[g].mean() for g in groups(len(cols), k)], ddof=1))
 
 
+def dispersion(r: pd.DataFrame, boot: int = 20_000, seed: int = 0) -> dict[str, float]:
+    """Do the draws vary as the outcome's standard error says? Per distinct policy of a `runs` table (a rerun, or a
+    clean run another arm shares, has the same draw columns and counts once): the variance of its S draw-index means
+    over S x se^2, which is 1 in expectation when the draws are independent given the problems
+    (`stats.fixed_items_mean_se`'s model). Their mean with a 95% bootstrap interval over policies, and a two-sided
+    chi-square test of 1: (S - 1) x ratio ~ chi2(S - 1) per policy, summed (approximate: se^2 is itself estimated,
+    from every problem's S draws, so its own error is small beside a column variance's). The initial policy's ratio
+    (scored once, on the same seeds) with its one-sided p, and that p Bonferroni-adjusted over the policies it is
+    one of: an extreme initial policy among many is expected. {} without the columns."""
+    cols = sample_columns(r)
+    if len(cols) < 2 or SE_COLUMN not in r:
+        return {}
+    u = r.drop_duplicates(subset=cols)
+    u = u[u[SE_COLUMN] > 0]
+    if len(u) < 2:
+        return {}
+    s = len(cols)
+    ratio = u[cols].var(axis=1, ddof=1).to_numpy(dtype=float) / (s * u[SE_COLUMN].to_numpy(dtype=float) ** 2)
+    n = len(ratio)
+    chi, df = float(((s - 1) * ratio).sum()), n * (s - 1)
+    means = np.random.default_rng(seed).choice(ratio, (boot, n)).mean(axis=1)
+    out = {"runs": float(n), "ratio": float(ratio.mean()), "low": float(np.percentile(means, 2.5)),
+           "high": float(np.percentile(means, 97.5)), "p": float(min(1.0, 2 * min(sps.chi2.sf(chi, df),
+                                                                                   sps.chi2.cdf(chi, df))))}
+    init, se0 = [f"initial_{c}" for c in cols], f"initial_{SE_COLUMN}"
+    if set(init) <= set(r) and se0 in r and r[se0].notna().any() and r[se0].iloc[0] > 0:
+        ri = float(r[init].iloc[0].to_numpy(dtype=float).var(ddof=1) / (s * float(r[se0].iloc[0]) ** 2))
+        p = float(sps.chi2.sf((s - 1) * ri, s - 1))
+        out.update({"initial_ratio": ri, "initial_p": p, "initial_p_adjusted": min(1.0, p * (n + 1))})
+    return out
+
+
 def scoring_analysis(curves: pd.DataFrame, reference: int = 2) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """The study's scoring tables and metrics, for runs that kept their draw-index columns (empty tables and no
     metrics else): per k draws a problem (`gaps_by_samples`, with `value_of_samples` against k = `reference` where
@@ -266,7 +304,7 @@ def scoring_metrics(r: pd.DataFrame, by_samples: pd.DataFrame, gap_common: pd.Da
     variance, time and value ratios; the clean runs' common noise in the outcome with its F test, a run's own
     scoring sd and the policies' spread (`common_noise`); the clean gain's sd over draw groups of 2 (`gain_sd`); per
     dose row (and pooled) the common noise its mean gap keeps at 2 draws, its F test and the row's se over seeds at
-    2 draws."""
+    2 draws; the draws' dispersion against the standard error's model (`dispersion`)."""
     out = {}
     for row in by_samples.itertuples(index=False):
         for name in ("gap_sd", "variance_ratio", "time_ratio", "value_ratio", "t_job_k"):
@@ -276,6 +314,7 @@ def scoring_metrics(r: pd.DataFrame, by_samples: pd.DataFrame, gap_common: pd.Da
     out.update({"scoring/draws": float(c["draws"]), "scoring/common_sd": c["sd_common_outcome"],
                 "scoring/common_p": c["p_common"], "scoring/run_scoring_sd": c["sd_scoring_outcome"],
                 "scoring/policy_sd": float(np.sqrt(c["var_run"])), "scoring/gain_sd_k2": gain_sd(r, 2)})
+    out.update({f"scoring/dispersion/{k}": v for k, v in dispersion(r).items()})
     for row in gap_common.itertuples(index=False):
         name = "pooled" if row.label == "pooled" else f"{row.label}/{row.arm}"
         out.update({f"scoring/gap_common/{name}/sd_k2": float(row.sd_common_k2),
