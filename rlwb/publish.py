@@ -15,6 +15,8 @@ problem and what to do):
 - on a model build with a published checksum that its weights match
   (`rlwb.core.models.published_builds.with_published`): anyone can get the same weights (`rlwb build-model`), so a
   rerun can be compared with it;
+- fit for a reader: its report.html shows no stderr, temporary path, progress bar or traceback
+  (`reports.export.reader_noise`);
 - small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. The run's logs, the jobs kept
   for a resume, the figures' SVG copies and the images embedded in the executed notebook never ship (every clone
   carries runs of record, and so does every call to a lent GPU machine, whose working tree may not pass 64 MiB: an
@@ -39,6 +41,7 @@ from pathlib import Path
 from rlwb import archive
 from rlwb.errors import PublishRefused
 from rlwb.paths import RUNS_OF_RECORD, shown
+from rlwb.reports.export import reader_noise
 
 PUBLISHED_RUNS = RUNS_OF_RECORD  # the one tracked folder of runs of record: <stem>/<run id>/
 RUN_LIMIT = 5_000_000  # bytes per run of record: runs of record are tracked, so every clone carries them
@@ -93,6 +96,12 @@ def check_publishable(run_dir: Path) -> dict:
     if card["weights_match_published"] is False:
         raise PublishRefused(f"{name}'s model build {card.get('weights_sha256_16')} differs from the published one, "
                              f"{card['weights_published_sha256_16']}: rerun on the published build (rlwb build-model)")
+    report = run_dir / "report.html"
+    noise = reader_noise(report.read_text(encoding="utf-8")) if report.exists() else []
+    if noise:
+        raise PublishRefused(f"{name}'s report.html shows what no reader should see ({', '.join(map(repr, noise))}): "
+                             f"fix the notebook or the code that printed it, then rerun (or `rlwb run --reanalyze` "
+                             f"it) and publish that run")
     return info
 
 

@@ -19,6 +19,7 @@ from rlwb import publish
 from rlwb.paths import REPO_ROOT, RUNS_OF_RECORD
 from rlwb.reports.index import run_page
 from tests.conftest import copy_archive, rlwb
+from tests.test_notebooks import check_report
 
 
 def _copy(notebook00_runs, tmp_path) -> Path:
@@ -92,6 +93,22 @@ def test_publish_refuses_a_run_that_cannot_be_a_run_of_record(notebook00_runs, t
         publish.publish(run, dest)
     assert str(e.value).startswith(f"00_default_policy/{run.name}")
     assert not (dest / "00_default_policy" / run.name).exists()
+
+
+@pytest.mark.slow
+def test_publish_refuses_a_report_a_reader_should_not_see(notebook00_runs, tmp_path):
+    """A warning printed into the report (a stderr output naming a checkout's path) would ship to every clone:
+    refused, naming what the report shows."""
+    run = _edit(_copy(notebook00_runs, tmp_path), _as_committed)
+    html = (run / "report.html").read_text()
+    warning = ('<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="application/vnd.jupyter.stderr">'
+               "<pre>/tmp/x/rlwb/plots/mismatch_cost.py:243: UserWarning: Tight layout not applied.</pre></div>")
+    (run / "report.html").write_text(html.replace("</main>", warning + "</main>"))
+    with pytest.raises(publish.PublishRefused, match=r"report\.html shows what no reader should see \('data-mime-type="
+                                                     r"\"application/vnd\.jupyter\.stderr\"', '/tmp/'\)"):
+        publish.publish(run, tmp_path / "runs")
+    (run / "report.html").write_text(html)
+    assert publish.publish(run, tmp_path / "runs").is_dir()
 
 
 @pytest.mark.slow
@@ -186,7 +203,7 @@ def _published_runs() -> list[Path]:
 def test_runs_of_record_are_within_their_size_limits_and_publishable():
     """What `rlwb publish` checked still holds for every run in docs/runs: a finished run from a clean tree on a
     published build, at most 5 MB, the folder at most 42 MB; its run.json says where it came from and what it left
-    out."""
+    out; its report is what a reader may see (`check_report`: no stderr, no temporary paths, answer first)."""
     runs = _published_runs()
     assert runs, "docs/runs holds no run of record"
     assert publish.tree_bytes(RUNS_OF_RECORD) <= publish.FOLDER_LIMIT
@@ -196,6 +213,8 @@ def test_runs_of_record_are_within_their_size_limits_and_publishable():
         assert "left_out" in json.loads((run / "run.json").read_text())["published"]
         assert not list(run.rglob("*.svg")), f"{run}: an SVG copy ships (publish leaves them out)"
         assert not publish.notebook_images(run), f"{run}: its notebook ships images (publish leaves them out)"
+        if (run / "report.html").exists():  # a bench run has none
+            check_report(run)
     tracked = subprocess.run(["git", "ls-files", "docs/runs"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
     assert all(f"{r.relative_to(REPO_ROOT).as_posix()}/run.json" in tracked for r in runs), "a run is untracked"
     # the index page of the folder (rebuilt by `rlwb publish`) has every run's report (a bench run's table) one click

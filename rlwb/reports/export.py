@@ -11,6 +11,15 @@ REMOVED_CELL_TAGS = ("parameters", "injected-parameters")  # shown in the proven
 # lab's markup, a reading stylesheet of a few KB, no scripts: every clone and every lent GPU carries the runs of
 # record's reports, and the lab theme they inlined was half of each (templates/nbconvert/rlwb_report)
 REPORT_TEMPLATE = Path(__file__).with_name("templates") / "nbconvert" / "rlwb_report"
+# what a reader must not meet in a report: a stderr output, a path object or a temporary path, a progress bar, a
+# model loader's chatter, a traceback, the runner's own start marker (`reader_noise`)
+REPORT_NOISE = ('data-mime-type="application/vnd.jupyter.stderr"', "PosixPath", "/tmp/", ".tmp-", "it/s]", "s/it]",
+                "Loading weights", "IProgress", "TqdmWarning", "Traceback", "rlwb.notebook.start")
+
+
+def reader_noise(html: str) -> list[str]:
+    """The `REPORT_NOISE` strings a report's HTML shows (none: it is fit for a reader)."""
+    return [n for n in REPORT_NOISE if n in html]
 
 
 REPORT_CSS = """
