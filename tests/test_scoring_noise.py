@@ -189,15 +189,21 @@ def test_runs_that_cannot_be_split_give_empty_tables_not_an_error():
     assert all(t.empty for t in scoring_noise.scoring_analysis(placebo)[:2])
 
 
-def scored(policies: int, problems: int, draws: int, *, column_sd: float, rng_seed: int = 0) -> pd.DataFrame:
+def scored(policies: int, problems: int, draws: int, *, column_sd: float = 0.0, policy_sd: float = 1.5,
+           shared: bool = False, rng_seed: int = 0) -> pd.DataFrame:
     """A `runs`-like table of policies scored as `execution.outcome_columns` scores them: 0/1 draws of each problem
-    at its own success rate; with `column_sd` > 0 each draw index of a policy shifts every problem's logit alike (a
-    draw's noise shared by the problems: what the standard error's model leaves out)."""
+    at the policy's success rate on it (its logit: the problem's difficulty plus the policy's own, sd `policy_sd`).
+    `shared`: draw (i, j) uses the same uniform for every policy (a study's shared draw seeds: each policy's draws
+    are still independent, the policies' are not). `column_sd` > 0: each draw index of a policy shifts every
+    problem's logit alike (a draw's noise shared by the problems: what the standard error's model leaves out)."""
     rng = np.random.default_rng(rng_seed)
+    difficulty = rng.normal(0.3, 1.5, problems)[:, None]
+    uniforms = rng.random((problems, draws))
     rows = []
     for _ in range(policies + 1):  # the last is the initial policy
-        logit = rng.normal(0.3, 1.5, problems)[:, None] + rng.normal(0, column_sd, draws)[None, :]
-        rows.append(outcome_columns((rng.random((problems, draws)) < 1 / (1 + np.exp(-logit))).astype(float)))
+        logit = difficulty + rng.normal(0, policy_sd, (problems, 1)) + rng.normal(0, column_sd, draws)[None, :]
+        u = uniforms if shared else rng.random((problems, draws))
+        rows.append(outcome_columns((u < 1 / (1 + np.exp(-logit))).astype(float)))
     r = pd.DataFrame(rows[:-1])
     for k, v in rows[-1].items():
         r[f"initial_{k}"] = v
@@ -206,15 +212,36 @@ def scored(policies: int, problems: int, draws: int, *, column_sd: float, rng_se
 
 def test_the_draws_dispersion_is_1_for_independent_draws_and_above_it_for_a_shared_shock():
     """The ratio of a policy's draw-index variance to S x se^2 is 1 in expectation when the draws are independent
-    (its interval covers 1, the test does not reject at 1%); a shock that each draw index shares over the problems
-    makes it > 1 and is detected. A rerun (the same columns) counts once."""
-    same = scoring_noise.dispersion(scored(80, 100, 16, column_sd=0.0))
+    (its interval covers 1); a shock that each draw index shares over the problems makes it > 1 and is detected. A
+    rerun (the same columns) counts once."""
+    same = scoring_noise.dispersion(scored(80, 100, 16))
     assert same["runs"] == 80 and same["low"] < 1 < same["high"] and same["p"] > 0.01
-    assert 0.85 < same["ratio"] < 1.15 and 0 <= same["initial_p"] <= 1
+    assert 0.85 < same["ratio"] < 1.15 and 0 <= same["initial_p"] <= 1 and 1 <= same["initial_rank"] <= 81
     assert same["initial_p_adjusted"] == pytest.approx(min(1.0, same["initial_p"] * 81))
-    shocked = scored(80, 100, 16, column_sd=0.5)
+    shocked = scored(80, 100, 16, column_sd=1.0)
     out = scoring_noise.dispersion(shocked)
-    assert out["low"] > 1.5 and out["p"] < 1e-6
+    assert out["low"] > 1.5 and out["p"] < 1e-4
     doubled = pd.concat([shocked, shocked.iloc[:5]], ignore_index=True)
     assert scoring_noise.dispersion(doubled)["ratio"] == out["ratio"]
     assert scoring_noise.dispersion(shocked.drop(columns="policy_reward_se")) == {}
+
+
+def test_the_dispersion_interval_covers_1_when_the_policies_share_their_draw_seeds():
+    """A study's policies are scored on the same draw seeds, so their ratios move together. Over 200 simulated
+    studies of similar policies on shared seeds (and 200 on independent ones) the chi2(S - 1) interval covers 1 in
+    at least 95% (within simulation error); a jackknife over the draw index, the interval that takes the draw index
+    as its unit, covers only 85-90% of the shared ones (the ratio is skewed), which is why it is not used."""
+    cover, jack = {True: [], False: []}, []
+    for shared in (True, False):
+        for rep in range(200):
+            r = scored(30, 60, 16, policy_sd=0.3, shared=shared, rng_seed=rep)
+            d = scoring_noise.dispersion(r)
+            cover[shared].append(d["low"] <= 1 <= d["high"])
+            if shared:
+                x = r[scoring_noise.sample_columns(r)].to_numpy()
+                scale = 16 * r["policy_reward_se"].to_numpy() ** 2
+                loo = np.array([(np.delete(x, j, axis=1).var(axis=1, ddof=1) / scale).mean() for j in range(16)])
+                half = sps.t.ppf(0.975, 15) * np.sqrt(15 / 16 * ((loo - loo.mean()) ** 2).sum())
+                jack.append(abs(d["ratio"] - 1) <= half)
+    assert np.mean(cover[True]) >= 0.93 and np.mean(cover[False]) >= 0.93, {k: np.mean(v) for k, v in cover.items()}
+    assert np.mean(jack) < 0.92, np.mean(jack)

@@ -559,14 +559,14 @@ def scoring_words(metrics: dict) -> str:
                    f"{metrics['scoring/gap_common/pooled/se_seeds_k2']:.4f}.")
     if "scoring/dispersion/ratio" in metrics:
         d = {k: metrics[f"scoring/dispersion/{k}"] for k in ("ratio", "low", "high", "p", "runs")}
-        off = [abs(np.sqrt(d[k]) - 1) for k in ("ratio", "low", "high")]  # in sd: the square root of the ratio
         out.append(f"The outcome's standard error takes the draws as independent: over the {int(d['runs'])} distinct "
                    f"policies their draw-index means vary {d['ratio']:.2f}x [{d['low']:.2f}, {d['high']:.2f}] as "
-                   f"much as it says (chi-square p {d['p']:.2g}), so it misstates a score's sd by {off[0]:.0%} (at "
-                   f"most {max(off[1:]):.0%} over the interval).")
+                   f"much as it says (p {d['p']:.2g}), a score's sd {np.sqrt(d['low']):.2f}-{np.sqrt(d['high']):.2f}x "
+                   f"its standard error. Every run is scored on the same {s} draw seeds, so that is one set of "
+                   f"{s} draws' evidence, however many policies (95% interval from chi2({s - 1}), conservative).")
         if "scoring/dispersion/initial_ratio" in metrics:
             out.append(f"The initial policy's own: {metrics['scoring/dispersion/initial_ratio']:.2f}x (one-sided p "
                        f"{metrics['scoring/dispersion/initial_p']:.2g}; "
                        f"{metrics['scoring/dispersion/initial_p_adjusted']:.2g} as one of the "
-                       f"{int(d['runs']) + 1} policies).")
+                       f"{int(d['runs']) + 1} policies, rank {int(metrics['scoring/dispersion/initial_rank'])}).")
     return " ".join(out)
