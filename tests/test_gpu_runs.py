@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rlwb import publish
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "device"))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -50,6 +52,11 @@ def test_the_tree_and_the_wheels_fit_what_the_device_carries():
     carried = sum(f.stat().st_size for f in whl) if whl else wheels.WHEELS_BYTES_CP312
     assert size + carried <= wheels.DEVICE_TREE_LIMIT - 2**19, (
         f"tree {size / 2**20:.2f} MiB + wheels {carried / 2**20:.2f} MiB: over what the device carries")
+    # and what publish lets the runs of record grow to still fits: a publish within FOLDER_LIMIT cannot break this
+    runs = sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink() and ROOT / "docs" / "runs" in f.parents)
+    assert size - runs + publish.FOLDER_LIMIT + carried <= wheels.DEVICE_TREE_LIMIT - 2**19, (
+        f"the tree outside docs/runs ({(size - runs) / 2**20:.2f} MiB), publish.FOLDER_LIMIT "
+        f"({publish.FOLDER_LIMIT / 2**20:.2f} MiB) and the wheels pass what the device carries: lower FOLDER_LIMIT")
 
 
 def test_requirements_follow_extras_and_markers():
