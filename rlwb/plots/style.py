@@ -378,9 +378,31 @@ def save_figure(fig, path_stem: str | Path, source: str | None = None,
                 "pdf": {"CreationDate": None, "Producer": None, "Creator": None, **({"Subject": tag} if tag else {})},
                 "svg": {"Date": None, "Creator": None, **({"Source": tag} if tag else {})}}
     for fmt in FIGURE_FORMATS:
-        if fmt in formats:
+        if fmt == "png":
+            _save_png(fig, path_stem.with_suffix(".png"), metadata["png"])
+        elif fmt in formats:
             fig.savefig(path_stem.with_suffix(f".{fmt}"), metadata=metadata[fmt])
     return path_stem.with_suffix(".png")
+
+
+def _save_png(fig, path: Path, metadata: dict) -> None:
+    """The PNG as matplotlib draws it, stored compactly: RGB where every pixel is opaque (a white figure always is;
+    matplotlib writes RGBA) and zlib's best compression, the pixels unchanged (every clone and every lent GPU
+    machine carries the runs of record's figures: ~13% smaller). Deterministic, like savefig's own."""
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata=metadata)
+    with Image.open(buf) as im:
+        im.load()
+        dpi = im.info.get("dpi")
+        out = im.convert("RGB") if im.mode == "RGBA" and im.getchannel("A").getextrema() == (255, 255) else im
+        info = PngImagePlugin.PngInfo()
+        for k, v in im.text.items():
+            info.add_text(k, v)
+        out.save(path, format="PNG", optimize=True, pnginfo=info, **({"dpi": dpi} if dpi else {}))
 
 
 def figure_source(png: str | Path) -> str | None:
