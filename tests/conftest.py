@@ -289,6 +289,16 @@ def vllm_server(default_model, tmp_path_factory):
 FIGURE_STYLES = ("notebook", "paper", "blog")
 
 
+def ink(png: Path) -> float:
+    """The share of a PNG's pixels that are not background (near white): a drawn figure has some, a blank one none,
+    whatever its file's compression (a figure that only says "no such arm in this run" has ~0.6%)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(png) as im:
+        return float((np.asarray(im.convert("L")) < 250).mean())
+
+
 def check_figures_fit(run_dir: Path) -> None:
     """Every figure of an archived run, drawn in process from its data/ in every style as `rlwb figures` and the
     notebook save it (`rlwb.plots.style.tidy` first): no glyph missing from the fonts (it would print as an empty

@@ -209,11 +209,12 @@ def test_report_html_is_lean_and_shows_its_tables_and_figures(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(4, 3), dpi=100)
-    ax.plot([0, 1], [0, 1])
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    plt.close(fig)
+    with matplotlib.rc_context({"savefig.dpi": 100, "savefig.bbox": "standard"}):  # whatever style a test left
+        fig, ax = plt.subplots(figsize=(4, 3), dpi=100)
+        ax.plot([0, 1], [0, 1])
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        plt.close(fig)
     table = pd.DataFrame({"arm": ["none@engine", "tis@trainer"], "gap": [-0.0153, 0.0021]}).to_html()
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# 99 · A report's title\n\n**Question:** does it read?"),
