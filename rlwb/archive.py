@@ -44,7 +44,7 @@ from pathlib import Path
 from rlwb import host, timing
 from rlwb.errors import ParamError
 from rlwb.jsonfile import read_json, write_json  # noqa: F401  (re-exported: archive.read_json, archive.write_json)
-from rlwb.paths import REPO_ROOT, outputs_dir
+from rlwb.paths import REPO_ROOT, outputs_dir, repo_path, shown
 from rlwb.run_record import RECORD, has_record, read_record, record_path, update_record, write_record  # noqa: F401
 
 BENCH = "bench"  # the archive folder of `rlwb bench` runs (outputs/bench/<run id>/, docs/runs/bench/<run id>/)
@@ -192,16 +192,16 @@ class Run:
         source = (self.record.get("reanalysis") or {}).get("from")
         if not source:
             return None
-        if why := model_differences(read_record(Path(source), {}) or {}, self.record):
+        if why := model_differences(read_record(repo_path(source), {}) or {}, self.record):
             raise ParamError(reanalysis_refusal(source, why))
-        return Path(source)
+        return repo_path(source)
 
     @property
     def resumes(self) -> Path | None:
         """The unfinished run this one resumes (`rlwb run --resume-from`, checked by `resume_check` before the
         kernel started), or None."""
         source = (self.record.get("resume") or {}).get("from")
-        return Path(source) if source else None
+        return repo_path(source) if source else None
 
     def record_engine(self, info: dict) -> None:
         """Keep `info()` of every engine the run used, keyed by preset, in run.json. In a resumed run an engine
@@ -473,7 +473,7 @@ def reanalysis_check(source: str | os.PathLike, stem: str, params, here: dict, s
         raise ParamError(reanalysis_refusal(source, why))
     before = rec.get("reanalysis") or {}
     via = [*before.get("via", []), {"run_id": rec.get("run_id"), "commit": rec.get("git_commit")}] if before else []
-    return {"from": str(src.resolve()), "training": before.get("training") or training_record(src, rec), "via": via,
+    return {"from": shown(src.resolve()), "training": before.get("training") or training_record(src, rec), "via": via,
             "defaulted": defaulted}
 
 
@@ -490,8 +490,8 @@ def training_record(run_dir: Path, rec: dict) -> dict:
         seen.add(r.get("run_id"))
         chain.append({k: r.get(k) for k in ("run_id", "status", "started_at", "finished_at", "duration_s")})
         back = (r.get("resume") or {}).get("from")
-        prev = read_record(Path(back), None) if back and Path(back).is_dir() else None
-        at = (Path(back), prev) if prev else None
+        prev = read_record(repo_path(back), None) if back and repo_path(back).is_dir() else None
+        at = (repo_path(back), prev) if prev else None
     return {"run_id": rec.get("run_id"), "commit": rec.get("git_commit"), "host": (rec.get("host") or {}).get("cpu"),
             "duration_s": rec.get("duration_s"), "time_s": rec.get("time_s"), "jobs": jobs.get("jobs"),
             "parts": parts, "chain": chain}

@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from rlwb.jsonfile import atomic_write
+from rlwb.paths import shown
 
 
 def job_key(job) -> str:
@@ -171,7 +172,7 @@ class JobStore:
         if self._record is None:
             return
         src = self.source_record
-        resume = ({"from": str(self.source_dir.parent.parent), "from_run_id": src.get("run_id"),
+        resume = ({"from": shown(self.source_dir.parent.parent.resolve()), "from_run_id": src.get("run_id"),
                    "from_status": src.get("status"), "reused_jobs": len(self.reused), "reused": list(self.reused)}
                   if self.resuming else {"from": None, "reused_jobs": 0})
         self._record({**resume, **self.provenance()})

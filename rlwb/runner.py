@@ -22,7 +22,7 @@ import yaml
 from rlwb import archive, timing
 from rlwb import params as params_mod
 from rlwb.errors import ParamError, RunFailed
-from rlwb.paths import NOTEBOOKS_DIR, REPO_ROOT, outputs_dir
+from rlwb.paths import NOTEBOOKS_DIR, REPO_ROOT, outputs_dir, shown
 from rlwb.progress import PROGRESS_LOG
 
 
@@ -152,7 +152,7 @@ def run(notebook: str | os.PathLike, files: list[str] = (), overrides: dict | No
         record = {**record, "reanalysis": again, "engines": archive.reanalysis_engines(source)}
     tmp, final = archive.new_run_dir(root, nb.stem, params.hash())
     (tmp / "params.yaml").write_text(yaml.safe_dump(params.to_dict(), sort_keys=False))
-    record = {**record, "run_id": final.name, **({"resume": {"from": resume}} if resume else {})}
+    record = {**record, "run_id": final.name, **({"resume": {"from": shown(resume)}} if resume else {})}
     archive.write_record(tmp, record)
     archive.write_json(tmp / "metrics.json", {})
 

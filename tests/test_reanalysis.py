@@ -142,3 +142,28 @@ def test_the_index_says_whose_data_a_reanalysis_analysed_and_what_training_took(
                           "chain": [{"duration_s": 4101.1}, {"duration_s": 3451.3}]}}
     assert reanalysis_note(again) == "reanalysis of 20261127-073912-69f6476f (commit 665b5d7, 7552 s to train)"
     assert reanalysis_note(None) == ""
+
+
+def test_a_record_names_the_run_it_reads_as_the_repository_does(tmp_path, monkeypatch):
+    """A run of record ships in the repository: the run it reanalysed or resumed is named repo-relatively (no one
+    machine's checkout in a committed record), and read back from anywhere, the notebook kernel's `notebooks/`
+    included; outside the repository the path stays absolute. Catches a record that writes `/work/...` or a reader
+    that resolves a relative name against its working directory."""
+    from rlwb import paths
+
+    p = params_mod.load(NB, [], {"num_seeds": 2, "steps": 2})
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)  # after the params: their engines' venvs are the real repo's
+    src = finished(tmp_path / "outputs", "src", p)
+    part = finished(tmp_path / "outputs", "part", p, status="failed", duration_s=1200.0)
+    archive.update_record(src, resume={**json.loads((src / "run.json").read_text())["resume"],
+                                       "from": paths.shown(part)})
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    here = {"git_commit": "b" * 40, "git_dirty": False, **ENV}
+    again = archive.reanalysis_check(src, NB, p, here)
+    assert again["from"] == f"outputs/{NB}/src"
+    assert [c["run_id"] for c in again["training"]["chain"]] == ["src", "part"]
+    resumed = finished(tmp_path / "outputs", "resumed", p, resume={"from": f"outputs/{NB}/part"})
+    assert archive.Run(resumed).resumes == part
+    elsewhere = finished(tmp_path.parent / f"{tmp_path.name}-elsewhere", "src", p)
+    assert archive.reanalysis_check(elsewhere, NB, p, here)["from"] == str(elsewhere.resolve())
