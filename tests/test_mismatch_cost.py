@@ -108,6 +108,15 @@ def test_doses_that_would_share_a_label_are_refused(kw, match):
         MismatchCostParams(**kw)
 
 
+def test_a_standard_error_check_without_a_standard_error_is_refused():
+    """`se_check_sets` checks the se measured from each problem's repeated draws: one draw a problem has none."""
+    from rlwb.errors import ParamError
+
+    with pytest.raises(ParamError, match=r"'se_check_sets' \(4\) needs 'policy_samples' >= 2"):
+        MismatchCostParams(se_check_sets=4, policy_samples=1)
+    assert MismatchCostParams(se_check_sets=4, policy_samples=2).hash() != MismatchCostParams(policy_samples=2).hash()
+
+
 def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported():
     from rlwb.experiments.wording import mismatch_cost as wording
 
@@ -424,7 +433,7 @@ def test_the_initial_policys_sampling_noise_is_measured_from_its_repeated_draws(
     from rlwb.core.data import tokenizer
     from rlwb.core.measure import stats
     from rlwb.experiments.grpo_grid import load_trainer
-    from rlwb.experiments.mismatch_study.analysis import INITIAL_SE
+    from rlwb.experiments.mismatch_study.analysis import INITIAL_SE, SET_COLUMN
     from rlwb.experiments.mismatch_study.design import HELDOUT_SEED, held_out
 
     p = MismatchCostParams(policy_samples=2, max_tokens=16)
@@ -442,6 +451,15 @@ def test_the_initial_policys_sampling_noise_is_measured_from_its_repeated_draws(
     one = execution.initial_outcomes(model, w, initial, codec, problems,
                                      MismatchCostParams(policy_samples=1, max_tokens=16))
     assert INITIAL_SE not in one  # one draw per problem measures no noise of its own
+    # `se_check_sets`: the same policy and problems on other seed sets, each reproducible and none the study's own
+    checked = MismatchCostParams(policy_samples=2, max_tokens=16, se_check_sets=3)
+    sets = execution.seed_set_scores(model, w, codec, problems, checked)
+    assert sorted(sets) == sorted(f"{SET_COLUMN}{k}{e}" for k in (1, 2, 3) for e in ("", "_se"))
+    again = execution.policy_rewards(model, w, codec, problems, checked, p.temperature,
+                                     seed=execution.POLICY_SEED + 2 * execution.SEED_SET_STRIDE)
+    assert sets[f"{SET_COLUMN}2"] == again.mean() and sets[f"{SET_COLUMN}2_se"] == stats.fixed_items_mean_se(again)
+    assert (again != draws).any()  # another seed set draws otherwise
+    assert execution.initial_outcomes(model, w, initial, codec, problems, checked) == {**out, **sets}
 
 
 def family_curves() -> pd.DataFrame:

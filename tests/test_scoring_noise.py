@@ -8,6 +8,7 @@ import pytest
 from scipy import stats as sps
 
 from rlwb.experiments.mismatch_study import scoring_noise
+from rlwb.experiments.mismatch_study.analysis import SET_COLUMN
 from rlwb.experiments.mismatch_study.execution import outcome_columns
 from rlwb.experiments.wording.mismatch_cost import scoring_words
 
@@ -245,3 +246,43 @@ def test_the_dispersion_interval_covers_1_when_the_policies_share_their_draw_see
                 jack.append(abs(d["ratio"] - 1) <= half)
     assert np.mean(cover[True]) >= 0.93 and np.mean(cover[False]) >= 0.93, {k: np.mean(v) for k, v in cover.items()}
     assert np.mean(jack) < 0.92, np.mean(jack)
+
+
+def seed_sets(sets: int, problems: int, draws: int, *, column_sd: float = 0.0, rng_seed: int = 0) -> pd.DataFrame:
+    """A `runs`-like row of the initial policy scored as `execution.seed_set_scores` scores it: the study's set (the
+    `initial_` columns) and `sets` more, each on fresh uniforms (independent seeds), the problems and the policy
+    fixed. `column_sd` as in `scored`: a draw's shock shared by the problems, which the standard error leaves out."""
+    rng = np.random.default_rng(rng_seed)
+    logit = rng.normal(0.3, 1.5, (problems, 1))
+
+    def one():
+        shock = rng.normal(0, column_sd, draws)[None, :]
+        return outcome_columns((rng.random((problems, draws)) < 1 / (1 + np.exp(-(logit + shock)))).astype(float))
+
+    row = {f"initial_{k}": v for k, v in one().items()}
+    for k in range(1, sets + 1):
+        c = one()
+        row[f"{SET_COLUMN}{k}"], row[f"{SET_COLUMN}{k}_se"] = c["policy_reward"], c["policy_reward_se"]
+    return pd.DataFrame([row, row])  # a runs table: the initial policy's columns repeat on every run
+
+
+def test_the_seed_set_check_covers_1_when_the_standard_error_holds_and_finds_a_shared_shock():
+    """The initial policy on K + 1 independent seed sets: var(scores) / mean(se^2) is 1 in expectation when the
+    draws are independent given the problems. Over 300 simulated checks of 20 sets its chi2(K) interval covers 1 in
+    93-97% (exact under the model, so neither conservative nor liberal); a draw shock shared by the problems (what
+    the standard error leaves out) is found. No sets, or a set without its standard error: nothing claimed."""
+    cover = [(lambda c: c["low"] <= 1 <= c["high"])(scoring_noise.seed_set_check(seed_sets(19, 60, 4, rng_seed=i)))
+             for i in range(300)]
+    assert 0.93 <= np.mean(cover) <= 0.97, np.mean(cover)
+    c = scoring_noise.seed_set_check(seed_sets(19, 100, 16, rng_seed=1))
+    assert c["sets"] == 20 and 0 < c["low"] < c["ratio"] < c["high"] and c["se"] > 0
+    assert c["sd"] == pytest.approx(np.sqrt(c["ratio"]) * c["se"])
+    shocked = scoring_noise.seed_set_check(seed_sets(19, 100, 16, column_sd=0.5, rng_seed=1))
+    assert shocked["low"] > 1.5 and shocked["p"] < 1e-3
+    r = seed_sets(19, 100, 16)
+    assert scoring_noise.seed_set_check(r.drop(columns=[c for c in r if c.startswith(SET_COLUMN)])) == {}
+    assert scoring_noise.seed_set_check(r.drop(columns=f"{SET_COLUMN}3_se")) == {}
+    words = scoring_words({"scoring/draws": 16.0, "scoring/common_sd": 0.01, "scoring/common_p": 0.5,
+                           "scoring/run_scoring_sd": 0.01, "scoring/policy_sd": 0.05,
+                           **{f"scoring/seed_sets/{k}": v for k, v in c.items()}})
+    assert "20 seed sets" in words and f"{c['ratio']:.2f}x" in words

@@ -453,6 +453,8 @@ INITIAL = {"policy_reward": "initial_policy_reward", "heldout_acc": "initial_hel
 INITIAL_SE = "initial_policy_reward_se"
 # + a draw index j: a run's mean over the held-out problems of its j-th draw of each (`execution.outcome_columns`)
 SAMPLE_COLUMN = "policy_reward_sample"
+# + k (and + k + "_se"): the initial policy scored on seed set k (`execution.seed_set_scores`, `se_check_sets`)
+SET_COLUMN = "initial_policy_reward_set"
 
 
 def initial_outcome(curves: pd.DataFrame, outcome: str) -> float:

@@ -20,7 +20,7 @@ from rlwb.engines.worker import reports_raw_logprobs
 from rlwb.experiments.base import OnStart
 from rlwb.experiments.grpo_grid import one_phase, run_grid
 from rlwb.experiments.mismatch_study import sequential
-from rlwb.experiments.mismatch_study.analysis import SAMPLE_COLUMN
+from rlwb.experiments.mismatch_study.analysis import SAMPLE_COLUMN, SET_COLUMN
 from rlwb.experiments.mismatch_study.design import (
     HELDOUT_PROBLEMS,
     HELDOUT_SEED,
@@ -207,6 +207,9 @@ def reuse(store, todo: list[TrainingRun], kl: TwinKL, start: dict, done: dict) -
 
 
 POLICY_SEED = 999_961
+# `se_check_sets`: seed set k scores the initial policy with base seed POLICY_SEED + k x SEED_SET_STRIDE, so no
+# request of one set shares a seed with another's (a set is problems x policy_samples requests, far fewer)
+SEED_SET_STRIDE = 1_000_000
 
 
 def initial_outcomes(model, engine, initial: dict, codec, problems, p) -> dict[str, float]:
@@ -222,6 +225,21 @@ def initial_outcomes(model, engine, initial: dict, codec, problems, p) -> dict[s
         # noise (`analysis.INITIAL_SE`) is measured from the problems' own repeated draws
         draws = policy_rewards(model, engine, codec, problems, p, p.temperature)
         out.update({f"initial_{k}": v for k, v in outcome_columns(draws).items()})
+        out.update(seed_set_scores(model, engine, codec, problems, p))
+    return out
+
+
+def seed_set_scores(model, engine, codec, problems, p) -> dict[str, float]:
+    """The initial policy scored again on `p.se_check_sets` independent seed sets, each as every run is scored
+    (`policy_rewards`, the same problems): `<SET_COLUMN><k>` and its standard error `<SET_COLUMN><k>_se`. Why: a
+    study scores every run on one shared seed set, so its runs cannot check the outcome's standard error (the
+    draws' spread given the problems, `stats.fixed_items_mean_se`), which prices the benchmark response's noise;
+    independent sets of the same policy vary by exactly that if it holds (`scoring_noise.seed_set_check`)."""
+    out = {}
+    for k in range(1, p.se_check_sets + 1):
+        draws = policy_rewards(model, engine, codec, problems, p, p.temperature, seed=POLICY_SEED + k * SEED_SET_STRIDE)
+        cols = outcome_columns(draws)
+        out[f"{SET_COLUMN}{k}"], out[f"{SET_COLUMN}{k}_se"] = cols["policy_reward"], cols["policy_reward_se"]
     return out
 
 
@@ -278,21 +296,22 @@ def outcome_columns(draws: np.ndarray) -> dict[str, float]:
     return out
 
 
-def policy_rewards(model, engine, codec, problems, p, temperature: float) -> np.ndarray:
+def policy_rewards(model, engine, codec, problems, p, temperature: float, seed: int = POLICY_SEED) -> np.ndarray:
     """The tested outcome's draws, [problems, policy_samples]: each completion's 0/1 reward, by problem. The trained
     policy's completions (`p.policy_samples` each at `temperature`) are sampled by `engine` after the trained
     weights are loaded into it unperturbed: no dose between the policy and its reward (under a distribution dose
     the training reward is what the perturbed or stale engine sampled; this is what the run trained). One fixed
     seed for every run: request i (problem i // policy_samples, sample index i % policy_samples) is drawn with seed
-    POLICY_SEED + i in every run, so the runs' outcomes are paired down to each draw's seed. `CleanScorer` picks
-    the engine (the base preset) and the temperature (the study's) for every run."""
+    POLICY_SEED + i in every run (`seed`: another set's base, `seed_set_scores`), so the runs' outcomes are paired
+    down to each draw's seed. `CleanScorer` picks the engine (the base preset) and the temperature (the study's)
+    for every run."""
     from rlwb.core.data import tasks as task_mod
     from rlwb.engines.worker import Sampling
 
     engine.update_weights({k: v.detach() for k, v in model.state_dict().items()})
     engine.reset_prefix_cache()
     prompts = [codec.encode_task(q) for q in problems for _ in range(p.policy_samples)]
-    comps = engine.generate(prompts, Sampling(temperature=temperature, max_tokens=p.max_tokens, seed=POLICY_SEED),
+    comps = engine.generate(prompts, Sampling(temperature=temperature, max_tokens=p.max_tokens, seed=seed),
                             text=False)
     return np.array([task_mod.reward(problems[i // p.policy_samples], codec.decode(c.token_ids))
                      for i, c in enumerate(comps)], dtype=np.float64).reshape(len(problems), p.policy_samples)

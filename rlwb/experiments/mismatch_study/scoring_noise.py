@@ -17,6 +17,8 @@ scoring k < S draws a problem is the mean of k of those columns, recomputed from
   `stats.fixed_items_mean_se`: draws independent, problems fixed): a run's draw-index means vary by S x se^2 if so.
   The ratio of the two, over the study's distinct policies, is the factor by which that error model misstates the
   variance (it also prices the benchmark response's `baseline_se`).
+- `seed_set_check`: the same question asked directly, where a study scored the initial policy on independent seed
+  sets (`se_check_sets`): the spread of its scores over the sets against the standard error each reports.
 - `value_of_samples`: information per second of a run at k draws against the study's own reference k (the studies
   of record scored 2): (1 / gap variance) / (the run's wall time), the run's wall time at k being its own minus
   the share of its scoring k would not have drawn (`t_policy` x (1 - k / S); scoring time taken as linear in the
@@ -30,8 +32,10 @@ import pandas as pd
 from scipy import stats as sps
 
 from rlwb.experiments.mismatch_study.analysis import (
+    INITIAL_SE,
     KEYS,
     SAMPLE_COLUMN,
+    SET_COLUMN,
     TWIN_KEYS,
     per_seed,
     seed_gaps,
@@ -78,7 +82,7 @@ def runs(curves: pd.DataFrame) -> pd.DataFrame:
         raise ValueError("these curves keep no draw-index columns (policy_reward_sample<j>): runs scored with one "
                          "draw a problem, or archived before the columns were kept, cannot be split by draw")
     extra = [c for c in ("t_job", "t_policy", SE_COLUMN, f"initial_{SE_COLUMN}", *(f"initial_{c}" for c in cols))
-             if c in curves]
+             if c in curves] + [c for c in curves.columns if c.startswith(SET_COLUMN)]
     first = curves.groupby(KEYS, sort=False, dropna=False)[cols + extra].first().reset_index()
     return per_seed(curves).merge(first, on=KEYS, how="left", validate="one_to_one")
 
@@ -281,6 +285,34 @@ def dispersion(r: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def seed_set_check(r: pd.DataFrame) -> dict[str, float]:
+    """Does the outcome's standard error hold, asked of one policy on independent seeds? The initial policy scored on
+    the study's seed set and on K more (`execution.seed_set_scores`, the same problems): its K + 1 scores vary by
+    se^2 if `stats.fixed_items_mean_se` is right (draws independent given the problems), so var(scores) / mean(se^2)
+    is 1 in expectation and K x ratio close to chi2(K) (se^2 is estimated from thousands of draws, its own noise
+    small beside the chi2's). The ratio with a 95% interval and a two-sided test of 1 from that chi2, and the
+    scores' mean and sd. Unlike `dispersion` nothing is shared between the sets, so this interval is exact under
+    the model rather than conservative; it checks the initial policy's scoring, not a trained one's. {} where the
+    study scored no seed set."""
+    ks = sorted(int(c[len(SET_COLUMN):]) for c in r.columns
+                if c.startswith(SET_COLUMN) and c[len(SET_COLUMN):].isdigit())
+    main, main_se = "initial_policy_reward", INITIAL_SE
+    if not ks or not {main, main_se, *(f"{SET_COLUMN}{k}_se" for k in ks)} <= set(r.columns):
+        return {}
+    first = r.iloc[0]
+    y = np.array([first[main], *(first[f"{SET_COLUMN}{k}"] for k in ks)], dtype=float)
+    se = np.array([first[main_se], *(first[f"{SET_COLUMN}{k}_se"] for k in ks)], dtype=float)
+    if not (np.isfinite(y).all() and np.isfinite(se).all() and (se > 0).all()):
+        return {}
+    df = len(y) - 1
+    ratio = float(y.var(ddof=1) / np.mean(se**2))
+    chi = df * ratio
+    return {"sets": float(len(y)), "ratio": ratio, "low": chi / float(sps.chi2.ppf(0.975, df)),
+            "high": chi / float(sps.chi2.ppf(0.025, df)),
+            "p": float(min(1.0, 2 * min(sps.chi2.sf(chi, df), sps.chi2.cdf(chi, df)))),
+            "mean": float(y.mean()), "sd": float(y.std(ddof=1)), "se": float(np.sqrt(np.mean(se**2)))}
+
+
 def scoring_analysis(curves: pd.DataFrame, reference: int = 2) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """The study's scoring tables and metrics, for runs that kept their draw-index columns (empty tables and no
     metrics else): per k draws a problem (`gaps_by_samples`, with `value_of_samples` against k = `reference` where
@@ -309,7 +341,8 @@ def scoring_metrics(r: pd.DataFrame, by_samples: pd.DataFrame, gap_common: pd.Da
     variance, time and value ratios; the clean runs' common noise in the outcome with its F test, a run's own
     scoring sd and the policies' spread (`common_noise`); the clean gain's sd over draw groups of 2 (`gain_sd`); per
     dose row (and pooled) the common noise its mean gap keeps at 2 draws, its F test and the row's se over seeds at
-    2 draws; the draws' dispersion against the standard error's model (`dispersion`)."""
+    2 draws; the draws' dispersion against the standard error's model (`dispersion`) and, where the study scored
+    the initial policy on more seed sets, the same check on independent seeds (`seed_set_check`)."""
     out = {}
     for row in by_samples.itertuples(index=False):
         for name in ("gap_sd", "variance_ratio", "time_ratio", "value_ratio", "t_job_k"):
@@ -320,6 +353,7 @@ def scoring_metrics(r: pd.DataFrame, by_samples: pd.DataFrame, gap_common: pd.Da
                 "scoring/common_p": c["p_common"], "scoring/run_scoring_sd": c["sd_scoring_outcome"],
                 "scoring/policy_sd": float(np.sqrt(c["var_run"])), "scoring/gain_sd_k2": gain_sd(r, 2)})
     out.update({f"scoring/dispersion/{k}": v for k, v in dispersion(r).items()})
+    out.update({f"scoring/seed_sets/{k}": v for k, v in seed_set_check(r).items()})
     for row in gap_common.itertuples(index=False):
         name = "pooled" if row.label == "pooled" else f"{row.label}/{row.arm}"
         out.update({f"scoring/gap_common/{name}/sd_k2": float(row.sd_common_k2),

@@ -569,4 +569,11 @@ def scoring_words(metrics: dict) -> str:
                        f"{metrics['scoring/dispersion/initial_p']:.2g}; "
                        f"{metrics['scoring/dispersion/initial_p_adjusted']:.2g} as one of the "
                        f"{int(d['runs']) + 1} policies, rank {int(metrics['scoring/dispersion/initial_rank'])}).")
+    if "scoring/seed_sets/ratio" in metrics:
+        c = {k: metrics[f"scoring/seed_sets/{k}"] for k in ("sets", "ratio", "low", "high", "p", "mean", "sd", "se")}
+        out.append(f"On independent seeds (`se_check_sets`): the initial policy scored on {int(c['sets'])} seed sets "
+                   f"of {s} draws a problem gives {c['mean']:.4f} with sd {c['sd']:.4f} over the sets, against a "
+                   f"standard error of {c['se']:.4f}: {c['ratio']:.2f}x [{c['low']:.2f}, {c['high']:.2f}] the "
+                   f"variance it says (p {c['p']:.2g}; chi2({int(c['sets']) - 1}), exact under the model), a score's "
+                   f"sd {np.sqrt(c['low']):.2f}-{np.sqrt(c['high']):.2f}x its standard error.")
     return " ".join(out)

@@ -88,7 +88,8 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
     # what every run computed before each param existed: one epoch, one placebo stream, no second pass of seeds,
     # nothing declared confirmatory, seeds sized by fixed-n power
     HASH_NEUTRAL: typing.ClassVar[dict[str, object]] = {"ppo_epochs": [1], "placebo_streams": 1, "max_seeds": 0,
-                                                        "target_power": 0.8, "confirms": [], "seed_power": "fixed-n"}
+                                                        "target_power": 0.8, "confirms": [], "seed_power": "fixed-n",
+                                                        "se_check_sets": 0}
 
     NOTEBOOK: typing.ClassVar[str] = "08_mismatch_cost"
     HEADLINE: typing.ClassVar[list[str]] = ["clean/none@engine/reward_final"] + [
@@ -152,6 +153,9 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
                                    "(the base preset at the notebook's temperature, whatever engine and temperature "
                                    "the run trained with) holding the trained weights unperturbed: the tested outcome "
                                    "(0: the training reward is)", ge=0)
+    se_check_sets: int = param(0, "independent seed sets the initial policy is scored on again, as every run is, to "
+                                  "check the outcome's standard error against the spread of its scores (0: none; "
+                                  "a set costs one run's scoring)", ge=0)
     bmr_fraction: float = param(0.25, "benchmark response: the cost that matters, as this fraction of the clean "
                                       "run's gain in the tested outcome (its trained policy's minus the initial "
                                       "policy's; the benchmark dose is where the fitted cost reaches it)",
@@ -167,6 +171,10 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
             raise ParamError(f"parameter 'confirms' {self.confirms} needs fresh seeds: 'seed' must be >= "
                              f"{CONFIRM_SEED_BASE} (a study's seeds start at 0, so a confirmation never reuses one), "
                              f"got {self.seed}")
+        if self.se_check_sets and self.policy_samples < 2:
+            raise ParamError(f"parameter 'se_check_sets' ({self.se_check_sets}) needs 'policy_samples' >= 2: the "
+                             f"standard error it checks is measured from a problem's repeated draws, got "
+                             f"policy_samples {self.policy_samples}")
         if len(self.engines) != 1:
             raise ParamError(f"parameter 'engines' must name one preset (every arm and dose samples from it, so gaps "
                              f"are paired), got {self.engines}")
