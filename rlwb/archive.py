@@ -490,8 +490,11 @@ def training_record(run_dir: Path, rec: dict) -> dict:
         seen.add(r.get("run_id"))
         chain.append({k: r.get(k) for k in ("run_id", "status", "started_at", "finished_at", "duration_s")})
         back = (r.get("resume") or {}).get("from")
-        prev = read_record(repo_path(back), None) if back and repo_path(back).is_dir() else None
-        at = (repo_path(back), prev) if prev else None
+        # named as the checkout that wrote it names it; read from another checkout (a worktree), the run resumed
+        # from is found archived beside this one
+        where = next((w for w in (repo_path(back), d.parent / Path(back).name) if w.is_dir()), None) if back else None
+        prev = read_record(where, None) if where else None
+        at = (where, prev) if prev else None
     return {"run_id": rec.get("run_id"), "commit": rec.get("git_commit"), "host": (rec.get("host") or {}).get("cpu"),
             "duration_s": rec.get("duration_s"), "time_s": rec.get("time_s"), "jobs": jobs.get("jobs"),
             "parts": parts, "chain": chain}

@@ -144,11 +144,11 @@ def test_the_index_says_whose_data_a_reanalysis_analysed_and_what_training_took(
     assert reanalysis_note(None) == ""
 
 
-def test_a_record_names_the_run_it_reads_as_the_repository_does(tmp_path, monkeypatch):
+def test_a_record_names_the_run_it_reads_as_the_repository_does(tmp_path, tmp_path_factory, monkeypatch):
     """A run of record ships in the repository: the run it reanalysed or resumed is named repo-relatively (no one
     machine's checkout in a committed record), and read back from anywhere, the notebook kernel's `notebooks/`
     included; outside the repository the path stays absolute. Catches a record that writes `/work/...` or a reader
-    that resolves a relative name against its working directory."""
+    that resolves a relative name against its working directory, or a chain cut short read from another checkout."""
     from rlwb import paths
 
     p = params_mod.load(NB, [], {"num_seeds": 2, "steps": 2})
@@ -165,5 +165,8 @@ def test_a_record_names_the_run_it_reads_as_the_repository_does(tmp_path, monkey
     assert [c["run_id"] for c in again["training"]["chain"]] == ["src", "part"]
     resumed = finished(tmp_path / "outputs", "resumed", p, resume={"from": f"outputs/{NB}/part"})
     assert archive.Run(resumed).resumes == part
-    elsewhere = finished(tmp_path.parent / f"{tmp_path.name}-elsewhere", "src", p)
+    elsewhere = finished(tmp_path_factory.mktemp("elsewhere"), "src", p)
     assert archive.reanalysis_check(elsewhere, NB, p, here)["from"] == str(elsewhere.resolve())
+    # read from another checkout (a worktree: its REPO_ROOT another), the run resumed from is found beside it
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path_factory.mktemp("worktree"))
+    assert [c["run_id"] for c in archive.reanalysis_check(src, NB, p, here)["training"]["chain"]] == ["src", "part"]

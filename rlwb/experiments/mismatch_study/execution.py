@@ -95,12 +95,12 @@ def train_study(p, model_path, *, on_start: OnStart = None, progress: bool = Tru
             on_start(info)
 
     def one_run(m, engine, job: TrainingRun, initial, should_stop) -> pd.DataFrame:
-        t0 = time.time()
-        with start_lock:
+        with start_lock:  # the study's once-only scoring of the initial policy is no run's wall time
             if not start and job.engine == scorer.preset:
                 start.update(initial_outcomes(m, engine, initial, codec, heldout, p))
                 if store is not None:
                     store.put_shared("start", start)
+        t0 = time.time()
         df = train(m, engine, config(p, job), initial, progress=progress,
                    desc=f"{job.label} {job.arm} seed {job.seed}", codec=codec, on_step=lambda _res: should_stop())
         with torch.no_grad():  # the trained policy's sampling distributions on the fixed probe

@@ -574,6 +574,6 @@ def scoring_words(metrics: dict) -> str:
         out.append(f"On independent seeds (`se_check_sets`): the initial policy scored on {int(c['sets'])} seed sets "
                    f"of {s} draws a problem gives {c['mean']:.4f} with sd {c['sd']:.4f} over the sets, against a "
                    f"standard error of {c['se']:.4f}: {c['ratio']:.2f}x [{c['low']:.2f}, {c['high']:.2f}] the "
-                   f"variance it says (p {c['p']:.2g}; chi2({int(c['sets']) - 1}), exact under the model), a score's "
-                   f"sd {np.sqrt(c['low']):.2f}-{np.sqrt(c['high']):.2f}x its standard error.")
+                   f"variance it says (95% interval and two-sided p {c['p']:.2g} from chi2({int(c['sets']) - 1})), "
+                   f"a score's sd {np.sqrt(c['low']):.2f}-{np.sqrt(c['high']):.2f}x its standard error.")
     return " ".join(out)
