@@ -117,7 +117,10 @@ def train_study(p, model_path, *, on_start: OnStart = None, progress: bool = Tru
                                     ("updates", job.updates), ("epochs", job.epochs))):
             df.insert(1 + i, k, v)
         wall = time.time() - t0
-        return df.assign(engine=job.engine, stream=job.stream, **start).assign(t_job=wall, _wall_s=wall)
+        # one concat, not a column at a time: the initial policy's columns are many with seed sets (`se_check_sets`)
+        # and assigning them one by one fragments the frame (pandas warns, and the report would show it)
+        extra = {"engine": job.engine, "stream": job.stream, **start, "t_job": wall, "_wall_s": wall}
+        return pd.concat([df, pd.DataFrame(extra, index=df.index)], axis=1)
 
     def finished(job: TrainingRun, df: pd.DataFrame) -> pd.DataFrame:
         wall = float(df.pop("_wall_s").iloc[0])
