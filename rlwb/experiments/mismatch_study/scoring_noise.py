@@ -251,6 +251,14 @@ def gain_sd(r: pd.DataFrame, k: int = 2) -> float:
     return float(np.std([gain[g].mean() for g in groups(len(cols), k)], ddof=1))
 
 
+def variance_ratio_test(ratio: float, df: int) -> dict[str, float]:
+    """A variance ratio whose df x ratio is chi2(df) when the true ratio is 1: the ratio, its 95% interval and the
+    two-sided p of 1 (`dispersion`, `seed_set_check`)."""
+    chi = df * ratio
+    return {"ratio": ratio, "low": chi / float(sps.chi2.ppf(0.975, df)), "high": chi / float(sps.chi2.ppf(0.025, df)),
+            "p": float(min(1.0, 2 * min(sps.chi2.sf(chi, df), sps.chi2.cdf(chi, df))))}
+
+
 def dispersion(r: pd.DataFrame) -> dict[str, float]:
     """Do the draws vary as the outcome's standard error says? Per distinct policy of a `runs` table (a rerun, or a
     clean run another arm shares, has the same draw columns and counts once): the variance of its S draw-index means
@@ -274,11 +282,7 @@ def dispersion(r: pd.DataFrame) -> dict[str, float]:
     s = len(cols)
     x, scale = u[cols].to_numpy(dtype=float), s * u[SE_COLUMN].to_numpy(dtype=float) ** 2
     per_policy = x.var(axis=1, ddof=1) / scale
-    ratio, df = float(per_policy.mean()), s - 1
-    chi = df * ratio
-    out = {"runs": float(len(u)), "ratio": ratio, "low": chi / float(sps.chi2.ppf(0.975, df)),
-           "high": chi / float(sps.chi2.ppf(0.025, df)),
-           "p": float(min(1.0, 2 * min(sps.chi2.sf(chi, df), sps.chi2.cdf(chi, df))))}
+    out = {"runs": float(len(u)), **variance_ratio_test(float(per_policy.mean()), s - 1)}
     init, se0 = [f"initial_{c}" for c in cols], f"initial_{SE_COLUMN}"
     if set(init) <= set(r) and se0 in r and r[se0].notna().any() and r[se0].iloc[0] > 0:
         ri = float(r[init].iloc[0].to_numpy(dtype=float).var(ddof=1) / (s * float(r[se0].iloc[0]) ** 2))
@@ -308,12 +312,7 @@ def seed_set_check(r: pd.DataFrame) -> dict[str, float]:
     se = np.array([first[main_se], *(first[f"{SET_COLUMN}{k}_se"] for k in ks)], dtype=float)
     if not (np.isfinite(y).all() and np.isfinite(se).all() and (se > 0).all()):
         return {}
-    df = len(y) - 1
-    ratio = float(y.var(ddof=1) / np.mean(se**2))
-    chi = df * ratio
-    return {"sets": float(len(y)), "ratio": ratio, "low": chi / float(sps.chi2.ppf(0.975, df)),
-            "high": chi / float(sps.chi2.ppf(0.025, df)),
-            "p": float(min(1.0, 2 * min(sps.chi2.sf(chi, df), sps.chi2.cdf(chi, df)))),
+    return {"sets": float(len(y)), **variance_ratio_test(float(y.var(ddof=1) / np.mean(se**2)), len(y) - 1),
             "mean": float(y.mean()), "sd": float(y.std(ddof=1)), "se": float(np.sqrt(np.mean(se**2)))}
 
 
