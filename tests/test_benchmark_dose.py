@@ -142,8 +142,9 @@ def test_pairing_by_seed_keeps_each_seeds_clean_run_with_its_doses():
     ([0.0, 1.0], np.zeros(4), np.zeros((4, 2)), "dose 0 is the clean run"),
     ([0.1, 0.1], np.zeros(4), np.zeros((4, 2)), "distinct"),
     ([0.1, np.nan], np.zeros(4), np.zeros((4, 2)), "finite"),
-    ([0.1, 1.0], np.array([0, 0, np.nan, 0]), np.zeros((4, 2)), r"clean has a missing .* at \(2,\)"),
-    ([0.1, 1.0], np.zeros(4), np.array([[0, 0], [0, 0], [0, np.nan], [0, 0]]), r"dosed has .* at \(2, 1\)"),
+    ([0.1, 1.0], np.array([0, 0, np.nan, 0]), np.zeros((4, 2)), r"clean has a missing .* at seed 2 "),
+    ([0.1, 1.0], np.zeros(4), np.array([[0, 0], [0, 0], [0, np.inf], [0, 0]]), r"dosed has an infinite .* \(2, 1\)"),
+    ([0.1, 1.0], np.zeros(4), np.array([[0, 0], [0, 0], [0, np.nan], [0, np.nan]]), r"at least 3 .* 2 at dose 1\b"),
     ([0.1, 1.0], np.zeros(2), np.zeros((2, 2)), "at least 3 seeds"),
 ])
 def test_bad_input_is_refused_by_name(doses, clean, dosed, match):
@@ -212,11 +213,13 @@ def test_the_baseline_se_is_the_measured_one_or_else_the_binomial_bound_of_the_s
 
 # ------------------------------------------------------------------------------- agreement with EPA's engine ---
 
-def _compare(mine: bd.BMDResult, theirs: dict) -> list[tuple[str, float, float]]:
+def _compare(mine: bd.BMDResult, theirs: dict, study: bd.Study | None = None) -> list[tuple[str, float, float]]:
     """(model, our BMD / BMDS's - 1, our BMDL / BMDS's - 1) for each model both fit to the same optimum (log-
     likelihoods within 1e-3: a flat likelihood does not identify the BMD) with a BMD inside the tested doses (beyond
     them the same likelihood holds BMDs apart: 08's ratio/tis row, Exp3 1.43 here and 1.22 in BMDS, both above 1);
-    and our fit is never worse than BMDS's (log-likelihood at least BMDS's, every model)."""
+    and our fit is never worse than BMDS's (log-likelihood at least BMDS's, every model). Where our BMDL is below
+    BMDS's and `study` is given, the BMDL difference is 0 when BMDS's is shown not to be where the profile crosses
+    (`_bmds_bmdl_is_not_the_crossing`)."""
     out = []
     for m in mine.models:
         o = theirs["models"].get(m.model)
@@ -227,8 +230,31 @@ def _compare(mine: bd.BMDResult, theirs: dict) -> list[tuple[str, float, float]]
                 np.isfinite(m.bmd) and m.bmd <= mine.dose_max):
             continue
         both0 = m.bmdl == 0 and o["bmdl"] == 0  # the profile never falls by 2.706 above dose 0: no lower bound
-        out.append((m.model, m.bmd / o["bmd"] - 1, 0.0 if both0 else m.bmdl / o["bmdl"] - 1))
+        dl = 0.0 if both0 else m.bmdl / o["bmdl"] - 1
+        if dl < -0.015 and study is not None and _bmds_bmdl_is_not_the_crossing(study, m.model, o["bmdl"]):
+            dl = 0.0
+        out.append((m.model, m.bmd / o["bmd"] - 1, dl))
     return out
+
+
+BMDS_HILL_K_MAX = 5.0  # pybmds' priors.csv, Hill restricted: k in [0, 5] (taken as both 5 and 5 x the top dose)
+
+
+def _bmds_bmdl_is_not_the_crossing(study: bd.Study, model: str, their_bmdl: float) -> bool:
+    """BMDS's profile BMDL is where twice the log-likelihood, with the BMD held at it, has fallen by 2.706. Our
+    profile (a grid: it can only overstate the fall) at BMDS's BMDL, within BMDS's restricted bounds (exponents in
+    [1, 18], Hill's k at most `BMDS_HILL_K_MAX`), falls by less than 2.6: a constrained fit BMDS's optimizer missed,
+    so BMDS's BMDL is too high, not ours too low. Measured on the default study's ratio row (24/8/8/24/10 seeds): at
+    BMDS's Hill BMDL 0.149 a Hill curve (n 7.6, k 0.116, v -0.10) falls by 0.09."""
+    from rlwb.core.measure import bmd_models as bm
+
+    x = np.concatenate([[0.0], study.doses])
+    ybar, n, within = bd._group_means(study)
+    exps = bm.exponents(True)
+    fit = bm.polish(model, x, n[0], ybar, x[-1], bm.fit_many(model, x, n[0], ybar, x[-1], exps), exps)
+    k_max = BMDS_HILL_K_MAX * min(1.0, x[-1]) if model == "hill" else None
+    return bm.profile_lr(model, x, n[0], ybar, float(within[0]), float(n[0].sum()), fit, their_bmdl, 0.25, x[-1],
+                         exps, scale_max=k_max) < 2.6
 
 
 def _agree(rows):
@@ -248,6 +274,12 @@ def test_per_model_fits_agree_with_epas_bmds_on_synthetic_curves():
         rows += _compare(bd.fit_bmd(s, None, None, restricted=True, n_boot=50), o)
     assert {r[0] for r in rows} == set(oracle.BMDS_NAMES) and len(rows) >= 13
     _agree(rows)
+    # the check that lets a BMDL below BMDS's pass: false at our own profile BMDL (the fall is 2.706 there), true at
+    # the BMD (no fall)
+    hill = next(m for m in bd.fit_bmd(studies[1], None, None, restricted=True, n_boot=20).models if m.model == "hill")
+    assert np.isfinite(hill.bmdl) and hill.bmdl < hill.bmd
+    assert not _bmds_bmdl_is_not_the_crossing(studies[1], "hill", hill.bmdl)
+    assert _bmds_bmdl_is_not_the_crossing(studies[1], "hill", hill.bmd)
 
 
 @pytest.mark.slow  # 34 BMDS sessions (~1 s each) and our profile bounds
@@ -261,13 +293,21 @@ def test_per_model_fits_agree_with_epas_bmds_on_notebook_08s_studies(run):
     curves = pd.read_parquet(RUNS_08 / run / "data" / "curves.parquet")
     table = analysis.dose_table(curves, params.load("08_mismatch_cost", [RUNS_08 / run / "params.yaml"]))
     rows08 = benchmarks.row_studies(curves, table)
-    assert len(rows08) == 8 and all(r.clean.size == 8 and len(r.doses) >= 4 for r in rows08)
-    studies = [bd.study(r.doses, r.clean, r.dosed, r.baseline) for r in rows08]
+    # 8 seeds at every dose, more at dose 0 and at the doses the second pass extended (each group its own n)
+    assert len(rows08) == 8 and all(len(r.doses) >= 4 for r in rows08)
+    assert all(r.clean.size >= 8 and (np.isfinite(r.dosed).sum(0) >= 8).all() for r in rows08)
+    assert any((np.isfinite(r.dosed).sum(0) > 8).any() for r in rows08)
+    # the engines compared on the seeds every dose has (8 per group): on these rows' unequal groups BMDS's profile
+    # BMDLs miss constrained fits that exist within its own bounds (docs/benchmark_dose.md, "Unequal seeds");
+    # agreement on unequal groups is checked on synthetic studies (`..._with_unequal_seeds_per_dose`)
+    full = [np.isfinite(r.dosed).all(1) for r in rows08]
+    studies = [bd.study(r.doses, r.clean[k], r.dosed[k], r.baseline) for r, k in zip(rows08, full)]
+    assert all(s.seeds == 8 for s in studies)
     theirs = oracle.bmds_fit([s.group_stats() for s in studies])
     rows, picks = [], []
     for s, o in zip(studies, theirs):
         ours = bd.fit_bmd(s, None, None, restricted=True, n_boot=50)
-        rows += _compare(ours, o)
+        rows += _compare(ours, o, s)
         picks.append((ours.bmds_pick, o["recommended"]))
     # BMDS's recommender (`bmds_recommend`): the same model (or both none) on 8 of 8 rows of each study, twice
     # here; one row of slack, since whether BMDS counts Exp3's exponent as on its bound turned one way or the other
@@ -290,3 +330,71 @@ def test_the_reported_bmdl_is_the_lowest_of_the_average_and_every_passing_models
     assert r.bmdu >= max(hi for _, hi in r.model_bounds.values()) and r.bmdu >= avg.bmdu
     assert r.bmdl < avg.bmdl or len(r.model_bounds) == 1  # several passing models: the lowest is another's
     assert bd.expanded_alpha(0.05, 10) == pytest.approx(0.0267, abs=2e-4)
+
+
+# ------------------------------------------------------------------------------------- unequal seeds per dose ---
+
+def _thinned(c, y, dose_seeds):
+    """A study whose dose j keeps its first `dose_seeds[j]` seeds (the rest not run: NaN), the clean run all."""
+    y = y.copy()
+    for j, k in enumerate(dose_seeds):
+        y[k:, j] = np.nan
+    return c, y
+
+
+def test_unequal_seeds_per_dose_weigh_each_group_by_its_seeds():
+    """A sequential study extends some doses: each dose group enters with its own n. The point fit must be the fit
+    of the group means weighted by n (BMDS's summary data, `ns`): the linear model against weighted least squares
+    by hand; and `group_stats` must say each group's n, mean and sd over its own seeds."""
+    c, y = _thinned(*study_of("exponential", seeds=24, seed=11), (8, 24, 24, 8))
+    s = bd.study(DOSES, c, y)
+    assert s.group_stats()["ns"] == [24, 8, 24, 24, 8]
+    g = s.group_stats()
+    assert g["means"][1] == pytest.approx(np.mean(y[:8, 0]))
+    assert g["stdevs"][1] == pytest.approx(np.std(y[:8, 0], ddof=1))
+    r = bd.fit_bmd(s, None, None, n_boot=200, profile=False)
+    lin = next(m for m in r.models if m.model == "linear")
+    # the linear model's least squares, weighted by n, by hand: alpha + beta * (-d), beta >= 0
+    d, n, m = np.array([0.0, *DOSES]), np.array(g["ns"], float), np.array(g["means"])
+    X = np.column_stack([np.ones_like(d), -d]) * np.sqrt(n)[:, None]
+    coef = np.linalg.lstsq(X, m * np.sqrt(n), rcond=None)[0]
+    assert coef[1] > 0  # a falling line: the constraint beta >= 0 does not bind
+    assert lin.params["g"] == pytest.approx(coef[0], rel=1e-6) and lin.params["b1"] == pytest.approx(-coef[1], rel=1e-6)
+    assert r.seeds == 24 and r.status in bd.STATUSES
+
+
+def test_seeds_added_at_some_doses_tighten_the_bounds_the_balanced_study_gives():
+    """The point of fitting on every seed a dose has: 22 more seeds at the doses that bracket the BMD (and at dose 0)
+    must narrow the BMDL-BMDU interval of the 8-seed study they extend (the same 8 seeds inside), and the bounds
+    must still hold the true BMD."""
+    true = cov.TRUTHS["exponential"][1]
+    c, y = study_of("exponential", seeds=30, seed=12)
+    eight = bd.fit_bmd(DOSES, c[:8], y[:8], n_boot=400, profile=False)
+    more = bd.fit_bmd(DOSES, *_thinned(c, y, (8, 30, 30, 8)), n_boot=400, profile=False)
+    assert more.status == bd.BOUNDED and more.bmdl <= true <= more.bmdu
+    assert more.bmdu / more.bmdl < 0.75 * (eight.bmdu / eight.bmdl), (eight.bmdl, eight.bmdu, more.bmdl, more.bmdu)
+
+
+def test_the_bmdl_covers_the_true_bmd_with_unequal_seeds_per_dose():
+    """Coverage where a second pass extended the middle doses to 30 seeds and left the outer ones at 8 (fixed in
+    advance here; `bmd_coverage.simulate_coverage(dose_seeds=...)`): 40 studies of the Hill truth, 200 resamples.
+    Fails only on a clear loss (5 or more misses in ~38 bounded has probability 0.04 at 95%)."""
+    c = cov.simulate_coverage("hill", seeds=30, studies=40, n_boot=200, seed=6, dose_seeds=(8, 30, 30, 8))
+    assert c.bounded >= 30
+    assert c.hits >= c.bounded - 4, c
+    with pytest.raises(ValueError, match="dose_seeds"):
+        cov.simulate_coverage("hill", seeds=8, studies=1, dose_seeds=(8, 30, 30, 8))
+
+
+def test_per_model_fits_agree_with_epas_bmds_with_unequal_seeds_per_dose():
+    """EPA's engine takes summary data with an n per group: on studies whose doses have 8 or 24 seeds, each model's
+    BMD and BMDL must agree with BMDS's as on balanced ones."""
+    designs = [(8, 24, 24, 8), (24, 8, 8, 24), (8, 8, 24, 24), (24, 24, 8, 8)]
+    studies = [bd.study(DOSES, *_thinned(*study_of(t, seeds=24, seed=30 + i), designs[i % 4]))
+               for i, t in enumerate([*cov.TRUTHS, "exponential"])]
+    theirs = oracle.bmds_fit([s.group_stats() for s in studies])
+    rows = []
+    for s, o in zip(studies, theirs):
+        rows += _compare(bd.fit_bmd(s, None, None, restricted=True, n_boot=50), o)
+    assert len({r[0] for r in rows}) >= 4 and len(rows) >= 12, rows
+    _agree(rows)

@@ -957,8 +957,9 @@ def test_the_sequential_rule_gives_seeds_where_the_benchmark_is_decided_and_none
         stats.paired_gap_test(mid_gaps.to_numpy(), margin=1.0, resolution=d["q_eff"].iloc[0]).p_diff)
     rows = res.doses.set_index(["label", "arm"])["seeds"]
     assert rows[("ratio@0.3", "none@engine")] == mid.seeds and rows[("ratio@1", "none@engine")] == 6
-    # the fit keeps the seeds every dose of the row has (the first pass's: the other doses were not extended)
-    assert res.benchmarks["seeds"].iloc[0] == 6
+    # the fit takes every seed a dose has: the extended dose's and the clean twin's all, the others the first pass's
+    assert res.benchmarks["seeds"].iloc[0] == mid.seeds
+    assert sorted(map(int, res.benchmarks["dose_seeds"].iloc[0].split())) == [6, 6, 6, mid.seeds]
     assert f"`ratio@0.3` `none@engine` 6 → {mid.seeds}" in res.conclusion()
     assert "max_seeds" not in res.conclusion() and "sequential rule" in res.conclusion()
     off = mc.analyze(sequential_curves(), seq_params(max_seeds=0))
@@ -1072,10 +1073,10 @@ def test_a_study_with_a_second_pass_tests_its_dose_rows_at_their_level():
 
 
 def test_a_benchmark_row_places_each_dose_at_the_k3_of_the_seeds_it_fits():
-    """A second pass runs some doses at more seeds; the fitted outcomes are the seeds present at every dose, so the
-    dose each group sits at must be those seeds' k3_initial, not the mean over every seed run at it (the default
-    study of 2026-11-27 placed bypass's weights 0.03 x rms 1.5x to the right that way). Extra seeds at ratio@0.3
-    with a k3 ten times the dose move the table's k3_initial, not the row's."""
+    """The fitted outcomes are the seeds with a clean twin, so the dose each group sits at must be those seeds'
+    k3_initial, not the mean over every seed run at it (the default study of 2026-11-27 placed bypass's weights
+    0.03 x rms 1.5x to the right that way). Extra seeds at ratio@0.3 without their clean twins, with a k3 ten times
+    the dose, move the table's k3_initial, not the row's."""
     from rlwb.experiments.mismatch_study import benchmarks
 
     base = sequential_curves()
@@ -1089,6 +1090,33 @@ def test_a_benchmark_row_places_each_dose_at_the_k3_of_the_seeds_it_fits():
     assert row.seeds == list(range(6))
     assert dict(zip(row.labels, row.doses))["ratio@0.3"] == pytest.approx(0.3)
     assert list(row.doses) == sorted(row.doses)
+
+
+def test_a_second_passs_seeds_enter_the_benchmark_fit_at_the_doses_it_extended():
+    """A second pass extends ratio@0.3 and its clean twin to 12 seeds: the row fits 12 seeds at dose 0 and at
+    ratio@0.3 and the first pass's 6 at the other doses (NaN where a seed was not run), the table says so
+    (`dose_seeds`, `seeds`), and the quoted line says what it was fitted on; the per-seed trend keeps the seeds
+    every dose has."""
+    from rlwb.experiments.mismatch_study import benchmarks
+    from rlwb.experiments.wording import mismatch_cost as words
+
+    extra = sequential_curves(seeds=range(6, 12))
+    c = pd.concat([sequential_curves(), extra[extra["label"].isin(["clean", "ratio@0.3"])]], ignore_index=True)
+    t = analysis.dose_table(c, seq_params())
+    (row,) = benchmarks.row_studies(c, t)
+    assert row.seeds == list(range(12)) and row.clean.size == 12
+    have = dict(zip(row.labels, np.isfinite(row.dosed).sum(0)))
+    assert have == {lab: (12 if lab == "ratio@0.3" else 6) for lab in row.labels}
+    b, _ = benchmarks.benchmark_table(t, c, 0.25)
+    assert b["seeds"].iloc[0] == 12
+    assert b["dose_seeds"].iloc[0] == " ".join("12" if lab == "ratio@0.3" else "6" for lab in row.labels)
+    r = next(b.itertuples())
+    per_dose = b["dose_seeds"].iloc[0].replace(" ", "/")
+    assert words.fitted_seeds(r) == f"; fitted on 12 seeds at dose 0 and {per_dose} at its doses"
+    assert words.fitted_seeds(r._replace(dose_seeds="12 12 12 12", seeds=12)) == ""
+    m = benchmarks.benchmark_metrics(b)
+    key = f"{r.name}/{r.arm}"
+    assert (m[f"{key}/seeds_clean"], m[f"{key}/seeds_dose_min"], m[f"{key}/seeds_dose_max"]) == (12, 6, 12)
 
 
 def test_the_declared_confirmation_loads_on_the_study_with_fresh_seeds_and_its_counted_runs():

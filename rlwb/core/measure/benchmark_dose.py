@@ -49,6 +49,10 @@ module does:
   models disagree, and taking it always makes the bound hold whichever passing model is the true curve (each
   model's own bound covers when that model is true). The average's bound alone (`bound="average"`) covered 89-93%
   at 08's design: the average leans to the simpler models AIC favours, which put the BMD high on curved truths.
+- **Unequal seeds per dose** (a sequential study extends some doses): `dosed` holds NaN where a seed was not run.
+  Each group enters the fit with its own n (BMDS's summary data: the least squares weight each mean by its n), and
+  the bootstrap draws S seeds of the union, each with whatever doses it has, so a group's count varies between
+  resamples as it would between studies. The expanded bound's small-sample width is set by the smallest group.
   Error control: **one-sided 1 - alpha (95%) for each bound, row by row**; nothing here adjusts for several rows.
 - The per-model BMDL/BMDU in the model table are BMDS's: the profile-likelihood bounds (EPA 2012, section 2.3.5;
   Crump 1995, Risk Analysis 15:79, https://doi.org/10.1111/j.1539-6924.1995.tb00095.x), the doses where twice the
@@ -119,8 +123,10 @@ STATUSES = {
 @dataclass(frozen=True)
 class Study:
     """Seed-level data of one dose-response row, checked. `clean` [S]: each seed's clean-run outcome (dose 0);
-    `dosed` [S, J]: the same seeds' outcomes at `doses` [J] (> 0, distinct, increasing after `study`); `baseline`:
-    the outcome before training (the untrained policy's), which the clean gain is measured from."""
+    `dosed` [S, J]: the same seeds' outcomes at `doses` [J] (> 0, distinct, increasing after `study`), NaN where a
+    seed was not run at a dose (a sequential study's second pass extends some doses only: each dose group then has
+    its own number of seeds, `ns`); `baseline`: the outcome before training (the untrained policy's), which the
+    clean gain is measured from."""
 
     doses: np.ndarray
     clean: np.ndarray
@@ -131,12 +137,17 @@ class Study:
     def seeds(self) -> int:
         return int(self.clean.size)
 
+    @property
+    def ns(self) -> np.ndarray:
+        """Seeds per dose group [J + 1], dose 0 first."""
+        return np.concatenate([[self.seeds], np.isfinite(self.dosed).sum(0)]).astype(np.float64)
+
     def group_stats(self) -> dict:
         """Per dose group (dose 0 first): dose, n, mean and sd (ddof 1) of the outcome minus `baseline` (BMDS's
         summary input)."""
         y = np.column_stack([self.clean, self.dosed]) - self.baseline
-        return {"doses": [0.0, *map(float, self.doses)], "ns": [self.seeds] * y.shape[1],
-                "means": y.mean(0).tolist(), "stdevs": y.std(0, ddof=1).tolist()}
+        return {"doses": [0.0, *map(float, self.doses)], "ns": [int(v) for v in self.ns],
+                "means": np.nanmean(y, 0).tolist(), "stdevs": np.nanstd(y, 0, ddof=1).tolist()}
 
 
 def study(doses, clean, dosed, baseline: float = 0.0) -> Study:
@@ -162,13 +173,19 @@ def study(doses, clean, dosed, baseline: float = 0.0) -> Study:
         raise BMDInputError("dose 0 is the clean run: pass its outcomes as `clean`, not as a column of `dosed`")
     if np.unique(d).size != d.size:
         raise BMDInputError(f"doses must be distinct, got {d}")
-    for name, a in (("clean", c), ("dosed", y)):
-        bad = np.argwhere(~np.isfinite(a))
-        if bad.size:
-            raise BMDInputError(f"{name} has a missing or infinite value at {tuple(int(i) for i in bad[0])} "
-                                f"({len(bad)} in all): a seed missing at one dose cannot be paired; drop the seed")
+    bad = np.argwhere(~np.isfinite(c))
+    if bad.size:
+        raise BMDInputError(f"clean has a missing or infinite value at seed {int(bad[0][0])} ({len(bad)} in all): "
+                            "every seed of a study needs its clean run (its dose 0); drop the seed")
+    bad = np.argwhere(np.isinf(y))
+    if bad.size:
+        raise BMDInputError(f"dosed has an infinite value at {tuple(int(i) for i in bad[0])} ({len(bad)} in all)")
     if c.size < 3:
         raise BMDInputError(f"need at least 3 seeds (one clean and one dosed run each), got {c.size}")
+    few = [(float(d[j]), int(k)) for j, k in enumerate(np.isfinite(y).sum(0)) if k < 3]
+    if few:
+        raise BMDInputError("every dose needs at least 3 seeds' outcomes (NaN: a seed not run there), got "
+                            + ", ".join(f"{k} at dose {v:g}" for v, k in few))
     if not np.isfinite(baseline):
         raise BMDInputError(f"baseline must be finite, got {baseline}")
     o = np.argsort(d)
@@ -267,15 +284,18 @@ class BMDResult:
 
 
 def _group_means(st: Study, idx=None):
-    """Per data set: group means [B, K] and the within-group sum of squares [B] (dose 0 first)."""
+    """Per data set (the study itself, or one per row of seed indices `idx` [B, S]): group means [B, K], group
+    counts [B, K] and the within-group sum of squares [B] (dose 0 first). A seed not run at a dose (NaN) is not in
+    that group; a resample that drew none of a dose's seeds has that group empty (count 0, mean 0: no weight in any
+    fit)."""
     y = np.concatenate([st.clean[:, None], st.dosed], axis=1) - st.baseline  # [S, K]
-    if idx is None:
-        yb = y[None]
-    else:
-        yb = y[idx]  # [B, S, K]
-    m = yb.mean(1)
-    within = ((yb - m[:, None, :]) ** 2).sum((1, 2))
-    return m, within
+    have = np.isfinite(y)
+    y = np.where(have, y, 0.0)
+    yb, hb = (y[None], have[None]) if idx is None else (y[idx], have[idx])  # [B, S, K]
+    n = hb.sum(1).astype(np.float64)
+    m = yb.sum(1) / np.maximum(n, 1.0)
+    within = (((yb - m[:, None, :]) ** 2) * hb).sum((1, 2))
+    return m, n, within
 
 
 def average_curve(models, fits, weights, xv):
@@ -370,12 +390,16 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     st_ = doses if isinstance(doses, Study) else study(doses, clean, dosed, baseline)
     exps = exponents(restricted)
     S, J = st_.seeds, st_.doses.size
-    K, N = J + 1, S * (J + 1)
+    K = J + 1
     d_min, d_max = float(st_.doses[0]), float(st_.doses[-1])
     x = to_metric(np.concatenate([[0.0], st_.doses]), dose_scale, d_min)
     x_max, x_lo = float(x[-1]), float(x[1])
-    n = np.full(K, float(S))
-    ybar, within = _group_means(st_)
+    ybar, n_sets, within = _group_means(st_)
+    n = n_sets[0]  # seeds per dose group (unequal where a second pass extended some doses)
+    N = float(n.sum())
+    # the expanded bound's small-sample width (`expanded_alpha`) is set by the fewest seeds a group has: with
+    # unequal groups the smallest is where the fit is least sure (S where every dose has every seed)
+    n_small = int(n.min())
     gain = float(ybar[0, 0])
     notes: list[str] = []
     control = f"one-sided {1 - alpha:.0%} for each of BMDL and BMDU, this row alone (no adjustment across rows)"
@@ -411,7 +435,7 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
 
     # BMDS's recommender (pybmds recommender/default.json), for comparison
     y0 = np.column_stack([st_.clean, st_.dosed])
-    pick, pick_bmdl = bmds_recommend(rows, fits, x, n, ybar[0], y0.std(0, ddof=1), float(within[0]),
+    pick, pick_bmdl = bmds_recommend(rows, fits, x, n, ybar[0], np.nanstd(y0, 0, ddof=1), float(within[0]),
                                      np.concatenate([[0.0], st_.doses]), exps)
 
     boot, model_bounds, band = [None], [None], [None]
@@ -439,12 +463,13 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     # the bootstrap over seeds, clean runs drawn with their dosed runs
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, S, size=(n_boot, S))
-    yb, wb = _group_means(st_, idx)
+    yb, nb, wb = _group_means(st_, idx)
     drawn = np.random.default_rng([seed, 1]).normal(0.0, baseline_se, n_boot) if baseline_se > 0 else np.zeros(n_boot)
     yb = yb - drawn[:, None]  # each resample's own baseline: y - (baseline + e) for every group
-    bfits = [fit_many(m, x, n, yb, x_max, exps) for m in msel]
+    bn = n if (nb == n).all() else nb  # each resample's own group counts where the groups are unequal
+    bfits = [fit_many(m, x, bn, yb, x_max, exps) for m in msel]
     brss = np.stack([wb + f.rss for f in bfits], axis=1)  # [B, M]
-    bw = _weights(_akaike(brss, N, p_mean[sel][None]), np.ones(len(sel), bool)[None])
+    bw = _weights(_akaike(brss, nb.sum(-1)[:, None], p_mean[sel][None]), np.ones(len(sel), bool)[None])
     bx = _ma_bmd_x(msel, bfits, bw, bmr, bmr_type, x_lo / 1e3, x_hi)
     undefined = int(np.isnan(bx).sum())
     bx = bx[~np.isnan(bx)]
@@ -459,14 +484,14 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     if bx.size < 0.5 * n_boot:
         notes.append(f"{undefined} of {n_boot} resamples had no clean gain (no benchmark)")
         return result(NOT_BOUNDED, bmd, undefined=undefined)
-    ql, qu = bootstrap_bounds(bx, bmd_x, S, alpha, interval)
+    ql, qu = bootstrap_bounds(bx, bmd_x, n_small, alpha, interval)
     bm = np.stack([model_bmd_x(m, f.t1, f.t2, f.alpha, f.beta, bmr, bmr_type) for m, f in zip(msel, bfits)], 1)
     per_model = {}
     for k, i in enumerate(sel):
         b = bm[:, k][~np.isnan(bm[:, k])]
         if b.size >= 0.5 * n_boot:
             per_model[models[i]] = tuple(float(from_metric(v, dose_scale, d_min)) if np.isfinite(v) else float(v)
-                                         for v in bootstrap_bounds(b, bmd_x_m[i], S, alpha, interval))
+                                         for v in bootstrap_bounds(b, bmd_x_m[i], n_small, alpha, interval))
     model_bounds[0] = per_model
     if bound == "lowest" and per_model:  # each passing model's bound too: the bound holds whichever model is true
         lows = [to_x(v[0]) for v in per_model.values()]

@@ -57,16 +57,22 @@ class Coverage:
 
 def simulate_coverage(truth: str, seeds: int = 10, studies: int = 200, *, doses=DESIGN_08, sd: float = SD_08,
                       rho: float = 0.0, n_boot: int = 500, seed: int = 0, bmds_rule: bool = False,
-                      **kw) -> Coverage:
+                      dose_seeds=None, **kw) -> Coverage:
     """Coverage of `fit_bmd`'s BMDL on `studies` simulated studies of `TRUTHS[truth]` at `doses` with `seeds` seeds
-    (normal spread `sd`, correlation `rho` between a seed's runs). `bmds_rule`: also BMDS's recommended model's
-    profile BMDL (slower: every model's profile)."""
+    (normal spread `sd`, correlation `rho` between a seed's runs). `dose_seeds`: per dose, how many of the seeds
+    were run there (the rest missing, as a sequential study's doses it did not extend; the clean run has all
+    `seeds`); None: every seed at every dose. `bmds_rule`: also BMDS's recommended model's profile BMDL (slower:
+    every model's profile)."""
     curve, true = TRUTHS[truth]
+    if dose_seeds is not None and (len(dose_seeds) != len(doses) or not all(0 < k <= seeds for k in dose_seeds)):
+        raise ValueError(f"dose_seeds must give 1..{seeds} seeds for each of the {len(doses)} doses, got {dose_seeds}")
     rng = np.random.default_rng(seed)
     bounded = hits = b_bounded = b_hits = 0
     ratios = []
     for i in range(studies):
         c, y = simulate(curve, doses, seeds, sd, rng, rho=rho)
+        for j, k in enumerate(dose_seeds or ()):
+            y[k:, j] = np.nan
         r = fit_bmd(doses, c, y, n_boot=n_boot, seed=seed * 100003 + i, profile=bmds_rule, **kw)
         if r.status == BOUNDED:
             bounded += 1

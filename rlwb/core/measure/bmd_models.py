@@ -89,24 +89,28 @@ def _has_alpha(model: str) -> bool:
     return model not in ("exp3", "hill3")
 
 
+def _sums(e, n, ybar):
+    """The weighted sums every least-squares fit here needs, for group counts `n` [K] (one design for every data
+    set) or [B, K] (each data set its own counts: a bootstrap resample over seeds with doses some seeds lack):
+    (N [B, 1], Sy [B], Syy [B], Se, See [1 or B, G], Sey [B, G]) for e [G, K], ybar [B, K]."""
+    n2 = np.atleast_2d(n)
+    N = n2.sum(-1)[:, None]
+    yn = ybar * n2
+    return N, yn.sum(-1), (ybar * yn).sum(-1), n2 @ e.T, n2 @ (e * e).T, yn @ e.T
+
+
 def _ls(model: str, e, n, ybar, floor: bool = False):
-    """Least squares of the group means `ybar` [B, K] (weights `n` [K]) on alpha + beta * e, e [G, K], beta >= 0:
-    (alpha [B, G], beta [B, G], between-group RSS [B, G])."""
-    N = n.sum()
-    Sy = ybar @ n  # [B]
-    Syy = (ybar ** 2) @ n
-    ne = e * n  # [G, K]
-    Sey = ybar @ ne.T  # [B, G]
-    See = (e * ne).sum(-1)  # [G]
+    """Least squares of the group means `ybar` [B, K] (weights `n`, the groups' counts: [K], or [B, K] per data
+    set) on alpha + beta * e, e [G, K], beta >= 0: (alpha [B, G], beta [B, G], between-group RSS [B, G])."""
+    N, Sy, Syy, Se, See, Sey = _sums(e, n, ybar)
     if _has_alpha(model):
-        Se = ne.sum(-1)
         See_c = See - Se ** 2 / N
-        Sey_c = Sey - Se[None, :] * Sy[:, None] / N
+        Sey_c = Sey - Se * Sy[:, None] / N
         ok = See_c > 1e-14 * np.maximum(See, 1e-300)
         with np.errstate(divide="ignore", invalid="ignore"):
             beta = np.where(ok & (Sey_c > 0), Sey_c / np.where(ok, See_c, 1.0), 0.0)
-        alpha = (Sy[:, None] - beta * Se[None, :]) / N
-        rss = (Syy - Sy ** 2 / N)[:, None] - beta * Sey_c
+        alpha = (Sy[:, None] - beta * Se) / N
+        rss = (Syy - Sy ** 2 / N[:, 0])[:, None] - beta * Sey_c
         if floor:  # BMDS's Exp5 keeps c >= 0 (the plateau not below 0): where alpha < 0, the fit through 0
             b0 = np.where(Sey > 0, Sey / np.maximum(See, 1e-300), 0.0)
             neg = alpha < 0
@@ -165,11 +169,14 @@ def fit_many(model: str, x, n, ybar, x_max: float, exps, chunk: int = 256) -> Fi
     through its neighbours along each grid axis (kept only where it lowers the RSS)."""
     t1g, t2g, shape = _grid(model, x_max, exps)
     e = basis(model, x[None, :], t1g[:, None], t2g[:, None])  # [G, K]
+    n_all = n
     B = ybar.shape[0]
     out = {k: np.empty(B) for k in ("t1", "t2", "alpha", "beta", "rss")}
     n1, n2 = shape
+    per_set = np.ndim(n) == 2  # each data set its own group counts
     for s in range(0, B, chunk):
         yb = ybar[s:s + chunk]
+        n = n_all[s:s + chunk] if per_set else n_all
         rss = _rss_grid(model, e, n, yb, _floor(model, exps))
         i = np.argmin(rss, axis=1)
         rows = np.arange(yb.shape[0])
@@ -210,7 +217,7 @@ def fit_many(model: str, x, n, ybar, x_max: float, exps, chunk: int = 256) -> Fi
             out["rss"][s:s + chunk] = r0
         out["t1"][s:s + chunk], out["t2"][s:s + chunk] = t1, t2
     f = Fits(**out)
-    return _newton(model, x, n, ybar, x_max, exps, f) if model != "linear" else f
+    return _newton(model, x, n_all, ybar, x_max, exps, f) if model != "linear" else f
 
 
 def _newton(model: str, x, n, ybar, x_max: float, exps, f: Fits, iters: int = 8, h: float = 1e-3) -> Fits:
@@ -265,41 +272,37 @@ def _newton(model: str, x, n, ybar, x_max: float, exps, f: Fits, iters: int = 8,
 
 
 def _rss_grid(model: str, e, n, ybar, floor: bool = False):
-    """The between-group RSS [B, G] of `_ls`, alone (the bootstrap's hot loop: one matrix product and a few
+    """The between-group RSS [B, G] of `_ls`, alone (the bootstrap's hot loop: matrix products and a few
     elementwise operations)."""
     if floor:
         return _ls(model, e, n, ybar, floor)[2]
-    N = n.sum()
-    Sy, Syy = ybar @ n, (ybar ** 2) @ n
-    ne = e * n
-    Sey = ybar @ ne.T
-    See = (e * ne).sum(-1)
+    N, Sy, Syy, Se, See, Sey = _sums(e, n, ybar)
     if _has_alpha(model):
-        Se = ne.sum(-1)
         See_c = See - Se ** 2 / N
         ok = See_c > 1e-14 * np.maximum(See, 1e-300)
         inv = np.where(ok, 1.0 / np.where(ok, See_c, 1.0), 0.0)
-        Sey -= Sy[:, None] * (Se / N)[None, :]
+        Sey -= Sy[:, None] * (Se / N)
         np.maximum(Sey, 0.0, out=Sey)
         Sey *= Sey
-        Sey *= -inv[None, :]
-        Sey += (Syy - Sy ** 2 / N)[:, None]
+        Sey *= -inv
+        Sey += (Syy - Sy ** 2 / N[:, 0])[:, None]
     else:
         inv = np.where(See > 1e-300, 1.0 / np.maximum(See, 1e-300), 0.0)
         np.maximum(Sey, 0.0, out=Sey)
         Sey *= Sey
-        Sey *= -inv[None, :]
+        Sey *= -inv
         Sey += Syy[:, None]
     return np.maximum(Sey, 0.0, out=Sey)
 
 
 def _ls_rows(model, e, n, ybar, floor: bool = False):
-    """`_ls` with one basis per data row: e [B, K], ybar [B, K] -> alpha, beta, rss [B]."""
-    N = n.sum()
-    Sy, Syy = ybar @ n, (ybar ** 2) @ n
-    Sey, See = (ybar * e) @ n, (e * e) @ n
+    """`_ls` with one basis per data row: e [B, K], ybar [B, K], n [K] or [B, K] -> alpha, beta, rss [B]."""
+    N = n.sum(-1)
+    yn = ybar * n
+    Sy, Syy = yn.sum(-1), (ybar * yn).sum(-1)
+    Sey, See = (yn * e).sum(-1), (e * e * n).sum(-1)
     if _has_alpha(model):
-        Se = e @ n
+        Se = (e * n).sum(-1)
         See_c, Sey_c = See - Se ** 2 / N, Sey - Se * Sy / N
         ok = See_c > 1e-14 * np.maximum(See, 1e-300)
         beta = np.where(ok & (Sey_c > 0), Sey_c / np.where(ok, See_c, 1.0), 0.0)
@@ -361,12 +364,8 @@ def profile_bounds(model: str, x, n, ybar, within: float, N: int, fit: Fits, bmd
         return float("nan"), float("nan")
     from scipy import optimize
 
-    rss_min = within + float(fit.rss[0])
-    fine = np.geomspace(exps[0], exps[-1], 64)  # the profile's exponent grid: finer than the bootstrap's
-
     def lr_minus_crit(logd: float) -> float:
-        prof = _profile_rss(model, x, n, ybar[0], float(np.exp(logd)), bmr, x_max, fine) + within
-        return N * math.log(max(prof, rss_min) / rss_min) - crit
+        return profile_lr(model, x, n, ybar, within, N, fit, float(np.exp(logd)), bmr, x_max, exps) - crit
 
     L = np.linspace(np.log(bmd_x) - np.log(1e4), np.log(bmd_x) + np.log(1e3), 43)
     v = np.array([lr_minus_crit(li) for li in L])
@@ -390,7 +389,20 @@ def profile_bounds(model: str, x, n, ybar, within: float, N: int, fit: Fits, bmd
     return bmdl, bmdu
 
 
-def _profile_rss(model: str, x, n, yb, D: float, bmr: float, x_max: float, exps) -> float:
+def profile_lr(model: str, x, n, ybar, within: float, N: float, fit: Fits, D: float, bmr: float, x_max: float,
+               exps, scale_max: float | None = None) -> float:
+    """Twice the log-likelihood's fall from the fit `fit` when the model's relative BMD is held at D (metric scale):
+    what `profile_bounds` compares with chi2_1(1 - 2 alpha). A grid over the shape parameters (finer than the
+    bootstrap's), so it can only overstate the fall. `scale_max`: an upper bound on the scale (Hill's k) tighter than
+    the fits' own, e.g. BMDS's, so that a fall computed here is one within BMDS's parameter space."""
+    rss_min = within + float(fit.rss[0])
+    fine = np.geomspace(exps[0], exps[-1], 64)  # the profile's exponent grid: finer than the bootstrap's
+    prof = _profile_rss(model, x, n, ybar[0], D, bmr, x_max, fine, scale_max) + within
+    return N * math.log(max(prof, rss_min) / rss_min)
+
+
+def _profile_rss(model: str, x, n, yb, D: float, bmr: float, x_max: float, exps,
+                 scale_max: float | None = None) -> float:
     """The smallest between-group RSS of `model` with its relative BMD fixed at D (metric scale): the BMR constraint
     is linear in (alpha, beta) for a fixed shape, leaving one linear parameter; exp3's shape scale is fixed by D."""
     if model in ("exp3", "hill3"):  # f = beta * e, e(D) = 1 - bmr fixes the scale from the exponent
@@ -414,6 +426,7 @@ def _profile_rss(model: str, x, n, yb, D: float, bmr: float, x_max: float, exps)
         else:
             t1 = D * (1 / eD - 1) ** (-1 / t2)
         lo, hi = _scale_bounds(model, x_max)  # the point fit's bounds on the scale, kept here
+        hi = hi if scale_max is None else min(hi, scale_max)
         keep = (t1 >= lo) & (t1 <= hi)
         eD, t1, t2 = eD[keep], t1[keep], t2[keep]
         u = ((1 - bmr - eD) / bmr)[:, None] + basis(model, x[None, :], t1[:, None], t2[:, None])

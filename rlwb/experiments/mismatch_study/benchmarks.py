@@ -132,8 +132,10 @@ def _measured_se(curves: pd.DataFrame) -> float:
 
 def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> list[RowStudy]:
     """Per dosed kind x PPO regime x horizon x arm (rows that are not controls, `table` = `analysis.dose_table`):
-    the seeds present at dose 0 and at every dose of the row; `draws`: the completions behind the baseline
-    (`baseline_draws`; 0: its noise left out)."""
+    every seed with a clean run (dose 0) in the row's cell, with its outcome at each dose of the row where it was run
+    there (NaN where not: a sequential study's second pass extends some doses and their clean twins, so each dose
+    group has its own seeds, and the fit and its bootstrap take every seed a group has); `draws`: the completions
+    behind the baseline (`baseline_draws`; 0: its noise left out)."""
     curves = with_defaults(curves)
     s = per_seed(curves)
     outcome = outcome_of(s)
@@ -151,12 +153,12 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> li
                  & (s["epochs"] == epochs) & (s["horizon"] == horizon)]
         clean_runs = runs[runs["kind"] == "clean"]
         wide = runs[runs["label"].isin(labels)].pivot(index="seed", columns="label", values=outcome)
-        wide = wide.reindex(columns=labels).join(clean_runs.set_index("seed")[outcome].rename("__clean__"),
-                                                 how="inner").dropna()
+        wide = clean_runs.set_index("seed")[[outcome]].rename(columns={outcome: "__clean__"}).join(
+            wide.reindex(columns=labels), how="left").dropna(subset=["__clean__"]).sort_index()
         clean_labels = sorted(set(clean_runs["label"]))
-        # the dose each group is placed at is its k3_initial over the seeds whose outcomes are fitted: the table's
-        # is over every seed run at the dose, and a second pass's extra seeds (k3 varies by seed, by up to 2x for
-        # perturbed weights) would put a group where its fitted seeds are not
+        # the dose each group is placed at is its k3_initial over the seeds whose outcomes are fitted (k3 varies by
+        # seed, by up to 2x for perturbed weights): the table's is over every seed run at the dose, and those
+        # without a clean twin are not fitted
         mine = curves[(curves["arm"] == arm) & curves["label"].isin(labels) & curves["seed"].isin(wide.index)]
         x0 = k3_initial(mine) if len(mine) else pd.Series(dtype=float)
         doses = np.array([x0.get((lab, arm), k) for lab, k in zip(labels, d["k3_initial"])], float)
@@ -173,8 +175,8 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> li
     return rows
 
 
-COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "outcome", "baseline", "baseline_se",
-           "baseline_se_source",
+COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "dose_seeds", "outcome", "baseline",
+           "baseline_se", "baseline_se_source",
            "clean_gain", "bmr", "k3_min", "k3_max", "k3_achieved_min", "k3_achieved_max", "trend_slope",
            "trend_ci_low", "trend_ci_high", "trend_p", "bmd", "bmdl", "bmdu", "status", "models_passing",
            "bmds_pick", "bmd_log", "bmdl_log", "status_log", "scale_agree", "keep_below", "error_control"]
@@ -183,8 +185,9 @@ COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "outcom
 def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: float, draws: int = 0
                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(benchmarks, fits). `benchmarks`: one row per `row_studies` row: the trend of the outcome's paired gap
-    across doses (`dose_response.dose_trend`, per-seed slope per decade of k3_initial; `trend_p_holm` is Holm over
-    these trends alone here, `analyze` puts them in the study's one family) and the benchmark dose in k3_initial
+    across doses (`dose_response.dose_trend`, per-seed slope per decade of k3_initial, on the seeds every dose has;
+    `trend_p_holm` is Holm over these trends alone here, `analyze` puts them in the study's one family) and the
+    benchmark dose in k3_initial
     (`benchmark_dose.fit_bmd`, BMR `bmr_fraction` of the fitted clean gain; `bmr` is that cost in outcome units;
     the baseline's noise from `draws`, `baseline_draws`, in every resample),
     with its status, the models that pass, and the same fit on the log dose scale. `fits`: what the figure draws,
@@ -197,18 +200,22 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
              "keep_below": np.nan, "error_control": ""}
     for r in row_studies(curves, table, draws):
         base = {"kind": r.kind, "updates": r.updates, "epochs": r.epochs, "arm": r.arm, "name": r.name}
-        row = {**base, "doses": len(r.labels), "seeds": len(r.seeds), "outcome": r.outcome, "baseline": r.baseline,
+        have = np.isfinite(r.dosed)
+        row = {**base, "doses": len(r.labels), "seeds": len(r.seeds),
+               "dose_seeds": " ".join(str(int(k)) for k in have.sum(0)), "outcome": r.outcome, "baseline": r.baseline,
                "baseline_se": r.baseline_se, "baseline_se_source": r.baseline_se_source,
                "k3_min": float(r.doses.min()), "k3_max": float(r.doses.max()),
                "k3_achieved_min": float(r.k3_achieved.min()), "k3_achieved_max": float(r.k3_achieved.max())}
-        gaps = r.dosed - r.clean[:, None]
+        # the trend's per-seed slope needs a seed at every dose: the seeds every dose has
+        gaps = (r.dosed - r.clean[:, None])[have.all(1)]
         try:
             tr = dose_response.dose_trend(r.doses, gaps)
             row.update(trend_slope=tr.slope, trend_ci_low=tr.ci_low, trend_ci_high=tr.ci_high, trend_p=tr.p)
         except ValueError:  # a k3 of 0 or two doses alike: no trend in log dose
             row.update(trend_slope=np.nan, trend_ci_low=np.nan, trend_ci_high=np.nan, trend_p=np.nan)
         y = np.column_stack([r.clean, r.dosed])
-        groups = list(zip([0.0, *r.doses], y.mean(0), *zip(*(stats.seed_ci(v) for v in y.T)))) if len(y) else []
+        groups = [(x, float(v[np.isfinite(v)].mean()), *stats.seed_ci(v[np.isfinite(v)]))
+                  for x, v in zip([0.0, *r.doses], y.T)] if len(y) else []
         f = g = None
         if not np.isfinite(r.baseline):
             rows.append({**row, **empty,
@@ -293,10 +300,12 @@ def engine_points(table: pd.DataFrame, fits: list[dict]) -> list[dict]:
 
 def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
     """`<kind>[+ppo<u>][+long]/<arm>/{trend_slope, trend_p_holm, bmr, bmd_k3, bmdl_k3, bmdu_k3, bmdl_bounded,
-    keep_below_k3, scale_agree, bmd_log_k3, bmdl_log_k3, baseline_se, baseline_se_measured}` per benchmark row
+    keep_below_k3, scale_agree, bmd_log_k3, bmdl_log_k3, baseline_se, baseline_se_measured, seeds_clean,
+    seeds_dose_min, seeds_dose_max}` per benchmark row
     (`bmdl_bounded`: 1 where the status is "bounded"; `keep_below_k3`: the level to quote, NaN where there is none,
     `keep_below`; `*_log_k3`: the same fit on the log dose scale, what `scale_agree` compares; `baseline_se_measured`:
-    1 where the baseline's noise is the run's own measurement, 0 for the binomial bound)."""
+    1 where the baseline's noise is the run's own measurement, 0 for the binomial bound; `seeds_*`: the seeds the
+    fit has at dose 0 and the fewest and most at a dose)."""
     out = {}
     for r in bench.itertuples():
         k = f"{r.name}/{r.arm}"
@@ -306,6 +315,10 @@ def benchmark_metrics(bench: pd.DataFrame) -> dict[str, float]:
                     f"{k}/keep_below_k3": float(r.keep_below),
                     f"{k}/scale_agree": float(bool(r.scale_agree)), f"{k}/bmd_log_k3": float(r.bmd_log),
                     f"{k}/bmdl_log_k3": float(r.bmdl_log), f"{k}/baseline_se": float(r.baseline_se),
-                    f"{k}/baseline_se_measured": float(r.baseline_se_source == MEASURED)})
+                    f"{k}/baseline_se_measured": float(r.baseline_se_source == MEASURED),
+                    f"{k}/seeds_clean": float(r.seeds)})
+        if isinstance(r.dose_seeds, str) and r.dose_seeds:
+            ns = [int(v) for v in r.dose_seeds.split()]
+            out.update({f"{k}/seeds_dose_min": float(min(ns)), f"{k}/seeds_dose_max": float(max(ns))})
     return out
 

@@ -66,6 +66,15 @@ def short_reason(r) -> str:
     return r.status
 
 
+def fitted_seeds(r) -> str:
+    """"; fitted on S seeds at dose 0 and n_1/.../n_J at its doses" where a row's dose groups have unequal seeds (a
+    second pass extended some of them), else "" (every group the same seeds, or a table from before this was kept)."""
+    ds = getattr(r, "dose_seeds", None)
+    if not isinstance(ds, str) or not ds or set(ds.split()) == {str(int(r.seeds))}:
+        return ""
+    return f"; fitted on {int(r.seeds)} seeds at dose 0 and {ds.replace(' ', '/')} at its doses"
+
+
 def benchmark_line(r, bmr_fraction: float) -> str:
     """One bullet for a (kind, PPO regime, horizon, arm) benchmark row of notebook 08 (`benchmarks.benchmark_table`):
     "keep k3 below X" with its BMD and BMDU where the row is `quotable`, else why not and the design that would
@@ -79,7 +88,7 @@ def benchmark_line(r, bmr_fraction: float) -> str:
         return (head + f"**keep k3 below {metric('k3', r.keep_below, '.1e')}** (BMDL, the lower of the linear and "
                 f"log dose scales'; linear-scale BMD {r.bmd:.1e}, BMDU {r.bmdu:.1e}: where the model-average curve "
                 f"loses {bmr_fraction:.0%} of the clean gain, {r.bmr:.3f}; models passing: "
-                f"{r.models_passing.replace(',', ', ')}); {trend}.")
+                f"{r.models_passing.replace(',', ', ')}{fitted_seeds(r)}); {trend}.")
     return head + f"no level to quote: {benchmark_reason(r)}; {trend}."
 
 
