@@ -283,9 +283,11 @@ class Run:
         self.write_timing()
 
     def save_data(self, df, name: str) -> Path:
+        """data/<name>.parquet, zstd at its highest level: runs of record ship their tables in a folder with a size
+        limit, and a study's curves are 15-20% smaller than snappy's (a few seconds for 28k rows x 87 columns)."""
         path = self.dir / "data" / f"{self._safe_name(name)}.parquet"
         with timing.phase("archiving"):
-            df.to_parquet(path, index=False)
+            df.to_parquet(path, index=False, compression="zstd", compression_level=19)
         return path
 
     def write_timing(self) -> None:
