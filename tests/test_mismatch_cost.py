@@ -1117,6 +1117,10 @@ def test_a_second_passs_seeds_enter_the_benchmark_fit_at_the_doses_it_extended()
     m = benchmarks.benchmark_metrics(b)
     key = f"{r.name}/{r.arm}"
     assert (m[f"{key}/seeds_clean"], m[f"{key}/seeds_dose_min"], m[f"{key}/seeds_dose_max"]) == (12, 6, 12)
+    # a seed with two clean runs in the row's cell (another label) would enter dose 0 twice: refused by name
+    again = c[(c["label"] == "clean") & (c["seed"] == 3)].assign(label="clean again")
+    with pytest.raises(ValueError, match=r"seeds \[3\] have more than one clean run"):
+        benchmarks.row_studies(pd.concat([c, again], ignore_index=True), t)
 
 
 def test_the_declared_confirmation_loads_on_the_study_with_fresh_seeds_and_its_counted_runs():

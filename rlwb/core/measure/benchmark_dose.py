@@ -51,8 +51,9 @@ module does:
   at 08's design: the average leans to the simpler models AIC favours, which put the BMD high on curved truths.
 - **Unequal seeds per dose** (a sequential study extends some doses): `dosed` holds NaN where a seed was not run.
   Each group enters the fit with its own n (BMDS's summary data: the least squares weight each mean by its n), and
-  the bootstrap draws S seeds of the union, each with whatever doses it has, so a group's count varies between
-  resamples as it would between studies. The expanded bound's small-sample width is set by the smallest group.
+  the bootstrap draws seeds within the seeds run at the same doses (`resample_seeds`, stratified), so every
+  resample has the study's counts per dose: the design decided them (drawing the union let a 3-seed group come out
+  empty in 4% of resamples). The expanded bound's small-sample width is set by the smallest group.
   Error control: **one-sided 1 - alpha (95%) for each bound, row by row**; nothing here adjusts for several rows.
 - The per-model BMDL/BMDU in the model table are BMDS's: the profile-likelihood bounds (EPA 2012, section 2.3.5;
   Crump 1995, Risk Analysis 15:79, https://doi.org/10.1111/j.1539-6924.1995.tb00095.x), the doses where twice the
@@ -150,6 +151,9 @@ class Study:
                 "means": np.nanmean(y, 0).tolist(), "stdevs": np.nanstd(y, 0, ddof=1).tolist()}
 
 
+MIN_SEEDS = 3  # per dose group (dose 0 included): fewer has no spread to bound with
+
+
 def study(doses, clean, dosed, baseline: float = 0.0) -> Study:
     """Check and order a study's arrays; a `BMDInputError` names the problem (shape, dose 0 among the doses,
     negative or repeated doses, a missing value and where)."""
@@ -180,11 +184,11 @@ def study(doses, clean, dosed, baseline: float = 0.0) -> Study:
     bad = np.argwhere(np.isinf(y))
     if bad.size:
         raise BMDInputError(f"dosed has an infinite value at {tuple(int(i) for i in bad[0])} ({len(bad)} in all)")
-    if c.size < 3:
-        raise BMDInputError(f"need at least 3 seeds (one clean and one dosed run each), got {c.size}")
-    few = [(float(d[j]), int(k)) for j, k in enumerate(np.isfinite(y).sum(0)) if k < 3]
+    if c.size < MIN_SEEDS:
+        raise BMDInputError(f"need at least {MIN_SEEDS} seeds (one clean and one dosed run each), got {c.size}")
+    few = [(float(d[j]), int(k)) for j, k in enumerate(np.isfinite(y).sum(0)) if k < MIN_SEEDS]
     if few:
-        raise BMDInputError("every dose needs at least 3 seeds' outcomes (NaN: a seed not run there), got "
+        raise BMDInputError(f"every dose needs at least {MIN_SEEDS} seeds' outcomes (NaN: a seed not run there), got "
                             + ", ".join(f"{k} at dose {v:g}" for v, k in few))
     if not np.isfinite(baseline):
         raise BMDInputError(f"baseline must be finite, got {baseline}")
@@ -298,6 +302,46 @@ def _group_means(st: Study, idx=None):
     return m, n, within
 
 
+MIN_STRATUM = 3  # seeds sharing a pattern of doses run, below which they are drawn with the other rare ones
+
+
+def resample_seeds(st: Study, n_boot: int, rng) -> np.ndarray:
+    """Bootstrap resamples of seeds [n_boot, S], each seed drawn with all its runs (its clean run with its dosed
+    ones: the BMR's uncertainty moves with the gaps'), stratified by which doses a seed was run at: a sequential
+    study decided how many seeds each dose gets, so every resample keeps those counts (a group never drawn empty,
+    the small groups' bootstrap not a lottery over their size). Seeds whose pattern fewer than `MIN_STRATUM` share
+    (a failed run here and there) are drawn together, or with the largest stratum when they are fewer still, so no
+    seed is in every resample. One stratum (every seed at
+    every dose): the plain bootstrap over seeds."""
+    S = st.seeds
+    _, which, size = np.unique(np.isfinite(st.dosed), axis=0, return_inverse=True, return_counts=True)
+    which = which.ravel()
+    which = np.where(size[which] < MIN_STRATUM, -1, which)  # the rare patterns: one stratum
+    if 0 < (which == -1).sum() < MIN_STRATUM:  # still too few: with the largest stratum
+        which = np.where(which == -1, np.argmax(size), which)
+    strata = np.unique(which)
+    if len(strata) == 1:
+        return rng.integers(0, S, size=(n_boot, S))
+    idx = np.empty((n_boot, S), dtype=np.int64)
+    for p in strata:
+        members = np.flatnonzero(which == p)
+        idx[:, members] = members[rng.integers(0, members.size, size=(n_boot, members.size))]
+    return idx
+
+
+def resample_fits(st: Study, idx, models, x, x_max: float, exps, drawn=None):
+    """Every model fitted to every resample of seeds `idx` [B, S] at once, each resample on its own group counts (a
+    seed not run at a dose is not in that group; a group a resample drew none of weighs nothing): (fits per model,
+    group means [B, K], counts [B, K], within-group SS [B]). `drawn` [B]: each resample's own baseline offset
+    (y - (baseline + drawn) for every group)."""
+    yb, nb, wb = _group_means(st, idx)
+    if drawn is not None:
+        yb = yb - drawn[:, None]
+    n = st.ns.astype(np.float64)
+    bn = n if (nb == n).all() else nb  # one design for every resample where no group can change its count
+    return [fit_many(m, x, bn, yb, x_max, exps) for m in models], yb, nb, wb
+
+
 def average_curve(models, fits, weights, xv):
     """The Akaike-weighted mean of the models' fitted curves (outcome minus baseline) at dose metric `xv` ([B, K],
     or [B]: one point per data set), per data set (`weights` [B, M])."""
@@ -394,8 +438,8 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     d_min, d_max = float(st_.doses[0]), float(st_.doses[-1])
     x = to_metric(np.concatenate([[0.0], st_.doses]), dose_scale, d_min)
     x_max, x_lo = float(x[-1]), float(x[1])
-    ybar, n_sets, within = _group_means(st_)
-    n = n_sets[0]  # seeds per dose group (unequal where a second pass extended some doses)
+    ybar, _, within = _group_means(st_)
+    n = st_.ns  # seeds per dose group (unequal where a second pass extended some doses)
     N = float(n.sum())
     # the expanded bound's small-sample width (`expanded_alpha`) is set by the fewest seeds a group has: with
     # unequal groups the smallest is where the fit is least sure (S where every dose has every seed)
@@ -461,13 +505,9 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     bmd = float(from_metric(bmd_x, dose_scale, d_min)) if np.isfinite(bmd_x) else float("inf")
 
     # the bootstrap over seeds, clean runs drawn with their dosed runs
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, S, size=(n_boot, S))
-    yb, nb, wb = _group_means(st_, idx)
+    idx = resample_seeds(st_, n_boot, np.random.default_rng(seed))
     drawn = np.random.default_rng([seed, 1]).normal(0.0, baseline_se, n_boot) if baseline_se > 0 else np.zeros(n_boot)
-    yb = yb - drawn[:, None]  # each resample's own baseline: y - (baseline + e) for every group
-    bn = n if (nb == n).all() else nb  # each resample's own group counts where the groups are unequal
-    bfits = [fit_many(m, x, bn, yb, x_max, exps) for m in msel]
+    bfits, yb, nb, wb = resample_fits(st_, idx, msel, x, x_max, exps, drawn)
     brss = np.stack([wb + f.rss for f in bfits], axis=1)  # [B, M]
     bw = _weights(_akaike(brss, nb.sum(-1)[:, None], p_mean[sel][None]), np.ones(len(sel), bool)[None])
     bx = _ma_bmd_x(msel, bfits, bw, bmr, bmr_type, x_lo / 1e3, x_hi)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlwb.core.measure import stats
-from rlwb.core.measure.benchmark_dose import BOUNDED, fit_bmd
+from rlwb.core.measure.benchmark_dose import BOUNDED, MIN_SEEDS, fit_bmd
 
 
 def simulate(curve, doses, seeds: int, sd: float, rng, baseline: float = 0.0, rho: float = 0.0):
@@ -22,6 +22,15 @@ def simulate(curve, doses, seeds: int, sd: float, rng, baseline: float = 0.0, rh
     own = rng.normal(0, sd * math.sqrt(1 - rho), (seeds, d.size + 1))
     y = mu[None, :] + shared + own
     return y[:, 0], y[:, 1:]
+
+
+def thinned(dosed, dose_seeds):
+    """`dosed` [S, J] with dose j run on its first `dose_seeds[j]` seeds only (NaN after: a sequential study's
+    first pass at the doses it did not extend); None: unchanged."""
+    y = np.array(dosed, dtype=np.float64)
+    for j, k in enumerate(dose_seeds or ()):
+        y[k:, j] = np.nan
+    return y
 
 
 DESIGN_08 = (0.03, 0.1, 0.3, 1.0)  # notebook 08-like doses (with the clean run at 0), clean gain 0.3, seed sd 0.085
@@ -64,15 +73,16 @@ def simulate_coverage(truth: str, seeds: int = 10, studies: int = 200, *, doses=
     `seeds`); None: every seed at every dose. `bmds_rule`: also BMDS's recommended model's profile BMDL (slower:
     every model's profile)."""
     curve, true = TRUTHS[truth]
-    if dose_seeds is not None and (len(dose_seeds) != len(doses) or not all(0 < k <= seeds for k in dose_seeds)):
-        raise ValueError(f"dose_seeds must give 1..{seeds} seeds for each of the {len(doses)} doses, got {dose_seeds}")
+    if dose_seeds is not None and (len(dose_seeds) != len(doses)
+                                   or not all(MIN_SEEDS <= k <= seeds for k in dose_seeds)):
+        raise ValueError(f"dose_seeds must give {MIN_SEEDS}..{seeds} seeds for each of the {len(doses)} doses, "
+                         f"got {dose_seeds}")
     rng = np.random.default_rng(seed)
     bounded = hits = b_bounded = b_hits = 0
     ratios = []
     for i in range(studies):
         c, y = simulate(curve, doses, seeds, sd, rng, rho=rho)
-        for j, k in enumerate(dose_seeds or ()):
-            y[k:, j] = np.nan
+        y = thinned(y, dose_seeds)
         r = fit_bmd(doses, c, y, n_boot=n_boot, seed=seed * 100003 + i, profile=bmds_rule, **kw)
         if r.status == BOUNDED:
             bounded += 1

@@ -89,39 +89,66 @@ def _has_alpha(model: str) -> bool:
     return model not in ("exp3", "hill3")
 
 
-def _sums(e, n, ybar):
-    """The weighted sums every least-squares fit here needs, for group counts `n` [K] (one design for every data
-    set) or [B, K] (each data set its own counts: a bootstrap resample over seeds with doses some seeds lack):
-    (N [B, 1], Sy [B], Syy [B], Se, See [1 or B, G], Sey [B, G]) for e [G, K], ybar [B, K]."""
+# A basis whose centred spread is below this fraction of its size (sum n (e - e_bar)^2 < tol * N e_bar^2: e.g. Hill's
+# 1 / (1 + (x/k)^n) with k far above the doses) is treated as constant (beta = 0, the flat fit): at s^2 = 1e-12 the
+# stored basis, rounded to 1e-16 of its size, still has 1e-10 of its spread right; below it the fit's beta and alpha
+# grow without bound and its RSS is rounding. Such a shape is reached by the same model at a smaller scale.
+_MIN_SPREAD2 = 1e-12
+
+
+def _wsum(w, b, rows: bool):
+    """sum_k w[., k] b[., k]: per row (w [B or 1, K], b [B, K] -> [B]) or every row against every basis
+    (b [G, K] -> [B, G])."""
+    return (w * b).sum(-1) if rows else w @ b.T
+
+
+def _ls_core(model: str, e, n, ybar, floor: bool, rows: bool):
+    """Weighted least squares of group means `ybar` [B, K] (weights `n`, the groups' counts: [K], or [B, K] per data
+    set) on alpha + beta * e, beta >= 0 (exp3, hill3: beta * e alone): (alpha, beta, between-group RSS), [B, G] for
+    bases e [G, K] or [B] for one basis per row (`rows`, e [B, K]).
+
+    The sums are taken on centred data (y about its weighted mean, e about its plain mean over doses, the rest of e's
+    weighted mean exactly): uncentred sums of a near-constant basis lose every digit of its spread, which put RSS 0
+    on fits whose true RSS is most of the data's (alpha -6e5, beta 6e5), and the grid's argmin picked them."""
     n2 = np.atleast_2d(n)
-    N = n2.sum(-1)[:, None]
+    N = n2.sum(-1)  # [1 or B]
     yn = ybar * n2
-    return N, yn.sum(-1), (ybar * yn).sum(-1), n2 @ e.T, n2 @ (e * e).T, yn @ e.T
+    if not _has_alpha(model):  # through the origin: nothing cancels
+        See, Sey, Syy = _wsum(n2, e * e, rows), _wsum(yn, e, rows), (ybar * yn).sum(-1)
+        Syy = Syy if rows else Syy[:, None]
+        ok = See > 1e-300
+        beta = np.where(ok & (Sey > 0), Sey / np.where(ok, See, 1.0), 0.0)
+        return np.zeros_like(beta), beta, np.maximum(Syy - beta * Sey, 0.0)
+    my = yn.sum(-1) / N  # [B]
+    yc = ybar - my[:, None]
+    me = e.mean(-1)
+    es = e - me[:, None]
+    # Sey is the centred sum already: sum n yc = 0
+    Se, See, Sey = _wsum(n2, es, rows), _wsum(n2, es * es, rows), _wsum(yc * n2, es, rows)
+    Syy = (yc * yc * n2).sum(-1)
+    if not rows:
+        N, my, Syy = N[:, None], my[:, None], Syy[:, None]
+    See_c = See - Se * Se / N
+    ebar = me + Se / N
+    ok = (See_c > 0) & (See_c > _MIN_SPREAD2 * N * ebar * ebar)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        beta = np.where(ok & (Sey > 0), Sey / np.where(ok, See_c, 1.0), 0.0)
+    alpha = my - beta * ebar
+    rss = Syy - beta * Sey
+    if floor:  # BMDS's Exp5 keeps c >= 0 (the plateau not below 0): where alpha < 0, the fit through 0
+        Sey0, See0 = _wsum(yn, e, rows), _wsum(n2, e * e, rows)
+        Syy0 = (ybar * yn).sum(-1)
+        Syy0 = Syy0 if rows else Syy0[:, None]
+        b0 = np.where(Sey0 > 0, Sey0 / np.maximum(See0, 1e-300), 0.0)
+        neg = alpha < 0
+        beta, alpha = np.where(neg, b0, beta), np.where(neg, 0.0, alpha)
+        rss = np.where(neg, Syy0 - b0 * Sey0, rss)
+    return alpha, beta, np.maximum(rss, 0.0)
 
 
 def _ls(model: str, e, n, ybar, floor: bool = False):
-    """Least squares of the group means `ybar` [B, K] (weights `n`, the groups' counts: [K], or [B, K] per data
-    set) on alpha + beta * e, e [G, K], beta >= 0: (alpha [B, G], beta [B, G], between-group RSS [B, G])."""
-    N, Sy, Syy, Se, See, Sey = _sums(e, n, ybar)
-    if _has_alpha(model):
-        See_c = See - Se ** 2 / N
-        Sey_c = Sey - Se * Sy[:, None] / N
-        ok = See_c > 1e-14 * np.maximum(See, 1e-300)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            beta = np.where(ok & (Sey_c > 0), Sey_c / np.where(ok, See_c, 1.0), 0.0)
-        alpha = (Sy[:, None] - beta * Se) / N
-        rss = (Syy - Sy ** 2 / N[:, 0])[:, None] - beta * Sey_c
-        if floor:  # BMDS's Exp5 keeps c >= 0 (the plateau not below 0): where alpha < 0, the fit through 0
-            b0 = np.where(Sey > 0, Sey / np.maximum(See, 1e-300), 0.0)
-            neg = alpha < 0
-            beta, alpha = np.where(neg, b0, beta), np.where(neg, 0.0, alpha)
-            rss = np.where(neg, Syy[:, None] - b0 * Sey, rss)
-    else:
-        ok = See > 1e-300
-        beta = np.where(ok & (Sey > 0), Sey / np.where(ok, See, 1.0), 0.0)
-        alpha = np.zeros_like(beta)
-        rss = Syy[:, None] - beta * Sey
-    return alpha, beta, np.maximum(rss, 0.0)
+    """`_ls_core` for every data row against every basis e [G, K]: (alpha, beta, rss) [B, G]."""
+    return _ls_core(model, e, n, ybar, floor, rows=False)
 
 
 def model_bmd_x(model: str, t1, t2, alpha, beta, bmr: float, bmr_type: str):
@@ -272,50 +299,13 @@ def _newton(model: str, x, n, ybar, x_max: float, exps, f: Fits, iters: int = 8,
 
 
 def _rss_grid(model: str, e, n, ybar, floor: bool = False):
-    """The between-group RSS [B, G] of `_ls`, alone (the bootstrap's hot loop: matrix products and a few
-    elementwise operations)."""
-    if floor:
-        return _ls(model, e, n, ybar, floor)[2]
-    N, Sy, Syy, Se, See, Sey = _sums(e, n, ybar)
-    if _has_alpha(model):
-        See_c = See - Se ** 2 / N
-        ok = See_c > 1e-14 * np.maximum(See, 1e-300)
-        inv = np.where(ok, 1.0 / np.where(ok, See_c, 1.0), 0.0)
-        Sey -= Sy[:, None] * (Se / N)
-        np.maximum(Sey, 0.0, out=Sey)
-        Sey *= Sey
-        Sey *= -inv
-        Sey += (Syy - Sy ** 2 / N[:, 0])[:, None]
-    else:
-        inv = np.where(See > 1e-300, 1.0 / np.maximum(See, 1e-300), 0.0)
-        np.maximum(Sey, 0.0, out=Sey)
-        Sey *= Sey
-        Sey *= -inv
-        Sey += Syy[:, None]
-    return np.maximum(Sey, 0.0, out=Sey)
+    """The between-group RSS [B, G] of `_ls` alone (the bootstrap's hot loop)."""
+    return _ls_core(model, e, n, ybar, floor, rows=False)[2]
 
 
 def _ls_rows(model, e, n, ybar, floor: bool = False):
     """`_ls` with one basis per data row: e [B, K], ybar [B, K], n [K] or [B, K] -> alpha, beta, rss [B]."""
-    N = n.sum(-1)
-    yn = ybar * n
-    Sy, Syy = yn.sum(-1), (ybar * yn).sum(-1)
-    Sey, See = (yn * e).sum(-1), (e * e * n).sum(-1)
-    if _has_alpha(model):
-        Se = (e * n).sum(-1)
-        See_c, Sey_c = See - Se ** 2 / N, Sey - Se * Sy / N
-        ok = See_c > 1e-14 * np.maximum(See, 1e-300)
-        beta = np.where(ok & (Sey_c > 0), Sey_c / np.where(ok, See_c, 1.0), 0.0)
-        alpha, rss = (Sy - beta * Se) / N, Syy - Sy ** 2 / N - beta * Sey_c
-        if floor:
-            b0 = np.where(Sey > 0, Sey / np.maximum(See, 1e-300), 0.0)
-            neg = alpha < 0
-            beta, alpha = np.where(neg, b0, beta), np.where(neg, 0.0, alpha)
-            rss = np.where(neg, Syy - b0 * Sey, rss)
-        return alpha, beta, np.maximum(rss, 0.0)
-    ok = See > 1e-300
-    beta = np.where(ok & (Sey > 0), Sey / np.where(ok, See, 1.0), 0.0)
-    return np.zeros_like(beta), beta, np.maximum(Syy - beta * Sey, 0.0)
+    return _ls_core(model, e, n, ybar, floor, rows=True)
 
 
 def polish(model: str, x, n, ybar, x_max: float, f: Fits, exps) -> Fits:
@@ -390,19 +380,21 @@ def profile_bounds(model: str, x, n, ybar, within: float, N: int, fit: Fits, bmd
 
 
 def profile_lr(model: str, x, n, ybar, within: float, N: float, fit: Fits, D: float, bmr: float, x_max: float,
-               exps, scale_max: float | None = None) -> float:
+               exps, scale_max: float | None = None, coef_max: float | None = None) -> float:
     """Twice the log-likelihood's fall from the fit `fit` when the model's relative BMD is held at D (metric scale):
     what `profile_bounds` compares with chi2_1(1 - 2 alpha). A grid over the shape parameters (finer than the
-    bootstrap's), so it can only overstate the fall. `scale_max`: an upper bound on the scale (Hill's k) tighter than
-    the fits' own, e.g. BMDS's, so that a fall computed here is one within BMDS's parameter space."""
+    bootstrap's), so it can only overstate the fall. `scale_max`, `coef_max`: bounds on the scale (Hill's k, Exp5's
+    b) and on the linear coefficients' size (Hill's g and v, Exp5's a) tighter than the fits' own, e.g. BMDS's, so
+    that a fall computed here is one within BMDS's parameter space (shapes past them are left out, not clipped: the
+    fall can only be overstated)."""
     rss_min = within + float(fit.rss[0])
     fine = np.geomspace(exps[0], exps[-1], 64)  # the profile's exponent grid: finer than the bootstrap's
-    prof = _profile_rss(model, x, n, ybar[0], D, bmr, x_max, fine, scale_max) + within
+    prof = _profile_rss(model, x, n, ybar[0], D, bmr, x_max, fine, scale_max, coef_max) + within
     return N * math.log(max(prof, rss_min) / rss_min)
 
 
 def _profile_rss(model: str, x, n, yb, D: float, bmr: float, x_max: float, exps,
-                 scale_max: float | None = None) -> float:
+                 scale_max: float | None = None, coef_max: float | None = None) -> float:
     """The smallest between-group RSS of `model` with its relative BMD fixed at D (metric scale): the BMR constraint
     is linear in (alpha, beta) for a fixed shape, leaving one linear parameter; exp3's shape scale is fixed by D."""
     if model in ("exp3", "hill3"):  # f = beta * e, e(D) = 1 - bmr fixes the scale from the exponent
@@ -434,6 +426,9 @@ def _profile_rss(model: str, x, n, yb, D: float, bmr: float, x_max: float, exps,
     Syy = float((yb ** 2) @ n)
     with np.errstate(invalid="ignore", divide="ignore"):
         rss = np.where((Suy > 0) & (Suu > 0), Syy - Suy ** 2 / Suu, np.where(np.isnan(Suu), np.nan, Syy))
+        if coef_max is not None and model in ("exp5", "hill"):  # f = beta u: beta and f(0) = beta (1 - eD) / bmr
+            beta = np.where(Suu > 0, Suy / Suu, 0.0)
+            rss = np.where((np.abs(beta) <= coef_max) & (np.abs(beta * (1 - eD) / bmr) <= coef_max), rss, np.inf)
     return float(np.nanmin(rss)) if np.isfinite(rss).any() else float("inf")
 
 

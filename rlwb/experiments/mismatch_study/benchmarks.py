@@ -152,6 +152,11 @@ def row_studies(curves: pd.DataFrame, table: pd.DataFrame, draws: int = 0) -> li
         runs = s[(s["arm"] == arm) & (s["temperature"] == temp) & (s["updates"] == updates)
                  & (s["epochs"] == epochs) & (s["horizon"] == horizon)]
         clean_runs = runs[runs["kind"] == "clean"]
+        twice = sorted(set(clean_runs.loc[clean_runs["seed"].duplicated(), "seed"].astype(int)))
+        if twice:  # a seed's clean twin is one run: two would enter its dose-0 group twice
+            raise ValueError(f"row {kind} ({arm}): seeds {twice} have more than one clean run at temperature {temp}, "
+                             f"updates {updates}, epochs {epochs}, horizon {horizon} (labels "
+                             f"{sorted(set(clean_runs['label']))}); a study gives each seed one clean run per cell")
         wide = runs[runs["label"].isin(labels)].pivot(index="seed", columns="label", values=outcome)
         wide = clean_runs.set_index("seed")[[outcome]].rename(columns={outcome: "__clean__"}).join(
             wide.reindex(columns=labels), how="left").dropna(subset=["__clean__"]).sort_index()

@@ -20,12 +20,14 @@ benchmark response (BMR = `bmr_fraction` of the fitted clean gain, > 0), on the 
 The decision is a function of the first pass's curves (the runs with the first pass's seeds), so `analyze` redoes it
 from an archived run's curves (`first_pass`) and the metrics say which rows got how many seeds
 (`sequential/<label>/<arm>/seeds`). The benchmark fit (`benchmarks.row_studies`) takes every seed each dose group
-has: the clean twin's seeds at dose 0, the first pass's seeds at a dose the rule left alone and all of them at one it
-extended (unequal groups, as BMDS's summary data allow); its bootstrap redraws whole seeds of the union (a seed not
-run at a dose is missing there in every resample that draws it). So the second pass tightens the bounds where it
-extends, not only the per-dose tests. The fit does not adjust for the rule having looked: the doses it extends are
-those whose first-pass interval held the BMR, and a fit on the pooled seeds is what the two-look test (below) avoids
-for the tests; the coverage simulation (`bmd_coverage`, `dose_seeds`) fixes the extension in advance.
+has: every clean run of the row's cell at dose 0 (the twin is shared by the cell's rows of every kind, so another
+row's extension adds its clean runs here too), the first pass's seeds at a dose the rule left alone and all of them
+at one it extended (unequal groups, as BMDS's summary data allow); its bootstrap redraws whole seeds within the seeds
+run at the same doses (`benchmark_dose.resample_seeds`: every resample keeps each dose's count). So the second pass
+tightens the bounds where it extends, not only the per-dose tests. The fit does not adjust for the rule having
+looked: the doses it extends are those whose first-pass interval held the BMR, and a fit on the pooled seeds is what
+the two-look test (below) avoids for the tests; the coverage simulation (`bmd_coverage`, `dose_seeds`) fixes the
+extension in advance.
 
 How an extended row is tested: not by one t test over both passes. The first pass's seeds were picked for more by
 their own mean (their interval held -BMR), so under no cost they lean toward one: pooled, a null row's false-positive
