@@ -198,8 +198,8 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
             + ("the power of the two-look test below" if seed_power == "two-look" else
                "a fixed-n paired t test's power, which the two-look test below falls short of")
             + "); every dose row it may extend tested at two looks, Pocock's boundary on the passes' inverse-normal "
-            "combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit keeps "
-                                                "the seeds every dose of its row has" if more else
+            "combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit takes every "
+                                                "seed each dose group has" if more else
                                                 "no dose row needed more") + "."
             + recorded)
 
@@ -423,7 +423,8 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
                      f"linear, power, exponential and Hill models anchored at dose 0, "
                      f"test of fit (p < 0.1 fails), saturated fits never a bound, Akaike model average; BMR = "
                      f"{p.bmr_fraction:.0%} of the fitted clean gain over the initial policy; BMDL/BMDU one-sided 95% "
-                     f"from a bootstrap over seeds that redraws each seed's clean run with its dosed runs, the lowest "
+                     f"from a bootstrap over seeds that redraws each seed's clean run with its dosed runs (within "
+                     f"the seeds run at the same doses: each resample keeps every dose's count), the lowest "
                      f"of the average's and every passing model's, each row alone (no adjustment across rows); a level "
                      f"is quoted only where the row has {MIN_DOSES} doses or more, the BMD lies inside them and the "
                      f"log dose scale agrees; {baseline_noise_words(bench)}; trend "
