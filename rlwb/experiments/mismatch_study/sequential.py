@@ -26,8 +26,8 @@ at one it extended (unequal groups, as BMDS's summary data allow); its bootstrap
 run at the same doses (`benchmark_dose.resample_seeds`: every resample keeps each dose's count). So the second pass
 tightens the bounds where it extends, not only the per-dose tests. The fit does not adjust for the rule having
 looked: the doses it extends are those whose first-pass interval held the BMR, and a fit on the pooled seeds is what
-the two-look test (below) avoids for the tests; the coverage simulation (`bmd_coverage`, `dose_seeds`) fixes the
-extension in advance.
+the two-look test (below) avoids for the tests; `sequential_coverage` simulates the rule itself (first pass, this
+decision, the fit on the pooled seeds) and measures the BMDL's coverage with the selection in it.
 
 How an extended row is tested: not by one t test over both passes. The first pass's seeds were picked for more by
 their own mean (their interval held -BMR), so under no cost they lean toward one: pooled, a null row's false-positive
