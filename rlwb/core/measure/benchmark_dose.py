@@ -51,9 +51,10 @@ module does:
   at 08's design: the average leans to the simpler models AIC favours, which put the BMD high on curved truths.
 - **Unequal seeds per dose** (a sequential study extends some doses): `dosed` holds NaN where a seed was not run.
   Each group enters the fit with its own n (BMDS's summary data: the least squares weight each mean by its n), and
-  the bootstrap draws seeds within the seeds run at the same doses (`resample_seeds`, stratified), so every
-  resample has the study's counts per dose: the design decided them (drawing the union let a 3-seed group come out
-  empty in 4% of resamples). The expanded bound's small-sample width is set by the smallest group.
+  the bootstrap draws seeds within the seeds run at the same doses (`resample_seeds`, stratified), so a resample
+  has the study's counts per dose (not where 1-2 seeds share a pattern: `resample_seeds`): the design decided
+  them (drawing the union let a 3-seed group come out empty in 4% of resamples). The expanded bound's small-sample
+  width is set by the smallest group.
   Error control: **one-sided 1 - alpha (95%) for each bound, row by row**; nothing here adjusts for several rows.
 - The per-model BMDL/BMDU in the model table are BMDS's: the profile-likelihood bounds (EPA 2012, section 2.3.5;
   Crump 1995, Risk Analysis 15:79, https://doi.org/10.1111/j.1539-6924.1995.tb00095.x), the doses where twice the
@@ -308,10 +309,11 @@ MIN_STRATUM = 3  # seeds sharing a pattern of doses run, below which they are dr
 def resample_seeds(st: Study, n_boot: int, rng) -> np.ndarray:
     """Bootstrap resamples of seeds [n_boot, S], each seed drawn with all its runs (its clean run with its dosed
     ones: the BMR's uncertainty moves with the gaps'), stratified by which doses a seed was run at: a sequential
-    study decided how many seeds each dose gets, so every resample keeps those counts (a group never drawn empty,
-    the small groups' bootstrap not a lottery over their size). Seeds whose pattern fewer than `MIN_STRATUM` share
+    study decided how many seeds each dose gets, so a resample keeps those counts (a group never drawn empty, the
+    small groups' bootstrap not a lottery over their size). Seeds whose pattern fewer than `MIN_STRATUM` share
     (a failed run here and there) are drawn together, or with the largest stratum when they are fewer still, so no
-    seed is in every resample. One stratum (every seed at
+    seed is in every resample; there the counts vary between resamples (8 of the 24 rows of 08's three studies of
+    record, whose second pass left 1-2 seeds in a pattern of their own). One stratum (every seed at
     every dose): the plain bootstrap over seeds."""
     S = st.seeds
     _, which, size = np.unique(np.isfinite(st.dosed), axis=0, return_inverse=True, return_counts=True)
@@ -337,7 +339,7 @@ def resample_fits(st: Study, idx, models, x, x_max: float, exps, drawn=None):
     yb, nb, wb = _group_means(st, idx)
     if drawn is not None:
         yb = yb - drawn[:, None]
-    n = st.ns.astype(np.float64)
+    n = st.ns
     bn = n if (nb == n).all() else nb  # one design for every resample where no group can change its count
     return [fit_many(m, x, bn, yb, x_max, exps) for m in models], yb, nb, wb
 

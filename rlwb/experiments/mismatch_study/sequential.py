@@ -23,7 +23,8 @@ from an archived run's curves (`first_pass`) and the metrics say which rows got 
 has: every clean run of the row's cell at dose 0 (the twin is shared by the cell's rows of every kind, so another
 row's extension adds its clean runs here too), the first pass's seeds at a dose the rule left alone and all of them
 at one it extended (unequal groups, as BMDS's summary data allow); its bootstrap redraws whole seeds within the seeds
-run at the same doses (`benchmark_dose.resample_seeds`: every resample keeps each dose's count). So the second pass
+run at the same doses (`benchmark_dose.resample_seeds`: a resample keeps each dose's count unless 1-2 seeds
+share a pattern, which are drawn with the largest stratum). So the second pass
 tightens the bounds where it extends, not only the per-dose tests. The fit does not adjust for the rule having
 looked: the doses it extends are those whose first-pass interval held the BMR, and a fit on the pooled seeds is what
 the two-look test (below) avoids for the tests; `sequential_coverage` simulates the rule itself (first pass, this
