@@ -93,20 +93,25 @@ def test_the_bootstraps_resamples_are_each_fitted_on_their_own_group_counts():
 
 
 def test_a_sequential_studys_resamples_keep_each_doses_seed_count():
-    """The bootstrap draws seeds within the groups of seeds run at the same doses (the first pass's seeds, a second
-    pass's): every resample has the study's counts per dose, each seed with all its runs; a balanced study's
-    resamples are the plain bootstrap's draws, unchanged; a seed alone in its pattern (a failed run) is drawn with
-    others, never fixed in every resample."""
-    c, y = cov.simulate(cov.TRUTHS["hill"][0], cov.DESIGN_08, 30, cov.SD_08, np.random.default_rng(2))
-    st = bd.study(list(cov.DESIGN_08), c, cov.thinned(y, (8, 30, 30, 8)))
+    """The bootstrap draws seeds within the groups of seeds run at the same doses: every resample has the study's
+    counts per dose, each seed with all its runs, for the patterns a sequential rule leaves (8 seeds at every dose,
+    14 extended at the top two doses, 2 more at the top dose only, 2 run clean only for another row's twins) and a
+    failed run (a seed alone in its pattern: in every resample, once); a balanced study's resamples are the plain
+    bootstrap's draws, unchanged."""
+    c, y = cov.simulate(cov.TRUTHS["hill"][0], cov.DESIGN_08, 26, cov.SD_08, np.random.default_rng(2))
+    y = cov.thinned(y, (8, 8, 22, 24))
+    y[3, 1] = np.nan  # seed 3's run at the second dose failed: a pattern of its own
+    st = bd.study(list(cov.DESIGN_08), c, y)
     idx = bd.resample_seeds(st, 500, np.random.default_rng(4))
     _, nb, _ = bd._group_means(st, idx)
     assert (nb == st.ns).all()
-    assert set(np.unique(idx[:, :8])) == set(range(8)) and set(np.unique(idx[:, 8:])) == set(range(8, 30))
-    balanced = bd.study(list(cov.DESIGN_08), c, y)
+    strata = [[0, 1, 2, 4, 5, 6, 7], [3], list(range(8, 22)), [22, 23], [24, 25]]
+    for members in strata:
+        drawn = idx[:, members]
+        assert set(np.unique(drawn)) == set(members), members
+    assert ((idx == 3).sum(1) == 1).all()
+    assert (idx[:, 22] != idx[:, 23]).any() and (idx[:, 22] == idx[:, 23]).any()
+    c2, y2 = cov.simulate(cov.TRUTHS["hill"][0], cov.DESIGN_08, 30, cov.SD_08, np.random.default_rng(2))
+    balanced = bd.study(list(cov.DESIGN_08), c2, y2)
     np.testing.assert_array_equal(bd.resample_seeds(balanced, 50, np.random.default_rng(4)),
                                   np.random.default_rng(4).integers(0, 30, (50, 30)))
-    y1 = cov.thinned(y, (8, 30, 30, 8))
-    y1[3, 1] = np.nan  # seed 3's run at the second dose failed: a pattern of its own
-    idx = bd.resample_seeds(bd.study(list(cov.DESIGN_08), c, y1), 500, np.random.default_rng(4))
-    assert not (idx == 3).any(1).all() and (idx == 3).any()

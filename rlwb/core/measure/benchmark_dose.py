@@ -52,8 +52,8 @@ module does:
 - **Unequal seeds per dose** (a sequential study extends some doses): `dosed` holds NaN where a seed was not run.
   Each group enters the fit with its own n (BMDS's summary data: the least squares weight each mean by its n), and
   the bootstrap draws seeds within the seeds run at the same doses (`resample_seeds`, stratified), so a resample
-  has the study's counts per dose (not where 1-2 seeds share a pattern: `resample_seeds`): the design decided
-  them (drawing the union let a 3-seed group come out empty in 4% of resamples). The expanded bound's small-sample
+  has the study's count at every dose, whatever patterns the rule left: the design decided them (drawing the
+  union let a 3-seed group come out empty in 4% of resamples). The expanded bound's small-sample
   width is set by the smallest group.
   Error control: **one-sided 1 - alpha (95%) for each bound, row by row**; nothing here adjusts for several rows.
 - The per-model BMDL/BMDU in the model table are BMDS's: the profile-likelihood bounds (EPA 2012, section 2.3.5;
@@ -303,24 +303,21 @@ def _group_means(st: Study, idx=None):
     return m, n, within
 
 
-MIN_STRATUM = 3  # seeds sharing a pattern of doses run, below which they are drawn with the other rare ones
-
-
 def resample_seeds(st: Study, n_boot: int, rng) -> np.ndarray:
     """Bootstrap resamples of seeds [n_boot, S], each seed drawn with all its runs (its clean run with its dosed
-    ones: the BMR's uncertainty moves with the gaps'), stratified by which doses a seed was run at: a sequential
-    study decided how many seeds each dose gets, so a resample keeps those counts (a group never drawn empty, the
-    small groups' bootstrap not a lottery over their size). Seeds whose pattern fewer than `MIN_STRATUM` share
-    (a failed run here and there) are drawn together, or with the largest stratum when they are fewer still, so no
-    seed is in every resample; there the counts vary between resamples (8 of the 24 rows of 08's three studies of
-    record, whose second pass left 1-2 seeds in a pattern of their own). One stratum (every seed at
-    every dose): the plain bootstrap over seeds."""
+    ones: the BMR's uncertainty moves with the gaps'), stratified by which doses a seed was run at: every pattern of
+    doses is a stratum of its own, drawn within itself, so every resample keeps each dose's count. Why: a sequential
+    study decided how many seeds each dose gets (a new study of the same design has the same counts), and its rule
+    leaves small patterns (seeds 18-19 extended only at the top dose, or run clean only because another row's
+    extension added clean twins); drawn with other seeds they made a group's count vary between resamples (a
+    10-seed dose drew 8 to 15) or come out empty. The price is the stratified bootstrap's known shortfall: a stratum
+    of n_h seeds gives (n_h - 1) / n_h of its share of the variance (a seed alone in its pattern, a failed run, is
+    in every resample and gives none); small where such seeds are few against their groups, and the coverage
+    simulations (`bmd_coverage`, `sequential_coverage`) measure the bound with it. One stratum (every seed at every
+    dose): the plain bootstrap over seeds, draw for draw."""
     S = st.seeds
-    _, which, size = np.unique(np.isfinite(st.dosed), axis=0, return_inverse=True, return_counts=True)
+    _, which = np.unique(np.isfinite(st.dosed), axis=0, return_inverse=True)
     which = which.ravel()
-    which = np.where(size[which] < MIN_STRATUM, -1, which)  # the rare patterns: one stratum
-    if 0 < (which == -1).sum() < MIN_STRATUM:  # still too few: with the largest stratum
-        which = np.where(which == -1, np.argmax(size), which)
     strata = np.unique(which)
     if len(strata) == 1:
         return rng.integers(0, S, size=(n_boot, S))

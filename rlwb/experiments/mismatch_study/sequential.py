@@ -23,12 +23,12 @@ from an archived run's curves (`first_pass`) and the metrics say which rows got 
 has: every clean run of the row's cell at dose 0 (the twin is shared by the cell's rows of every kind, so another
 row's extension adds its clean runs here too), the first pass's seeds at a dose the rule left alone and all of them
 at one it extended (unequal groups, as BMDS's summary data allow); its bootstrap redraws whole seeds within the seeds
-run at the same doses (`benchmark_dose.resample_seeds`: a resample keeps each dose's count unless 1-2 seeds
-share a pattern, which are drawn with the largest stratum). So the second pass
-tightens the bounds where it extends, not only the per-dose tests. The fit does not adjust for the rule having
-looked: the doses it extends are those whose first-pass interval held the BMR, and a fit on the pooled seeds is what
-the two-look test (below) avoids for the tests; `sequential_coverage` simulates the rule itself (first pass, this
-decision, the fit on the pooled seeds) and measures the BMDL's coverage with the selection in it.
+run at the same doses (`benchmark_dose.resample_seeds`: each pattern of doses a stratum of its own, so a resample
+keeps each dose's count). So the second pass tightens the bounds where it extends, not only the per-dose tests.
+The fit does not adjust for the rule having looked: the doses it extends are those whose first-pass interval held
+the BMR, and a fit on the pooled seeds is what the two-look test (below) avoids for the tests; `sequential_coverage`
+simulates the rule itself (first pass, this decision, the fit on the pooled seeds) and measures the BMDL's coverage
+with the selection in it.
 
 How an extended row is tested: not by one t test over both passes. The first pass's seeds were picked for more by
 their own mean (their interval held -BMR), so under no cost they lean toward one: pooled, a null row's false-positive
