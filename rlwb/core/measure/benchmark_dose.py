@@ -194,7 +194,14 @@ def study(doses, clean, dosed, baseline: float = 0.0) -> Study:
     if not np.isfinite(baseline):
         raise BMDInputError(f"baseline must be finite, got {baseline}")
     o = np.argsort(d)
-    return Study(d[o], c, y[:, o], float(baseline))
+    out = Study(d[o], c, y[:, o], float(baseline))
+    spare = out.ns - group_strata(out)
+    if (spare < 2).any():
+        k = int(np.argmin(spare))
+        raise BMDInputError(f"the {int(out.ns[k])} seeds of dose {([0.0] + list(out.doses))[k]:g} fall in "
+                            f"{int(out.ns[k] - spare[k])} patterns of doses run: the bootstrap draws within each "
+                            "pattern, so a group needs at least 2 seeds more than its patterns; drop the odd seeds")
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ dose metric ---
@@ -396,11 +403,26 @@ def _weights(aics, mask):
     return w / w.sum(-1, keepdims=True)
 
 
-def expanded_alpha(alpha: float, seeds: int) -> float:
-    """The tail level of Hesterberg's (2015) expanded percentile interval: Phi(-sqrt(S/(S-1)) t_{S-1, 1-alpha})."""
+def expanded_alpha(alpha: float, seeds: int, strata: int = 1) -> float:
+    """The tail level of Hesterberg's (2015) expanded percentile interval: Phi(-sqrt(S/(S-1)) t_{S-1, 1-alpha}); for a
+    group of S seeds drawn in H strata (`resample_seeds`), Phi(-sqrt(S/(S-H)) t_{S-H, 1-alpha}): the stratified
+    bootstrap's variance of the group's mean is (S - H)/S of the estimate's (each stratum of n_h seeds gives
+    (n_h - 1)/n_h of its share, whatever its size), on S - H degrees of freedom; H = 1 is Hesterberg's."""
     from scipy import stats as st
 
-    return float(st.norm.cdf(-math.sqrt(seeds / (seeds - 1)) * st.t.ppf(1 - alpha, seeds - 1)))
+    if not 0 < strata < seeds:
+        raise ValueError(f"need 0 < strata < seeds, got {strata} strata of {seeds} seeds")
+    return float(st.norm.cdf(-math.sqrt(seeds / (seeds - strata)) * st.t.ppf(1 - alpha, seeds - strata)))
+
+
+def group_strata(st: Study) -> np.ndarray:
+    """Per dose group (dose 0 first) [K]: how many of `resample_seeds`' strata (patterns of doses run) its seeds
+    fall in."""
+    ran = np.isfinite(st.dosed)
+    _, which = np.unique(ran, axis=0, return_inverse=True)
+    which = which.ravel()
+    have = np.concatenate([np.ones((st.seeds, 1), bool), ran], axis=1)
+    return np.array([np.unique(which[have[:, k]]).size for k in range(have.shape[1])])
 
 
 def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 0.0, bmr: float = 0.25,
@@ -440,9 +462,12 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     ybar, _, within = _group_means(st_)
     n = st_.ns  # seeds per dose group (unequal where a second pass extended some doses)
     N = float(n.sum())
-    # the expanded bound's small-sample width (`expanded_alpha`) is set by the fewest seeds a group has: with
-    # unequal groups the smallest is where the fit is least sure (S where every dose has every seed)
-    n_small = int(n.min())
+    # the expanded bound's small-sample width (`expanded_alpha`) is set by the group whose mean the stratified
+    # bootstrap undersells most: S seeds in H strata give (S - H)/S of its variance (S - 1 of S where every dose has
+    # every seed: the fewest seeds decide; a group of 24 in 4 strata (a seed alone, 7, 8, 8) as 6 seeds would)
+    H = group_strata(st_)
+    k_w = min(range(K), key=lambda k: expanded_alpha(alpha, int(n[k]), int(H[k])))
+    n_small, h_small = int(n[k_w]), int(H[k_w])
     gain = float(ybar[0, 0])
     notes: list[str] = []
     control = f"one-sided {1 - alpha:.0%} for each of BMDL and BMDU, this row alone (no adjustment across rows)"
@@ -523,14 +548,15 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     if bx.size < 0.5 * n_boot:
         notes.append(f"{undefined} of {n_boot} resamples had no clean gain (no benchmark)")
         return result(NOT_BOUNDED, bmd, undefined=undefined)
-    ql, qu = bootstrap_bounds(bx, bmd_x, n_small, alpha, interval)
+    ql, qu = bootstrap_bounds(bx, bmd_x, n_small, alpha, interval, h_small)
     bm = np.stack([model_bmd_x(m, f.t1, f.t2, f.alpha, f.beta, bmr, bmr_type) for m, f in zip(msel, bfits)], 1)
     per_model = {}
     for k, i in enumerate(sel):
         b = bm[:, k][~np.isnan(bm[:, k])]
         if b.size >= 0.5 * n_boot:
             per_model[models[i]] = tuple(float(from_metric(v, dose_scale, d_min)) if np.isfinite(v) else float(v)
-                                         for v in bootstrap_bounds(b, bmd_x_m[i], n_small, alpha, interval))
+                                         for v in bootstrap_bounds(b, bmd_x_m[i], n_small, alpha, interval,
+                                                                   h_small))
     model_bounds[0] = per_model
     if bound == "lowest" and per_model:  # each passing model's bound too: the bound holds whichever model is true
         lows = [to_x(v[0]) for v in per_model.values()]
@@ -604,16 +630,18 @@ def bmds_recommend(rows: list[ModelFit], fits, x, n, ybar, sds, within: float, d
     return viable[best][0].model, viable[best][0].bmdl
 
 
-def bootstrap_bounds(boot, estimate: float, seeds: int, alpha: float = ALPHA, interval: str = "expanded"):
+def bootstrap_bounds(boot, estimate: float, seeds: int, alpha: float = ALPHA, interval: str = "expanded",
+                     strata: int = 1):
     """(lower, upper) one-sided 1 - alpha bounds from bootstrap estimates `boot` (may hold +inf: never reached):
-    "expanded" Hesterberg's (2015) expanded percentile (the default), "percentile" the plain percentile (Efron),
-    "bc" Efron's bias-corrected percentile at the expanded level."""
+    "expanded" Hesterberg's (2015) expanded percentile (the default; `seeds` drawn in `strata` strata,
+    `expanded_alpha`), "percentile" the plain percentile (Efron), "bc" Efron's bias-corrected percentile at the
+    expanded level."""
     from scipy import stats as st
 
     if interval not in INTERVALS:
         raise ValueError(f"interval must be one of {INTERVALS}, got {interval!r}")
     boot = np.asarray(boot, dtype=np.float64)
-    a_lo = a_hi = expanded_alpha(alpha, seeds) if interval != "percentile" else alpha
+    a_lo = a_hi = expanded_alpha(alpha, seeds, strata) if interval != "percentile" else alpha
     if interval == "bc" and np.isfinite(estimate):
         share = float(np.clip((boot < estimate).mean() + 0.5 * (boot == estimate).mean(), 1 / boot.size,
                               1 - 1 / boot.size))

@@ -312,18 +312,19 @@ POLISH_STARTS = 4  # the grid's best local minima (over the exponent) each polis
 
 
 def _grid_starts(model: str, x, n, ybar, x_max: float, exps, k: int = POLISH_STARTS) -> list[tuple[float, float]]:
-    """Where to polish from: per exponent on the grid its best scale, and of those the `k` lowest local minima along
-    the exponent (distinct basins, not neighbours of one). Why: Exp3's and Hill's likelihoods have ridges with two
-    optima a hair apart in RSS (Exp3 d 4.2 and 9.1 on one synthetic study, 0.0025 apart in log-likelihood); which
-    grid point is lowest then turns on rounding, a machine's vector width, and a polish from that one point stays
-    in its basin: BMDS found the other."""
+    """Where to polish from besides the grid fit: per exponent on the grid its best scale, and of those the `k`
+    lowest local minima along the exponent. Why: L-BFGS-B from the grid's lowest point alone stopped short on flat,
+    correlated ridges (Exp3 at d 9.1 where the optimum is at 4.2, 0.0025 in log-likelihood below BMDS's on one
+    machine: where it stalls turns on rounding) or in a nearby optimum (Hill3, RSS 9e-5 above); starts spread over
+    the exponent reach the optimum (`test_the_point_fit_reaches_the_optimum_of_a_nested_search`)."""
     t1g, t2g, shape = _grid(model, x_max, exps)
     e = basis(model, x[None, :], t1g[:, None], t2g[:, None])
     rss = _rss_grid(model, e, n, ybar, _floor(model, exps))[0].reshape(shape)  # [scales, exponents]
+    rss = np.where(np.isfinite(rss), rss, np.inf)
     best = rss.argmin(0)
     r = rss[best, np.arange(shape[1])]
     pad = np.concatenate([[np.inf], r, [np.inf]])
-    local = np.flatnonzero((r <= pad[:-2]) & (r <= pad[2:]))
+    local = np.flatnonzero(np.isfinite(r) & (r <= pad[:-2]) & (r <= pad[2:]))
     pick = local[np.argsort(r[local], kind="stable")][:k]
     t1, t2 = t1g.reshape(shape), t2g.reshape(shape)
     return [(float(t1[best[j], j]), float(t2[best[j], j])) for j in pick]
