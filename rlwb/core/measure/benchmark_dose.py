@@ -53,8 +53,9 @@ module does:
   Each group enters the fit with its own n (BMDS's summary data: the least squares weight each mean by its n), and
   the bootstrap draws seeds within the seeds run at the same doses (`resample_seeds`, stratified), so a resample
   has the study's count at every dose, whatever patterns the rule left: the design decided them (drawing the
-  union let a 3-seed group come out empty in 4% of resamples). The expanded bound's small-sample
-  width is set by the smallest group.
+  union let a 3-seed group come out empty in 4% of resamples). A group of S seeds drawn in H strata gets (S - H)/S
+  of its mean's variance, so the expanded bound's width is sqrt(S/(S - H)) t_{S-H} for the group it undersells most
+  (`expanded_alpha`; the smallest group where every seed ran every dose).
   Error control: **one-sided 1 - alpha (95%) for each bound, row by row**; nothing here adjusts for several rows.
 - The per-model BMDL/BMDU in the model table are BMDS's: the profile-likelihood bounds (EPA 2012, section 2.3.5;
   Crump 1995, Risk Analysis 15:79, https://doi.org/10.1111/j.1539-6924.1995.tb00095.x), the doses where twice the
@@ -319,9 +320,9 @@ def resample_seeds(st: Study, n_boot: int, rng) -> np.ndarray:
     extension added clean twins); drawn with other seeds they made a group's count vary between resamples (a
     10-seed dose drew 8 to 15) or come out empty. The price is the stratified bootstrap's known shortfall: a stratum
     of n_h seeds gives (n_h - 1) / n_h of its share of the variance (a seed alone in its pattern, a failed run, is
-    in every resample and gives none); small where such seeds are few against their groups, and the coverage
-    simulations (`bmd_coverage`, `sequential_coverage`) measure the bound with it. One stratum (every seed at every
-    dose): the plain bootstrap over seeds, draw for draw."""
+    in every resample and gives none), so a group of S seeds in H strata gets (S - H)/S of its mean's variance,
+    each stratum costing 1/S whatever its size; `expanded_alpha` widens the bound by it. One stratum (every seed
+    at every dose): the plain bootstrap over seeds, draw for draw."""
     S = st.seeds
     _, which = np.unique(np.isfinite(st.dosed), axis=0, return_inverse=True)
     which = which.ravel()
@@ -464,7 +465,7 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     N = float(n.sum())
     # the expanded bound's small-sample width (`expanded_alpha`) is set by the group whose mean the stratified
     # bootstrap undersells most: S seeds in H strata give (S - H)/S of its variance (S - 1 of S where every dose has
-    # every seed: the fewest seeds decide; a group of 24 in 4 strata (a seed alone, 7, 8, 8) as 6 seeds would)
+    # every seed: the fewest seeds decide; a group of 24 in 4 strata, a seed alone, 7, 8 and 8, gives 20/24 of it)
     H = group_strata(st_)
     k_w = min(range(K), key=lambda k: expanded_alpha(alpha, int(n[k]), int(H[k])))
     n_small, h_small = int(n[k_w]), int(H[k_w])
