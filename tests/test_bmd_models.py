@@ -237,3 +237,36 @@ def test_seeds_in_equal_patterns_at_different_doses_are_strata_apart():
     _, nb, _ = bd._group_means(st, idx)
     assert (nb == st.ns).all()
     assert set(np.unique(idx[:, 8:11])) == {8, 9, 10} and set(np.unique(idx[:, 11:14])) == {11, 12, 13}
+
+
+def test_the_clipped_profile_is_the_least_squares_within_both_coefficient_bounds():
+    """Hill's profile with its BMD held at D within BMDS's bounds |g| <= c and |v| <= c, against the bounded least
+    squares solved by its own candidates on the same shapes: f = g + v x^n / (k^n + x^n) with v fixed by the BMD
+    (f = g w), per shape g at the unbounded optimum, at 0 and on each bound, kept where both bounds hold on the
+    parameters themselves. Dropping the bound on g (f(0)), the wrong quadratic, or clipping from below fails."""
+    c, y = cov.simulate(cov.TRUTHS["hill"][0], cov.DESIGN_08, 10, cov.SD_08, np.random.default_rng(6))
+    st = bd.study(list(cov.DESIGN_08), c, y)
+    x = np.concatenate([[0.0], st.doses])
+    ybar, n, _ = bd._group_means(st)
+    exps = bm.exponents(True)
+    D, bmr = 0.2, 0.25
+    eD = np.unique(np.append(1 / (1 + np.exp(-np.linspace(-16, 16, 321))), 1 - bmr))  # the profile's shapes
+    eD, ns = (v.ravel() for v in np.meshgrid(eD, exps, indexing="ij"))
+    k = D * (1 / eD - 1) ** (-1 / ns)
+    lo, hi = bm._scale_bounds("hill", x[-1])
+    keep = (k >= lo) & (k <= hi)
+    k, ns = k[keep], ns[keep]
+    h = x[None, :] ** ns[:, None] / (k[:, None] ** ns[:, None] + x[None, :] ** ns[:, None])  # [shapes, K]
+    hD = D ** ns / (k ** ns + D ** ns)
+    w = 1 - (bmr / hD)[:, None] * h  # f(D) = (1 - bmr) f(0): v = -bmr g / hD
+    g_free = (w * ybar[0] * n[0]).sum(1) / (w * w * n[0]).sum(1)
+    results = []
+    for cap in (10.0, 0.3, 0.1, 0.02):
+        cands = np.stack([g_free, np.zeros_like(g_free), np.full_like(g_free, cap), cap * hD / bmr], 1)
+        ok = (cands >= 0) & (cands <= cap * (1 + 1e-12)) & (bmr * cands / hD[:, None] <= cap * (1 + 1e-12))
+        rss = (((ybar[0][None, None, :] - cands[..., None] * w[:, None, :]) ** 2) * n[0]).sum(-1)
+        brute = float(np.where(ok, rss, np.inf).min())
+        mine = bm._profile_rss("hill", x, n[0], ybar[0], D, bmr, x[-1], exps, coef_max=cap)
+        assert mine == pytest.approx(brute, rel=1e-9), (cap, mine, brute)
+        results.append(mine)
+    assert results[0] < results[1] < results[2] < results[3]  # the bounds bind, tighter and tighter
