@@ -64,6 +64,17 @@ class Coverage:
         return self.hits / self.bounded if self.bounded else float("nan")
 
 
+def tally(truth: str, seeds: int, results, bmds_bounded: int = 0, bmds_hits: int = 0) -> Coverage:
+    """The coverage of the BMDL over simulated studies' fits `results` (`BMDResult`s) of `TRUTHS[truth]`: the bounded
+    ones, how many lie at or below the true BMD, the Clopper-Pearson interval, the median BMDL / true BMD."""
+    true = TRUTHS[truth][1]
+    bounded = [r for r in results if r.status == BOUNDED]
+    hits = sum(bool(r.bmdl <= true) for r in bounded)
+    lo, hi = stats.proportion_ci(hits, len(bounded), method="exact")
+    ratio = float(np.median([r.bmdl / true for r in bounded])) if bounded else float("nan")
+    return Coverage(truth, seeds, len(results), len(bounded), hits, lo, hi, ratio, bmds_bounded, bmds_hits)
+
+
 def simulate_coverage(truth: str, seeds: int = 10, studies: int = 200, *, doses=DESIGN_08, sd: float = SD_08,
                       rho: float = 0.0, n_boot: int = 500, seed: int = 0, bmds_rule: bool = False,
                       dose_seeds=None, **kw) -> Coverage:
@@ -78,19 +89,13 @@ def simulate_coverage(truth: str, seeds: int = 10, studies: int = 200, *, doses=
         raise ValueError(f"dose_seeds must give {MIN_SEEDS}..{seeds} seeds for each of the {len(doses)} doses, "
                          f"got {dose_seeds}")
     rng = np.random.default_rng(seed)
-    bounded = hits = b_bounded = b_hits = 0
-    ratios = []
+    results, b_bounded, b_hits = [], 0, 0
     for i in range(studies):
         c, y = simulate(curve, doses, seeds, sd, rng, rho=rho)
         y = thinned(y, dose_seeds)
         r = fit_bmd(doses, c, y, n_boot=n_boot, seed=seed * 100003 + i, profile=bmds_rule, **kw)
-        if r.status == BOUNDED:
-            bounded += 1
-            hits += r.bmdl <= true
-            ratios.append(r.bmdl / true)
+        results.append(r)
         if bmds_rule and r.bmds_pick is not None and np.isfinite(r.bmds_bmdl):
             b_bounded += 1
             b_hits += r.bmds_bmdl <= true
-    lo, hi = stats.proportion_ci(hits, bounded, method="exact")
-    return Coverage(truth, seeds, studies, bounded, hits, lo, hi,
-                    float(np.median(ratios)) if ratios else float("nan"), b_bounded, b_hits)
+    return tally(truth, seeds, results, b_bounded, b_hits)

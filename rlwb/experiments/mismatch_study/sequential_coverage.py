@@ -66,12 +66,12 @@ def simulate_sequential_coverage(truth: str, studies: int = 200, *, num_seeds: i
     `TRUTHS[truth]`, the first `num_seeds` the first pass, `extension` the rule's counts per dose, the clean run on
     as many seeds as the most any dose gets (its twin rule, `sequential.twin_seeds`), the fit on every seed each
     dose has."""
-    curve, true = cov.TRUTHS[truth]
+    curve, _ = cov.TRUTHS[truth]
     if not bd.MIN_SEEDS <= num_seeds <= max_seeds:
         raise ValueError(f"need {bd.MIN_SEEDS} <= num_seeds <= max_seeds, got {num_seeds} and {max_seeds}")
     rng = np.random.default_rng(seed)
-    bounded = hits = extended = runs = 0
-    ratios = []
+    extended = runs = 0
+    results = []
     for i in range(studies):
         c, y = cov.simulate(curve, doses, max_seeds, sd, rng)
         counts = extension(doses, c[:num_seeds], y[:num_seeds], num_seeds=num_seeds, max_seeds=max_seeds,
@@ -79,13 +79,7 @@ def simulate_sequential_coverage(truth: str, studies: int = 200, *, num_seeds: i
         S = max(counts)
         extended += num_seeds < S
         runs += S + sum(counts)
-        r = bd.fit_bmd(doses, c[:S], cov.thinned(y[:S], counts), n_boot=n_boot, seed=seed * 100003 + i,
-                       profile=False)
-        if r.status == bd.BOUNDED:
-            bounded += 1
-            hits += r.bmdl <= true
-            ratios.append(r.bmdl / true)
-    lo, hi = stats.proportion_ci(hits, bounded, method="exact")
-    c = cov.Coverage(truth, max_seeds, studies, bounded, hits, lo, hi,
-                     float(np.median(ratios)) if ratios else float("nan"))
-    return SequentialCoverage(c, extended / studies, runs / studies, num_seeds * (len(doses) + 1))
+        results.append(bd.fit_bmd(doses, c[:S], cov.thinned(y[:S], counts), n_boot=n_boot, seed=seed * 100003 + i,
+                                  profile=False))
+    return SequentialCoverage(cov.tally(truth, max_seeds, results), extended / studies, runs / studies,
+                              num_seeds * (len(doses) + 1))
