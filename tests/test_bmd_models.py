@@ -214,9 +214,11 @@ def test_the_expanded_bound_widens_by_the_strata_a_group_is_drawn_in():
     for _ in range(60):
         v = rng.normal(0, 1, st.seeds)
         idx = bd.resample_seeds(st, 4000, rng)
-        ratios.append(v[idx].mean(1).var() / (v.var(ddof=0) / st.seeds))
-    assert np.mean(ratios) == pytest.approx((24 - 4) / 24, abs=0.03)  # the plain bootstrap: 23/24
+        ratios.append(v[idx].mean(1).var() / (v.var(ddof=1) / st.seeds))
+    assert np.mean(ratios) == pytest.approx((24 - 4) / 24, abs=0.015)  # the plain bootstrap: 23/24
+    # Phi(-sqrt(10/9) t_{9,.95}) = Phi(-1.932) and Phi(-sqrt(10/8) t_{8,.95}) = Phi(-1.118 x 1.860) = Phi(-2.079)
     assert bd.expanded_alpha(0.05, 10, 1) == bd.expanded_alpha(0.05, 10) == pytest.approx(0.0267, abs=2e-4)
+    assert bd.expanded_alpha(0.05, 10, 2) == pytest.approx(0.01881, abs=1e-4)
     assert bd.expanded_alpha(0.05, 24, 4) < bd.expanded_alpha(0.05, 24, 1)
     boot = np.random.default_rng(3).lognormal(0, 0.5, 2000)
     assert bd.bootstrap_bounds(boot, 1.0, 24, strata=4)[0] < bd.bootstrap_bounds(boot, 1.0, 24)[0]
@@ -224,6 +226,30 @@ def test_the_expanded_bound_widens_by_the_strata_a_group_is_drawn_in():
     few[np.arange(4), np.arange(4)] = np.nan  # 5 seeds, each dose 4, dose 0's in 5 patterns
     with pytest.raises(bd.BMDInputError, match="patterns of doses run"):
         bd.study(list(cov.DESIGN_08), np.ones(5), few)
+    one = np.full((6, 4), 1.0)
+    one[np.arange(4), np.arange(4)] = np.nan  # 6 seeds in 5 patterns at dose 0: 1 to spare
+    with pytest.raises(bd.BMDInputError, match="patterns of doses run"):
+        bd.study(list(cov.DESIGN_08), np.ones(6), one)
+    with pytest.raises(bd.BMDInputError, match="patterns of doses run"):  # a ready-made Study: the fit checks it
+        bd.fit_bmd(bd.Study(np.array(cov.DESIGN_08), np.ones(6), one), None, None, n_boot=20, profile=False)
+
+
+def test_the_fit_sizes_every_bound_by_the_group_its_strata_undersell_most(monkeypatch):
+    """On the default ratio row's design (24 seeds at dose 0; 8, 8, 24 and 10 at the doses; strata of 8, 2 and 14) the
+    top dose's 10 seeds in 2 strata set the width (tail 0.0188, not the 8-seed groups' 0.0214): every bound the fit
+    takes (the average's and each model's) is sized by (10 seeds, 2 strata). A spy records the calls."""
+    c, y = cov.simulate(cov.TRUTHS["linear"][0], cov.DESIGN_08, 24, cov.SD_08, np.random.default_rng(12))
+    st = bd.study(list(cov.DESIGN_08), c, cov.thinned(y, (8, 8, 24, 10)))
+    calls = []
+    real = bd.bootstrap_bounds
+
+    def spy(boot, estimate, seeds, alpha=bd.ALPHA, interval="expanded", strata=1):
+        calls.append((seeds, strata))
+        return real(boot, estimate, seeds, alpha, interval, strata)
+
+    monkeypatch.setattr(bd, "bootstrap_bounds", spy)
+    bd.fit_bmd(st, None, None, n_boot=100, profile=False)
+    assert len(calls) >= 2 and set(calls) == {(10, 2)}, calls
 
 
 def test_seeds_in_equal_patterns_at_different_doses_are_strata_apart():

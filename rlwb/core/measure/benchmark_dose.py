@@ -54,8 +54,9 @@ module does:
   the bootstrap draws seeds within the seeds run at the same doses (`resample_seeds`, stratified), so a resample
   has the study's count at every dose, whatever patterns the rule left: the design decided them (drawing the
   union let a 3-seed group come out empty in 4% of resamples). A group of S seeds drawn in H strata gets (S - H)/S
-  of its mean's variance, so the expanded bound's width is sqrt(S/(S - H)) t_{S-H} for the group it undersells most
-  (`expanded_alpha`; the smallest group where every seed ran every dose).
+  of its mean's variance in expectation, so the expanded bound's width is sqrt(S/(S - H)) t_{S-H} for the group it
+  undersells most (`expanded_alpha`; with one stratum, the smallest group decides). Covariances between groups
+  (the seeds two groups share) shrink alike, by the shared seeds' own share: second order, not widened for.
   Error control: **one-sided 1 - alpha (95%) for each bound, row by row**; nothing here adjusts for several rows.
 - The per-model BMDL/BMDU in the model table are BMDS's: the profile-likelihood bounds (EPA 2012, section 2.3.5;
   Crump 1995, Risk Analysis 15:79, https://doi.org/10.1111/j.1539-6924.1995.tb00095.x), the doses where twice the
@@ -195,14 +196,19 @@ def study(doses, clean, dosed, baseline: float = 0.0) -> Study:
     if not np.isfinite(baseline):
         raise BMDInputError(f"baseline must be finite, got {baseline}")
     o = np.argsort(d)
-    out = Study(d[o], c, y[:, o], float(baseline))
-    spare = out.ns - group_strata(out)
+    return check_strata(Study(d[o], c, y[:, o], float(baseline)))
+
+
+def check_strata(st: Study) -> Study:
+    """`st`, or a `BMDInputError` where a dose group has fewer than 2 seeds more than the strata it is drawn in
+    (`group_strata`): the stratified bootstrap sees S - H degrees of freedom of its spread."""
+    spare = st.ns - group_strata(st)
     if (spare < 2).any():
         k = int(np.argmin(spare))
-        raise BMDInputError(f"the {int(out.ns[k])} seeds of dose {([0.0] + list(out.doses))[k]:g} fall in "
-                            f"{int(out.ns[k] - spare[k])} patterns of doses run: the bootstrap draws within each "
+        raise BMDInputError(f"the {int(st.ns[k])} seeds of dose {([0.0] + list(st.doses))[k]:g} fall in "
+                            f"{int(st.ns[k] - spare[k])} patterns of doses run: the bootstrap draws within each "
                             "pattern, so a group needs at least 2 seeds more than its patterns; drop the odd seeds")
-    return out
+    return st
 
 
 # ------------------------------------------------------------------------------------------------ dose metric ---
@@ -320,9 +326,9 @@ def resample_seeds(st: Study, n_boot: int, rng) -> np.ndarray:
     extension added clean twins); drawn with other seeds they made a group's count vary between resamples (a
     10-seed dose drew 8 to 15) or come out empty. The price is the stratified bootstrap's known shortfall: a stratum
     of n_h seeds gives (n_h - 1) / n_h of its share of the variance (a seed alone in its pattern, a failed run, is
-    in every resample and gives none), so a group of S seeds in H strata gets (S - H)/S of its mean's variance,
-    each stratum costing 1/S whatever its size; `expanded_alpha` widens the bound by it. One stratum (every seed
-    at every dose): the plain bootstrap over seeds, draw for draw."""
+    in every resample and gives none), so a group of S seeds in H strata gets (S - H)/S of its mean's variance in
+    expectation, each stratum costing 1/S whatever its size; `expanded_alpha` widens the bound by it. One stratum
+    (every seed at every dose): the plain bootstrap over seeds, draw for draw."""
     S = st.seeds
     _, which = np.unique(np.isfinite(st.dosed), axis=0, return_inverse=True)
     which = which.ravel()
@@ -407,8 +413,9 @@ def _weights(aics, mask):
 def expanded_alpha(alpha: float, seeds: int, strata: int = 1) -> float:
     """The tail level of Hesterberg's (2015) expanded percentile interval: Phi(-sqrt(S/(S-1)) t_{S-1, 1-alpha}); for a
     group of S seeds drawn in H strata (`resample_seeds`), Phi(-sqrt(S/(S-H)) t_{S-H, 1-alpha}): the stratified
-    bootstrap's variance of the group's mean is (S - H)/S of the estimate's (each stratum of n_h seeds gives
-    (n_h - 1)/n_h of its share, whatever its size), on S - H degrees of freedom; H = 1 is Hesterberg's."""
+    bootstrap's variance of the group's mean is, in expectation, (S - H)/S of the unbiased estimate's (each stratum
+    of n_h seeds gives (n_h - 1)/n_h of its share, whatever its size), on S - H degrees of freedom; H = 1 is
+    Hesterberg's."""
     from scipy import stats as st
 
     if not 0 < strata < seeds:
@@ -453,7 +460,7 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise ValueError(f"unknown models {unknown}; models: {MODELS}")
-    st_ = doses if isinstance(doses, Study) else study(doses, clean, dosed, baseline)
+    st_ = check_strata(doses) if isinstance(doses, Study) else study(doses, clean, dosed, baseline)
     exps = exponents(restricted)
     S, J = st_.seeds, st_.doses.size
     K = J + 1
