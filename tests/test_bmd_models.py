@@ -200,10 +200,10 @@ def test_the_point_fit_reaches_the_optimum_of_a_nested_search(model):
 
 
 def test_the_expanded_bound_widens_by_the_strata_a_group_is_drawn_in():
-    """The stratified bootstrap's variance of a group's mean is (S - H)/S of the plug-in estimate's for S seeds in H
-    strata, whatever the strata's sizes (a seed alone in its pattern as much as 14 together): measured on resamples
-    of iid data, and the expanded level (`expanded_alpha`) sized by it, Hesterberg's at H = 1; a group with fewer
-    than 2 seeds to spare over its strata is refused."""
+    """The stratified bootstrap's variance of a group's mean is (S - H)/S of the unbiased estimate's for S seeds in H
+    strata (in expectation), whatever the strata's sizes (a seed alone in its pattern as much as 14 together):
+    measured on resamples of iid data, and the expanded level (`expanded_alpha`) sized by it, Hesterberg's at H = 1;
+    a group with fewer than 2 seeds to spare over its strata is refused."""
     rng = np.random.default_rng(11)
     c, y = cov.simulate(cov.TRUTHS["linear"][0], cov.DESIGN_08, 24, cov.SD_08, rng)
     y = cov.thinned(y, (8, 8, 24, 10))

@@ -317,6 +317,12 @@ def _group_means(st: Study, idx=None):
     return m, n, within
 
 
+def seed_strata(st: Study) -> np.ndarray:
+    """Each seed's stratum [S]: the index of its pattern of doses run (which doses it has outcomes at), the unit
+    `resample_seeds` draws within and `group_strata` counts."""
+    return np.unique(np.isfinite(st.dosed), axis=0, return_inverse=True)[1].ravel()
+
+
 def resample_seeds(st: Study, n_boot: int, rng) -> np.ndarray:
     """Bootstrap resamples of seeds [n_boot, S], each seed drawn with all its runs (its clean run with its dosed
     ones: the BMR's uncertainty moves with the gaps'), stratified by which doses a seed was run at: every pattern of
@@ -330,8 +336,7 @@ def resample_seeds(st: Study, n_boot: int, rng) -> np.ndarray:
     expectation, each stratum costing 1/S whatever its size; `expanded_alpha` widens the bound by it. One stratum
     (every seed at every dose): the plain bootstrap over seeds, draw for draw."""
     S = st.seeds
-    _, which = np.unique(np.isfinite(st.dosed), axis=0, return_inverse=True)
-    which = which.ravel()
+    which = seed_strata(st)
     strata = np.unique(which)
     if len(strata) == 1:
         return rng.integers(0, S, size=(n_boot, S))
@@ -426,10 +431,8 @@ def expanded_alpha(alpha: float, seeds: int, strata: int = 1) -> float:
 def group_strata(st: Study) -> np.ndarray:
     """Per dose group (dose 0 first) [K]: how many of `resample_seeds`' strata (patterns of doses run) its seeds
     fall in."""
-    ran = np.isfinite(st.dosed)
-    _, which = np.unique(ran, axis=0, return_inverse=True)
-    which = which.ravel()
-    have = np.concatenate([np.ones((st.seeds, 1), bool), ran], axis=1)
+    which = seed_strata(st)
+    have = np.concatenate([np.ones((st.seeds, 1), bool), np.isfinite(st.dosed)], axis=1)
     return np.array([np.unique(which[have[:, k]]).size for k in range(have.shape[1])])
 
 
