@@ -296,3 +296,37 @@ def test_the_clipped_profile_is_the_least_squares_within_both_coefficient_bounds
         assert mine == pytest.approx(brute, rel=1e-9), (cap, mine, brute)
         results.append(mine)
     assert results[0] < results[1] < results[2] < results[3]  # the bounds bind, tighter and tighter
+
+
+@pytest.mark.parametrize("model", ["power", "exp5", "hill"])
+def test_the_polishs_batched_gradient_is_scipys_own_forward_difference(model):
+    """`_value_and_grad` claims scipy's L-BFGS-B default differencing to the bit, in one batched call: from starts
+    inside the bounds and on them (a forward step that would leave the bound is taken backward), L-BFGS-B with it
+    must land on the same parameters and RSS, bit for bit, as L-BFGS-B differencing the same function itself."""
+    from scipy import optimize
+
+    exps = bm.exponents(True)
+    c, y = cov.simulate(cov.TRUTHS["hill"][0], cov.DESIGN_08, 12, cov.SD_08, np.random.default_rng(3))
+    st = bd.study(list(cov.DESIGN_08), c, cov.thinned(y, (12, 6, 12, 8)))
+    x = np.concatenate([[0.0], st.doses])
+    ybar, _, _ = bd._group_means(st)
+    if model == "power":
+        bounds, starts = [(exps[0], exps[-1])], [[1.7], [exps[-1]], [exps[0]]]
+
+        def rss_rows(P):
+            return bm._ls_rows(model, bm.basis(model, x[None, :], np.full((len(P), 1), np.nan), P[:, :1]), st.ns,
+                               ybar)[2]
+    else:
+        bounds = [tuple(np.log(bm._scale_bounds(model, x[-1]))), (exps[0], exps[-1])]
+        starts = [[np.log(0.3), 2.0], [bounds[0][1], exps[-1]], [bounds[0][0], exps[0]]]
+
+        def rss_rows(P):
+            return bm._ls_rows(model, bm.basis(model, x[None, :], np.exp(P[:, :1]), P[:, 1:2]), st.ns, ybar)[2]
+    lb, ub = (np.array(v) for v in zip(*bounds))
+    for i, p0 in enumerate(starts):
+        ours = optimize.minimize(bm._value_and_grad, p0, args=(rss_rows, lb, ub), jac=True, method="L-BFGS-B",
+                                 bounds=bounds)
+        scipys = optimize.minimize(lambda p: float(rss_rows(np.asarray(p)[None, :])[0]), p0, method="L-BFGS-B",
+                                   bounds=bounds)
+        assert np.array_equal(ours.x, scipys.x) and ours.fun == scipys.fun, (p0, ours, scipys)
+        assert ours.nit > 0 or i > 0  # from inside the bounds it moves (on a bound the curve may be flat)
