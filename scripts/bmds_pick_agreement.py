@@ -34,8 +34,15 @@ def synthetic() -> list[tuple[str, bd.Study]]:
 def study_rows(run: Path) -> list[tuple[str, bd.Study]]:
     curves = pd.read_parquet(run / "data" / "curves.parquet")
     table = analysis.dose_table(curves, params.load("08_mismatch_cost", [run / "params.yaml"]))
-    return [(f"{r.name} {r.arm}", bd.study(r.doses, r.clean, r.dosed, r.baseline))
-            for r in benchmarks.row_studies(curves, table) if len(r.doses) >= 2]  # BMDS needs 3 dose groups
+    out = []
+    for r in benchmarks.row_studies(curves, table):
+        if len(r.doses) < 2:  # BMDS needs 3 dose groups
+            continue
+        try:
+            out.append((f"{r.name} {r.arm}", bd.study(r.doses, r.clean, r.dosed, r.baseline)))
+        except bd.BMDInputError as e:  # e.g. fewer than 3 seeds at a dose: no fit to compare, said
+            print(f"  {run.name} {r.name} {r.arm}: left out ({e})")
+    return out
 
 
 def agreement(name: str, studies: list[tuple[str, bd.Study]]) -> None:

@@ -3,6 +3,8 @@ and the bootstrap's resamples each fitted on their own group counts."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -222,16 +224,28 @@ def test_the_expanded_bound_widens_by_the_strata_a_group_is_drawn_in():
     assert bd.expanded_alpha(0.05, 24, 4) < bd.expanded_alpha(0.05, 24, 1)
     boot = np.random.default_rng(3).lognormal(0, 0.5, 2000)
     assert bd.bootstrap_bounds(boot, 1.0, 24, strata=4)[0] < bd.bootstrap_bounds(boot, 1.0, 24)[0]
-    few = np.full((5, 4), 1.0)
-    few[np.arange(4), np.arange(4)] = np.nan  # 5 seeds, each dose 4, dose 0's in 5 patterns
-    with pytest.raises(bd.BMDInputError, match="patterns of doses run"):
-        bd.study(list(cov.DESIGN_08), np.ones(5), few)
     one = np.full((6, 4), 1.0)
     one[np.arange(4), np.arange(4)] = np.nan  # 6 seeds in 5 patterns at dose 0: 1 to spare
-    with pytest.raises(bd.BMDInputError, match="patterns of doses run"):
-        bd.study(list(cov.DESIGN_08), np.ones(6), one)
-    with pytest.raises(bd.BMDInputError, match="patterns of doses run"):  # a ready-made Study: the fit checks it
-        bd.fit_bmd(bd.Study(np.array(cov.DESIGN_08), np.ones(6), one), None, None, n_boot=20, profile=False)
+    assert "patterns of doses run" in bd.strata_shortfall(bd.study(list(cov.DESIGN_08), np.ones(6), one))
+    assert bd.strata_shortfall(st) is None  # 24 seeds in 4 strata, 1 in 2, 7 in 1, ...: 2 or more to spare each
+
+
+def test_a_study_its_strata_cannot_bound_keeps_its_point_fit_and_says_why():
+    """A dose group with fewer than 2 seeds to spare over its strata (5 seeds in 5 patterns, or 6 in 5) gets no
+    bootstrap bound, but the point fit stands: status "not bounded", the BMD reported, the reason in the notes (a
+    refusal would drop the row's point BMD from the report). With 2 to spare the same data are bounded."""
+    curve = cov.TRUTHS["linear"][0]
+    for seeds, bounded in ((5, False), (6, False), (7, True)):
+        c, y = cov.simulate(curve, cov.DESIGN_08, seeds, 0.01, np.random.default_rng(seeds))
+        y[np.arange(4), np.arange(4)] = np.nan  # seeds 0-3 each skip one dose: 4 singleton patterns
+        for st in (bd.study(list(cov.DESIGN_08), c, y), bd.Study(np.array(cov.DESIGN_08), c, y)):  # or ready-made
+            r = bd.fit_bmd(st, None, None, n_boot=50, profile=False)
+            assert r.bmd == pytest.approx(cov.TRUTHS["linear"][1], rel=0.2)
+            if bounded:
+                assert r.status == bd.BOUNDED and not any("patterns" in m for m in r.notes)
+            else:
+                assert r.status == bd.NOT_BOUNDED and math.isnan(r.bmdl) and math.isnan(r.bmdu)
+                assert any("patterns of doses run" in m for m in r.notes), r.notes
 
 
 def test_the_fit_sizes_every_bound_by_the_group_its_strata_undersell_most(monkeypatch):

@@ -236,6 +236,17 @@ def test_the_wording_knows_every_benchmark_status_the_estimator_gives():
         r = SimpleNamespace(status=status, doses=2, k3_min=0.01, k3_max=1.0, bmd=2.0, bmdl=0.5, bmdl_log=0.4,
                             status_log=status, clean_gain=0.3)
         assert wording.benchmark_reason(r) != status
+    # "not bounded" says why, from the fit's own notes (the benchmark table's `fit_notes`): a study whose seeds'
+    # patterns of doses leave the bootstrap too few degrees of freedom keeps its point BMD and says so
+    from rlwb.core.measure import bmd_coverage as cov
+
+    c, y = cov.simulate(cov.TRUTHS["linear"][0], cov.DESIGN_08, 6, 0.01, np.random.default_rng(6))
+    y[np.arange(4), np.arange(4)] = np.nan
+    f = bd.fit_bmd(cov.DESIGN_08, c, y, n_boot=20, profile=False)
+    r = SimpleNamespace(status=f.status, fit_notes="; ".join(f.notes))
+    assert f.status == bd.NOT_BOUNDED and np.isfinite(f.bmd)
+    assert "patterns of doses run" in wording.benchmark_reason(r)
+    assert "beyond the tested doses" in wording.benchmark_reason(SimpleNamespace(status=f.status))  # older tables
 
 
 def test_the_dose_answer_reads_the_first_regime_at_the_studys_horizon():

@@ -120,7 +120,8 @@ STATUSES = {
     NO_FIT: "every model that is not saturated fails test 4 (p < 0.1): none describes these means",
     SATURATED: "every model has as many mean parameters as there are dose groups (no test of fit is possible)",
     NO_BENCHMARK: "the clean runs gained nothing over the baseline (relative BMR undefined)",
-    NOT_BOUNDED: "the bootstrap put the BMD at or beyond the tested range too often for a finite bound",
+    NOT_BOUNDED: "no finite bound: the bootstrap put the BMD at or beyond the tested range too often, or cannot be "
+                 "drawn on these seeds (the fit's notes say which)",
 }
 
 
@@ -196,19 +197,20 @@ def study(doses, clean, dosed, baseline: float = 0.0) -> Study:
     if not np.isfinite(baseline):
         raise BMDInputError(f"baseline must be finite, got {baseline}")
     o = np.argsort(d)
-    return check_strata(Study(d[o], c, y[:, o], float(baseline)))
+    return Study(d[o], c, y[:, o], float(baseline))
 
 
-def check_strata(st: Study) -> Study:
-    """`st`, or a `BMDInputError` where a dose group has fewer than 2 seeds more than the strata it is drawn in
-    (`group_strata`): the stratified bootstrap sees S - H degrees of freedom of its spread."""
-    spare = st.ns - group_strata(st)
-    if (spare < 2).any():
-        k = int(np.argmin(spare))
-        raise BMDInputError(f"the {int(st.ns[k])} seeds of dose {([0.0] + list(st.doses))[k]:g} fall in "
-                            f"{int(st.ns[k] - spare[k])} patterns of doses run: the bootstrap draws within each "
-                            "pattern, so a group needs at least 2 seeds more than its patterns; drop the odd seeds")
-    return st
+def strata_shortfall(st: Study, strata=None) -> str | None:
+    """Why the stratified bootstrap cannot bound `st`, or None: a dose group with fewer than 2 seeds more than the
+    strata it is drawn in (`group_strata`) leaves it S - H < 2 degrees of freedom of its spread. The point fit
+    needs no strata, so `fit_bmd` still reports it (status "not bounded", this reason in its notes)."""
+    spare = st.ns - (group_strata(st) if strata is None else strata)
+    if not (spare < 2).any():
+        return None
+    k = int(np.argmin(spare))
+    return (f"the {int(st.ns[k])} seeds of dose {([0.0] + list(st.doses))[k]:g} fall in {int(st.ns[k] - spare[k])} "
+            "patterns of doses run: the bootstrap draws within each pattern, so a group needs at least 2 seeds more "
+            "than its patterns for a bound; drop the odd seeds")
 
 
 # ------------------------------------------------------------------------------------------------ dose metric ---
@@ -463,7 +465,7 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise ValueError(f"unknown models {unknown}; models: {MODELS}")
-    st_ = check_strata(doses) if isinstance(doses, Study) else study(doses, clean, dosed, baseline)
+    st_ = doses if isinstance(doses, Study) else study(doses, clean, dosed, baseline)
     exps = exponents(restricted)
     S, J = st_.seeds, st_.doses.size
     K = J + 1
@@ -473,12 +475,6 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     ybar, _, within = _group_means(st_)
     n = st_.ns  # seeds per dose group (unequal where a second pass extended some doses)
     N = float(n.sum())
-    # the expanded bound's small-sample width (`expanded_alpha`) is set by the group whose mean the stratified
-    # bootstrap undersells most: S seeds in H strata give (S - H)/S of its variance (S - 1 of S where every dose has
-    # every seed: the fewest seeds decide; a group of 24 in 4 strata, a seed alone, 7, 8 and 8, gives 20/24 of it)
-    H = group_strata(st_)
-    k_w = min(range(K), key=lambda k: expanded_alpha(alpha, int(n[k]), int(H[k])))
-    n_small, h_small = int(n[k_w]), int(H[k_w])
     gain = float(ybar[0, 0])
     notes: list[str] = []
     control = f"one-sided {1 - alpha:.0%} for each of BMDL and BMDU, this row alone (no adjustment across rows)"
@@ -539,6 +535,16 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     bmd_x = float(_ma_bmd_x(msel, [fits[i] for i in sel], w[sel][None], bmr, bmr_type, x_lo / 1e3, x_hi)[0])
     bmd = float(from_metric(bmd_x, dose_scale, d_min)) if np.isfinite(bmd_x) else float("inf")
 
+    H = group_strata(st_)
+    short = strata_shortfall(st_, H)
+    if short:
+        notes.append(short)
+        return result(NOT_BOUNDED, bmd)
+    # the expanded bound's small-sample width (`expanded_alpha`) is set by the group whose mean the stratified
+    # bootstrap undersells most: S seeds in H strata give (S - H)/S of its variance (S - 1 of S where every dose has
+    # every seed: the fewest seeds decide; a group of 24 in 4 strata, a seed alone, 7, 8 and 8, gives 20/24 of it)
+    k_w = min(range(K), key=lambda k: expanded_alpha(alpha, int(n[k]), int(H[k])))
+    n_small, h_small = int(n[k_w]), int(H[k_w])
     # the bootstrap over seeds, clean runs drawn with their dosed runs
     idx = resample_seeds(st_, n_boot, np.random.default_rng(seed))
     drawn = np.random.default_rng([seed, 1]).normal(0.0, baseline_se, n_boot) if baseline_se > 0 else np.zeros(n_boot)
@@ -584,6 +590,7 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     if bmd < d_min / LOW_BMD_WARN:
         notes.append(f"BMD more than {LOW_BMD_WARN:g}x below the lowest non-zero dose (BMDS warning)")
     if not np.isfinite(bmdl):
+        notes.append("the bootstrap put the BMD at or beyond the tested range too often for a finite bound")
         return result(NOT_BOUNDED, bmd, bmdl, bmdu, undefined)
     return result(BOUNDED, bmd, bmdl, bmdu, undefined)
 

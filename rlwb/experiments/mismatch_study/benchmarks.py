@@ -184,7 +184,8 @@ COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "dose_s
            "baseline_se", "baseline_se_source",
            "clean_gain", "bmr", "k3_min", "k3_max", "k3_achieved_min", "k3_achieved_max", "trend_slope",
            "trend_ci_low", "trend_ci_high", "trend_p", "bmd", "bmdl", "bmdu", "status", "models_passing",
-           "bmds_pick", "bmd_log", "bmdl_log", "status_log", "scale_agree", "keep_below", "error_control"]
+           "bmds_pick", "bmd_log", "bmdl_log", "status_log", "scale_agree", "keep_below", "error_control",
+           "fit_notes"]
 
 
 def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: float, draws: int = 0
@@ -202,7 +203,7 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
     rows, fits = [], []
     empty = {"clean_gain": np.nan, "bmr": np.nan, "bmd": np.nan, "bmdl": np.nan, "bmdu": np.nan, "models_passing": "",
              "bmds_pick": "", "bmd_log": np.nan, "bmdl_log": np.nan, "status_log": "", "scale_agree": False,
-             "keep_below": np.nan, "error_control": ""}
+             "keep_below": np.nan, "error_control": "", "fit_notes": ""}
     for r in row_studies(curves, table, draws):
         base = {"kind": r.kind, "updates": r.updates, "epochs": r.epochs, "arm": r.arm, "name": r.name}
         have = np.isfinite(r.dosed)
@@ -240,7 +241,7 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
                            status=f.status, models_passing=",".join(m.model for m in f.models if m.passes),
                            bmds_pick=f.bmds_pick or "", bmd_log=g.bmd, bmdl_log=g.bmdl, status_log=g.status,
                            scale_agree=sc.agree, keep_below=keep_below(f, g, sc.agree, len(r.labels)),
-                           error_control=f.error_control)
+                           error_control=f.error_control, fit_notes="; ".join(f.notes))
                 rows.append(row)
         # the figure: the dose groups whatever the fit says, as the share of the clean gain kept (the fitted f(0)
         # where a model fits, so the BMR line is where the curve loses the BMR; else the clean runs' mean)

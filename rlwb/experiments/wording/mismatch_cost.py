@@ -54,8 +54,10 @@ def benchmark_reason(r) -> str:
         why = r.status[len(BMD_NO_BENCHMARK):].strip()
         return f"the data cannot be fitted {why}" if why else "the clean run gained nothing to lose over the " \
                                                                "initial policy (no benchmark response)"
-    if r.status == BMD_NOT_BOUNDED:
-        return "the bootstrap put the BMD beyond the tested doses too often for a finite bound"
+    if r.status == BMD_NOT_BOUNDED:  # the fit's notes say why (tables from before they were kept: the usual reason)
+        why = getattr(r, "fit_notes", "")
+        return (f"no finite bound: {why}" if isinstance(why, str) and why
+                else "the bootstrap put the BMD beyond the tested doses too often for a finite bound")
     return r.status
 
 
