@@ -128,7 +128,7 @@ def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported(
     assert m["placebo/rows"] == 1 and m["placebo/streams"] == 1 and m["placebo/false_positive_rate"] == 0
     # 0 of 1: the exact interval reaches 97.5%, and the line says how little one stream bounds
     assert m["placebo/false_positive_rate_ci_low"] == 0 and m["placebo/false_positive_rate_ci_high"] == (
-        pytest.approx(0.975))
+        pytest.approx(0.975, abs=0.005))
     assert "(passes" in wording.placebo_line(m) and "[0%, 98%]" in wording.placebo_line(m)
     assert "bounds the rate only below 98%" in wording.placebo_line(m)
     # two arms' placebo runs that are the same numbers (arms that train alike without a dose) are one stream
@@ -880,8 +880,14 @@ def test_n_placebo_streams_are_n_rows_of_the_false_positive_rate():
     t = analysis.dose_table(c, p, kl_zero(c))
     m = analysis.dose_metrics(t, c)
     assert m["placebo/rows"] == 3 and m["placebo/streams"] == 3 and m["placebo/false_positive_rate"] == 0
-    assert m["placebo/false_positive_rate_ci_high"] == pytest.approx(stats.proportion_ci(0, 3, method="exact")[1])
+    # the three are tested against the same clean runs: the interval is the shared-control one, wider than
+    # Clopper-Pearson's for three independent trials, and the line says so
+    assert m["placebo/shared_controls"] == 1
+    assert (m["placebo/false_positive_rate_ci_low"], m["placebo/false_positive_rate_ci_high"]) == (
+        stats.shared_control_rate_ci(0, int(t.loc[t["kind"] == "placebo", "seeds"].iloc[0]), [3]))
+    assert m["placebo/false_positive_rate_ci_high"] > stats.proportion_ci(0, 3, method="exact")[1] + 0.02
     assert "3 independent streams" in wording.placebo_line(m)
+    assert "3 tested against 1 clean reference" in wording.placebo_line(m)
     hit = c["label"] == "placebo#3"
     c.loc[hit, "policy_reward"] -= 0.2
     t = analysis.dose_table(c, p, kl_zero(c))

@@ -128,6 +128,54 @@ def proportion_ci(successes: int, n: int, alpha: float = ALPHA, method: str = "w
     return float(ci.low), float(ci.high)
 
 
+def shared_control_rate_ci(rejections: int, seeds: int, clusters: Sequence[int], alpha: float = ALPHA,
+                           reps: int = 20000, seed: int = 0) -> tuple[float, float]:
+    """Exact-style 95% interval of a rejection rate over paired t tests that share their control runs: `clusters`
+    gives how many tests share one control (notebook 08's placebo streams, each tested against the same clean run
+    of each of its `seeds` seeds: [20] for 20 streams on one arm; [1] * n for independent tests), `rejections` of
+    sum(clusters) tests rejected.
+
+    Why not Clopper-Pearson: tests sharing a control are correlated (their gaps share its noise: correlation 1/2
+    when the runs are exchangeable, as a placebo and its clean twin are), so their rejections come in bunches and a
+    count of 0 of 20 says less than 20 independent trials would (with 20 streams on one control, the count's
+    variance is ~3x the binomial's). The interval inverts the count's distribution under the design instead, as
+    Clopper-Pearson inverts the binomial's: the tests' |t| simulated under the null (normal runs, `reps` studies of
+    `seeds` seeds, each cluster on its own control), a rate pi being rejection at |t| > t_{S-1}(1 - pi/2), and
+    (low, high) the rates at which the observed count is in a tail of alpha/2. Independent tests give Clopper-
+    Pearson (to Monte Carlo error); the miscalibration it represents is a shifted threshold on these |t|
+    (tests/test_stats.py checks its coverage under another, heavier-tailed, noise)."""
+    from scipy import stats as st
+
+    sizes = [int(m) for m in clusters]
+    n = sum(sizes)
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"clusters must be sizes >= 1, got {clusters}")
+    if seeds < 2:
+        raise ValueError(f"need at least 2 seeds for a t test, got {seeds}")
+    if not 0 <= rejections <= n:
+        raise ValueError(f"rejections must be in [0, {n}], got {rejections}")
+    rng = np.random.default_rng(seed)
+    t = []
+    for m in sizes:
+        g = rng.normal(size=(reps, seeds, m)) - rng.normal(size=(reps, seeds, 1))
+        t.append(np.abs(g.mean(1) / (g.std(1, ddof=1) / np.sqrt(seeds))))
+    t = np.sort(np.concatenate(t, 1), axis=1)  # each study's |t| ascending: K >= k iff its k-th largest exceeds c
+
+    def at_least(pi: float, k: int) -> float:  # P_pi(K >= k)
+        return float((t[:, n - k] > st.t.isf(pi / 2, seeds - 1)).mean())
+
+    def solve(tail) -> float:  # the rate where the (monotone) tail probability crosses alpha / 2, by bisection
+        lo, hi = 0.0, 1.0
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if tail(mid) else (lo, mid)
+        return lo
+
+    low = 0.0 if rejections == 0 else solve(lambda pi: at_least(pi, rejections) < alpha / 2)
+    high = 1.0 if rejections == n else solve(lambda pi: 1 - at_least(pi, rejections + 1) >= alpha / 2)
+    return low, high
+
+
 def seed_ci(values: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
     """Student-t interval of the mean across seeds (few seeds: a bootstrap would be degenerate), scipy's
     `ttest_1samp(...).confidence_interval`. One seed gives (nan, nan): no interval can be claimed; no spread across

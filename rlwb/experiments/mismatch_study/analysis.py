@@ -419,8 +419,11 @@ def placebo_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, floa
     positive): `placebo/rows`, `placebo/streams` (independent ones: rows of several arms on the same sampling stream
     share their completions' seeds, so they are one stream counted once, by its first row; runs archived without a
     `stream` column: rows whose seeds' gaps are the same numbers), and the false-positive rate over the independent
-    streams, unadjusted and after Holm, each with its exact (Clopper-Pearson) 95% interval: 0 of 2 is compatible
-    with a rate up to 84%, so a handful of placebo rows checks little."""
+    streams, unadjusted and after Holm, each with its exact 95% interval for tests that share their clean runs
+    (`stats.shared_control_rate_ci`: the streams of one arm are each paired with the same clean run of a seed, so
+    their calls are correlated; `placebo/shared_controls` is how many clean references they share out between).
+    0 of 2 is compatible with a rate up to 84%, so a handful of placebo rows checks little; 0 of 20 on one clean
+    reference with up to 29% (Clopper-Pearson, taking them as independent, would say 17%)."""
     placebo = table[table["kind"] == "placebo"]
     if placebo.empty:
         return {}
@@ -439,10 +442,14 @@ def placebo_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, floa
             seen.add(k)
             independent.append(r)
     n = len(independent)
-    out = {"placebo/rows": float(len(placebo)), "placebo/streams": float(n)}
+    # the streams tested against one clean reference: the same arm, temperature and regime (`seed_gaps`' twin)
+    clusters = pd.Series([tuple(getattr(r, k) for k in TWIN_KEYS if k != "seed") for r in independent]).value_counts()
+    seeds = int(np.median([r.seeds for r in independent]))
+    out = {"placebo/rows": float(len(placebo)), "placebo/streams": float(n),
+           "placebo/shared_controls": float(len(clusters))}
     for name, col in (("false_positive_rate", "p"), ("false_positive_rate_holm", "p_holm")):
         k = sum(bool(getattr(r, col) < stats.ALPHA) for r in independent)
-        lo, hi = stats.proportion_ci(k, n, method="exact")
+        lo, hi = stats.shared_control_rate_ci(k, seeds, clusters.tolist())
         out.update({f"placebo/{name}": k / n, f"placebo/{name}_ci_low": lo, f"placebo/{name}_ci_high": hi})
     return out
 

@@ -153,13 +153,16 @@ def placebo_line(metrics: dict) -> str:
 
     ok = fph == 0
     dup = f" ({rows - n} row{'s' if rows - n != 1 else ''} the same run as another, counted once)" if rows > n else ""
+    refs = int(metrics.get("placebo/shared_controls", n))  # runs analysed before it was kept: taken as independent
+    shared = (f" for streams that share their clean runs ({n} tested against {refs} clean reference"
+              f"{'s' if refs != 1 else ''}: their calls are correlated, so the interval is wider than for {n} "
+              f"independent trials)" if refs < n else "")
     return (f"**Placebo** ({n} independent stream{'s' if n != 1 else ''}{dup}: the clean run trained again with an "
             f"independent stream of sampling seeds on the same prompts, tested in the Holm family like every dose): "
             f"false-positive rate {fp:.0%}{ci('false_positive_rate')} at the unadjusted 5% level, "
-            f"{fph:.0%}{ci('false_positive_rate_holm')} after Holm (exact 95% intervals) "
-            + ("(passes: the family calls no cost where there is none" + (
-                f"; with {n} stream{'s' if n != 1 else ''} that bounds the rate only below "
-                f"{metrics.get('placebo/false_positive_rate_ci_high', float('nan')):.0%})." if n < 20 else ").")
+            f"{fph:.0%}{ci('false_positive_rate_holm')} after Holm (exact 95% intervals{shared}) "
+            + ("(passes: the family calls no cost where there is none; with these streams that bounds the rate only "
+               f"below {metrics.get('placebo/false_positive_rate_ci_high', float('nan')):.0%})."
                if ok else
                "(**fails**: a placebo was called a cost or a gain; sampling noise between runs exceeds what the t "
                "intervals assume, and every verdict of this family is suspect)."))
