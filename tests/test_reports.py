@@ -230,6 +230,7 @@ def test_report_html_is_lean_and_shows_its_tables_and_figures(tmp_path):
     assert "<script" not in html and "cdnjs" not in html and "mathjax" not in html.lower()
     assert len(head.encode()) < 8_000, len(head.encode())
     assert "<title>99 · A report's title</title>" in head
+    assert "<style" not in html.split("</head>", 1)[1]  # every rule in the head's stylesheet, none in the body
     dom = chromium("--dump-dom", "--enable-logging=stderr", "--v=0", (tmp_path / "report.html").as_uri(),
                    profile=tmp_path / "profile")
     assert dom.returncode == 0 and "CONSOLE" not in dom.stderr, dom.stderr[-2000:]
@@ -237,9 +238,10 @@ def test_report_html_is_lean_and_shows_its_tables_and_figures(tmp_path):
     # laid out, not just present: the table's cells are side by side and the figure keeps its 400x300 pixels
     script = ("const t=document.querySelector('table.dataframe');const r=t.rows[1].cells;"
               "const i=document.querySelector('img');document.title=[r[1].getBoundingClientRect().left<"
-              "r[2].getBoundingClientRect().left, i.naturalWidth, i.getBoundingClientRect().width].join(',')")
+              "r[2].getBoundingClientRect().left, i.naturalWidth, i.getBoundingClientRect().width,"
+              "getComputedStyle(document.querySelector('.rlwb-provenance')).borderLeftWidth].join(',')")
     (tmp_path / "probe.html").write_text(html.replace("</body>", f"<script>window.onload=()=>{{{script}}}</script>"
                                                                  "</body>"))
     probe = chromium("--dump-dom", "--virtual-time-budget=2000", (tmp_path / "probe.html").as_uri(),
                      profile=tmp_path / "profile")
-    assert "<title>true,400,400</title>" in probe.stdout, probe.stdout[:500]
+    assert "<title>true,400,400,3px</title>" in probe.stdout, probe.stdout[:500]  # the provenance block styled

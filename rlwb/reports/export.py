@@ -22,17 +22,6 @@ def reader_noise(html: str) -> list[str]:
     return [n for n in REPORT_NOISE if n in html]
 
 
-REPORT_CSS = """
-<style>
-.rlwb-provenance { font-size: 12px; color: #444; border-left: 3px solid #bbb; padding: 4px 10px; margin: 8px 0 16px; }
-.rlwb-provenance code { font-size: 11px; }
-.rlwb-provenance table { font-size: 11px; margin-top: 4px; }
-.rlwb-provenance td, .rlwb-provenance th { padding: 1px 8px 1px 0; text-align: left; }
-.rlwb-failed { background: #fde8e8; border-left: 3px solid #c00; padding: 6px 10px; margin: 8px 0; }
-</style>
-"""
-
-
 def _engine_what(info: dict) -> str:
     if info.get("backend") == "hf":
         return f"transformers {info.get('transformers_version', '?')} (reference)"
@@ -114,7 +103,7 @@ def report_notebook(nb, run_dir: Path, error: str | None = None):
 
     nb = nbformat.from_dict(nb)
     nb, _ = TagRemovePreprocessor(remove_cell_tags=set(REMOVED_CELL_TAGS)).preprocess(nb, {})
-    block = REPORT_CSS + provenance_html(run_dir, error or None)
+    block = provenance_html(run_dir, error or None)  # styled by the template's report.css
     title_at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
     nb.cells.insert(title_at, nbformat.v4.new_markdown_cell(block))
     return nb
