@@ -246,6 +246,14 @@ def test_a_study_its_strata_cannot_bound_keeps_its_point_fit_and_says_why():
             else:
                 assert r.status == bd.NOT_BOUNDED and math.isnan(r.bmdl) and math.isnan(r.bmdu)
                 assert any("patterns of doses run" in m for m in r.notes), r.notes
+                # the point fit's curve is drawn (no band without the bootstrap)
+                assert np.isfinite(r.curve["mean"]).all() and np.isnan(r.curve["low"]).all()
+    # where the point BMD lies outside the tested doses the range says so, bound or not: a flat response is "above
+    # tested range" with or without the seeds for a bootstrap, the shortfall in its notes
+    c, y = cov.simulate(lambda d: 0.3 + 0 * np.asarray(d), cov.DESIGN_08, 6, 0.02, np.random.default_rng(8))
+    y[np.arange(4), np.arange(4)] = np.nan
+    r = bd.fit_bmd(cov.DESIGN_08, c, y, n_boot=50, profile=False)
+    assert r.status == bd.ABOVE_RANGE and math.isnan(r.bmdl) and any("patterns of doses run" in m for m in r.notes)
 
 
 def test_the_fit_sizes_every_bound_by_the_group_its_strata_undersell_most(monkeypatch):
@@ -314,15 +322,17 @@ def test_the_clipped_profile_is_the_least_squares_within_both_coefficient_bounds
 
 @pytest.mark.parametrize("model", ["power", "exp5", "hill"])
 def test_the_polishs_batched_gradient_is_scipys_own_forward_difference(model):
-    """`_value_and_grad` claims scipy's L-BFGS-B default differencing to the bit, in one batched call: from starts
-    inside the bounds and on them (a forward step that would leave the bound is taken backward), L-BFGS-B with it
-    must land on the same parameters and RSS, bit for bit, as L-BFGS-B differencing the same function itself."""
+    """`_value_and_grad` claims scipy's L-BFGS-B default differencing to the bit, in one batched call: its gradient
+    equals scipy's `approx_derivative` (what L-BFGS-B calls) inside the bounds, on each and in the corners (on an
+    upper bound the step is taken backward), and from starts inside and on the bounds L-BFGS-B with it lands on the
+    same parameters and RSS, bit for bit, as L-BFGS-B differencing the same function itself. On the log dose metric
+    (x up to 3.5), where power's x^n is not flat at n = 18: the bound rule or a step 1e-15 off fails every model."""
     from scipy import optimize
 
     exps = bm.exponents(True)
     c, y = cov.simulate(cov.TRUTHS["hill"][0], cov.DESIGN_08, 12, cov.SD_08, np.random.default_rng(3))
     st = bd.study(list(cov.DESIGN_08), c, cov.thinned(y, (12, 6, 12, 8)))
-    x = np.concatenate([[0.0], st.doses])
+    x = bd.to_metric(np.concatenate([[0.0], st.doses]), "log", float(st.doses[0]))  # up to 3.5: x^18 is not flat
     ybar, _, _ = bd._group_means(st)
     if model == "power":
         bounds, starts = [(exps[0], exps[-1])], [[1.7], [exps[-1]], [exps[0]]]
@@ -337,6 +347,18 @@ def test_the_polishs_batched_gradient_is_scipys_own_forward_difference(model):
         def rss_rows(P):
             return bm._ls_rows(model, bm.basis(model, x[None, :], np.exp(P[:, :1]), P[:, 1:2]), st.ns, ybar)[2]
     lb, ub = (np.array(v) for v in zip(*bounds))
+    # the gradient itself against scipy's differencing (what L-BFGS-B calls) inside, on each bound and in the
+    # corners: on an upper bound the step is taken backward
+    from scipy.optimize._numdiff import approx_derivative
+
+    mid = 0.5 * (lb + ub)
+    points = [mid, ub, lb] + ([np.array([ub[0], mid[1]]), np.array([mid[0], ub[1]]), np.array([lb[0], ub[1]])]
+                              if lb.size == 2 else [])
+    for q in points:
+        f0, g = bm._value_and_grad(q, rss_rows, lb, ub)
+        theirs = approx_derivative(lambda v: float(rss_rows(np.asarray(v)[None, :])[0]), q, method="2-point",
+                                   abs_step=1e-8, f0=f0, bounds=(lb, ub))
+        assert np.array_equal(g, theirs), (q, g, theirs)
     for i, p0 in enumerate(starts):
         ours = optimize.minimize(bm._value_and_grad, p0, args=(rss_rows, lb, ub), jac=True, method="L-BFGS-B",
                                  bounds=bounds)

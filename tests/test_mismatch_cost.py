@@ -243,9 +243,10 @@ def test_the_wording_knows_every_benchmark_status_the_estimator_gives():
     c, y = cov.simulate(cov.TRUTHS["linear"][0], cov.DESIGN_08, 6, 0.01, np.random.default_rng(6))
     y[np.arange(4), np.arange(4)] = np.nan
     f = bd.fit_bmd(cov.DESIGN_08, c, y, n_boot=20, profile=False)
-    r = SimpleNamespace(status=f.status, fit_notes="; ".join(f.notes))
+    r = SimpleNamespace(status=f.status, fit_notes="; ".join(f.notes), bmd=f.bmd)
     assert f.status == bd.NOT_BOUNDED and np.isfinite(f.bmd)
     assert "patterns of doses run" in wording.benchmark_reason(r)
+    assert f"the point BMD is {f.bmd:.1e}" in wording.benchmark_reason(r)
     assert "beyond the tested doses" in wording.benchmark_reason(SimpleNamespace(status=f.status))  # older tables
 
 
@@ -887,7 +888,7 @@ def test_n_placebo_streams_are_n_rows_of_the_false_positive_rate():
         stats.shared_control_rate_ci(0, int(t.loc[t["kind"] == "placebo", "seeds"].iloc[0]), [3]))
     assert m["placebo/false_positive_rate_ci_high"] > stats.proportion_ci(0, 3, method="exact")[1] + 0.02
     assert "3 independent streams" in wording.placebo_line(m)
-    assert "3 tested against 1 clean reference" in wording.placebo_line(m)
+    assert "95% intervals for 3 streams tested against the same clean reference" in wording.placebo_line(m)
     hit = c["label"] == "placebo#3"
     c.loc[hit, "policy_reward"] -= 0.2
     t = analysis.dose_table(c, p, kl_zero(c))

@@ -80,8 +80,10 @@ def test_a_rate_over_tests_sharing_a_control_is_clopper_pearson_when_independent
     one control (notebook 08's placebo streams) a wider interval, 0 of 20 reaching ~29% where Clopper-Pearson says
     17%; the ends move with the count; bad input is refused by name."""
     for k in (0, 2, 5):
-        cp = stats.proportion_ci(k, 20, method="exact")
-        assert stats.shared_control_rate_ci(k, 8, [1] * 20) == pytest.approx(cp, abs=0.01)
+        assert stats.shared_control_rate_ci(k, 8, [1] * 20) == stats.proportion_ci(k, 20, method="exact")
+    # the simulation itself, where the tests barely share (clusters of 2 of 40): within Monte Carlo error of it
+    assert stats.shared_control_rate_ci(2, 8, [2] * 20)[1] == pytest.approx(
+        stats.proportion_ci(2, 40, method="exact")[1], abs=0.04)
     lo0, hi0 = stats.shared_control_rate_ci(0, 8, [20])
     assert lo0 == 0 and 0.25 < hi0 < 0.33 and hi0 > stats.proportion_ci(0, 20, method="exact")[1] + 0.08
     ends = [stats.shared_control_rate_ci(k, 8, [10, 10]) for k in (0, 1, 3, 20)]
@@ -99,10 +101,10 @@ def test_a_rate_over_tests_sharing_a_control_is_clopper_pearson_when_independent
 def test_a_rate_over_tests_sharing_a_control_is_covered_where_clopper_pearson_is_not(case):
     """Simulated placebo studies as notebook 08 runs them (20 streams, 8 seeds, each stream's gaps against the same
     clean run of a seed, a two-sided paired t test per stream): the shared-control interval covers the true rate in
-    >= 95% of 600 studies, both where the tests reject too often (|t| > 1.5: rate ~18%, where Clopper-Pearson, taking
+    >= 95% of 1,500 studies, both where the tests reject too often (|t| > 1.5: rate ~18%, where Clopper-Pearson, taking
     the 20 calls as independent, covers it in ~77%) and where the runs' noise is t(3), not the normal the interval
     simulates."""
-    S, n, studies = 8, 20, 600
+    S, n, studies = 8, 20, 1500
     rng = np.random.default_rng(21)
     if case == "a lax threshold":
         thr, draw = 1.5, (lambda shape: rng.normal(size=shape))
@@ -118,7 +120,7 @@ def test_a_rate_over_tests_sharing_a_control_is_covered_where_clopper_pearson_is
     cp = {k: stats.proportion_ci(int(k), n, method="exact") for k in np.unique(calls)}
     cover = np.mean([ours[k][0] <= true <= ours[k][1] for k in calls])
     cover_cp = np.mean([cp[k][0] <= true <= cp[k][1] for k in calls])
-    assert cover >= 0.95, (true, cover)
+    assert cover >= (0.965 if case == "a lax threshold" else 0.95), (true, cover)  # ~0.98 measured; alpha 0.1: 0.945
     if case == "a lax threshold":
         assert cover_cp < 0.85, (true, cover_cp)
 

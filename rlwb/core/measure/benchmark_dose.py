@@ -289,7 +289,7 @@ class BMDResult:
     model_bounds: dict | None = None  # each passing model's own bootstrap (BMDL, BMDU), same resamples
     # the model-average curve over the tested doses (dose 0 first, then CURVE_POINTS log-spaced from the lowest to
     # the highest dose; never beyond them): `dose`, `mean` and its pointwise 95% bootstrap band `low`/`high`
-    # (outcome minus baseline, the same resamples); None where no model passes
+    # (outcome minus baseline, the same resamples; NaN where no bootstrap was drawn); None where no model passes
     curve: dict | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -534,12 +534,30 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     x_hi = 10 * x_max
     bmd_x = float(_ma_bmd_x(msel, [fits[i] for i in sel], w[sel][None], bmr, bmr_type, x_lo / 1e3, x_hi)[0])
     bmd = float(from_metric(bmd_x, dose_scale, d_min)) if np.isfinite(bmd_x) else float("inf")
+    if d_min / LOW_BMD_FAIL <= bmd < d_min / LOW_BMD_WARN:
+        notes.append(f"BMD more than {LOW_BMD_WARN:g}x below the lowest non-zero dose (BMDS warning)")
+    # the fitted curve over the tested doses (its band from the bootstrap, below)
+    xs = np.concatenate([[0.0], to_metric(np.geomspace(d_min, d_max, CURVE_POINTS), dose_scale, d_min)])
+    mid = average_curve(msel, [fits[i] for i in sel], w[sel][None], xs[None])[0]
+    band[0] = {"dose": from_metric(xs, dose_scale, d_min), "mean": mid, "low": np.full_like(mid, np.nan),
+               "high": np.full_like(mid, np.nan)}
+
+    def placed(bmdl=float("nan"), bmdu=float("nan"), undefined=0):
+        """The status the point BMD's place gives (outside the tested range: above or below it, bound or not),
+        else bounded where the BMDL is finite, not bounded where it is not."""
+        if not np.isfinite(bmd) or bmd > d_max:
+            return result(ABOVE_RANGE, bmd, bmdl, bmdu, undefined)
+        if bmd < d_min / LOW_BMD_FAIL:
+            return result(BELOW_RANGE, bmd, bmdl, bmdu, undefined)
+        if not np.isfinite(bmdl):
+            return result(NOT_BOUNDED, bmd, bmdl, bmdu, undefined)
+        return result(BOUNDED, bmd, bmdl, bmdu, undefined)
 
     H = group_strata(st_)
     short = strata_shortfall(st_, H)
     if short:
         notes.append(short)
-        return result(NOT_BOUNDED, bmd)
+        return placed()
     # the expanded bound's small-sample width (`expanded_alpha`) is set by the group whose mean the stratified
     # bootstrap undersells most: S seeds in H strata give (S - H)/S of its variance (S - 1 of S where every dose has
     # every seed: the fewest seeds decide; a group of 24 in 4 strata, a seed alone, 7, 8 and 8, gives 20/24 of it)
@@ -555,8 +573,6 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     undefined = int(np.isnan(bx).sum())
     bx = bx[~np.isnan(bx)]
     boot[0] = from_metric(bx, dose_scale, d_min)
-    xs = np.concatenate([[0.0], to_metric(np.geomspace(d_min, d_max, CURVE_POINTS), dose_scale, d_min)])
-    mid = average_curve(msel, [fits[i] for i in sel], w[sel][None], xs[None])[0]
     # the band is of the fitted outcome, which the baseline's draw does not move (it moves only where the BMR lies):
     # each resample's curve back on the outcome's scale before the quantiles
     spread = average_curve(msel, bfits, bw, np.broadcast_to(xs, (n_boot, xs.size)).copy()) + drawn[:, None]
@@ -564,7 +580,7 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
                "low": np.nanquantile(spread, alpha / 2, axis=0), "high": np.nanquantile(spread, 1 - alpha / 2, axis=0)}
     if bx.size < 0.5 * n_boot:
         notes.append(f"{undefined} of {n_boot} resamples had no clean gain (no benchmark)")
-        return result(NOT_BOUNDED, bmd, undefined=undefined)
+        return placed(undefined=undefined)
     ql, qu = bootstrap_bounds(bx, bmd_x, n_small, alpha, interval, h_small)
     bm = np.stack([model_bmd_x(m, f.t1, f.t2, f.alpha, f.beta, bmr, bmr_type) for m, f in zip(msel, bfits)], 1)
     per_model = {}
@@ -583,16 +599,9 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     bmdu = float(from_metric(qu, dose_scale, d_min)) if np.isfinite(qu) else float("inf")
     if undefined:
         notes.append(f"{undefined} of {n_boot} resamples had no clean gain and were left out")
-    if not np.isfinite(bmd) or bmd > d_max:
-        return result(ABOVE_RANGE, bmd, bmdl, bmdu, undefined)
-    if bmd < d_min / LOW_BMD_FAIL:
-        return result(BELOW_RANGE, bmd, bmdl, bmdu, undefined)
-    if bmd < d_min / LOW_BMD_WARN:
-        notes.append(f"BMD more than {LOW_BMD_WARN:g}x below the lowest non-zero dose (BMDS warning)")
-    if not np.isfinite(bmdl):
+    if not np.isfinite(bmdl) and d_min / LOW_BMD_FAIL <= bmd <= d_max:
         notes.append("the bootstrap put the BMD at or beyond the tested range too often for a finite bound")
-        return result(NOT_BOUNDED, bmd, bmdl, bmdu, undefined)
-    return result(BOUNDED, bmd, bmdl, bmdu, undefined)
+    return placed(bmdl, bmdu, undefined)
 
 
 INTERVALS = ("expanded", "percentile", "bc")

@@ -55,9 +55,10 @@ def benchmark_reason(r) -> str:
         return f"the data cannot be fitted {why}" if why else "the clean run gained nothing to lose over the " \
                                                                "initial policy (no benchmark response)"
     if r.status == BMD_NOT_BOUNDED:  # the fit's notes say why (tables from before they were kept: the usual reason)
-        why = getattr(r, "fit_notes", "")
-        return (f"no finite bound: {why}" if isinstance(why, str) and why
-                else "the bootstrap put the BMD beyond the tested doses too often for a finite bound")
+        why, bmd = getattr(r, "fit_notes", ""), getattr(r, "bmd", float("nan"))
+        at = f" (the point BMD is {bmd:.1e})" if isinstance(bmd, float) and np.isfinite(bmd) else ""
+        return (f"no finite bound{at}: {why}" if isinstance(why, str) and why
+                else f"the bootstrap put the BMD beyond the tested doses too often for a finite bound{at}")
     return r.status
 
 
@@ -141,7 +142,8 @@ def below_initial_line(table) -> str:
 def placebo_line(metrics: dict) -> str:
     """Notebook 08's placebo rows (the clean run again on an independent stream of sampling seeds, same prompts,
     inside the Holm family): how often the tests call a cost or gain where there is none, over the independent
-    streams, with the rate's exact 95% interval; "" without placebo rows."""
+    streams, with the rate's 95% interval (exact for independent streams; `stats.shared_control_rate_ci` for streams
+    sharing their clean runs); "" without placebo rows."""
     if "placebo/rows" not in metrics:
         return ""
     n, rows = int(metrics.get("placebo/streams", metrics["placebo/rows"])), int(metrics["placebo/rows"])
@@ -154,13 +156,14 @@ def placebo_line(metrics: dict) -> str:
     ok = fph == 0
     dup = f" ({rows - n} row{'s' if rows - n != 1 else ''} the same run as another, counted once)" if rows > n else ""
     refs = int(metrics.get("placebo/shared_controls", n))  # runs analysed before it was kept: taken as independent
-    shared = (f" for streams that share their clean runs ({n} tested against {refs} clean reference"
-              f"{'s' if refs != 1 else ''}: their calls are correlated, so the interval is wider than for {n} "
-              f"independent trials)" if refs < n else "")
+    kind = ("exact 95% intervals" if refs >= n else
+            f"95% intervals for {n} streams tested against {'the same' if refs == 1 else refs} clean reference"
+            f"{'s' if refs != 1 else ''}: their calls are correlated, so the intervals, from the design's simulated "
+            f"null, are wider than {n} independent trials would give")
     return (f"**Placebo** ({n} independent stream{'s' if n != 1 else ''}{dup}: the clean run trained again with an "
             f"independent stream of sampling seeds on the same prompts, tested in the Holm family like every dose): "
             f"false-positive rate {fp:.0%}{ci('false_positive_rate')} at the unadjusted 5% level, "
-            f"{fph:.0%}{ci('false_positive_rate_holm')} after Holm (exact 95% intervals{shared}) "
+            f"{fph:.0%}{ci('false_positive_rate_holm')} after Holm ({kind}) "
             + ("(passes: the family calls no cost where there is none; with these streams that bounds the rate only "
                f"below {metrics.get('placebo/false_positive_rate_ci_high', float('nan')):.0%})."
                if ok else
