@@ -130,7 +130,7 @@ def test_placebo_rows_are_tested_in_the_family_and_a_false_positive_is_reported(
     assert m["placebo/false_positive_rate_ci_low"] == 0 and m["placebo/false_positive_rate_ci_high"] == (
         pytest.approx(0.975, abs=0.005))
     assert "(passes" in wording.placebo_line(m) and "[0%, 98%]" in wording.placebo_line(m)
-    assert "bounds the rate only below 98%" in wording.placebo_line(m)
+    assert "bounds its rate after Holm only below 98%" in wording.placebo_line(m)
     # two arms' placebo runs that are the same numbers (arms that train alike without a dose) are one stream
     c = curves({**CLEAN, ("ratio@0.1", "none@engine"): 0.2, ("placebo", "none@engine"): 0.0,
                 ("placebo", "none@trainer"): 0.0})
@@ -248,6 +248,11 @@ def test_the_wording_knows_every_benchmark_status_the_estimator_gives():
     assert "patterns of doses run" in wording.benchmark_reason(r)
     assert f"the point BMD is {f.bmd:.1e}" in wording.benchmark_reason(r)
     assert "beyond the tested doses" in wording.benchmark_reason(SimpleNamespace(status=f.status))  # older tables
+    # a row placed above the tested doses without a bootstrap says why it has no bound too
+    flat = bd.fit_bmd(cov.DESIGN_08, np.full(6, 0.3) + 0.01 * np.arange(6), np.where(np.isnan(y), np.nan, 0.3),
+                      n_boot=20, profile=False)
+    r = SimpleNamespace(status=flat.status, fit_notes="; ".join(flat.notes), bmd=flat.bmd, k3_max=1.0)
+    assert flat.status == bd.ABOVE_RANGE and "patterns of doses run" in wording.benchmark_reason(r)
 
 
 def test_the_dose_answer_reads_the_first_regime_at_the_studys_horizon():
@@ -864,8 +869,8 @@ def test_placebo_streams_are_rows_of_their_own_with_sampling_seeds_no_other_run_
 
 def test_n_placebo_streams_are_n_rows_of_the_false_positive_rate():
     """Three placebo streams of one arm on hand-made curves: three rows in the family, three independent streams
-    in `placebo_metrics`, the rate and its exact interval over three; a stream whose gap is a real cost is one false
-    positive of three (unadjusted and after Holm)."""
+    in `placebo_metrics`, the rate and its interval over three streams sharing one clean reference; a stream whose
+    gap is a real cost is one false positive of three (unadjusted and after Holm)."""
     from rlwb.core.measure import stats
     from rlwb.experiments.wording import mismatch_cost as wording
 

@@ -203,7 +203,8 @@ def study(doses, clean, dosed, baseline: float = 0.0) -> Study:
 def strata_shortfall(st: Study, strata=None) -> str | None:
     """Why the stratified bootstrap cannot bound `st`, or None: a dose group with fewer than 2 seeds more than the
     strata it is drawn in (`group_strata`) leaves it S - H < 2 degrees of freedom of its spread. The point fit
-    needs no strata, so `fit_bmd` still reports it (status "not bounded", this reason in its notes)."""
+    needs no strata, so `fit_bmd` still reports it, placed by the range (above or below the tested doses where it
+    lies outside them, else "not bounded"), this reason in its notes."""
     spare = st.ns - (group_strata(st) if strata is None else strata)
     if not (spare < 2).any():
         return None

@@ -37,13 +37,15 @@ def benchmark_reason(r) -> str:
         return (f"bounded on the linear dose scale (BMDL {r.bmdl:.1e}) but the log scale says {log}: with "
                 f"{r.doses} dose(s) the dose scale decides it; 4 or more doses between {r.k3_min:.0e} and "
                 f"{r.k3_max:.0e} would tell the curves apart")
+    notes = getattr(r, "fit_notes", "")  # what else the fit said (e.g. why no bootstrap bound could be drawn)
+    notes = f" ({notes})" if isinstance(notes, str) and notes else ""
     if r.status == BMD_ABOVE:
         return (f"the fitted cost stays below the BMR up to the largest tested k3 {r.k3_max:.1e}"
                 + (f" (the curve reaches it at {r.bmd:.1e} by extrapolation)" if np.isfinite(r.bmd) else "")
-                + "; larger doses would place it")
+                + "; larger doses would place it" + notes)
     if r.status == BMD_BELOW:
         return (f"the fitted cost reaches the BMR more than 10x below the smallest tested k3 {r.k3_min:.1e}; "
-                f"smaller doses would place it")
+                f"smaller doses would place it" + notes)
     if r.status == BMD_NO_FIT:
         return ("no model fits the dose groups' means (BMDS's test 4, p < 0.1, for every model): the outcome does "
                 "not fall smoothly with the dose at this noise; more seeds per dose would tell")
@@ -164,8 +166,8 @@ def placebo_line(metrics: dict) -> str:
             f"independent stream of sampling seeds on the same prompts, tested in the Holm family like every dose): "
             f"false-positive rate {fp:.0%}{ci('false_positive_rate')} at the unadjusted 5% level, "
             f"{fph:.0%}{ci('false_positive_rate_holm')} after Holm ({kind}) "
-            + ("(passes: the family calls no cost where there is none; with these streams that bounds the rate only "
-               f"below {metrics.get('placebo/false_positive_rate_ci_high', float('nan')):.0%})."
+            + ("(passes: the family calls no cost where there is none; with these streams that bounds its rate after "
+               f"Holm only below {metrics.get('placebo/false_positive_rate_holm_ci_high', float('nan')):.0%})."
                if ok else
                "(**fails**: a placebo was called a cost or a gain; sampling noise between runs exceeds what the t "
                "intervals assume, and every verdict of this family is suspect)."))
