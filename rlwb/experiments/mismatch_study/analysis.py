@@ -422,8 +422,9 @@ def placebo_metrics(table: pd.DataFrame, curves: pd.DataFrame) -> dict[str, floa
     streams, unadjusted and after Holm, each with its 95% interval for tests that share their clean runs
     (`stats.shared_control_rate_ci`, simulated from the design; Clopper-Pearson where none share: the streams of
     one arm are each paired with the same clean run of a seed, so their calls are correlated;
-    `placebo/shared_controls` is how many clean references they share out between). 0 of 2 is compatible with a rate up to 84%, so a handful of placebo rows checks little; 0 of 20 on one clean
-    reference with up to 29% (Clopper-Pearson, taking them as independent, would say 17%)."""
+    `placebo/shared_controls` is how many clean references they share out between). 0 of 2 is compatible with a
+    rate up to 84%, so a handful of placebo rows checks little; 0 of 20 on one clean reference with up to 29%
+    (Clopper-Pearson, taking them as independent, would say 17%)."""
     placebo = table[table["kind"] == "placebo"]
     if placebo.empty:
         return {}
