@@ -1355,3 +1355,19 @@ def test_a_reanalysis_reports_the_decision_the_study_took():
         sequential.reanalysis_decision(grown, grown, curves, 8)
     with pytest.raises(ValueError, match="no sequential decision recorded"):
         sequential.reanalysis_decision(grown, {"gap": -0.1}, curves, 8)
+
+
+def test_the_report_shows_the_benchmark_columns_a_reader_needs():
+    """`benchmark_view` on a shipped study's table: the row, the dose, the level and what the fit noted, in
+    `VIEW_COLUMNS`' order; not the per-row repeat of the error-control sentence nor the baseline's source (every
+    column stays in the data); a table of an older run without some columns still shows."""
+    from rlwb.experiments.mismatch_study import benchmarks
+
+    b = pd.read_parquet(Path(__file__).resolve().parent.parent / "docs" / "runs" / "08_mismatch_cost"
+                        / "20261129-045344-69f6476f" / "data" / "benchmarks.parquet")
+    v = benchmarks.benchmark_view(b)
+    assert list(v.columns) == benchmarks.VIEW_COLUMNS and len(v) == len(b)
+    assert {"error_control", "baseline_se_source", "bmds_pick"} <= set(b.columns) - set(v.columns)
+    assert len(v.columns) < len(b.columns) - 10
+    old = benchmarks.benchmark_view(b.drop(columns=["fit_notes", "trend_p_holm"]))
+    assert list(old.columns) == [c for c in benchmarks.VIEW_COLUMNS if c not in ("fit_notes", "trend_p_holm")]

@@ -36,7 +36,7 @@ from rlwb.experiments.mismatch_study.analysis import (
     regime_metrics,
     regime_ratios,
 )
-from rlwb.experiments.mismatch_study.benchmarks import benchmark_metrics
+from rlwb.experiments.mismatch_study.benchmarks import benchmark_metrics, benchmark_view
 from rlwb.experiments.mismatch_study.comparisons import (
     contrast_metrics,
     study_tests,
@@ -104,6 +104,10 @@ class CostResult(Result):
                 "gap_ci_high", "mde", "verdict", "train_gap", "heldout_gap", "auc_gap", "entropy_gap", "kl_to_clean",
                 "clip_frac"]
         return self.doses[~self.doses["kind"].isin(["clean", "rerun"])][cols].set_index(["kind", "label", "arm"])
+
+    def benchmark_view(self) -> pd.DataFrame:
+        """The benchmark table with the columns a reader needs (`benchmarks.benchmark_view`)."""
+        return benchmark_view(self.benchmarks)
 
     def conclusion(self) -> str:
         return conclusion(self.metrics, self.doses, self.params, self.benchmarks, self.contrasts, self.horizon)

@@ -188,6 +188,21 @@ COLUMNS = ["kind", "updates", "epochs", "arm", "name", "doses", "seeds", "dose_s
            "fit_notes"]
 
 
+# what the report shows of the table (every column stays in the run's data/benchmarks.parquet): the row, its doses
+# and seeds, the trend, the benchmark dose on both scales, the level to quote and what the fit noted. Left out:
+# error control (one sentence, the same on every row: the report's text says it), the baseline's source and the
+# achieved k3 range (in the dose table), BMDS's pick (docs/benchmark_dose.md compares it).
+VIEW_COLUMNS = ["kind", "updates", "epochs", "arm", "doses", "seeds", "dose_seeds", "k3_min", "k3_max", "clean_gain",
+                "bmr", "trend_slope", "trend_p_holm", "bmd", "bmdl", "bmdu", "status", "models_passing", "bmdl_log",
+                "status_log", "keep_below", "fit_notes"]
+
+
+def benchmark_view(benchmarks: pd.DataFrame) -> pd.DataFrame:
+    """The benchmark table as a reader gets it (`VIEW_COLUMNS`, those the table has: tables of older runs lack
+    some)."""
+    return benchmarks[[c for c in VIEW_COLUMNS if c in benchmarks.columns]]
+
+
 def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: float, draws: int = 0
                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(benchmarks, fits). `benchmarks`: one row per `row_studies` row: the trend of the outcome's paired gap
