@@ -543,14 +543,16 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     band[0] = {"dose": from_metric(xs, dose_scale, d_min), "mean": mid, "low": np.full_like(mid, np.nan),
                "high": np.full_like(mid, np.nan)}
 
-    def placed(bmdl=float("nan"), bmdu=float("nan"), undefined=0):
+    def placed(bmdl=float("nan"), bmdu=float("nan"), undefined=0, unbounded: str = ""):
         """The status the point BMD's place gives (outside the tested range: above or below it, bound or not),
-        else bounded where the BMDL is finite, not bounded where it is not."""
+        else bounded where the BMDL is finite, not bounded where it is not (`unbounded`, if given, the note why)."""
         if not np.isfinite(bmd) or bmd > d_max:
             return result(ABOVE_RANGE, bmd, bmdl, bmdu, undefined)
         if bmd < d_min / LOW_BMD_FAIL:
             return result(BELOW_RANGE, bmd, bmdl, bmdu, undefined)
         if not np.isfinite(bmdl):
+            if unbounded:
+                notes.append(unbounded)
             return result(NOT_BOUNDED, bmd, bmdl, bmdu, undefined)
         return result(BOUNDED, bmd, bmdl, bmdu, undefined)
 
@@ -600,9 +602,8 @@ def fit_bmd(doses, clean, dosed, *, baseline: float = 0.0, baseline_se: float = 
     bmdu = float(from_metric(qu, dose_scale, d_min)) if np.isfinite(qu) else float("inf")
     if undefined:
         notes.append(f"{undefined} of {n_boot} resamples had no clean gain and were left out")
-    if not np.isfinite(bmdl) and d_min / LOW_BMD_FAIL <= bmd <= d_max:
-        notes.append("the bootstrap put the BMD at or beyond the tested range too often for a finite bound")
-    return placed(bmdl, bmdu, undefined)
+    return placed(bmdl, bmdu, undefined,
+                  unbounded="the bootstrap put the BMD at or beyond the tested range too often for a finite bound")
 
 
 INTERVALS = ("expanded", "percentile", "bc")

@@ -37,8 +37,9 @@ def benchmark_reason(r) -> str:
         return (f"bounded on the linear dose scale (BMDL {r.bmdl:.1e}) but the log scale says {log}: with "
                 f"{r.doses} dose(s) the dose scale decides it; 4 or more doses between {r.k3_min:.0e} and "
                 f"{r.k3_max:.0e} would tell the curves apart")
-    notes = getattr(r, "fit_notes", "")  # what else the fit said (e.g. why no bootstrap bound could be drawn)
-    notes = f" ({notes})" if isinstance(notes, str) and notes else ""
+    noted = getattr(r, "fit_notes", "")  # what the fit said (e.g. why no bootstrap bound could be drawn)
+    noted = noted if isinstance(noted, str) else ""  # NaN or absent in tables from before they were kept
+    notes = f" ({noted})" if noted else ""
     if r.status == BMD_ABOVE:
         return (f"the fitted cost stays below the BMR up to the largest tested k3 {r.k3_max:.1e}"
                 + (f" (the curve reaches it at {r.bmd:.1e} by extrapolation)" if np.isfinite(r.bmd) else "")
@@ -57,9 +58,9 @@ def benchmark_reason(r) -> str:
         return f"the data cannot be fitted {why}" if why else "the clean run gained nothing to lose over the " \
                                                                "initial policy (no benchmark response)"
     if r.status == BMD_NOT_BOUNDED:  # the fit's notes say why (tables from before they were kept: the usual reason)
-        why, bmd = getattr(r, "fit_notes", ""), getattr(r, "bmd", float("nan"))
+        bmd = getattr(r, "bmd", float("nan"))
         at = f" (the point BMD is {bmd:.1e})" if isinstance(bmd, float) and np.isfinite(bmd) else ""
-        return (f"no finite bound{at}: {why}" if isinstance(why, str) and why
+        return (f"no finite bound{at}: {noted}" if noted
                 else f"the bootstrap put the BMD beyond the tested doses too often for a finite bound{at}")
     return r.status
 
