@@ -97,8 +97,12 @@ def package_versions() -> dict:
 
 
 def host_info() -> dict:
-    """The machine a run ran on; on a CUDA GPU also what decides its kernels (`gpu_info`)."""
-    cpu = host.cpu()["model"] or None
+    """The machine a run ran on: its CPU model and instruction set (`isa`: avx512 / avx2, `host.cpu`), which decides
+    the CPU kernels the trainer and the engines run (two CPUs of one model name can differ in it, and so can one
+    machine's image on two hosts: an AVX-512 kernel rounds otherwise than an AVX2 one, and vLLM's CPU backend keeps
+    an fp8 KV cache only with AVX-512); on a CUDA GPU also what decides its kernels (`gpu_info`)."""
+    info = host.cpu()
+    cpu, isa = info["model"] or None, info.get("isa")
     gpu, cuda = None, None
     try:
         import torch
@@ -108,7 +112,7 @@ def host_info() -> dict:
             cuda = gpu_info(torch)
     except Exception:
         pass
-    out = {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "platform": platform.platform()}
+    out = {"cpu": cpu, "isa": isa, "cores": os.cpu_count(), "gpu": gpu, "platform": platform.platform()}
     if cuda:
         out["cuda"] = cuda
     return out
@@ -517,11 +521,13 @@ def model_differences(there: dict, here: dict) -> list[str]:
 
 
 def environment_differences(there: dict, here: dict) -> list[str]:
-    """What differs between two runs' environments (their records' python, packages, host CPU model and GPU), each
-    named; a part either run did not record counts as differing (unknown is not the same)."""
+    """What differs between two runs' environments (their records' python, packages, host CPU model, its
+    instruction set and GPU), each named; a part either run did not record counts as differing (unknown is not the
+    same: a run recorded before the instruction set was may have trained on either)."""
     why = []
     for name, get in (("python", lambda r: r.get("python")),
                       ("host cpu", lambda r: (r.get("host") or {}).get("cpu")),
+                      ("host cpu instruction set", lambda r: (r.get("host") or {}).get("isa")),
                       ("host gpu", lambda r: (r.get("host") or {}).get("gpu", "(unrecorded)"))):
         a, b = get(there), get(here)
         if a != b or a is None and name != "host gpu":

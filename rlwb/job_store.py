@@ -42,16 +42,17 @@ def job_key(job) -> str:
 
 
 class JobStore:
-    """Finished jobs under `root`, trained by run `run_id` on `host` (its record's; the CPU model and GPU are kept
-    with each job). `source_dir`: the job store of the run this one resumes (None: a run from scratch), whose
-    record is `source_record`; its jobs are offered (`offered`) and taken over (`take`: hard-linked where the
-    file system allows, else copied; the source is never changed). `record(resume)` keeps this run's `resume`
+    """Finished jobs under `root`, trained by run `run_id` on `host` (its record's; the CPU model, its instruction set
+    and the GPU are kept with each job). `source_dir`: the job store of the run this one resumes (None: a run from
+    scratch), whose record is `source_record`; its jobs are offered (`offered`) and taken over (`take`: hard-linked
+    where the file system allows, else copied; the source is never changed). `record(resume)` keeps this run's `resume`
     record (the archive's `Run._update_run_json`)."""
 
     def __init__(self, root: Path, run_id: str | None, host: dict | None = None, *, source_dir: Path | None = None,
                  source_record: dict | None = None, record: Callable[[dict], None] | None = None):
         self.root, self.run_id = Path(root), run_id
-        self.host = {k: (host or {}).get(k) for k in ("cpu", "gpu")}  # where its jobs trained: each part's record
+        # where its jobs trained: each part's record
+        self.host = {k: (host or {}).get(k) for k in ("cpu", "isa", "gpu")}
         self.source_dir, self.source_record = (Path(source_dir) if source_dir else None), source_record or {}
         self._record = record
         self.reused: list[str] = []  # keys of the jobs taken over from the run resumed
@@ -150,8 +151,8 @@ class JobStore:
 
     # -- the run's record ---------------------------------------------------------------------------------------
     def provenance(self) -> dict:
-        """Which run trained each kept job, on which host (CPU model, GPU), and the wall time of each part (sum of
-        its jobs' wall times)."""
+        """Which run trained each kept job, on which host (CPU model, instruction set, GPU), and the wall time of each
+        part (sum of its jobs' wall times)."""
         parts: dict = {}
         for f in sorted(self.root.glob("*.json")):
             if not f.with_suffix(".parquet").exists():

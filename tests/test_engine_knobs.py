@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from rlwb.engines.presets import load_knobs, resolve_preset
-from rlwb.errors import EngineCrashed, ParamError, PresetError
+from rlwb.engines.presets import load_knobs, resolve_preset, unsupported_here
+from rlwb.errors import EngineCrashed, EngineError, ParamError, PresetError
 from rlwb.experiments import engine_knobs as K
 
 
@@ -48,6 +48,78 @@ def test_unknown_knob_and_bad_knob_files_are_named(tmp_path, monkeypatch):
                                                     "vllm_kwargs": {"block_size": 32}}}))
     monkeypatch.setenv("RLWB_ENGINE_KNOBS", str(extra))
     assert resolve_preset("vllm-v1@big-blocks").vllm_kwargs["block_size"] == 32
+
+
+def test_an_fp8_kv_cache_under_v1_needs_avx512_or_amx_on_a_cpu():
+    """`unsupported_here`: vLLM V1 on a CPU with neither AVX-512 nor AMX cannot keep an fp8 KV cache (any fp8
+    format), known before the engine starts; with either flag, on CUDA, under V0 (vLLM 0.8.5 keeps e5m2 on any x86
+    CPU) or without an fp8 cache nothing is known against it. Catches a rule that misses a format, refuses V0, or
+    refuses where the CPU has the flag."""
+    avx2, avx512, amx = {"avx2", "fma"}, {"avx2", "avx512f"}, {"avx2", "amx_tile"}
+    for name in ("vllm-v1-fixed@kv-fp8", "vllm-v1-fixed@kv-fp8-e4m3", "vllm-v1@kv-fp8-e5m2"):
+        pr = resolve_preset(name, cuda=False)
+        why = unsupported_here(pr, cuda=False, flags=avx2)
+        assert why and "AVX-512 or AMX" in why and "AVX2 only" in why and pr.vllm_kwargs["kv_cache_dtype"] in why
+        assert unsupported_here(pr, cuda=False, flags=avx512) is None and unsupported_here(pr, False, amx) is None
+        assert unsupported_here(resolve_preset(name, cuda=True), cuda=True, flags=avx2) is None
+    for name in ("vllm-v0@kv-fp8-e5m2", "vllm-v1-fixed", "vllm-v1-fixed@bf16", "hf"):
+        assert unsupported_here(resolve_preset(name, cuda=False), cuda=False, flags=avx2) is None, name
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_the_real_engine_refuses_an_fp8_kv_cache_exactly_where_rlwb_says_it_cannot_start(default_model):
+    """The rule above, held to the real vLLM V1 engine on this machine's CPU: started anyway (`check_host=False`),
+    it refuses the fp8 KV cache with its own reason where `unsupported_here` says it cannot start, and starts and
+    samples where it says nothing (an AVX-512 machine). Catches a rule that drifts from the engine (a vLLM upgrade
+    that lifts or widens the limit fails here on one kind of machine)."""
+    from rlwb.engines.worker import EngineWorker, Sampling
+
+    name = "vllm-v1-fixed@kv-fp8"
+    predicted = unsupported_here(resolve_preset(name))
+    if predicted:
+        with pytest.raises(EngineError, match="cannot start on this machine"):  # rlwb's check: no process started
+            EngineWorker(name, default_model.path)
+        with pytest.raises((EngineCrashed, EngineError)) as refused:
+            EngineWorker(name, default_model.path, check_host=False)
+        assert "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in K.error_line(refused.value)
+    else:
+        with EngineWorker(name, default_model.path) as w:
+            assert w.info()["settings"]["vllm_kwargs"]["kv_cache_dtype"] == "fp8"
+            (c,) = w.generate([[1, 5, 6, 7]], Sampling(max_tokens=4, seed=0, ignore_eos=True))
+            assert len(c.token_ids) == 4
+
+
+def test_a_run_names_every_engine_this_machine_refuses_before_it_starts_any(monkeypatch, tmp_path):
+    """`iter_engines` (every grid's and sweep's engine loop) raises before its first engine starts when a later one
+    is known to be refused here, naming each such engine once; and `EngineWorker` refuses one without starting a
+    process. The host is made to look AVX2-only (a fault this test cannot cause on an AVX-512 machine); the engines
+    never start, so no engine is faked. Catches the check made only when the engine's turn comes (after training
+    the ones before it), or a refusal that starts the process first."""
+    from rlwb import host
+    from rlwb.engines import forking
+    from rlwb.engines.worker import EngineWorker
+    from rlwb.experiments.base import iter_engines
+
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr("rlwb.engines.presets.cuda_available", lambda: False)
+
+    def no_start(*a, **k):
+        raise AssertionError("an engine process was started")
+
+    monkeypatch.setattr(forking, "start", no_start)
+    engines = ["vllm-v1-fixed", "vllm-v1-fixed@kv-fp8", "vllm-v1-fixed@bf16", "vllm-v1-fixed@kv-fp8"]
+    with pytest.raises(EngineError) as e:
+        next(iter_engines(engines, tmp_path, "float32", progress=False))
+    msg = str(e.value)
+    assert msg.count("'vllm-v1-fixed@kv-fp8'") == 1 and "AVX2 only" in msg and "Nothing was started" in msg
+    assert "'vllm-v1-fixed'" not in msg and "bf16" not in msg
+    with pytest.raises(EngineError, match="'vllm-v1-fixed@kv-fp8' cannot start on this machine: vLLM V1 keeps"):
+        EngineWorker("vllm-v1-fixed@kv-fp8", tmp_path, wait=False)
+    # a machine that has AVX-512 starts it (here: the process start is where the fake refuses)
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx2", "avx512f"})
+    with pytest.raises(AssertionError, match="an engine process was started"):
+        EngineWorker("vllm-v1-fixed@kv-fp8", tmp_path, wait=False)
 
 
 def test_every_notebook_accepts_a_knob_in_its_engines_param():

@@ -25,7 +25,8 @@ NB = "08_mismatch_cost"
 
 COMMIT = "c0ffee" * 6 + "c0ff"
 ENV = {"python": "3.12.3", "packages": {"rlwb": "0.1", "torch": "2.9.0", "vllm": "0.11.0"},
-       "host": {"cpu": "AMD EPYC 9654", "cores": 2, "gpu": None, "platform": "Linux"}}  # run.json's environment
+       "host": {"cpu": "AMD EPYC 9654", "isa": "avx512", "cores": 2, "gpu": None,
+                "platform": "Linux"}}  # run.json's environment
 
 
 def run_dir(root: Path, name: str, p, status: str = "failed", **rec) -> Path:
@@ -48,11 +49,11 @@ def tiny(**kw) -> MismatchCostParams:
 
 
 def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
-    """Each difference is named, before any compute: params (bar concurrent_runs), the commit, a dirty tree on
-    either side, the environment (python, each package, the host's CPU model and GPU, an environment either run did
-    not record) before the kernel starts; the model build as the run opens its job store; an engine's versions as
-    it starts, before any of its jobs trains. Catches a check that lets any of them through (a study resumed on
-    another machine or after an upgrade would mix jobs of two computations), or one that refuses a mere change of
+    """Each difference is named, before any compute: params (bar concurrent_runs), the commit, a dirty tree on either
+    side, the environment (python, each package, the host's CPU model, its instruction set and GPU, an environment
+    either run did not record) before the kernel starts; the model build as the run opens its job store; an engine's
+    versions as it starts, before any of its jobs trains. Catches a check that lets any of them through (a study resumed
+    on another machine or after an upgrade would mix jobs of two computations), or one that refuses a mere change of
     host core count or platform string."""
     p = tiny()
     src = run_dir(tmp_path, "src", p)
@@ -64,6 +65,11 @@ def test_a_resume_is_refused_unless_it_is_the_same_computation(tmp_path):
                          ({"packages": {**ENV["packages"], "scipy": "1.16"}}, "package scipy \\(none\\) there"),
                          ({"packages": {}}, "packages recorded there, unrecorded here"),
                          ({"host": {**ENV["host"], "cpu": "Intel Xeon"}}, "host cpu 'AMD EPYC 9654' there"),
+                         # the same CPU model on a host that exposes no AVX-512 (its kernels round otherwise)
+                         ({"host": {**ENV["host"], "isa": "avx2"}},
+                          "host cpu instruction set 'avx512' there, 'avx2' here"),
+                         ({"host": {k: v for k, v in ENV["host"].items() if k != "isa"}},
+                          "host cpu instruction set 'avx512' there, None here"),
                          ({"host": {**ENV["host"], "gpu": "NVIDIA H100"}}, "host gpu None there, 'NVIDIA H100'"),
                          ({"host": None}, "host cpu 'AMD EPYC 9654' there, None here")):
         with pytest.raises(ParamError, match=what):
@@ -158,7 +164,7 @@ def test_a_dosed_run_finished_before_its_clean_twin_keeps_its_probe_for_the_resu
     kl3, done3 = execution.TwinKL(todo, third), {}
     assert set(execution.reuse(third, todo, kl3, {}, done3)) == {clean, dosed, rerun}
     assert kl3.values[dosed] == want
-    nowhere = {"cpu": None, "gpu": None}
+    nowhere = {"cpu": None, "isa": None, "gpu": None}
     assert store2.provenance()["parts"] == {"src": {"jobs": 2, "wall_s": 6.0, "host": nowhere},
                                                      "new": {"jobs": 1, "wall_s": 1.0, "host": nowhere}}
 
@@ -181,7 +187,7 @@ def test_a_job_counts_as_kept_only_once_its_curve_is(tmp_path, monkeypatch):
     assert not (tmp_path / "jobs" / f"{job_key(todo[1])}.json").exists()
     (tmp_path / "jobs" / f"{job_key(todo[2])}.json").write_text(json.dumps({"run_id": "run", "wall_s": 9.0}))
     assert store.provenance()["parts"] == {"run": {"jobs": 1, "wall_s": 2.0,
-                                                            "host": {"cpu": "x", "gpu": None}}}
+                                                            "host": {"cpu": "x", "isa": None, "gpu": None}}}
 
 
 def test_threads_of_one_process_write_one_json_file_safely(tmp_path):
@@ -347,7 +353,7 @@ def test_a_resumed_study_equals_an_uninterrupted_one(default_model, tmp_path, mo
     info = json.loads((resumed_dir / "run.json").read_text())["resume"]
     assert info["from"] == str(cut_dir) and info["reused_jobs"] == 5 and len(info["reused"]) == 5
     assert {k: v["jobs"] for k, v in info["parts"].items()} == {"cut": 5, "resumed": 4}
-    assert all(v["wall_s"] > 0 and v["host"] == {"cpu": ENV["host"]["cpu"], "gpu": None}
+    assert all(v["wall_s"] > 0 and v["host"] == {"cpu": ENV["host"]["cpu"], "isa": ENV["host"]["isa"], "gpu": None}
                for v in info["parts"].values())
     done = resumed_dir / "data" / "jobs"
     assert len(list(done.glob("*.parquet"))) == 9 and not list(done.glob("*.probe.pt"))  # finished: probes gone

