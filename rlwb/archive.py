@@ -397,10 +397,10 @@ def resume_check(source: str | os.PathLike, stem: str, params, here: dict) -> di
     """`source`'s record if its kept jobs are the computation of a run of `stem` with `params` and the record
     `here` (`start_record`), else a `ParamError` naming every difference, before any kernel starts: a run with kept
     jobs (`JOBS_DIR`) of the same notebook, the same params (bar `NON_COMPUTATIONAL`), the same git commit with a
-    clean tree in both runs and the same environment (`environment_differences`: python, packages, CPU model,
-    GPU). The model build is known once the run has resolved it (`Run.jobs()` checks it, `model_differences`), each
-    engine's versions once it starts (`Run.record_engine`, `engine_differences`): both before any job is reused or
-    trained."""
+    clean tree in both runs and the same environment (`environment_differences`: python, packages, CPU model and
+    instruction set, GPU). The model build is known once the run has resolved it (`Run.jobs()` checks it,
+    `model_differences`), each engine's versions once it starts (`Run.record_engine`, `engine_differences`): both
+    before any job is reused or trained."""
     import yaml
 
     src = Path(source)

