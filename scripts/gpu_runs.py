@@ -255,6 +255,12 @@ class Runner:
 
     def go(self, steps: list[Step]) -> int:
         signal.signal(signal.SIGTERM, lambda *_: (self.interrupt(), sys.exit(1)))
+        # a step must stop at the budget's SIGINT (rlwb archives its run as interrupted, resumable): started by a
+        # shell's `cmd &` without job control, this process ignores SIGINT and its steps inherit that, so the
+        # budget's SIGINT did nothing and the step was SIGKILLed 30 s later, unarchived. A handled signal is reset to
+        # its default in a child, an ignored one is not: handle it here.
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if not any(s.name == "build" for s in steps):
             self.built.set()
         first = [s for s in steps if s.phase == 0]
