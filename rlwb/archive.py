@@ -501,7 +501,7 @@ def training_record(run_dir: Path, rec: dict) -> dict:
         where = next((w for w in (repo_path(back), d.parent / Path(back).name) if w.is_dir()), None) if back else None
         prev = read_record(where, None) if where else None
         at = (where, prev) if prev else None
-    return {"run_id": rec.get("run_id"), "commit": rec.get("git_commit"), "host": (rec.get("host") or {}).get("cpu"),
+    return {"run_id": rec.get("run_id"), "commit": rec.get("git_commit"), "host": host.cpu_name(rec.get("host")),
             "duration_s": rec.get("duration_s"), "time_s": rec.get("time_s"), "jobs": jobs.get("jobs"),
             "parts": parts, "chain": chain}
 

@@ -30,6 +30,17 @@ def cpu_flags() -> set[str]:
     return _flags(text) if text is not None else set()
 
 
+def cpu_name(record: dict | None) -> str | None:
+    """A run record's host CPU as a reader names it: the model and, where recorded, its instruction set
+    ("AMD EPYC, AVX2"): one model name covers CPUs (and one machine image on hosts) with and without AVX-512, whose
+    kernels round otherwise and which run different engines (vLLM V1 keeps an fp8 KV cache only with AVX-512)."""
+    record = record or {}
+    if not record.get("cpu"):
+        return None
+    isa = {"avx512": "AVX-512", "avx2": "AVX2"}.get(str(record.get("isa")))
+    return f"{record['cpu']}, {isa}" if isa else str(record["cpu"])
+
+
 def cpu() -> dict:
     """{"model", "vendor", "isa"}: the first CPU's model name (platform.processor() where /proc/cpuinfo has none),
     its vendor_id ("unknown" where absent) and "avx512" / "avx2" / "other" from its flags; without /proc/cpuinfo,

@@ -189,6 +189,9 @@ def test_the_provenance_block_names_the_gpu_a_run_computed_on(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "host": {"cpu": "AMD EPYC"}}))
     html = provenance_html(tmp_path)
     assert "on AMD EPYC (CPU)" in html and "H100" not in html
+    # the instruction set, where the run recorded it: one CPU model name covers AVX-512 and AVX2-only hosts
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "host": {"cpu": "AMD EPYC", "isa": "avx2"}}))
+    assert "on AMD EPYC, AVX2 (CPU)" in provenance_html(tmp_path)
 
 
 @pytest.mark.browser

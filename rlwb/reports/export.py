@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlwb import archive
+from rlwb.host import cpu_name
 
 # -- report.html ------------------------------------------------------------------------------------
 REMOVED_CELL_TAGS = ("parameters", "injected-parameters")  # shown in the provenance block instead
@@ -71,7 +72,7 @@ def device_line(host: dict | None) -> str:
         extra = ", ".join(x for x in (f"CUDA {cuda['cuda_runtime']}" if cuda.get("cuda_runtime") else "",
                                       f"driver {cuda['driver']}" if cuda.get("driver") else "") if x)
         return f"{host['gpu']}" + (f" ({extra})" if extra else "")
-    return f"{host['cpu']} (CPU)" if host.get("cpu") else "?"
+    return f"{cpu_name(host)} (CPU)" if host.get("cpu") else "?"
 
 
 def provenance_html(run_dir: Path, error: str | None = None) -> str:
