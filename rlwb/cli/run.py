@@ -16,8 +16,9 @@ def add_run(sub) -> None:
     run_options(r, "override one param; VALUE is YAML ('[0.6, 1.0]', '7', 'true')")
     r.add_argument("--resume-from", metavar="RUN_DIR",
                    help="notebooks 03, 07, 08: reuse the finished jobs of this archived run of the same computation "
-                        "(refused otherwise, before compute); a run option, not a param (not in params.yaml nor its "
-                        "hash)")
+                        "(the same params, commit with a clean tree, Python, packages, CPU model and instruction set, "
+                        "GPU, model build and engine versions; refused otherwise, naming each difference, before "
+                        "compute); a run option, not a param (not in params.yaml nor its hash)")
     r.add_argument("--reanalyze", metavar="RUN_DIR",
                    help="notebook 08: a new run that trains nothing and redoes the analysis of this finished run "
                         "from its data, with today's code (its params, which -f/-p may not change; the record names "
