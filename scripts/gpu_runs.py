@@ -258,9 +258,18 @@ class Runner:
         # a step must stop at the budget's SIGINT (rlwb archives its run as interrupted, resumable): started by a
         # shell's `cmd &` without job control, this process ignores SIGINT and its steps inherit that, so the
         # budget's SIGINT did nothing and the step was SIGKILLed 30 s later, unarchived. A handled signal is reset to
-        # its default in a child, an ignored one is not: handle it here.
-        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        # its default in a child, an ignored one is not: a handler that does nothing keeps this process ignoring a
+        # stray SIGINT (as it did) while its steps get the default. Restored when the steps are done.
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if ignored:
+            signal.signal(signal.SIGINT, lambda *_: None)
+        try:
+            return self._go(steps)
+        finally:
+            if ignored:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def _go(self, steps: list[Step]) -> int:
         if not any(s.name == "build" for s in steps):
             self.built.set()
         first = [s for s in steps if s.phase == 0]

@@ -199,7 +199,7 @@ def test_a_step_cut_at_the_budget_is_interrupted_and_not_marked_done(tmp_path):
     """The budget's SIGINT stops a step at once, also where the runner was started ignoring SIGINT (a shell's
     `cmd &`: set here, as such a shell sets it), so rlwb can archive the step's run as interrupted; the step is not
     marked done and a second call runs only it. Catches steps that inherit the ignored SIGINT (then the step lives
-    until the SIGKILL 30 s later, unarchived)."""
+    until the SIGKILL 30 s later, unarchived), or a runner that keeps its handler after it returns."""
     import signal
     import types
 
@@ -212,6 +212,7 @@ def test_a_step_cut_at_the_budget_is_interrupted_and_not_marked_done(tmp_path):
         t0 = time.monotonic()
         rc = gpu_runs.Runner(a).go([slow, quick])
         took = time.monotonic() - t0
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # the runner's own disposition given back
     finally:
         signal.signal(signal.SIGINT, before)
     assert took < 20 and rc == 1, took
