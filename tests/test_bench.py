@@ -16,6 +16,7 @@ import torch
 from rlwb.bench import throughput as bench
 from rlwb.bench import trl_vllm_peer
 from rlwb.engines.presets import resolve_preset
+from rlwb.experiments.wording import bench as bench_wording
 from rlwb.plots import bench as bench_plots
 
 
@@ -73,6 +74,18 @@ def test_a_bench_without_a_measurement_draws_no_empty_figure():
     figs = dict(bench_plots.draw(res))
     assert list(figs) == ["throughput"] and len(figs["throughput"].axes[0].patches) == 2
     assert list(bench_plots.draw({**{k: v for k, v in res.items() if not k.startswith("tput/")}})) == []
+
+
+def test_a_bench_names_its_cpu_with_the_instruction_set():
+    """One model name covers AVX-512 and AVX2-only CPUs (their kernels and engines differ): the one-line answer and
+    bench.md name the CPU as the run record has it, "AMD EPYC, AVX2"; a record from before the isa was kept names
+    the model alone."""
+    res = {"settings": {"batch_sizes": [1], "max_tokens": 8, "repeats": 1}, "started_at": "2026-11-29T11:00",
+           "machine": {"cpu": "AMD EPYC", "isa": "avx2", "cores": 2, "gpu": None}, "tput/hf/bs1": 10.0}
+    assert bench_wording.answer(res, ["hf"]).endswith("(AMD EPYC, AVX2, 2 cores)")
+    assert "on AMD EPYC, AVX2 (2 cores)" in bench_wording.markdown(res, ["hf"], [])
+    old = {**res, "machine": {"cpu": "AMD EPYC", "cores": 2}}
+    assert bench_wording.answer(old, ["hf"]).endswith("(AMD EPYC, 2 cores)")
 
 
 @pytest.mark.engines

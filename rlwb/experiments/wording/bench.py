@@ -4,6 +4,8 @@ measures and passes its result (bench.json's dict) and what it measured; nothing
 
 from __future__ import annotations
 
+from rlwb.host import cpu_name
+
 
 def answer(res: dict, presets: list[str]) -> str:
     """The bench's finding in one line, for the runs' index: its ratios, each saying what it compares (`presets`: those
@@ -25,14 +27,14 @@ def answer(res: dict, presets: list[str]) -> str:
         if isinstance(res.get(key), (int, float)):
             parts.append(said.format(res[key]))
     machine = res["machine"]
-    return "; ".join(parts) + f" ({machine.get('gpu') or machine.get('cpu')}, {machine.get('cores')} cores)"
+    return "; ".join(parts) + f" ({machine.get('gpu') or cpu_name(machine)}, {machine.get('cores')} cores)"
 
 
 def markdown(res: dict, presets: list[str], phases: list[str]) -> str:
     """bench.md: a tokens/s table of the `presets` measured at every batch size, then every ratio and time measured
     (`phases`: the GRPO step's phases, each compared with the minimal loop's)."""
     bss = res["settings"]["batch_sizes"]
-    lines = [f"Measured {res['started_at']} on {res['machine']['cpu']} ({res['machine']['cores']} cores), fp32, "
+    lines = [f"Measured {res['started_at']} on {cpu_name(res['machine'])} ({res['machine']['cores']} cores), fp32, "
              f"{res['settings']['max_tokens']} tokens per request, median of {res['settings']['repeats']}.", "",
              "| preset | " + " | ".join(f"bs {b} tok/s" for b in bss) + " |", "|---|" + "---|" * len(bss)]
     for p in presets:
