@@ -346,6 +346,23 @@ def _value_and_grad(p, rss_rows, lb, ub, step: float = 1e-8):
     return float(v[0]), (v[1:] - v[0]) / ((p + h) - p)
 
 
+_BLAS = None  # threadpoolctl's view of the loaded BLAS libraries, made once (it scans the process's libraries)
+
+
+def _one_blas_thread():
+    """A context in which the BLAS libraries (scipy's and numpy's OpenBLAS) run one thread. Why: scipy's L-BFGS-B
+    (C since scipy 1.15) calls BLAS on vectors of one or two elements at every iteration, and a threaded OpenBLAS
+    wakes its pool for each call (scipy issues #23191, #26137): measured here 15-30x the time of a minimize on 2
+    busy cores, and the point fits' polish was about 70% of a study's `fit_bmd`. The values are the same to the bit
+    (a vector that small is never split between threads; `tests/test_benchmark_dose.py` checks a fit both ways)."""
+    global _BLAS
+    from threadpoolctl import ThreadpoolController
+
+    if _BLAS is None:
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
 def polish(model: str, x, n, ybar, x_max: float, f: Fits, exps) -> Fits:
     """The point fit: the grid fit, and the grid's best local minima over the exponent (`_grid_starts`), each
     polished by L-BFGS-B over the shape parameters (log scale, exponent) within the grid's bounds; the lowest RSS
@@ -378,10 +395,13 @@ def polish(model: str, x, n, ybar, x_max: float, f: Fits, exps) -> Fits:
             return _ls_rows(model, e, n, ybar, fl)[2] / scale
     lb, ub = (np.array(v, dtype=np.float64) for v in zip(*bounds))
     opts = {} if model == "power" else {"ftol": 1e-13, "gtol": 1e-10, "maxiter": 200}
-    for t1, t2 in starts:
-        p0 = [t2] if model == "power" else [np.log(t1), t2]
-        res = optimize.minimize(_value_and_grad, p0, args=(rss_rows, lb, ub), jac=True, method="L-BFGS-B",
-                                bounds=bounds, options=opts)
+    fits = []
+    with _one_blas_thread():
+        for t1, t2 in starts:
+            p0 = [t2] if model == "power" else [np.log(t1), t2]
+            fits.append(optimize.minimize(_value_and_grad, p0, args=(rss_rows, lb, ub), jac=True, method="L-BFGS-B",
+                                          bounds=bounds, options=opts))
+    for res in fits:
         val = float(res.fun) if model == "power" else float(res.fun * scale)
         if val < best_rss:
             best = (float(f.t1[0]), float(res.x[0])) if model == "power" else (float(np.exp(res.x[0])),
