@@ -86,6 +86,7 @@ def test_a_bench_names_its_cpu_with_the_instruction_set():
     assert "on AMD EPYC, AVX2 (2 cores)" in bench_wording.markdown(res, ["hf"], [])
     old = {**res, "machine": {"cpu": "AMD EPYC", "cores": 2}}
     assert bench_wording.answer(old, ["hf"]).endswith("(AMD EPYC, 2 cores)")
+    assert "on AMD EPYC (2 cores)" in bench_wording.markdown(old, ["hf"], [])
 
 
 @pytest.mark.engines

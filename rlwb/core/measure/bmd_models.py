@@ -14,7 +14,9 @@ fits every resample at every grid shape.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -347,20 +349,26 @@ def _value_and_grad(p, rss_rows, lb, ub, step: float = 1e-8):
 
 
 _BLAS = None  # threadpoolctl's view of the loaded BLAS libraries, made once (it scans the process's libraries)
+_BLAS_LOCK = threading.Lock()  # the thread setting is the process's: two threads' limits would restore each other's
 
 
+@contextlib.contextmanager
 def _one_blas_thread():
     """A context in which the BLAS libraries (scipy's and numpy's OpenBLAS) run one thread. Why: scipy's L-BFGS-B
     (C since scipy 1.15) calls BLAS on vectors of one or two elements at every iteration, and a threaded OpenBLAS
     wakes its pool for each call (scipy issues #23191, #26137): measured here 15-30x the time of a minimize on 2
     busy cores, and the point fits' polish was about 70% of a study's `fit_bmd`. The values are the same to the bit
-    (a vector that small is never split between threads; `tests/test_benchmark_dose.py` checks a fit both ways)."""
+    (a vector that small is never split between threads; `tests/test_bmd_models.py` checks a fit both ways). One
+    thread of a process at a time holds it (the setting is process-wide)."""
     global _BLAS
+    from scipy import optimize  # noqa: F401  (scipy's own OpenBLAS, which L-BFGS-B calls, loaded before the scan)
     from threadpoolctl import ThreadpoolController
 
-    if _BLAS is None:
-        _BLAS = ThreadpoolController()
-    return _BLAS.limit(limits=1, user_api="blas")
+    with _BLAS_LOCK:
+        if _BLAS is None:
+            _BLAS = ThreadpoolController()
+        with _BLAS.limit(limits=1, user_api="blas"):
+            yield
 
 
 def polish(model: str, x, n, ybar, x_max: float, f: Fits, exps) -> Fits:
