@@ -12,6 +12,7 @@ import pytest
 from rlwb import archive
 from rlwb import params as params_mod
 from rlwb.experiments import grpo_grid, toy_grpo, which_correction
+from rlwb.formatting import KL_FLOOR
 
 # metrics of wall time, which no two runs share (two runs of one commit differ there too)
 TIMING = ("/step_s_mean", "/step_s_median", "/correction_ms_mean")
@@ -79,12 +80,22 @@ def test_notebook_03_resumes_run_by_run(default_model, tmp_path, monkeypatch):
     `none` run finish, V1's correction is interrupted; the resume trains only that run, on V1 alone (the fp32
     engine's one run is taken over, so it does not start: its record comes from the run resumed), and decides the
     skip from the taken curves as the whole run did from its own. Catches a resume that retrains a kept run, starts
-    an engine it does not need, loses the skip decision, or reorders the curves."""
+    an engine it does not need, loses the skip decision, or reorders the curves. The whole run is also the check of
+    `skip_at_floor` itself: the fp32 engine's `none` runs measured k3 at the float floor on every step, so it runs
+    `none` alone and the conclusion says so with the measured k3; V1's raw logprobs at T = 0.7 measured a mismatch,
+    so it races the corrections (the decision made from the runs, before the corrections)."""
     p = params_mod.load("03_toy_grpo", ["params/03_toy_grpo/smoke.yaml"],
                         {"engines": ["vllm-v1-fixed", "vllm-v1"], "num_seeds": 1, "steps": 2,
                          "corrections": ["none", "verl.geo_rs"], "skip_at_floor": True, "drift_threshold": 0.0,
                          "concurrent_runs": 1})
     whole, resumed, started = interrupted_then_resumed(tmp_path, monkeypatch, default_model, toy_grpo, p, 2)
+    ran = whole.curves.groupby("engine")["correction"].unique().map(set).to_dict()
+    assert ran == {"vllm-v1-fixed": {"none"}, "vllm-v1": {"none", "verl.geo_rs"}}
+    assert whole.metrics["vllm-v1-fixed/skipped_at_floor"] == 1.0 and whole.metrics["vllm-v1/skipped_at_floor"] == 0.0
+    k3 = {e: whole.metrics[f"{e}+none/mismatch_k3_max"] for e in ("vllm-v1-fixed", "vllm-v1")}
+    assert k3["vllm-v1-fixed"] <= KL_FLOOR < k3["vllm-v1"]
+    text = whole.conclusion()
+    assert "Not run on `vllm-v1-fixed` (largest per-step k3" in text and "`vllm-v1` (" not in text.split("Not run")[1]
     assert [(i["preset"], i.get("from_run")) for i in started] == [("vllm-v1-fixed", "cut"), ("vllm-v1", None)]
     assert list(zip(whole.curves["engine"], whole.curves["correction"])) == [
         ("vllm-v1-fixed", "none")] * 2 + [("vllm-v1", "none")] * 2 + [("vllm-v1", "verl.geo_rs")] * 2
