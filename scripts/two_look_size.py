@@ -8,7 +8,7 @@ given, and prints, per cap: the rows the rule extends, how many stay short of th
 runs the whole study would train (first pass + second pass, each counted once whatever its length: a count, not a
 cost). Nothing is trained.
 
-    .venv/bin/python scripts/two_look_size.py docs/runs/08_mismatch_cost/<run id> [--caps 24 48 96]
+    .venv/bin/python scripts/two_look_size.py docs/runs/08_mismatch_cost/<run id> [--caps 24 48 96] [--futility 0 0.5]
 """
 
 from __future__ import annotations
@@ -27,21 +27,56 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--caps", type=int, nargs="+", default=[24, 48, 96], help="max_seeds values to size with")
+    ap.add_argument("--futility", type=float, nargs="+", default=[0.0],
+                    help="futility_power values (0: off): rows below it at the cap stay at the first pass")
+    ap.add_argument("--refit", action="store_true",
+                    help="also fit the levels on the runs each rule would have trained, where the study trained them "
+                         "all (a subset of its runs), beside the fit on every run (minutes per fit)")
     args = ap.parse_args()
     p = params.load("08_mismatch_cost", [args.run_dir / "params.yaml"])
     curves = pd.read_parquet(args.run_dir / "data" / "curves.parquet")
     print(f"{args.run_dir.name}: {p.model}, first pass {p.num_seeds} seeds, target power {p.target_power}")
+    fits: dict = {}
     for cap in args.caps:
-        q = replace(p, seed_power="two-look", max_seeds=cap)
-        calls, m = sequential.first_pass(curves, q)
-        first = design.training_runs(q)
-        second = sequential.second_pass_runs(calls, first, q)
-        short = [f"{c.label} {c.arm} ({c.power_two_look:.2f})" for c in calls if c.capped]
-        print(f"  cap {cap}: family m = {m}, rows extended {len(calls)}, short of the target at the cap "
-              f"{len(short)}{': ' + ', '.join(short) if short else ''}; runs {len(first)} + {len(second)} = "
-              f"{len(first) + len(second)}")
-        for c in calls:
-            print(f"    {c.label:>16} {c.arm:<12} seeds {c.seeds:>3}  two-look power {c.power_two_look:.2f}")
+        for futility in args.futility:
+            q = replace(p, seed_power="two-look", max_seeds=cap, futility_power=futility)
+            calls, m = sequential.first_pass(curves, q)
+            first = design.training_runs(q)
+            second = sequential.second_pass_runs(calls, first, q)
+            short = [f"{c.label} {c.arm} ({c.power_two_look:.2f})" for c in calls if c.capped]
+            futile = [f"{c.label} {c.arm}" for c in calls if c.futile]
+            print(f"  cap {cap}, futility {futility}: family m = {m}, rows called {len(calls)}, extended "
+                  f"{sum(c.seeds > q.num_seeds for c in calls)}, short of the target at the cap {len(short)}"
+                  f"{': ' + ', '.join(short) if short else ''}; futile {len(futile)}"
+                  f"{': ' + ', '.join(futile) if futile else ''}; runs {len(first)} + {len(second)} = "
+                  f"{len(first) + len(second)}")
+            for c in calls:
+                print(f"    {c.label:>16} {c.arm:<12} seeds {c.seeds:>3}  two-look power {c.power_two_look:.2f}"
+                      + ("  futile" if c.futile else ""))
+            if args.refit:
+                refit(curves, p, q, first + second, fits)
+
+
+def refit(curves: pd.DataFrame, p, q, runs, fits: dict) -> None:
+    """The benchmark levels fitted on the runs a rule `q` trains (`runs`: first and second pass), where the study's
+    curves hold them all, beside those the study's own analysis (`p`) fits on every run: what the rule's seeds give
+    the levels. `fits` keeps the whole study's fit between calls."""
+    from rlwb.experiments import mismatch_cost as mc
+
+    want = {(j.label, j.arm, j.seed) for j in runs}
+    have = set(curves.groupby(["label", "arm", "seed"]).groups)
+    if not want <= have:
+        print(f"      refit: the study did not train {len(want - have)} of this rule's runs; not refitted")
+        return
+    sub = curves[[k in want for k in zip(curves["label"], curves["arm"], curves["seed"])]]
+    if "full" not in fits:
+        fits["full"] = mc.analyze(curves, p).benchmarks.set_index(["kind", "arm"])
+    full, part = fits["full"], mc.analyze(sub, q).benchmarks.set_index(["kind", "arm"])
+    print(f"      levels (keep k3 below, status; BMDL-BMDU) on every run / on this rule's {len(want)} runs:")
+    for key in full.index:
+        a, b = full.loc[key], part.loc[key]
+        print(f"      {key[0]:>9} {key[1]:<12} {a.keep_below:9.2e} {a.status:<20} {a.bmdl:9.2e}-{a.bmdu:9.2e}"
+              f"  |  {b.keep_below:9.2e} {b.status:<20} {b.bmdl:9.2e}-{b.bmdu:9.2e}")
 
 
 if __name__ == "__main__":

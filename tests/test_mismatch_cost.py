@@ -1001,10 +1001,10 @@ def test_the_sequential_rule_on_a_hand_made_first_pass_table():
                           "gap_ci_high": [0.0, -0.3], "gap_sd": [0.1, 0.0], "q_eff": [0.0, 0.0]})
     studies = [SimpleNamespace(name="ratio", arm="a", labels=["ratio@0.1", "ratio@1"], doses=[0.1, 1.0])]
 
-    def decide(bmr=0.1, bmd=np.nan, cap=100, m=10):
+    def decide(bmr=0.1, bmd=np.nan, cap=100, m=10, futility=0.0):
         bench = pd.DataFrame({"name": ["ratio"], "arm": ["a"], "bmr": [bmr], "bmd": [bmd]})
         return {c.label: c for c in sequential.decide(table, bench, studies, m, num_seeds=4, max_seeds=cap,
-                                                       target_power=0.8)}
+                                                       target_power=0.8, futility_power=futility)}
 
     calls = decide()
     assert set(calls) == {"ratio@0.1"} and calls["ratio@0.1"].why == (sequential.STRADDLES,)
@@ -1016,12 +1016,22 @@ def test_the_sequential_rule_on_a_hand_made_first_pass_table():
     assert set(decide(bmd=0.5)) == {"ratio@0.1", "ratio@1"}
     assert decide(bmr=np.nan) == {} and decide(bmr=-0.05) == {}
     assert decide(cap=0)["ratio@0.1"].seeds == 4  # no second pass: the first pass's seeds
+    # the futility bound: a cap whose power lies below it leaves the row at the first pass (said: `futile`); a cap
+    # at or above it extends the row as without the bound, capped or not
+    at = {c: stats.paired_t_power(0.1, 0.1, c, 0.005) for c in (n - 1, n - 3)}
+    short = decide(cap=n - 3, futility=at[n - 3] + 0.01)["ratio@0.1"]
+    assert short.futile and short.seeds == 4 and not short.capped and short.power == pytest.approx(short.power_first)
+    kept = decide(cap=n - 1, futility=at[n - 1] - 0.01)["ratio@0.1"]
+    assert not kept.futile and kept.seeds == n - 1 and kept.capped
+    assert not decide(futility=0.79)["ratio@0.1"].futile and decide(futility=0.79)["ratio@0.1"].seeds == n
 
 
 @pytest.mark.parametrize("kw,match", [
     ({"num_seeds": 8, "max_seeds": 6}, "'max_seeds' \\(6\\) must be 0 .* 'num_seeds' \\+ 2 \\(8 \\+ 2\\)"),
     ({"num_seeds": 8, "max_seeds": 9}, "'max_seeds' \\(9\\) must be 0"),
-    ({"target_power": 1.0}, "target_power"), ({"max_seeds": 501}, "max_seeds")])
+    ({"target_power": 1.0}, "target_power"), ({"max_seeds": 501}, "max_seeds"),
+    ({"futility_power": 0.5}, "'futility_power' \\(0.5\\) needs a second pass \\(max_seeds > 0, got 0\\)"),
+    ({"num_seeds": 8, "max_seeds": 24, "futility_power": 0.8}, "must lie below 'target_power' \\(0.8\\)")])
 def test_the_sequential_rule_is_refused_where_it_cannot_mean_anything(kw, match):
     """Validated before any kernel starts (`params.load`), naming the parameter (and both, for the cap below the
     first pass)."""
@@ -1043,7 +1053,8 @@ def test_the_new_params_keep_every_params_files_hash():
         p = load("08_mismatch_cost", [f"params/08_mismatch_cost/{name}.yaml"])
         assert p.hash() == h, name
         assert len({p.hash(), replace_hash(p, placebo_streams=2), replace_hash(p, max_seeds=20),
-                    replace_hash(p, max_seeds=20, target_power=0.9)}) == 4
+                    replace_hash(p, max_seeds=20, target_power=0.9),
+                    replace_hash(p, max_seeds=20, futility_power=0.3)}) == 5
 
 
 def replace_hash(p, **kw) -> str:
@@ -1353,6 +1364,17 @@ def test_a_reanalysis_reports_the_decision_the_study_took():
         sequential_line(same, 8, 24, 0.8)
     with pytest.raises(ValueError, match="neither is the decision the study recorded"):
         sequential.reanalysis_decision(grown, grown, curves, 8)
+    # a row left at the first pass by the futility bound: recorded, kept by a reanalysis, and said
+    call = sequential.SeedCall("ratio@0.1", "none@engine", "ratio", (sequential.STRADDLES,), 0.08, 0.2, 0.1, 8, 0.1,
+                               False, 0.09, futile=True)
+    rec = sequential.sequential_metrics([call], 97, [], SimpleNamespace(num_seeds=8, futility_power=0.3, seed=0))
+    assert rec["sequential/futile_rows"] == 1.0 and rec["sequential/ratio@0.1/none@engine/futile"] == 1.0
+    assert rec["sequential/ratio@0.1/none@engine/seeds"] == 8.0 and rec["sequential/rows"] == 0.0
+    futile = {**took, "sequential/ratio@0.1/none@engine/futile": 1.0, "sequential/futile_rows": 1.0}
+    assert sequential.reanalysis_decision(futile, took, curves, 8)[0] == futile
+    assert ("Left at 8 seeds as futile (below 30% power even at 24 seeds, the declared futility bound): "
+            "`ratio@0.1` `none@engine`.") in sequential_line(futile, 8, 24, 0.8, futility_power=0.3)
+    assert "futile" not in sequential_line(same, 8, 24, 0.8)
     with pytest.raises(ValueError, match="no sequential decision recorded"):
         sequential.reanalysis_decision(grown, {"gap": -0.1}, curves, 8)
 

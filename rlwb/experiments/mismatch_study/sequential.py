@@ -15,6 +15,12 @@ benchmark response (BMR = `bmr_fraction` of the fitted clean gain, > 0), on the 
   the row's gap floored by the outcome's step (`stats.floored_sd`, the spread its test uses), at most `max_seeds`,
   and at least num_seeds + 2 once it gets more (the second look's own t test needs 2).
   A row with no spread (a gap sd of 0 and no outcome step, or fewer than 2 gaps) gets none: there is no sd to size by;
+- `futility_power` (0: off): a row whose power at `max_seeds` (by `seed_power`) stays below it gets none beyond the
+  first pass (`futile`): the cap cannot give it the target power, so its seeds would buy a test that most likely
+  misses the BMR anyway. Such rows sit at doses where the runs' spread is largest (far past their BMD, where runs
+  diverge from seed to seed): in `qwen2-chat`'s power study the three rows at the 48-seed cap reached 6-28% power and
+  took about a third of its second pass. The row is still tested by the two-look test, as every row the rule may
+  extend;
 - each clean twin (same arm, temperature, PPO regime and horizon) trains as many seeds as the most its dose rows get.
 
 The decision is a function of the first pass's curves (the runs with the first pass's seeds), so `analyze` redoes it
@@ -74,6 +80,7 @@ class SeedCall:
     power: float
     capped: bool
     power_two_look: float = float("nan")  # the two-look test's own power at `seeds` (`analysis.two_look_power`)
+    futile: bool = False  # below `futility_power` at the cap: left at the first pass's seeds
 
 
 def enabled(p) -> bool:
@@ -101,7 +108,7 @@ def seeds_for(bmr: float, sd: float, first: int, cap: int, level: float, power: 
 
 
 def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_seeds: int, max_seeds: int,
-           target_power: float, seed_power: str = "fixed-n") -> list[SeedCall]:
+           target_power: float, seed_power: str = "fixed-n", futility_power: float = 0.0) -> list[SeedCall]:
     """The rule (the module's docstring) on a first pass: `table` its `dose_table` with the family's adjustment,
     `bench` its `benchmark_table`, `studies` its `row_studies` (which dose labels each benchmark row holds), `m` its
     family's size. One `SeedCall` per dose row the rule looks at, in the benchmark rows' order."""
@@ -127,13 +134,17 @@ def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_see
                 continue
             sd = stats.floored_sd(float(r.gap_sd), float(r.q_eff)) if np.isfinite(r.gap_sd) else float("nan")
             n = seeds_for(bmr, sd, num_seeds, max_seeds, level, target_power, seed_power)
+            at_cap = sizing_power(bmr, sd, num_seeds, max_seeds, max_seeds, level, seed_power) \
+                if max_seeds >= num_seeds + 2 else float("nan")
+            futile = bool(futility_power > 0 and n > num_seeds and at_cap < futility_power)
+            n = num_seeds if futile else n
             sized = sizing_power(bmr, sd, num_seeds, n, max_seeds, level, seed_power)
             calls.append(SeedCall(label=label, arm=b.arm, benchmark=b.name, why=why, bmr=bmr, sd=sd,
                                   power_first=stats.paired_t_power(bmr, sd, num_seeds, level), seeds=n,
                                   power=stats.paired_t_power(bmr, sd, n, level),
                                   capped=n == max_seeds and not sized >= target_power,
                                   power_two_look=sized if seed_power == "two-look" else
-                                  two_look_power(bmr, sd, num_seeds, n, max_seeds, level)))
+                                  two_look_power(bmr, sd, num_seeds, n, max_seeds, level), futile=futile))
     return calls
 
 
@@ -151,7 +162,8 @@ def first_pass(curves: pd.DataFrame, p) -> tuple[list[SeedCall], int]:
     m = int(tests.family["family/tests"])
     return decide(tests.table, tests.bench, row_studies(first, tests.table), m, num_seeds=p.num_seeds,
                   max_seeds=p.max_seeds, target_power=p.target_power,
-                  seed_power=getattr(p, "seed_power", "fixed-n")), m
+                  seed_power=getattr(p, "seed_power", "fixed-n"),
+                  futility_power=getattr(p, "futility_power", 0.0)), m
 
 
 def twin_seeds(calls: list[SeedCall], first_runs: list[TrainingRun]) -> dict[TrainingRun, int]:
@@ -183,10 +195,14 @@ def sequential_metrics(calls: list[SeedCall], m: int, first_runs: list[TrainingR
     `sequential/<label>/<arm>/seeds` per extended clean twin, and `sequential/{family_tests, rows, runs}`: the m it
     sized at, the dose rows given more seeds and the second pass's runs."""
     out = {"sequential/family_tests": float(m), "sequential/rows": float(sum(c.seeds > p.num_seeds for c in calls))}
+    if getattr(p, "futility_power", 0.0) > 0:
+        out["sequential/futile_rows"] = float(sum(c.futile for c in calls))
     for c in calls:
         k = f"sequential/{c.label}/{c.arm}"
         out.update({f"{k}/seeds": float(c.seeds), f"{k}/power_first": c.power_first, f"{k}/power": c.power,
                     f"{k}/power_two_look": c.power_two_look})
+        if c.futile:
+            out[f"{k}/futile"] = 1.0
     for j, n in twin_seeds(calls, first_runs).items():
         if j.kind == "clean" and n > p.num_seeds:
             out[f"sequential/{j.label}/{j.arm}/seeds"] = float(n)

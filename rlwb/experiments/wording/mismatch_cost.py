@@ -175,7 +175,7 @@ def placebo_line(metrics: dict) -> str:
 
 
 def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power: float,
-                    seed_power: str = "fixed-n") -> str:
+                    seed_power: str = "fixed-n", futility_power: float = 0.0) -> str:
     """Notebook 08's sequential seed rule in one sentence (`mismatch_study.sequential`): the rule as declared, and
     each dose row it gave more seeds, from how many to how many, with the power at the BMR before and after (from the
     first pass's spread; "capped" where `max_seeds` stopped short of the target) and the power of the two-look test
@@ -189,8 +189,11 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
                 f"first pass (a Holm family or a rule changed since), would give "
                 f"{int(metrics['sequential/rule_differs'])} row(s), clean twins counted, other seeds."
                 if metrics.get("sequential/decision_recorded") else "")
-    more = []
+    more, futile = [], []
     for k, n in metrics.items():
+        if k.startswith("sequential/") and k.endswith("/futile") and n:
+            label, arm = k[len("sequential/"):-len("/futile")].rsplit("/", 1)
+            futile.append(f"`{label}` `{arm}`")
         if k.startswith("sequential/") and k.endswith("/seeds") and n > num_seeds:
             label, arm = k[len("sequential/"):-len("/seeds")].rsplit("/", 1)
             power = metrics.get(f"sequential/{label}/{arm}/power", float("nan"))
@@ -212,6 +215,8 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
             "combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit takes every "
                                                 "seed each dose group has" if more else
                                                 "no dose row needed more") + "."
+            + (f" Left at {num_seeds} seeds as futile (below {futility_power:.0%} power even at {max_seeds} seeds, "
+               f"the declared futility bound): {', '.join(futile)}." if futile else "")
             + recorded)
 
 
@@ -420,7 +425,7 @@ def conclusion(metrics: dict, table, regimes, first: tuple, p, bench, con, hz, *
              f"with 80% power at α/m, the family's strictest level (noncentral t). "
              f"{words['timing']}"]
     seq = sequential_line(metrics, p.num_seeds, getattr(p, "max_seeds", 0), getattr(p, "target_power", 0.8),
-                          getattr(p, "seed_power", "fixed-n"))
+                          getattr(p, "seed_power", "fixed-n"), getattr(p, "futility_power", 0.0))
     if seq:
         lines.append(seq)
     lines += floor_lines(metrics)
