@@ -35,7 +35,8 @@ def main() -> None:
     args = ap.parse_args()
     p = params.load("08_mismatch_cost", [args.run_dir / "params.yaml"])
     curves = pd.read_parquet(args.run_dir / "data" / "curves.parquet")
-    print(f"{args.run_dir.name}: {p.model}, first pass {p.num_seeds} seeds, target power {p.target_power}")
+    print(f"{args.run_dir.name}: {p.model}, first pass {p.num_seeds} seeds, target power {p.target_power}; the study "
+          f"sized by {p.seed_power} at cap {p.max_seeds}, every rule below by two-look at the cap it names")
     fits: dict = {}
     for cap in args.caps:
         for futility in args.futility:
@@ -70,8 +71,8 @@ def refit(curves: pd.DataFrame, p, q, runs, fits: dict) -> None:
         return
     sub = curves[[k in want for k in zip(curves["label"], curves["arm"], curves["seed"])]]
     if "full" not in fits:
-        fits["full"] = mc.analyze(curves, p).benchmarks.set_index(["kind", "arm"])
-    full, part = fits["full"], mc.analyze(sub, q).benchmarks.set_index(["kind", "arm"])
+        fits["full"] = mc.analyze(curves, p).benchmarks.set_index(["name", "arm"])
+    full, part = fits["full"], mc.analyze(sub, q).benchmarks.set_index(["name", "arm"])
     print(f"      levels (keep k3 below, status; BMDL-BMDU) on every run / on this rule's {len(want)} runs:")
     for key in full.index:
         a, b = full.loc[key], part.loc[key]

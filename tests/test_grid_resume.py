@@ -75,6 +75,7 @@ def same_result(whole, resumed) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engines  # `pytest -m engines` runs the check of skip_at_floor below (tests/README.md)
 def test_notebook_03_resumes_run_by_run(default_model, tmp_path, monkeypatch):
     """03 with `skip_at_floor`: the fp32 engine's `none` run (at the float floor: nothing else runs there) and V1's
     `none` run finish, V1's correction is interrupted; the resume trains only that run, on V1 alone (the fp32

@@ -1001,10 +1001,10 @@ def test_the_sequential_rule_on_a_hand_made_first_pass_table():
                           "gap_ci_high": [0.0, -0.3], "gap_sd": [0.1, 0.0], "q_eff": [0.0, 0.0]})
     studies = [SimpleNamespace(name="ratio", arm="a", labels=["ratio@0.1", "ratio@1"], doses=[0.1, 1.0])]
 
-    def decide(bmr=0.1, bmd=np.nan, cap=100, m=10, futility=0.0):
+    def decide(bmr=0.1, bmd=np.nan, cap=100, m=10, futility=0.0, rule="fixed-n"):
         bench = pd.DataFrame({"name": ["ratio"], "arm": ["a"], "bmr": [bmr], "bmd": [bmd]})
         return {c.label: c for c in sequential.decide(table, bench, studies, m, num_seeds=4, max_seeds=cap,
-                                                       target_power=0.8, futility_power=futility)}
+                                                       target_power=0.8, futility_power=futility, seed_power=rule)}
 
     calls = decide()
     assert set(calls) == {"ratio@0.1"} and calls["ratio@0.1"].why == (sequential.STRADDLES,)
@@ -1024,6 +1024,15 @@ def test_the_sequential_rule_on_a_hand_made_first_pass_table():
     kept = decide(cap=n - 1, futility=at[n - 1] - 0.01)["ratio@0.1"]
     assert not kept.futile and kept.seeds == n - 1 and kept.capped
     assert not decide(futility=0.79)["ratio@0.1"].futile and decide(futility=0.79)["ratio@0.1"].seeds == n
+    # a row that brackets the BMD keeps its seeds whatever its test's power: they narrow the fit's bounds
+    both = decide(bmd=0.5, cap=n - 3, futility=at[n - 3] + 0.01)["ratio@0.1"]
+    assert both.why == (sequential.STRADDLES, sequential.BRACKETS) and not both.futile and both.seeds == n - 3
+    # sized by the two-look test, the bound reads that test's power at the cap
+    cap = decide(rule="two-look")["ratio@0.1"].seeds - 4
+    cap_power = analysis.two_look_power(0.1, 0.1, 4, cap, cap, 0.005)  # its weights are the cap's
+    assert cap >= 6 and cap_power < 0.8
+    assert decide(rule="two-look", cap=cap, futility=cap_power + 0.01)["ratio@0.1"].futile
+    assert not decide(rule="two-look", cap=cap, futility=cap_power - 0.01)["ratio@0.1"].futile
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -1372,9 +1381,11 @@ def test_a_reanalysis_reports_the_decision_the_study_took():
     assert rec["sequential/ratio@0.1/none@engine/seeds"] == 8.0 and rec["sequential/rows"] == 0.0
     futile = {**took, "sequential/ratio@0.1/none@engine/futile": 1.0, "sequential/futile_rows": 1.0}
     assert sequential.reanalysis_decision(futile, took, curves, 8)[0] == futile
-    assert ("Left at 8 seeds as futile (below 30% power even at 24 seeds, the declared futility bound): "
-            "`ratio@0.1` `none@engine`.") in sequential_line(futile, 8, 24, 0.8, futility_power=0.3)
-    assert "futile" not in sequential_line(same, 8, 24, 0.8)
+    assert ("Declared futility bound 30%: a row called only for its interval stays at 8 seeds where even 24 would "
+            "give its test less power; left there: `ratio@0.1` `none@engine`.") in sequential_line(
+        futile, 8, 24, 0.8, futility_power=0.3)
+    assert "none was." in sequential_line(same, 8, 24, 0.8, futility_power=0.3)
+    assert "futility" not in sequential_line(same, 8, 24, 0.8)
     with pytest.raises(ValueError, match="no sequential decision recorded"):
         sequential.reanalysis_decision(grown, {"gap": -0.1}, curves, 8)
 

@@ -15,12 +15,14 @@ benchmark response (BMR = `bmr_fraction` of the fitted clean gain, > 0), on the 
   the row's gap floored by the outcome's step (`stats.floored_sd`, the spread its test uses), at most `max_seeds`,
   and at least num_seeds + 2 once it gets more (the second look's own t test needs 2).
   A row with no spread (a gap sd of 0 and no outcome step, or fewer than 2 gaps) gets none: there is no sd to size by;
-- `futility_power` (0: off): a row whose power at `max_seeds` (by `seed_power`) stays below it gets none beyond the
-  first pass (`futile`): the cap cannot give it the target power, so its seeds would buy a test that most likely
-  misses the BMR anyway. Such rows sit at doses where the runs' spread is largest (far past their BMD, where runs
-  diverge from seed to seed): in `qwen2-chat`'s power study the three rows at the 48-seed cap reached 6-28% power and
-  took about a third of its second pass. The row is still tested by the two-look test, as every row the rule may
-  extend;
+- `futility_power` (0: off): a row called only because its interval holds -BMR (not one bracketing the BMD) whose
+  power at `max_seeds` (by `seed_power`) stays below it gets none beyond the first pass (`futile`): the cap cannot
+  give its test the target power, so the seeds would buy a test that most likely misses the BMR anyway. A row that
+  brackets the BMD keeps its seeds whatever its test's power: there they narrow the benchmark fit's bounds, which
+  this power does not measure. Non-binding: the two-look test's boundary is the one fixed before the run (every row
+  may continue), so a row stopped early only loses rejection chances and the level holds. The row is still tested
+  by the two-look test, as every row the rule may extend. The BMDL's coverage under the rule
+  (`sequential_coverage`) is simulated without the bound;
 - each clean twin (same arm, temperature, PPO regime and horizon) trains as many seeds as the most its dose rows get.
 
 The decision is a function of the first pass's curves (the runs with the first pass's seeds), so `analyze` redoes it
@@ -136,7 +138,7 @@ def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_see
             n = seeds_for(bmr, sd, num_seeds, max_seeds, level, target_power, seed_power)
             at_cap = sizing_power(bmr, sd, num_seeds, max_seeds, max_seeds, level, seed_power) \
                 if max_seeds >= num_seeds + 2 else float("nan")
-            futile = bool(futility_power > 0 and n > num_seeds and at_cap < futility_power)
+            futile = bool(futility_power > 0 and why == (STRADDLES,) and n > num_seeds and at_cap < futility_power)
             n = num_seeds if futile else n
             sized = sizing_power(bmr, sd, num_seeds, n, max_seeds, level, seed_power)
             calls.append(SeedCall(label=label, arm=b.arm, benchmark=b.name, why=why, bmr=bmr, sd=sd,

@@ -214,9 +214,10 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
             + "); every dose row it may extend tested at two looks, Pocock's boundary on the passes' inverse-normal "
             "combination): " + ("; ".join(more) + ", each with its clean twins; a benchmark fit takes every "
                                                 "seed each dose group has" if more else
-                                                "no dose row needed more") + "."
-            + (f" Left at {num_seeds} seeds as futile (below {futility_power:.0%} power even at {max_seeds} seeds, "
-               f"the declared futility bound): {', '.join(futile)}." if futile else "")
+                                                "no dose row got more") + "."
+            + (f" Declared futility bound {futility_power:.0%}: a row called only for its interval stays at "
+               f"{num_seeds} seeds where even {max_seeds} would give its test less power; "
+               + (f"left there: {', '.join(futile)}." if futile else "none was.") if futility_power > 0 else "")
             + recorded)
 
 

@@ -125,9 +125,10 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
                                        "row's seeds, the plan's) or two-look (the two-look test each extended row "
                                        "gets, which needs more seeds for the same power)",
                             choices=["fixed-n", "two-look"])
-    futility_power: float = param(0.0, "the sequential rule's futility bound (0: off): a row whose power at max_seeds "
-                                       "(by seed_power) stays below this gets no seeds beyond the first pass, since "
-                                       "the cap cannot give it target_power", ge=0, lt=1)
+    futility_power: float = param(0.0, "the sequential rule's futility bound (0: off): a row called only because its "
+                                       "gap interval holds -BMR whose power at max_seeds (by seed_power) stays below "
+                                       "this gets no seeds beyond the first pass (rows bracketing the BMD keep theirs)",
+                                  ge=0, lt=1)
     placebo_arms: list[str] = param(["none@engine"], "arms whose clean run is trained again with an independent "
                                     "stream of sampling seeds (same prompts): placebo rows inside the Holm family, "
                                     "whose false-positive rate checks the tests' calibration", check=check_arm,
@@ -185,10 +186,13 @@ class MismatchCostParams(GRPOSettings, EngineParams, SeededRuns):
             raise ParamError(f"parameter 'max_seeds' ({self.max_seeds}) must be 0 (no second pass) or at least "
                              f"'num_seeds' + 2 ({self.num_seeds} + 2): the second pass adds at least 2 seeds to the "
                              f"first pass's num_seeds (its own t test), up to max_seeds")
-        if self.futility_power and (not self.max_seeds or self.futility_power >= self.target_power):
+        if self.futility_power and not self.max_seeds:
             raise ParamError(f"parameter 'futility_power' ({self.futility_power}) needs a second pass (max_seeds > 0, "
-                             f"got {self.max_seeds}) and must lie below 'target_power' ({self.target_power}): it "
-                             f"leaves at the first pass the rows the cap cannot give even that power")
+                             f"got 0): it leaves at the first pass rows the second pass would extend")
+        if self.futility_power >= self.target_power:
+            raise ParamError(f"parameter 'futility_power' ({self.futility_power}) must lie below 'target_power' "
+                             f"({self.target_power}): it leaves at the first pass the rows the cap cannot give even "
+                             f"that power")
         if self.placebo_streams > 1 and not self.placebo_arms:
             raise ParamError(f"parameter 'placebo_streams' ({self.placebo_streams}) needs 'placebo_arms': the streams "
                              f"are placebo arms' clean runs trained again")
