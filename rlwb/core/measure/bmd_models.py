@@ -403,18 +403,16 @@ def polish(model: str, x, n, ybar, x_max: float, f: Fits, exps) -> Fits:
             return _ls_rows(model, e, n, ybar, fl)[2] / scale
     lb, ub = (np.array(v, dtype=np.float64) for v in zip(*bounds))
     opts = {} if model == "power" else {"ftol": 1e-13, "gtol": 1e-10, "maxiter": 200}
-    fits = []
     with _one_blas_thread():
         for t1, t2 in starts:
             p0 = [t2] if model == "power" else [np.log(t1), t2]
-            fits.append(optimize.minimize(_value_and_grad, p0, args=(rss_rows, lb, ub), jac=True, method="L-BFGS-B",
-                                          bounds=bounds, options=opts))
-    for res in fits:
-        val = float(res.fun) if model == "power" else float(res.fun * scale)
-        if val < best_rss:
-            best = (float(f.t1[0]), float(res.x[0])) if model == "power" else (float(np.exp(res.x[0])),
-                                                                                 float(res.x[1]))
-            best_rss = val
+            res = optimize.minimize(_value_and_grad, p0, args=(rss_rows, lb, ub), jac=True, method="L-BFGS-B",
+                                    bounds=bounds, options=opts)
+            val = float(res.fun) if model == "power" else float(res.fun * scale)
+            if val < best_rss:
+                best = (float(f.t1[0]), float(res.x[0])) if model == "power" else (float(np.exp(res.x[0])),
+                                                                                     float(res.x[1]))
+                best_rss = val
     e = basis(model, x[None, :], np.array([best[0]])[:, None], np.array([best[1]])[:, None])
     a, b, r = _ls_rows(model, e, n, ybar, fl)
     return Fits(np.array([best[0]]), np.array([best[1]]), a, b, r)

@@ -136,11 +136,12 @@ def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_see
                 continue
             sd = stats.floored_sd(float(r.gap_sd), float(r.q_eff)) if np.isfinite(r.gap_sd) else float("nan")
             n = seeds_for(bmr, sd, num_seeds, max_seeds, level, target_power, seed_power)
-            at_cap = sizing_power(bmr, sd, num_seeds, max_seeds, max_seeds, level, seed_power) \
-                if max_seeds >= num_seeds + 2 else float("nan")
-            futile = bool(futility_power > 0 and why == (STRADDLES,) and n > num_seeds and at_cap < futility_power)
-            n = num_seeds if futile else n
             sized = sizing_power(bmr, sd, num_seeds, n, max_seeds, level, seed_power)
+            # below the bound (< target) at the cap: `seeds_for` stopped there, so `sized` is the cap's power
+            futile = bool(futility_power > 0 and why == (STRADDLES,) and n == max_seeds > num_seeds
+                          and sized < futility_power)
+            if futile:
+                n, sized = num_seeds, sizing_power(bmr, sd, num_seeds, num_seeds, max_seeds, level, seed_power)
             calls.append(SeedCall(label=label, arm=b.arm, benchmark=b.name, why=why, bmr=bmr, sd=sd,
                                   power_first=stats.paired_t_power(bmr, sd, num_seeds, level), seeds=n,
                                   power=stats.paired_t_power(bmr, sd, n, level),
