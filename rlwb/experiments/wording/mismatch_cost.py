@@ -191,11 +191,13 @@ def sequential_line(metrics: dict, num_seeds: int, max_seeds: int, target_power:
                 if metrics.get("sequential/decision_recorded") else "")
     more, futile = [], []
     for k, n in metrics.items():
-        if k.startswith("sequential/") and k.endswith("/futile") and n:
-            label, arm = k[len("sequential/"):-len("/futile")].rsplit("/", 1)
+        head, _, field = k.rpartition("/")  # sequential/<label>/<arm>/<field>; a label may hold "/"
+        if not head.startswith("sequential/") or head.count("/") < 2:
+            continue
+        label, arm = head[len("sequential/"):].rsplit("/", 1)
+        if field == "futile" and n:
             futile.append(f"`{label}` `{arm}`")
-        if k.startswith("sequential/") and k.endswith("/seeds") and n > num_seeds:
-            label, arm = k[len("sequential/"):-len("/seeds")].rsplit("/", 1)
+        if field == "seeds" and n > num_seeds:
             power = metrics.get(f"sequential/{label}/{arm}/power", float("nan"))
             before = metrics.get(f"sequential/{label}/{arm}/power_first", float("nan"))
             two = metrics.get(f"sequential/{label}/{arm}/power_two_look", float("nan"))
