@@ -21,8 +21,8 @@ problem and what to do):
   for a resume, the figures' SVG copies and the images embedded in the executed notebook never ship (every clone
   carries runs of record, and so does every call to a lent GPU machine, whose working tree may not pass 64 MiB: an
   SVG holds nothing its PNG and PDF do not, and each figure the notebook shows is in figures/ and in report.html;
-  the shipped notebook keeps its code and every text output). When
-  a run is still larger, what no figure and no number needs is left out (the tables' wall-clock columns, data
+  the shipped notebook keeps its code and every text output). When a run is still larger than `RUN_LIMIT`, or than
+  the room the folder has left, what no figure and no number needs is left out (the tables' wall-clock columns, data
   tables that no figure is drawn from and nothing reads from a run of record: `optional_files`) until it fits, and
   the copy's `run.json` says what was left out (`published`). Every figure must redraw from the data the copy
   keeps, or the copy is refused.
@@ -236,8 +236,9 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
             folder_limit: int = FOLDER_LIMIT) -> Path:
     """Copy archived run `run_dir` into `dest` (default `PUBLISHED_RUNS`) as `<stem>/<run id>/`; returns the copy.
     Refuses (`PublishRefused`) a failed run, a run from a dirty tree, a run on a build without a published checksum,
-    a run already published, and a copy over `run_limit` or a folder over `folder_limit` bytes. Atomic: the copy is
-    written under a temporary name and renamed."""
+    a run already published, and a copy over `run_limit` or a folder over `folder_limit` bytes, after leaving out
+    what nothing needs (`plan`) until the copy fits both. Atomic: the copy is written under a temporary name and
+    renamed."""
     run_dir = Path(run_dir).resolve()
     info = check_publishable(run_dir)
     notebook = info.get("notebook") or run_dir.parent.name
@@ -245,12 +246,20 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
     target = root / notebook / run_dir.name
     if target.exists():
         raise PublishRefused(f"{notebook}/{run_dir.name} is already published at {target}")
-    left, size = plan(run_dir, notebook, run_limit)
     folder = tree_bytes(root)
-    if folder + size > folder_limit:
-        raise PublishRefused(f"publishing {notebook}/{run_dir.name} ({size / 1e6:.1f} MB) would make {root} "
-                             f"{(folder + size) / 1e6:.1f} MB (limit {folder_limit / 1e6:g} MB): remove a superseded "
-                             f"run of record first (with the sentences citing it)")
+    # the copy must fit the run limit and what the folder has left: optional files go until it fits both, so a
+    # non-reproducible wall-clock column leaves before a cited run of record has to
+    limit = min(run_limit, folder_limit - folder)
+    try:
+        left, size = plan(run_dir, notebook, limit)
+    except PublishRefused:
+        if limit == run_limit:
+            raise
+        left, size = plan(run_dir, notebook, run_limit)
+        raise PublishRefused(f"publishing {notebook}/{run_dir.name} ({size / 1e6:.1f} MB without everything no "
+                             f"figure or number needs) would make {root} {(folder + size) / 1e6:.1f} MB (limit "
+                             f"{folder_limit / 1e6:g} MB): remove a superseded run of record first (with the "
+                             f"sentences citing it)") from None
     skip = {c.path for c in left if "#" not in c.path}
     folders = tuple(p for p in skip if p.endswith("/"))
     dropped: dict[str, list[str]] = {}  # table -> columns left out of it
@@ -283,9 +292,10 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
                 break
             record["published"]["bytes"] = shipped
         # the plan estimated a dropped column's share from its compressed size, and run.json grew by the record
-        if shipped > run_limit:
+        if shipped > limit:
             raise PublishRefused(f"{notebook}/{run_dir.name} is {shipped / 1e6:.2f} MB with its provenance "
-                                 f"(limit {run_limit / 1e6:g} MB per run of record)")
+                                 f"(limit {limit / 1e6:g} MB: {run_limit / 1e6:g} MB per run of record, "
+                                 f"{(folder_limit - folder) / 1e6:g} MB left in {root})")
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -135,7 +135,8 @@ def test_publish_leaves_out_what_nothing_needs_and_refuses_what_stays_too_large(
     full.mkdir()
     with open(full / "older-run.bin", "wb") as f:
         f.truncate(publish.FOLDER_LIMIT - 100_000)
-    with pytest.raises(publish.PublishRefused, match=r"would make .* MB \(limit 42 MB\)"):
+    with pytest.raises(publish.PublishRefused, match=r"without everything no figure or number needs\) would make .* "
+                                                     r"MB \(limit 42 MB\)"):
         publish.publish(run, full)
 
 
@@ -173,6 +174,17 @@ def test_publish_leaves_out_wall_clock_columns_before_tables_and_refuses_a_copy_
     why = {c["path"]: c["why"] for c in record["left_out"]}
     assert "wall-clock" in why["data/samples.parquet#t_score"] and "3 file(s)" in why["data/jobs/"]
     assert record["bytes"] == publish.tree_bytes(copy) <= size + column // 2  # as shipped, run.json included
+
+    # the same copy into a folder with that little room left (the run limit wide): the column leaves there too
+    full = tmp_path / "full-runs"
+    full.mkdir()
+    with open(full / "older-run.bin", "wb") as f:
+        f.truncate(publish.FOLDER_LIMIT - (size + column // 2))
+    copy = publish.publish(run, full)
+    record = json.loads((copy / "run.json").read_text())["published"]
+    assert "data/samples.parquet#t_score" in {c["path"] for c in record["left_out"]}
+    assert publish.tree_bytes(full) <= publish.FOLDER_LIMIT
+    pd.testing.assert_frame_equal(pd.read_parquet(copy / "data" / "samples.parquet"), samples)
 
     samples.drop(columns=["reward"]).to_parquet(run / "data" / "samples.parquet")  # accuracy_by_digits reads it
     with pytest.raises(publish.PublishRefused, match=r"a figure does not redraw from the data the copy keeps"):
