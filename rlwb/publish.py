@@ -255,7 +255,10 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
     except PublishRefused:
         if limit == run_limit:
             raise
-        left, size = plan(run_dir, notebook, run_limit)
+        every = optional_files(run_dir, notebook)  # the smallest copy: everything optional left out
+        size = tree_bytes(run_dir) - sum(c.bytes for c in every) + _record_bytes(every, run_dir)
+        if size > run_limit:  # too large for any folder: the per-run refusal says so
+            plan(run_dir, notebook, run_limit)
         raise PublishRefused(f"publishing {notebook}/{run_dir.name} ({size / 1e6:.1f} MB without everything no "
                              f"figure or number needs) would make {root} {(folder + size) / 1e6:.1f} MB (limit "
                              f"{folder_limit / 1e6:g} MB): remove a superseded run of record first (with the "
