@@ -74,11 +74,11 @@ def test_the_trend_interval_is_the_t_interval_of_the_per_seed_slopes():
 
 
 def test_the_audit_reads_the_study_not_a_newer_follow_up(tmp_path):
-    """`study_benchmarks` (what `rlwb audit` places an engine's k3 against): per model the broadest study (two doses
-    of a kind at least; the most benchmark rows), the newest of those. A newer follow-up run of one dose per kind
+    """`study_benchmarks` (what `rlwb audit` places an engine's k3 against): per model the broadest studies (two
+    doses of a kind at least; the most benchmark rows), newest first. A newer follow-up run of one dose per kind
     (08's one-sided vs symmetric run), or of several doses of one kind and one arm (08's horizon run), must not hide
-    the study; a newer study as broad replaces the older one, even one whose rows have no benchmark. Hand-made
-    tables, real file layout."""
+    the study; a newer study as broad counts beside it, even one whose rows have no benchmark. Hand-made tables,
+    real file layout."""
     import pandas as pd
 
     from rlwb.core.rl.mismatch_doses import dose_kinds
@@ -103,7 +103,7 @@ def test_the_audit_reads_the_study_not_a_newer_follow_up(tmp_path):
            for r in dr.study_benchmarks(tmp_path, dose_params, min_doses=4)}
     assert got == {"default": ("20260101-000000-study", ["ratio", "stale"]),
                    "qwen2-chat": ("20260101-000000-chat", ["ratio"])}
-    # a study whose clean run gained nothing
+    # a study as broad on fresh seeds (here one whose clean run gained nothing): both count, newest first
     run("20260103-000000-study2", "default", [("ratio", bd.NO_BENCHMARK, np.nan), ("stale", bd.NO_BENCHMARK, np.nan)])
-    assert {r["model"]: r["run"] for r in dr.study_benchmarks(tmp_path, dose_params, 4)}["default"] == (
-        "20260103-000000-study2")
+    assert [r["run"] for r in dr.study_benchmarks(tmp_path, dose_params, 4) if r["model"] == "default"] == [
+        "20260103-000000-study2", "20260101-000000-study"]

@@ -593,10 +593,10 @@ def test_the_pipeline_is_calibrated_where_the_null_holds():
 
 def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_path):
     """`rlwb audit`'s report puts a raw-logprob engine's k3 against the ratio kind's BMDLs and another
-    engine's against the distribution kinds', from the newest study run of record per model, as a multiple of each
+    engine's against the distribution kinds', from the broadest study runs of record per model, as a multiple of each
     quotable BMDL (bounded, the dose scale agreeing), saying they were measured on small embedded models; a row
-    without a level says why; a study analysed before the benchmark-dose fit quotes nothing; without a run of
-    record it says so."""
+    without a level says why; a study analysed before the benchmark-dose fit quotes nothing; a model with two studies
+    as broad is read from both, the reader told to act on the lower; without a run of record it says so."""
     from rlwb.experiments import audit
     from rlwb.experiments.wording import audit as wording
 
@@ -620,11 +620,11 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
         rows = rows if fitted else rows.drop(columns=["scale_agree", "bmd", "keep_below"])
         rows.to_parquet(d / "data" / "benchmarks.parquet")
 
-    for run_id, bmdl in (("20261101-000000-aaaa", 0.5), ("20261201-000000-bbbb", 0.05)):  # the newer one counts
+    for run_id, bmdl in (("20261101-000000-aaaa", 0.5), ("20261201-000000-bbbb", 0.05)):  # as broad: both, newest first
         study(run_id, bmdl)
     study("20261101-000000-cccc", 0.14, fitted=False, model="qwen2-chat")
     ctx = audit.study_context(metrics, {"raw-engine": True, "bf16-engine": False}, runs_dir=tmp_path)
-    assert ctx["runs"] == ["20261201-000000-bbbb", "20261101-000000-cccc"]
+    assert ctx["runs"] == ["20261201-000000-bbbb", "20261101-000000-aaaa", "20261101-000000-cccc"]
     raw, dist = ctx["engines"]
     assert [x["kind"] for x in raw["runs"][0]["rows"]] == ["ratio"]  # the first regime's row only
     assert {x["kind"] for x in dist["runs"][0]["rows"]} == {"weights", "stale"}
@@ -634,6 +634,10 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
     assert "weights `none@engine` no level (the dose scale decides it; tested k3 1.0e-03 to 2.0e-02" in text
     assert "stale `tis@trainer` no level (above tested range;" in text and "model `default`" in text
     assert "keep k3 below 1.4e-01" not in text and "analysed before rlwb fitted benchmark doses" in text
+    assert "keep k3 below 5.0e-01" in text and "act on the lower of their levels" in text  # the older study too
+    study("one/20261101-000000-dddd", 0.5)  # a single study per model: nothing to choose between
+    one = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "one")
+    assert one["runs"] == ["20261101-000000-dddd"] and "act on the lower" not in "\n".join(wording.study_lines(one))
 
 
 def test_entropy_collapse_is_against_the_clean_run_at_the_same_step_not_its_first():

@@ -103,10 +103,11 @@ def study_benchmarks(runs_dir: str | Path | None, dose_params: Iterable[str], mi
     from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
     run counts as a study only if its params give some kind of mismatch two doses or more (a curve to fit: each
     of `dose_params` is a parameter listing one kind's doses, the caller's `DoseKind.param`s, this domain importing
-    no other) and it has a benchmark table. Per model the study with the most benchmark rows (kind x arm) fitted on
-    `min_doses` doses or more (the caller's least for a level) counts, the newest of those: a narrower follow-up (a
-    confirmation with two doses of one kind, a horizon run of one arm and one kind) must not hide the study, an
-    older study of more rows on fewer doses must not either, and a newer study as broad replaces it.
+    no other) and it has a benchmark table. Per model the studies with the most benchmark rows (kind x arm) fitted
+    on `min_doses` doses or more (the caller's least for a level) count, every one of them, newest first: a narrower
+    follow-up (a confirmation with two doses of one kind, a horizon run of one arm and one kind) must not hide a
+    study, an older study of more rows on fewer doses must not either, and two studies as broad (a study and its
+    rerun on fresh seeds) are both runs of record, whose levels a reader compares (README: act on the lower).
     Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
     import pandas as pd
     import yaml
@@ -114,7 +115,7 @@ def study_benchmarks(runs_dir: str | Path | None, dose_params: Iterable[str], mi
     from rlwb.paths import RUNS_OF_RECORD
 
     root = Path(runs_dir) if runs_dir is not None else RUNS_OF_RECORD / STUDY_DIR
-    best: dict[str, dict] = {}
+    best: dict[str, list[dict]] = {}
     for d in sorted(root.glob("*/")) if root.is_dir() else []:  # run ids sort by time: newest last
         bench_file, params_file = d / "data" / "benchmarks.parquet", d / "params.yaml"
         if not (bench_file.exists() and params_file.exists()):
@@ -128,6 +129,9 @@ def study_benchmarks(runs_dir: str | Path | None, dose_params: Iterable[str], mi
         bench = first_regime_benchmarks(bench)
         model = str(params.get("model", "?"))
         breadth = int((bench["doses"] >= min_doses).sum()) if "doses" in bench else 0
-        if model not in best or breadth >= best[model]["breadth"]:
-            best[model] = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench, "breadth": breadth}
-    return [{k: v for k, v in r.items() if k != "breadth"} for r in best.values()]
+        study = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench, "breadth": breadth}
+        if model not in best or breadth > best[model][0]["breadth"]:
+            best[model] = [study]
+        elif breadth == best[model][0]["breadth"]:
+            best[model].insert(0, study)  # newest first
+    return [{k: v for k, v in r.items() if k != "breadth"} for studies in best.values() for r in studies]

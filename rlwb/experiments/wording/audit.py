@@ -101,6 +101,12 @@ def conclusion(metrics: dict, setup: dict) -> str:
     return "\n".join(lines)
 
 
+def _models_twice(study: dict) -> bool:
+    """Whether some model has more than one study run of record in `study` (`dose_response.study_benchmarks`)."""
+    models = [r["model"] for r in (study["engines"][0]["runs"] if study["engines"] else [])]
+    return len(models) != len(set(models))
+
+
 def study_lines(study: dict) -> list[str]:
     """Where each audited engine's measured k3 sits against notebook 08's benchmark doses (issue 46): per study run
     of record and arm, the BMDL of the engine's kind of mismatch (ratio for raw logprobs, distribution otherwise)
@@ -113,7 +119,9 @@ def study_lines(study: dict) -> list[str]:
                 f"placed against a tolerable one."]
     out = [f"{head}: the benchmark doses below were measured on rlwb's small embedded models (a 30-step GRPO run "
            f"on sums), not on your model or task: read them as an order of magnitude, not a limit for your run. "
-           f"BMDL: the lower 95% bound of the k3 at which the cost reaches the study's benchmark response."]
+           f"BMDL: the lower 95% bound of the k3 at which the cost reaches the study's benchmark response."
+           + (" A model with two studies as broad (a study and its rerun on fresh seeds) is read from both: act on "
+              "the lower of their levels." if _models_twice(study) else "")]
     for eng in study["engines"]:
         kind = ("ratio mismatch (your engine reports raw logprobs: it samples right, reports wrong)" if eng["raw"]
                 else "distribution mismatch (perturbed or stale weights: your engine samples another policy)")
