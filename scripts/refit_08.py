@@ -4,7 +4,7 @@ per benchmark row of the first PPO regime at the study's horizon its doses, stat
 scale's status and whether a level may be quoted. The runs themselves are not changed (their reports say what the
 analysis of their day said); docs/benchmark_dose.md quotes this script's output.
 
-    .venv/bin/python scripts/refit_08.py                 # both study runs of record
+    .venv/bin/python scripts/refit_08.py                 # every study run of record the audit reads
     .venv/bin/python scripts/refit_08.py docs/runs/08_mismatch_cost/<run id> ...
 """
 
@@ -23,8 +23,8 @@ from rlwb.experiments.wording.mismatch_cost import quotable
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="*", help="run directories (default: the study run of record per model the audit "
-                    "reads: `dose_response.study_benchmarks`)")
+    ap.add_argument("runs", nargs="*", help="run directories (default: the study runs of record the audit reads, every "
+                    "study of a model's greatest breadth: `dose_response.study_benchmarks`)")
     a = ap.parse_args()
     runs = [Path(r) for r in a.runs] or [Path(s["path"]) for s in dose_response.study_benchmarks(
         None, dose_params=[k.param for k in dose_kinds()], min_doses=MIN_DOSES)]

@@ -99,10 +99,15 @@ def test_the_audit_reads_the_study_not_a_newer_follow_up(tmp_path):
         ratio_k3=(0.01, 0.03, 0.1, 1.0))
     run("20260101-000000-chat", "qwen2-chat", [("ratio", bd.BELOW_RANGE, 0.1)])
     dose_params = [k.param for k in dose_kinds()]  # what the audit passes: each kind's list of doses
-    got = {r["model"]: (r["run"], list(r["benchmarks"]["name"]))
-           for r in dr.study_benchmarks(tmp_path, dose_params, min_doses=4)}
-    assert got == {"default": ("20260101-000000-study", ["ratio", "stale"]),
-                   "qwen2-chat": ("20260101-000000-chat", ["ratio"])}
+    got = [(r["model"], r["run"], list(r["benchmarks"]["name"]))
+           for r in dr.study_benchmarks(tmp_path, dose_params, min_doses=4)]
+    assert got == [("default", "20260101-000000-study", ["ratio", "stale"]),
+                   ("qwen2-chat", "20260101-000000-chat", ["ratio"])]
+    # no row on 4 doses (breadth 0): a newer follow-up replaces the older run, no tie of follow-ups
+    run("20260101-000000-small", "other", [("ratio", bd.BOUNDED, 0.1)], doses=3)
+    run("20260102-000000-small2", "other", [("ratio", bd.BOUNDED, 0.1)], doses=2)
+    assert [r["run"] for r in dr.study_benchmarks(tmp_path, dose_params, 4) if r["model"] == "other"] == [
+        "20260102-000000-small2"]
     # a study as broad on fresh seeds (here one whose clean run gained nothing): both count, newest first
     run("20260103-000000-study2", "default", [("ratio", bd.NO_BENCHMARK, np.nan), ("stale", bd.NO_BENCHMARK, np.nan)])
     assert [r["run"] for r in dr.study_benchmarks(tmp_path, dose_params, 4) if r["model"] == "default"] == [

@@ -616,7 +616,8 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
             {"kind": "weights", "arm": "none@engine", "name": "weights", "status": "bounded", "bmdl": 1e-3,
              "bmd": 2e-3, "scale_agree": False, "keep_below": np.nan, "k3_min": 1e-3, "k3_max": 0.02},
             {"kind": "stale", "arm": "tis@trainer", "name": "stale", "status": "above tested range",
-             "bmdl": 0.01, "bmd": 0.05, "scale_agree": True, "keep_below": np.nan, "k3_min": 5e-3, "k3_max": 0.03}])
+             "bmdl": 0.01, "bmd": 0.05, "scale_agree": True, "keep_below": np.nan, "k3_min": 5e-3, "k3_max": 0.03}]
+        ).assign(doses=4)
         rows = rows if fitted else rows.drop(columns=["scale_agree", "bmd", "keep_below"])
         rows.to_parquet(d / "data" / "benchmarks.parquet")
 
@@ -634,10 +635,14 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
     assert "weights `none@engine` no level (the dose scale decides it; tested k3 1.0e-03 to 2.0e-02" in text
     assert "stale `tis@trainer` no level (above tested range;" in text and "model `default`" in text
     assert "keep k3 below 1.4e-01" not in text and "analysed before rlwb fitted benchmark doses" in text
-    assert "keep k3 below 5.0e-01" in text and "act on the lower of their levels" in text  # the older study too
+    assert "keep k3 below 5.0e-01" in text and ctx["models_twice"] == ["default"]  # the older study too
+    assert "Model(s) `default` have more than one study as broad" in text and "act on the lower level" in text
     study("one/20261101-000000-dddd", 0.5)  # a single study per model: nothing to choose between
     one = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "one")
     assert one["runs"] == ["20261101-000000-dddd"] and "act on the lower" not in "\n".join(wording.study_lines(one))
+    study("one/20261201-000000-eeee", 0.5, fitted=False)  # as broad, but no level to compare: no advice
+    one = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "one")
+    assert len(one["runs"]) == 2 and one["models_twice"] == []
 
 
 def test_entropy_collapse_is_against_the_clean_run_at_the_same_step_not_its_first():

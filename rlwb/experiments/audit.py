@@ -249,7 +249,11 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
             b = r["benchmarks"]
             rows = b[b["kind"].isin(kinds)]
             # a study analysed before benchmark doses were fitted by EPA's convention has no `scale_agree`
-            per_run.append({"run": r["run"], "model": r["model"], "fitted": "scale_agree" in b,
+            pr = r.get("params") or {}
+            design = (f"seeds from {pr['seed']}, {pr['num_seeds']} then up to {pr['max_seeds']} sized by the "
+                      f"{pr['seed_power']} test" if all(k in pr for k in ("seed", "num_seeds", "max_seeds",
+                                                                          "seed_power")) else "")
+            per_run.append({"run": r["run"], "model": r["model"], "fitted": "scale_agree" in b, "design": design,
                             "rows": [{"kind": x.kind, "arm": x.arm, "status": x.status, "bmdl": float(x.bmdl),
                                       "bmd": float(getattr(x, "bmd", float("nan"))),
                                       "scale_agree": bool(getattr(x, "scale_agree", False)),
@@ -257,4 +261,7 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
                                       "k3_min": float(x.k3_min), "k3_max": float(x.k3_max)}
                                      for x in rows.itertuples()]})
         engines.append({"engine": e, "k3": float(k3), "raw": bool(raw), "kinds": kinds, "runs": per_run})
-    return {"dir": f"docs/runs/{dose_response.STUDY_DIR}", "runs": [r["run"] for r in runs], "engines": engines}
+    fitted = [r["model"] for r in runs if "scale_agree" in r["benchmarks"]]
+    twice = sorted({m for m in fitted if fitted.count(m) > 1})  # models read from more than one fitted study
+    return {"dir": f"docs/runs/{dose_response.STUDY_DIR}", "runs": [r["run"] for r in runs], "engines": engines,
+            "models_twice": twice}

@@ -98,8 +98,9 @@ def first_regime_benchmarks(bench: pd.DataFrame) -> pd.DataFrame:
 
 
 def study_benchmarks(runs_dir: str | Path | None, dose_params: Iterable[str], min_doses: int) -> list[dict]:
-    """The benchmark doses of notebook 08's study runs of record, one run per model: for each, `run` (its id),
-    `model`, `path` and `benchmarks` (its `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
+    """The benchmark doses of notebook 08's study runs of record, every study of a model's greatest breadth: for
+    each, `run` (its id), `model`, `path`, `params` (its params.yaml) and `benchmarks` (its
+    `data/benchmarks.parquet`, first PPO regime at the study's horizon). Read
     from `runs_dir` (default `paths.RUNS_OF_RECORD / STUDY_DIR`, where `rlwb publish` puts notebook 08's runs); a
     run counts as a study only if its params give some kind of mismatch two doses or more (a curve to fit: each
     of `dose_params` is a parameter listing one kind's doses, the caller's `DoseKind.param`s, this domain importing
@@ -107,7 +108,9 @@ def study_benchmarks(runs_dir: str | Path | None, dose_params: Iterable[str], mi
     on `min_doses` doses or more (the caller's least for a level) count, every one of them, newest first: a narrower
     follow-up (a confirmation with two doses of one kind, a horizon run of one arm and one kind) must not hide a
     study, an older study of more rows on fewer doses must not either, and two studies as broad (a study and its
-    rerun on fresh seeds) are both runs of record, whose levels a reader compares (README: act on the lower).
+    rerun on fresh seeds) are both runs of record, whose levels a reader compares (README: act on the lower). Where
+    no study has a row on `min_doses` doses (breadth 0), the newest replaces the others, as a narrower follow-up
+    is not a study.
     Empty: no study run of record yet. What `rlwb audit` places an engine's measured k3 against."""
     import pandas as pd
     import yaml
@@ -129,8 +132,9 @@ def study_benchmarks(runs_dir: str | Path | None, dose_params: Iterable[str], mi
         bench = first_regime_benchmarks(bench)
         model = str(params.get("model", "?"))
         breadth = int((bench["doses"] >= min_doses).sum()) if "doses" in bench else 0
-        study = {"run": d.name, "model": model, "path": str(d), "benchmarks": bench, "breadth": breadth}
-        if model not in best or breadth > best[model][0]["breadth"]:
+        study = {"run": d.name, "model": model, "path": str(d), "params": params, "benchmarks": bench,
+                 "breadth": breadth}
+        if model not in best or breadth > best[model][0]["breadth"] or breadth == best[model][0]["breadth"] == 0:
             best[model] = [study]
         elif breadth == best[model][0]["breadth"]:
             best[model].insert(0, study)  # newest first

@@ -101,12 +101,6 @@ def conclusion(metrics: dict, setup: dict) -> str:
     return "\n".join(lines)
 
 
-def _models_twice(study: dict) -> bool:
-    """Whether some model has more than one study run of record in `study` (`dose_response.study_benchmarks`)."""
-    models = [r["model"] for r in (study["engines"][0]["runs"] if study["engines"] else [])]
-    return len(models) != len(set(models))
-
-
 def study_lines(study: dict) -> list[str]:
     """Where each audited engine's measured k3 sits against notebook 08's benchmark doses (issue 46): per study run
     of record and arm, the BMDL of the engine's kind of mismatch (ratio for raw logprobs, distribution otherwise)
@@ -120,8 +114,9 @@ def study_lines(study: dict) -> list[str]:
     out = [f"{head}: the benchmark doses below were measured on rlwb's small embedded models (a 30-step GRPO run "
            f"on sums), not on your model or task: read them as an order of magnitude, not a limit for your run. "
            f"BMDL: the lower 95% bound of the k3 at which the cost reaches the study's benchmark response."
-           + (" A model with two studies as broad (a study and its rerun on fresh seeds) is read from both: act on "
-              "the lower of their levels." if _models_twice(study) else "")]
+           + (f" Model(s) {', '.join(f'`{m}`' for m in study['models_twice'])} have more than one study as broad, "
+              f"each listed: for a row, act on the lower level where more than one gives one."
+              if study.get("models_twice") else "")]
     for eng in study["engines"]:
         kind = ("ratio mismatch (your engine reports raw logprobs: it samples right, reports wrong)" if eng["raw"]
                 else "distribution mismatch (perturbed or stale weights: your engine samples another policy)")
@@ -141,6 +136,7 @@ def study_lines(study: dict) -> list[str]:
                     why = "the dose scale decides it" if x["status"] == BMD_BOUNDED else x["status"]
                     parts.append(f"{x['kind']} `{x['arm']}` no level ({why}; tested k3 {x['k3_min']:.1e} to "
                                  f"{x['k3_max']:.1e}, yours is {eng['k3']:.1e})")
-            out.append(f"  - run `{r['run']}` (model `{r['model']}`): "
+            out.append(f"  - run `{r['run']}` (model `{r['model']}`" + (f"; {r['design']}" if r.get("design") else "")
+                       + "): "
                        + ("; ".join(parts) if parts else "no benchmark dose of this kind") + ".")
     return out
