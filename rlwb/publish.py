@@ -201,6 +201,15 @@ def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[Lef
     always stay out; then the other optional files, in order, until the copy is at most `limit` bytes. The copy's
     bytes include what its run.json grows by (the `published` record listing what was left out). `PublishRefused`
     when even the needed files are over it."""
+    left, size = _leave_out(run_dir, notebook, limit)
+    if size > limit:
+        raise PublishRefused(_too_large(run_dir, size, limit))
+    return left, size
+
+
+def _leave_out(run_dir: Path, notebook: str, limit: int) -> tuple[list[LeftOut], int]:
+    """`plan`'s choice without its refusal: where the copy cannot fit `limit`, every optional file is out and the
+    size is the smallest copy's (what `publish` weighs against the folder's room)."""
     candidates = optional_files(run_dir, notebook)
     left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/", NOTEBOOK_IMAGES))
             or c.path.endswith(".svg")]
@@ -211,12 +220,13 @@ def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[Lef
         if c not in left:
             left.append(c)
             size -= c.bytes
-    size += _record_bytes(left, run_dir)
-    if size > limit:
-        raise PublishRefused(f"{run_dir.parent.name}/{run_dir.name} is {size / 1e6:.1f} MB without everything no "
-                             f"figure or number needs (limit {limit / 1e6:g} MB per run of record): make the run "
-                             f"smaller (fewer rollouts archived) or split what it quotes")
-    return left, size
+    return left, size + _record_bytes(left, run_dir)
+
+
+def _too_large(run_dir: Path, size: int, limit: int) -> str:
+    return (f"{run_dir.parent.name}/{run_dir.name} is {size / 1e6:.1f} MB without everything no figure or number "
+            f"needs (limit {limit / 1e6:g} MB per run of record): make the run smaller (fewer rollouts archived) or "
+            f"split what it quotes")
 
 
 def _record_bytes(left: list[LeftOut], run_dir: Path) -> int:
@@ -250,19 +260,14 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
     # the copy must fit the run limit and what the folder has left: optional files go until it fits both, so a
     # non-reproducible wall-clock column leaves before a cited run of record has to
     limit = min(run_limit, folder_limit - folder)
-    try:
-        left, size = plan(run_dir, notebook, limit)
-    except PublishRefused:
-        if limit == run_limit:
-            raise
-        every = optional_files(run_dir, notebook)  # the smallest copy: everything optional left out
-        size = tree_bytes(run_dir) - sum(c.bytes for c in every) + _record_bytes(every, run_dir)
-        if size > run_limit:  # too large for any folder: the per-run refusal says so
-            plan(run_dir, notebook, run_limit)
+    left, size = _leave_out(run_dir, notebook, limit)
+    if size > run_limit:  # too large for any folder
+        raise PublishRefused(_too_large(run_dir, size, run_limit))
+    if folder + size > folder_limit:
         raise PublishRefused(f"publishing {notebook}/{run_dir.name} ({size / 1e6:.1f} MB without everything no "
                              f"figure or number needs) would make {root} {(folder + size) / 1e6:.1f} MB (limit "
                              f"{folder_limit / 1e6:g} MB): remove a superseded run of record first (with the "
-                             f"sentences citing it)") from None
+                             f"sentences citing it)")
     skip = {c.path for c in left if "#" not in c.path}
     folders = tuple(p for p in skip if p.endswith("/"))
     dropped: dict[str, list[str]] = {}  # table -> columns left out of it
