@@ -228,6 +228,9 @@ def conclusion(metrics: dict, p, engines: list[str], panels: pd.DataFrame, sourc
     return wording_10.conclusion(metrics, setup)
 
 
+SEED_DESIGN = ("seed", "num_seeds", "max_seeds", "seed_power")  # a study's params that say how its seeds were drawn
+
+
 def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) -> dict:
     """Each audited engine's measured k3 beside notebook 08's benchmark doses of its kind of mismatch:
     the kinds that sample right for an engine that reports raw logprobs (it samples right, reports wrong: ratio),
@@ -238,6 +241,10 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
     from rlwb.experiments.mismatch_study.benchmarks import MIN_DOSES
 
     runs = dose_response.study_benchmarks(runs_dir, [k.param for k in dose_kinds()], MIN_DOSES)
+    # per run, once: whether its benchmark doses were fitted by EPA's convention (a study analysed before has no
+    # `scale_agree`), and its seed design (`SEED_DESIGN`), which tells a model's equally broad studies apart
+    fitted = {r["run"]: "scale_agree" in r["benchmarks"] for r in runs}
+    seeds = {r["run"]: {k: r["params"][k] for k in SEED_DESIGN if k in r["params"]} for r in runs}
     engines = []
     for e, raw in reports_raw.items():
         k3 = metrics.get(f"{e}/k3_mean")
@@ -248,12 +255,8 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
         for r in runs:
             b = r["benchmarks"]
             rows = b[b["kind"].isin(kinds)]
-            # a study analysed before benchmark doses were fitted by EPA's convention has no `scale_agree`
-            pr = r.get("params") or {}
-            design = (f"seeds from {pr['seed']}, {pr['num_seeds']} then up to {pr['max_seeds']} sized by the "
-                      f"{pr['seed_power']} test" if all(k in pr for k in ("seed", "num_seeds", "max_seeds",
-                                                                          "seed_power")) else "")
-            per_run.append({"run": r["run"], "model": r["model"], "fitted": "scale_agree" in b, "design": design,
+            per_run.append({"run": r["run"], "model": r["model"], "fitted": fitted[r["run"]],
+                            "seeds": seeds[r["run"]],
                             "rows": [{"kind": x.kind, "arm": x.arm, "status": x.status, "bmdl": float(x.bmdl),
                                       "bmd": float(getattr(x, "bmd", float("nan"))),
                                       "scale_agree": bool(getattr(x, "scale_agree", False)),
@@ -261,7 +264,7 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
                                       "k3_min": float(x.k3_min), "k3_max": float(x.k3_max)}
                                      for x in rows.itertuples()]})
         engines.append({"engine": e, "k3": float(k3), "raw": bool(raw), "kinds": kinds, "runs": per_run})
-    fitted = [r["model"] for r in runs if "scale_agree" in r["benchmarks"]]
-    twice = sorted({m for m in fitted if fitted.count(m) > 1})  # models read from more than one fitted study
+    models = [r["model"] for r in runs if fitted[r["run"]]]
+    twice = sorted({m for m in models if models.count(m) > 1})  # models read from more than one fitted study
     return {"dir": f"docs/runs/{dose_response.STUDY_DIR}", "runs": [r["run"] for r in runs], "engines": engines,
             "models_twice": twice}

@@ -136,7 +136,9 @@ def study_lines(study: dict) -> list[str]:
                     why = "the dose scale decides it" if x["status"] == BMD_BOUNDED else x["status"]
                     parts.append(f"{x['kind']} `{x['arm']}` no level ({why}; tested k3 {x['k3_min']:.1e} to "
                                  f"{x['k3_max']:.1e}, yours is {eng['k3']:.1e})")
-            out.append(f"  - run `{r['run']}` (model `{r['model']}`" + (f"; {r['design']}" if r.get("design") else "")
-                       + "): "
+            sd = r.get("seeds") or {}
+            design = (f"; seeds from {sd['seed']}, {sd['num_seeds']} then up to {sd['max_seeds']} sized by the "
+                      f"{sd['seed_power']} test" if len(sd) == 4 else "")
+            out.append(f"  - run `{r['run']}` (model `{r['model']}`{design}): "
                        + ("; ".join(parts) if parts else "no benchmark dose of this kind") + ".")
     return out
