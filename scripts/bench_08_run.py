@@ -24,11 +24,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# (label, arm, seed) of study jobs: two clean runs, two ratio doses, a weights dose in each PPO regime, a stale dose,
-# a placebo: the base engine's kinds of run in about the study's proportions (engine points need other engines)
+# (label, arm, seed) of study jobs: clean runs, ratio doses, a weights dose in each PPO regime, a stale dose,
+# a placebo: the base engine's kinds of run in about the study's proportions (engine points need other engines).
+# Twelve, so that 2, 3 and 4 lanes all end on a full round (--b-lanes compares lane counts without a ragged tail)
 MIX = [("clean", "none@engine", 0), ("clean", "tis@trainer", 1), ("ratio@0.1", "verl.geo_rs@trainer", 0),
        ("ratio@1", "none@engine", 1), ("weights@0.03", "icepop@trainer", 0), ("weights@0.1+ppo4", "none@trainer", 1),
-       ("stale@1", "tis@trainer", 0), ("placebo", "none@engine", 0)]
+       ("stale@1", "tis@trainer", 0), ("placebo", "none@engine", 0), ("clean", "none@engine", 2),
+       ("ratio@1", "none@engine", 2), ("weights@0.03", "none@engine", 2), ("stale@1", "tis@trainer", 2)]
 T_COLS = ["t_rollout", "t_score", "t_update", "t_sync", "t_step"]
 
 
@@ -61,6 +63,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--reps", type=int, default=2, help="A, B pairs")
     ap.add_argument("--lanes", type=int, default=2, help="concurrent_runs")
+    ap.add_argument("--b-lanes", type=int, default=None,
+                    help="concurrent_runs of arm B only (an experiment: more lanes than cores); default --lanes")
     ap.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for arm B only (an experiment: OMP_WAIT_POLICY=PASSIVE)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -85,7 +89,7 @@ def main() -> None:
         if (ROOT / env).exists():
             (base / env).symlink_to((ROOT / env).resolve())
     print(f"A: {args.baseline} ({sha}), B: this checkout ({ROOT}); {len(MIX)} jobs x {args.steps} steps, "
-          f"{args.lanes} lanes, {args.reps} A/B pairs", flush=True)
+          f"{args.lanes} lanes (B: {args.b_lanes or args.lanes}), {args.reps} A/B pairs", flush=True)
     results: dict[str, list[dict]] = {"A": [], "B": []}
     for rep in range(args.reps):
         for arm, path in (("A", base), ("B", ROOT)):
@@ -94,8 +98,9 @@ def main() -> None:
                                                                 if arm == "B" else {})}
             cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             with open(tmp / f"{arm}{rep}.log", "w") as log:
+                lanes = args.b_lanes if arm == "B" and args.b_lanes else args.lanes
                 subprocess.run([sys.executable, __file__, "--child", "--out", str(out), "--steps", str(args.steps),
-                                "--lanes", str(args.lanes)], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                                "--lanes", str(lanes)], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                                stderr=log)
             cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             r = json.loads(out.read_text())

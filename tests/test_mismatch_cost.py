@@ -596,7 +596,8 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
     engine's against the distribution kinds', from the broadest study runs of record per model, as a multiple of each
     quotable BMDL (bounded, the dose scale agreeing), saying they were measured on small embedded models; a row
     without a level says why; a study analysed before the benchmark-dose fit quotes nothing; a model with two studies
-    as broad is read from both, the reader told to act on the lower; without a run of record it says so."""
+    as broad is read from both, the reader told to act on the lower, and given it per row (the lowest level, its run
+    and how many of the studies give one); without a run of record it says so."""
     from rlwb.experiments import audit
     from rlwb.experiments.wording import audit as wording
 
@@ -604,7 +605,7 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
     none = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "nothing")
     assert none["runs"] == [] and "no study run of record yet" in "\n".join(wording.study_lines(none))
 
-    def study(run_id, bmdl, fitted=True, model="default"):
+    def study(run_id, bmdl, fitted=True, model="default", weights_level=np.nan):
         d = tmp_path / run_id
         (d / "data").mkdir(parents=True)
         (d / "params.yaml").write_text(f"model: {model}\n")
@@ -614,15 +615,16 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
             {"kind": "ratio", "arm": "none@engine", "name": "ratio+ppo4", "status": "bounded", "bmdl": 9.0,
              "bmd": 9.5, "scale_agree": True, "keep_below": 9.0, "k3_min": 0.01, "k3_max": 1.0},
             {"kind": "weights", "arm": "none@engine", "name": "weights", "status": "bounded", "bmdl": 1e-3,
-             "bmd": 2e-3, "scale_agree": False, "keep_below": np.nan, "k3_min": 1e-3, "k3_max": 0.02},
+             "bmd": 2e-3, "scale_agree": weights_level == weights_level, "keep_below": weights_level,
+             "k3_min": 1e-3, "k3_max": 0.02},
             {"kind": "stale", "arm": "tis@trainer", "name": "stale", "status": "above tested range",
              "bmdl": 0.01, "bmd": 0.05, "scale_agree": True, "keep_below": np.nan, "k3_min": 5e-3, "k3_max": 0.03}]
         ).assign(doses=4)
         rows = rows if fitted else rows.drop(columns=["scale_agree", "bmd", "keep_below"])
         rows.to_parquet(d / "data" / "benchmarks.parquet")
 
-    for run_id, bmdl in (("20261101-000000-aaaa", 0.5), ("20261201-000000-bbbb", 0.05)):  # as broad: both, newest first
-        study(run_id, bmdl)
+    study("20261101-000000-aaaa", 0.5, weights_level=1e-3)  # as broad: both, newest first
+    study("20261201-000000-bbbb", 0.05)
     study("20261101-000000-cccc", 0.14, fitted=False, model="qwen2-chat")
     ctx = audit.study_context(metrics, {"raw-engine": True, "bf16-engine": False}, runs_dir=tmp_path)
     assert ctx["runs"] == ["20261201-000000-bbbb", "20261101-000000-aaaa", "20261101-000000-cccc"]
@@ -637,9 +639,18 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
     assert "keep k3 below 1.4e-01" not in text and "analysed before rlwb fitted benchmark doses" in text
     assert "keep k3 below 5.0e-01" in text and ctx["models_twice"] == ["default"]  # the older study too
     assert "Model(s) `default` have more than one study as broad" in text and "act on the lower level" in text
+    # the advice computed per row: the lower of the two ratio levels (the newer study's), and the weights level the
+    # older study alone gives (1 of 2); the stale row, with no level in either, is not in it
+    assert [(x["kind"], x["keep_below"], x["run"], x["quoting"], x["studies"]) for x in raw["act_on"]] == \
+        [("ratio", 0.05, "20261201-000000-bbbb", 2, 2)]
+    assert [(x["kind"], x["keep_below"], x["run"], x["quoting"]) for x in dist["act_on"]] == \
+        [("weights", 1e-3, "20261101-000000-aaaa", 1)]
+    assert ("**act on**, model `default` (the lower level per row of its studies): ratio `none@engine` keep k3 "
+            "below 5.0e-02 (run `20261201-000000-bbbb`; 2 of 2 studies give a level; yours is 0.2x it)") in text
+    assert "weights `none@engine` keep k3 below 1.0e-03 (run `20261101-000000-aaaa`; 1 of 2 studies" in text
     study("one/20261101-000000-dddd", 0.5)  # a single study per model: nothing to choose between
     one = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "one")
-    assert one["runs"] == ["20261101-000000-dddd"] and "act on the lower" not in "\n".join(wording.study_lines(one))
+    assert one["runs"] == ["20261101-000000-dddd"] and "act on" not in "\n".join(wording.study_lines(one))
     study("one/20261201-000000-eeee", 0.5, fitted=False)  # as broad, but no level to compare: no advice
     one = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "one")
     assert len(one["runs"]) == 2 and one["models_twice"] == []

@@ -141,4 +141,11 @@ def study_lines(study: dict) -> list[str]:
                       f"{sd['seed_power']} test" if len(sd) == 4 else "")
             out.append(f"  - run `{r['run']}` (model `{r['model']}`{design}): "
                        + ("; ".join(parts) if parts else "no benchmark dose of this kind") + ".")
+        for model in study.get("models_twice") or []:
+            rows = [x for x in eng.get("act_on") or [] if x["model"] == model]
+            if rows:
+                out.append(f"  - **act on**, model `{model}` (the lower level per row of its studies): " + "; ".join(
+                    f"{x['kind']} `{x['arm']}` keep k3 below {x['keep_below']:.1e} (run `{x['run']}`; "
+                    f"{x['quoting']} of {x['studies']} studies give a level; yours is "
+                    f"{eng['k3'] / x['keep_below']:.2g}x it)" for x in rows) + ".")
     return out
