@@ -1,6 +1,7 @@
 """Notebook 08's GRPO runs, timed: this checkout against a baseline commit, interleaved in one script run.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_08_run.py [--baseline main] [--steps 30] [--reps 2] [--lanes 2]
+    PYTHONPATH=. .venv/bin/python scripts/bench_08_run.py --profile    # one lane, two jobs, under cProfile
 
 Each arm is a fresh process training the same representative mix of the study's jobs (`MIX`: real jobs of
 params/08_mismatch_cost/study.yaml on the embedded default model, every kind of run the base engine trains) through
@@ -9,6 +10,10 @@ Arm A is the baseline's code (`git archive <baseline> rlwb` into a temporary dir
 run A, B, A, B, ..., so that both see the same load on a shared machine (the load average is printed beside every
 timing). Per arm: wall seconds, the per-phase split (`rlwb.timing`), the mean per-step `t_*` columns, and the runs
 per hour of the mix; then B / A per phase, and whether every curve is bitwise the baseline's (bar wall-time columns).
+
+`--profile`: where one run's time goes, this checkout alone: two jobs of the mix (a clean run and a stale dose with
+TIS) on one lane, nothing beside them, under cProfile: the mean per-step `t_*` columns, the phases, and the
+functions with the most cumulative time (the engine's work shows as the trainer waiting on its worker's pipe).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ MIX = [("clean", "none@engine", 0), ("clean", "tis@trainer", 1), ("ratio@0.1", "
        ("stale@1", "tis@trainer", 0), ("placebo", "none@engine", 0), ("clean", "none@engine", 2),
        ("ratio@1", "none@engine", 2), ("weights@0.03", "none@engine", 2), ("stale@1", "tis@trainer", 2)]
 T_COLS = ["t_rollout", "t_score", "t_update", "t_sync", "t_step"]
+PROFILED = [MIX[0], MIX[6]]  # --profile: a clean run and a stale dose with TIS
 
 
 def child(args) -> None:
@@ -42,10 +48,26 @@ def child(args) -> None:
 
     p = params.load("08_mismatch_cost", [str(ROOT / "params/08_mismatch_cost/study.yaml")],
                     {"steps": args.steps, "concurrent_runs": args.lanes})
-    mix = [j for j in design.training_runs(p) if (j.label, j.arm, j.seed) in set(MIX)]
-    assert len(mix) == len(MIX), f"the mix names jobs the study does not have: {len(mix)} of {len(MIX)}"
+    wanted = set(PROFILED if args.profile else MIX)
+    mix = [j for j in design.training_runs(p) if (j.label, j.arm, j.seed) in wanted]
+    assert len(mix) == len(wanted), f"the mix names jobs the study does not have: {len(mix)} of {len(wanted)}"
     execution.training_runs = lambda _p: mix
     model = build_default_model(progress=False)
+    if args.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        curves, _, total = execution.train_study(p, model.path, progress=False)
+        prof.disable()
+        print(f"{total} runs, one lane, {time.perf_counter() - t0:.1f} s; phases (s): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in timing.totals().items() if v))
+        print("mean per step (s): " + ", ".join(f"{k[2:]} {v:.3f}" for k, v in curves[T_COLS].mean().items()))
+        print(f"steps: {len(curves)}")
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+        return
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     curves, _, total = execution.train_study(p, model.path, progress=False)
@@ -67,10 +89,14 @@ def main() -> None:
                     help="concurrent_runs of arm B only (an experiment: more lanes than cores); default --lanes")
     ap.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for arm B only (an experiment: OMP_WAIT_POLICY=PASSIVE)")
+    ap.add_argument("--profile", action="store_true", help="profile two jobs on one lane instead (no A/B)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
+        return child(args)
+    if args.profile:
+        args.lanes = 1
         return child(args)
     import pandas as pd
 
@@ -134,10 +160,14 @@ def main() -> None:
     ra, rb = mean(a, lambda r: r["runs"] / r["wall_s"]) * 3600, mean(b, lambda r: r["runs"] / r["wall_s"]) * 3600
     print(f"  runs/hour    A {ra:7.1f}  B {rb:7.1f}  speed-up {rb / ra:.3f}")
     ca, cb = a[0]["curves"], b[0]["curves"]
-    same = [c for c in ca.columns if not c.startswith("t_") and c in cb.columns]
+    # the lane count is a column of its own (it differs by construction when --b-lanes is given)
+    lanes_differ = args.b_lanes not in (None, args.lanes)
+    same = [c for c in ca.columns if not c.startswith("t_") and c in cb.columns
+            and not (c == "concurrent_runs" and lanes_differ)]
     extra = sorted(set(ca.columns) ^ set(cb.columns))
     eq = ca[same].equals(cb[same])
-    print(f"\ncurves bitwise equal A vs B (every column but t_*): {eq}" + (f"; columns only one has: {extra}"
+    but = "t_* and concurrent_runs" if lanes_differ else "t_*"
+    print(f"\ncurves bitwise equal A vs B (every column but {but}): {eq}" + (f"; columns only one has: {extra}"
                                                                            if extra else ""))
     if not eq:
         diff = [c for c in same if not ca[c].equals(cb[c])]

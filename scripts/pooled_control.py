@@ -6,9 +6,11 @@ run: the script says whether they are). What is not shared is the *comparison*: 
 (dosed minus clean, seed by seed), so each gap carries one clean run's noise per seed. Were the clean outcome
 pooled (every clean run, and every placebo stream: the clean bypass run on another sampling stream, an independent
 draw of the same outcome), a gap would be the dosed mean minus the pool's mean, its variance about
-sd_dose^2 / n + sd_clean^2 / N instead of (sd_dose^2 + sd_clean^2 - 2 rho sd_dose sd_clean) / n. Pooling gains
-where rho (the dosed and clean outcomes' correlation across seeds) is small and the clean spread is not small
-beside the dosed one; it loses where the pairing is informative (rho large).
+sd_dose^2 / n + sd_clean^2 / N instead of (sd_dose^2 + sd_clean^2 - 2 rho sd_dose sd_clean) / n: with an endless
+pool the ratio is 1 + r^2 - 2 rho r (r = sd_clean / sd_dose). Pooling gains where rho (the dosed and clean
+outcomes' correlation across seeds) is small or negative and the clean spread is not small beside the dosed one; it
+loses where the pairing is informative (rho large). It also assumes the placebo streams are draws of the clean
+outcome: the script prints the clean runs' mean minus the placebo streams' on the seeds that have both.
 
 Per dose row (first PPO regime, study horizon, the tested outcome): n seeds, rho, both sds, both gaps, and each
 estimator's standard error from one bootstrap over seeds (each resampled seed brings its dosed run, its clean run and
@@ -26,47 +28,57 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 
-def outcomes(run: Path) -> tuple[pd.DataFrame, str]:
+def outcomes(run: Path) -> tuple[pd.DataFrame, str, dict]:
     """Each run's tested outcome (the last step's row of its curve), one row per (label, arm, seed), first PPO
-    regime at the study's horizon; and the outcome's column."""
+    regime at the study's horizon; the outcome's column; the run's params (its params.yaml: a study's file says
+    every value the design depends on)."""
+    from rlwb import params as rlwb_params
+
+    p = vars(rlwb_params.load("08_mismatch_cost", [str(run / "params.yaml")]))
     c = pd.read_parquet(run / "data" / "curves.parquet")
     d = pd.read_parquet(run / "data" / "doses.parquet")
     col = str(d["outcome"].dropna().iloc[0])
-    c = c[(c["updates"] == 1) & (c["epochs"] == 1)] if "updates" in c else c
+    epochs = p["ppo_epochs"][0]
+    c = c[(c["updates"] == p["updates_per_batch"][0]) & (c["epochs"] == epochs)]  # the first regime
     last = c[c["step"] == c.groupby(["label", "arm", "seed"])["step"].transform("max")]
-    steps = int((yaml.safe_load((run / "params.yaml").read_text()) or {}).get("steps", 30))
-    last = last[last["step"] == steps - 1]  # the study's horizon: a long row's runs end later
-    return last[["label", "arm", "seed", col]].rename(columns={col: "y"}), col
+    last = last[last["step"] == p["steps"] - 1]  # the study's horizon: a long row's runs end later
+    return last[["label", "arm", "seed", col]].rename(columns={col: "y"}), col, p
 
 
 def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
-    y, col = outcomes(run)
+    y, col, p = outcomes(run)
     clean = y[y["label"] == "clean"]
     by_arm = clean.pivot(index="seed", columns="arm", values="y")
-    differ = int((by_arm.sub(by_arm.iloc[:, 0], axis=0).abs().fillna(0) > 0).any(axis=1).sum())
+    base = "none@engine" if "none@engine" in by_arm else by_arm.columns[0]  # bypass: the placebo streams' arm
+    differ = int((by_arm.sub(by_arm[base], axis=0).abs().fillna(0) > 0).any(axis=1).sum())
     placebo = y[y["label"].str.startswith("placebo")]
     print(f"{run.name}: outcome `{col}`; clean runs {len(by_arm)} seeds, the arms' clean runs "
-          f"{'bitwise one run' if not differ else f'one run but at {differ} seed(s)'}; placebo draws {len(placebo)} "
-          f"({placebo['label'].nunique()} streams); clean sd {by_arm.iloc[:, 0].std():.4f}, "
+          f"{'bitwise equal' if not differ else f'bitwise equal but at {differ} seed(s)'} (each arm trains its own); "
+          f"placebo draws {len(placebo)} ({placebo['label'].nunique()} streams); clean sd {by_arm[base].std():.4f}, "
           f"placebo sd {placebo['y'].std():.4f}")
-    # the pool: one clean draw per seed (the first arm's, bypass: the arms' are one run but where `differ`) and
-    # every placebo draw (bypass's clean run on other sampling streams)
-    pool = pd.concat([by_arm.iloc[:, 0].dropna().rename("y").reset_index(), placebo[["seed", "y"]]])
+    # the pool: one clean draw per seed (bypass's: the arms' are equal but where `differ`) and every placebo draw
+    # (bypass's clean run on other sampling streams), assumed draws of one outcome: checked below, on the seeds
+    # that have both, as the mean over seeds of (clean - the seed's placebo mean), with its t over seeds
+    pool = pd.concat([by_arm[base].dropna().rename("y").reset_index(), placebo[["seed", "y"]]])
+    if len(placebo):
+        diff = by_arm[base].reindex(placebo["seed"].unique()) - placebo.groupby("seed")["y"].mean()
+        t = diff.mean() / (diff.std(ddof=1) / np.sqrt(len(diff)))
+        print(f"  clean minus placebo on the {len(diff)} seeds with both: {diff.mean():+.4f} (t {t:.1f} over seeds): "
+              f"the pooled gap of a row on those seeds moves by about that")
     per_seed = pool.groupby("seed")["y"].agg(["sum", "count"])
     seeds = np.array(sorted(by_arm.index))
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(seeds), size=(boot, len(seeds)))
-    first = int(y[y["label"] == "placebo"]["seed"].nunique()) if len(placebo) else None
+    first = int(p["num_seeds"])  # the first pass: a row with more seeds was extended by the sequential rule
     rows = []
     skip = ("clean", "rerun")
     for (label, arm), g in y.groupby(["label", "arm"]):
         if label in skip or label.startswith("placebo") or "@T" in label:  # controls, and T-1 pairs of their own
             continue
         yd = g.set_index("seed")["y"]
-        yc = by_arm[arm].reindex(yd.index) if arm in by_arm else by_arm.iloc[:, 0].reindex(yd.index)
+        yc = by_arm[arm if arm in by_arm else base].reindex(yd.index)
         if len(yd) < 4 or yc.isna().any():
             continue
         gap = yd - yc
@@ -90,7 +102,12 @@ def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
                      "se_pooled": float(np.std(pooled))})
     r = pd.DataFrame(rows)
     r["variance_ratio"] = (r["se_paired"] / r["se_pooled"]) ** 2
-    r["extended"] = r["n"] > (first or 8)
+    r["extended"] = r["n"] > first
+    # the pool's effective size: the clean runs whose mean would have the pool mean's bootstrap variance
+    pool_means = [psum[idx].sum() / pcnt[idx].sum() for idx in draws]
+    n_eff = by_arm[base].var() / np.var(pool_means)
+    print(f"  pool: {len(pool)} draws, {int(pcnt[np.isin(seeds, placebo['seed'].unique())].sum())} of them on the "
+          f"{placebo['seed'].nunique()} first-pass seeds; as precise as {n_eff:.0f} independent clean runs")
     return r
 
 
@@ -108,7 +125,7 @@ def main() -> None:
               f"{r['variance_ratio'].median():.2f}; the {len(ext)} extended rows median "
               f"{ext['variance_ratio'].median():.2f}, mean {ext['variance_ratio'].mean():.2f}, range "
               f"{ext['variance_ratio'].min():.2f}-{ext['variance_ratio'].max():.2f}; rho median "
-              f"{r['rho'].median():.2f} (extended {ext['rho'].median():.2f})\n")
+              f"{r['rho'].median():.2f} over all rows, {ext['rho'].median():.2f} over the extended\n")
 
 
 if __name__ == "__main__":

@@ -605,7 +605,7 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
     none = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "nothing")
     assert none["runs"] == [] and "no study run of record yet" in "\n".join(wording.study_lines(none))
 
-    def study(run_id, bmdl, fitted=True, model="default", weights_level=np.nan):
+    def study(run_id, bmdl, fitted=True, model="default", weights_level=np.nan, weights_arm="none@engine"):
         d = tmp_path / run_id
         (d / "data").mkdir(parents=True)
         (d / "params.yaml").write_text(f"model: {model}\n")
@@ -614,7 +614,7 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
              "scale_agree": True, "keep_below": bmdl, "k3_min": 0.01, "k3_max": 1.0},
             {"kind": "ratio", "arm": "none@engine", "name": "ratio+ppo4", "status": "bounded", "bmdl": 9.0,
              "bmd": 9.5, "scale_agree": True, "keep_below": 9.0, "k3_min": 0.01, "k3_max": 1.0},
-            {"kind": "weights", "arm": "none@engine", "name": "weights", "status": "bounded", "bmdl": 1e-3,
+            {"kind": "weights", "arm": weights_arm, "name": "weights", "status": "bounded", "bmdl": 1e-3,
              "bmd": 2e-3, "scale_agree": weights_level == weights_level, "keep_below": weights_level,
              "k3_min": 1e-3, "k3_max": 0.02},
             {"kind": "stale", "arm": "tis@trainer", "name": "stale", "status": "above tested range",
@@ -623,31 +623,39 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
         rows = rows if fitted else rows.drop(columns=["scale_agree", "bmd", "keep_below"])
         rows.to_parquet(d / "data" / "benchmarks.parquet")
 
-    study("20261101-000000-aaaa", 0.5, weights_level=1e-3)  # as broad: both, newest first
-    study("20261201-000000-bbbb", 0.05)
+    # as broad: both, newest first; the older quotes the lower ratio level and the only weights level for bypass
+    # (the newer has a decoupled weights row instead: as broad, another row); and a study as broad analysed before
+    # the benchmark-dose fit, whose lower level counts nowhere
+    study("20261101-000000-aaaa", 0.05, weights_level=1e-3)
+    study("20261115-000000-ffff", 0.01, fitted=False)
+    study("20261201-000000-bbbb", 0.5, weights_arm="none@trainer")
     study("20261101-000000-cccc", 0.14, fitted=False, model="qwen2-chat")
     ctx = audit.study_context(metrics, {"raw-engine": True, "bf16-engine": False}, runs_dir=tmp_path)
-    assert ctx["runs"] == ["20261201-000000-bbbb", "20261101-000000-aaaa", "20261101-000000-cccc"]
+    assert ctx["runs"] == ["20261201-000000-bbbb", "20261115-000000-ffff", "20261101-000000-aaaa",
+                           "20261101-000000-cccc"]
     raw, dist = ctx["engines"]
     assert [x["kind"] for x in raw["runs"][0]["rows"]] == ["ratio"]  # the first regime's row only
-    assert {x["kind"] for x in dist["runs"][0]["rows"]} == {"weights", "stale"}
+    assert {x["kind"] for x in dist["runs"][2]["rows"]} == {"weights", "stale"}
     text = "\n".join(wording.study_lines(ctx))
     assert "small embedded models" in text
     assert "ratio `none@engine` keep k3 below 5.0e-02 (BMD 2.0e-01; yours is 0.2x the BMDL)" in text
-    assert "weights `none@engine` no level (the dose scale decides it; tested k3 1.0e-03 to 2.0e-02" in text
+    assert "weights `none@trainer` no level (the dose scale decides it; tested k3 1.0e-03 to 2.0e-02" in text
     assert "stale `tis@trainer` no level (above tested range;" in text and "model `default`" in text
     assert "keep k3 below 1.4e-01" not in text and "analysed before rlwb fitted benchmark doses" in text
+    assert "below 1.0e-02" not in text  # the unfitted default study's level, nowhere
     assert "keep k3 below 5.0e-01" in text and ctx["models_twice"] == ["default"]  # the older study too
     assert "Model(s) `default` have more than one study as broad" in text and "act on the lower level" in text
-    # the advice computed per row: the lower of the two ratio levels (the newer study's), and the weights level the
-    # older study alone gives (1 of 2); the stale row, with no level in either, is not in it
+    # the advice computed per row: the lower of the two fitted ratio levels (the older study's, read last; not the
+    # unfitted study's lower one), and the bypass weights level the older study alone gives, 1 of the model's 2
+    # fitted studies (the newer has no such row); rows with no level in either (stale, decoupled weights) left out
     assert [(x["kind"], x["keep_below"], x["run"], x["quoting"], x["studies"]) for x in raw["act_on"]] == \
-        [("ratio", 0.05, "20261201-000000-bbbb", 2, 2)]
-    assert [(x["kind"], x["keep_below"], x["run"], x["quoting"]) for x in dist["act_on"]] == \
-        [("weights", 1e-3, "20261101-000000-aaaa", 1)]
+        [("ratio", 0.05, "20261101-000000-aaaa", 2, 2)]
+    assert [(x["kind"], x["arm"], x["keep_below"], x["run"], x["quoting"], x["studies"]) for x in dist["act_on"]] == \
+        [("weights", "none@engine", 1e-3, "20261101-000000-aaaa", 1, 2)]
     assert ("**act on**, model `default` (the lower level per row of its studies): ratio `none@engine` keep k3 "
-            "below 5.0e-02 (run `20261201-000000-bbbb`; 2 of 2 studies give a level; yours is 0.2x it)") in text
-    assert "weights `none@engine` keep k3 below 1.0e-03 (run `20261101-000000-aaaa`; 1 of 2 studies" in text
+            "below 5.0e-02 (run `20261101-000000-aaaa`; 2 of its 2 fitted studies give a level; yours is 0.2x it)"
+            ) in text
+    assert "weights `none@engine` keep k3 below 1.0e-03 (run `20261101-000000-aaaa`; 1 of its 2 fitted studies" in text
     study("one/20261101-000000-dddd", 0.5)  # a single study per model: nothing to choose between
     one = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "one")
     assert one["runs"] == ["20261101-000000-dddd"] and "act on" not in "\n".join(wording.study_lines(one))

@@ -267,26 +267,26 @@ def study_context(metrics: dict, reports_raw: dict[str, bool], runs_dir=None) ->
     models = [r["model"] for r in runs if fitted[r["run"]]]
     twice = sorted({m for m in models if models.count(m) > 1})  # models read from more than one fitted study
     for eng in engines:
-        eng["act_on"] = lower_levels(eng["runs"], twice)
+        eng["act_on"] = lower_levels(eng["runs"], {m: models.count(m) for m in twice})
     return {"dir": f"docs/runs/{dose_response.STUDY_DIR}", "runs": [r["run"] for r in runs], "engines": engines,
             "models_twice": twice}
 
 
-def lower_levels(per_run: list[dict], models: list[str]) -> list[dict]:
+def lower_levels(per_run: list[dict], studies: dict[str, int]) -> list[dict]:
     """README's advice where a model has more than one study as broad (a study and its rerun on fresh seeds), made
-    per row: for each of `models`, kind and arm, the lowest level ("keep k3 below") any of its fitted studies
-    quotes, the run that quotes it, and how many of the studies quote one (a study with no level for the row
-    still counts in the denominator: the reader sees the level rests on fewer studies). Rows no study quotes a
-    level for are left out: the per-run lines say why each has none."""
+    per row: for each model of `studies` (model -> how many fitted studies it has), kind and arm, the lowest level
+    ("keep k3 below") any of its fitted studies quotes, the run that quotes it, and how many of the model's fitted
+    studies quote one (`studies` is the denominator: a study with no level for the row, or no such row, still
+    counts, so the reader sees a level that rests on fewer studies). Rows no study quotes a level for are left
+    out: the per-run lines say why each has none."""
     out: dict[tuple, dict] = {}
     for r in per_run:
-        if r["model"] not in models or not r["fitted"]:
+        if r["model"] not in studies or not r["fitted"]:
             continue
         for x in r["rows"]:
             row = out.setdefault((r["model"], x["kind"], x["arm"]), {
                 "model": r["model"], "kind": x["kind"], "arm": x["arm"], "keep_below": float("nan"), "run": None,
-                "studies": 0, "quoting": 0})
-            row["studies"] += 1
+                "studies": studies[r["model"]], "quoting": 0})
             if x["keep_below"] == x["keep_below"]:  # a level (not NaN)
                 row["quoting"] += 1
                 if not row["keep_below"] <= x["keep_below"]:  # NaN so far, or lower
