@@ -58,12 +58,14 @@ def child(args) -> None:
         import pstats
 
         prof = cProfile.Profile()
+        load0 = os.getloadavg()
         t0 = time.perf_counter()
         prof.enable()
         curves, _, total = execution.train_study(p, model.path, progress=False)
         prof.disable()
         print(f"{total} runs, one lane, {time.perf_counter() - t0:.1f} s; phases (s): "
-              + ", ".join(f"{k} {v:.1f}" for k, v in timing.totals().items() if v))
+              + ", ".join(f"{k} {v:.1f}" for k, v in timing.totals().items() if v)
+              + f"; load average {load0[0]:.2f} -> {os.getloadavg()[0]:.2f} (other work on the cores shows here)")
         print("mean per step (s): " + ", ".join(f"{k[2:]} {v:.3f}" for k, v in curves[T_COLS].mean().items()))
         print(f"steps: {len(curves)}")
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)

@@ -1,8 +1,9 @@
 """Would a pooled clean control buy notebook 08's study information? A measurement on a run of record, not a test.
 
 Why: issue #58 asks what can be shared between the arms of a seed to make a study cheaper per unit of information.
-The clean run is shared already (at the fp32 base engine the clean runs of bypass, decoupled and TIS are bitwise one
-run: the script says whether they are). What is not shared is the *comparison*: each dose row's gap is paired by seed
+Each arm trains its own clean run (at the fp32 base engine those of bypass, decoupled and TIS sample the same
+batches and score the same outcome, though their losses differ at float level: the script says at how many seeds the
+outcome differs). What a design could share is the *comparison*: each dose row's gap is paired by seed
 (dosed minus clean, seed by seed), so each gap carries one clean run's noise per seed. Were the clean outcome
 pooled (every clean run, and every placebo stream: the clean bypass run on another sampling stream, an independent
 draw of the same outcome), a gap would be the dosed mean minus the pool's mean, its variance about
@@ -41,7 +42,8 @@ def outcomes(run: Path) -> tuple[pd.DataFrame, str, dict]:
     d = pd.read_parquet(run / "data" / "doses.parquet")
     col = str(d["outcome"].dropna().iloc[0])
     epochs = p["ppo_epochs"][0]
-    c = c[(c["updates"] == p["updates_per_batch"][0]) & (c["epochs"] == epochs)]  # the first regime
+    if "updates" in c:  # the first regime (runs before the PPO regimes have one only, and no such columns)
+        c = c[(c["updates"] == p["updates_per_batch"][0]) & (c["epochs"] == epochs)]
     last = c[c["step"] == c.groupby(["label", "arm", "seed"])["step"].transform("max")]
     last = last[last["step"] == p["steps"] - 1]  # the study's horizon: a long row's runs end later
     return last[["label", "arm", "seed", col]].rename(columns={col: "y"}), col, p
@@ -55,7 +57,8 @@ def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
     differ = int((by_arm.sub(by_arm[base], axis=0).abs().fillna(0) > 0).any(axis=1).sum())
     placebo = y[y["label"].str.startswith("placebo")]
     print(f"{run.name}: outcome `{col}`; clean runs {len(by_arm)} seeds, the arms' clean runs "
-          f"{'bitwise equal' if not differ else f'bitwise equal but at {differ} seed(s)'} (each arm trains its own); "
+          f"{'outcome equal at every seed' if not differ else f'outcome equal but at {differ} seed(s)'} "
+          f"(each arm trains its own); "
           f"placebo draws {len(placebo)} ({placebo['label'].nunique()} streams); clean sd {by_arm[base].std():.4f}, "
           f"placebo sd {placebo['y'].std():.4f}")
     # the pool: one clean draw per seed (bypass's: the arms' are equal but where `differ`) and every placebo draw
@@ -72,6 +75,8 @@ def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(seeds), size=(boot, len(seeds)))
     first = int(p["num_seeds"])  # the first pass: a row with more seeds was extended by the sequential rule
+    psum = per_seed["sum"].reindex(seeds).fillna(0).to_numpy()
+    pcnt = per_seed["count"].reindex(seeds).fillna(0).to_numpy()
     rows = []
     skip = ("clean", "rerun")
     for (label, arm), g in y.groupby(["label", "arm"]):
@@ -87,8 +92,6 @@ def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
         in_row = np.isin(seeds, yd.index)
         yd_all = yd.reindex(seeds).to_numpy()
         gap_all = gap.reindex(seeds).to_numpy()
-        psum, pcnt = per_seed["sum"].reindex(seeds).fillna(0).to_numpy(), per_seed["count"].reindex(seeds).fillna(0)
-        pcnt = pcnt.to_numpy()
         paired, pooled = [], []
         for idx in draws:
             m = in_row[idx]

@@ -655,7 +655,8 @@ def test_the_audit_places_an_engines_k3_against_the_studys_benchmark_doses(tmp_p
     assert ("**act on**, model `default` (the lower level per row of its studies): ratio `none@engine` keep k3 "
             "below 5.0e-02 (run `20261101-000000-aaaa`; 2 of its 2 fitted studies give a level; yours is 0.2x it)"
             ) in text
-    assert "weights `none@engine` keep k3 below 1.0e-03 (run `20261101-000000-aaaa`; 1 of its 2 fitted studies" in text
+    assert "weights `none@engine` keep k3 below 1.0e-03 (run `20261101-000000-aaaa`; 1 of its 2 fitted studies gives " \
+        "a level" in text
     study("one/20261101-000000-dddd", 0.5)  # a single study per model: nothing to choose between
     one = audit.study_context(metrics, {"raw-engine": True}, runs_dir=tmp_path / "one")
     assert one["runs"] == ["20261101-000000-dddd"] and "act on" not in "\n".join(wording.study_lines(one))

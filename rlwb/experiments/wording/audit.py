@@ -146,6 +146,6 @@ def study_lines(study: dict) -> list[str]:
             if rows:
                 out.append(f"  - **act on**, model `{model}` (the lower level per row of its studies): " + "; ".join(
                     f"{x['kind']} `{x['arm']}` keep k3 below {x['keep_below']:.1e} (run `{x['run']}`; "
-                    f"{x['quoting']} of its {x['studies']} fitted studies give a level; yours is "
-                    f"{eng['k3'] / x['keep_below']:.2g}x it)" for x in rows) + ".")
+                    f"{x['quoting']} of its {x['studies']} fitted studies {'gives' if x['quoting'] == 1 else 'give'}"
+                    f" a level; yours is {eng['k3'] / x['keep_below']:.2g}x it)" for x in rows) + ".")
     return out
