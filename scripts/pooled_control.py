@@ -104,8 +104,12 @@ def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
                      "gap_pooled": yd.mean() - pool["y"].mean(), "se_paired": float(np.std(paired)),
                      "se_pooled": float(np.std(pooled))})
     r = pd.DataFrame(rows)
+    r.attrs["runs"] = len(pd.read_parquet(run / "data" / "curves.parquet", columns=["label", "arm", "seed", "updates",
+                                                                                    "epochs"]).drop_duplicates())
     r["variance_ratio"] = (r["se_paired"] / r["se_pooled"]) ** 2
     r["extended"] = r["n"] > first
+    r["capped"] = r["n"] >= int(p["max_seeds"]) if int(p["max_seeds"]) else False  # at the rule's cap
+    r["first"] = first
     # the pool's effective size: the clean runs whose mean would have the pool mean's bootstrap variance
     pool_means = [psum[idx].sum() / pcnt[idx].sum() for idx in draws]
     n_eff = by_arm[base].var() / np.var(pool_means)
@@ -122,13 +126,23 @@ def main() -> None:
     pd.set_option("display.width", 220)
     for run in args.runs:
         r = compare(run, args.boot)
-        print(r.drop(columns="extended").round(4).to_string(index=False))
+        print(r.drop(columns=["extended", "capped", "first"]).round(4).to_string(index=False))
         ext = r[r["extended"]]
         print(f"  variance ratio (paired / pooled; > 1: pooling needs fewer seeds): all {len(r)} rows median "
               f"{r['variance_ratio'].median():.2f}; the {len(ext)} extended rows median "
               f"{ext['variance_ratio'].median():.2f}, mean {ext['variance_ratio'].mean():.2f}, range "
               f"{ext['variance_ratio'].min():.2f}-{ext['variance_ratio'].max():.2f}; rho median "
-              f"{r['rho'].median():.2f} over all rows, {ext['rho'].median():.2f} over the extended\n")
+              f"{r['rho'].median():.2f} over all rows, {ext['rho'].median():.2f} over the extended")
+        # in runs: each extended row cut by the median factor, or by its own (at least 1), never below the first
+        # pass; a capped row's seeds buy power below the target, so a pooled design would keep them (second line)
+        total = int(r.attrs["runs"])
+        for name, rows in (("every extended row", ext), ("the extended rows below the cap", ext[~ext["capped"]])):
+            cut = [float((rows["n"] - np.maximum(rows["first"], rows["n"] / f)).sum())
+                   for f in (ext["variance_ratio"].median(), rows["variance_ratio"].clip(lower=1))]
+            print(f"  runs: {name} ({len(rows)}, {int(rows['n'].sum())} runs) would need {cut[0]:.0f} fewer at the "
+                  f"median factor, {cut[1]:.0f} at each row's own: {total / (total - cut[0]):.2f}x and "
+                  f"{total / (total - cut[1]):.2f}x the study's {total} runs")
+        print()
 
 
 if __name__ == "__main__":
