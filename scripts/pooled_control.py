@@ -31,26 +31,26 @@ import numpy as np
 import pandas as pd
 
 
-def outcomes(run: Path) -> tuple[pd.DataFrame, str, dict]:
-    """Each run's tested outcome (the last step's row of its curve), one row per (label, arm, seed), first PPO
-    regime at the study's horizon; the outcome's column; the run's params (its params.yaml: a study's file says
-    every value the design depends on)."""
+def outcomes(run: Path) -> tuple[pd.DataFrame, str, dict, int]:
+    """Each run's tested outcome, one row per (label, arm, seed), first PPO regime at the study's horizon, from the
+    study's own per-run table (`analysis.per_seed`, the outcome `analysis.outcome_of` picks, as its gaps use); the
+    outcome's column; the run's params (its params.yaml: a study's file says every value the design depends on);
+    and how many runs the study trained, every regime and horizon."""
     from rlwb import params as rlwb_params
+    from rlwb.experiments.mismatch_study import analysis
 
     p = vars(rlwb_params.load("08_mismatch_cost", [str(run / "params.yaml")]))
-    c = pd.read_parquet(run / "data" / "curves.parquet")
-    d = pd.read_parquet(run / "data" / "doses.parquet")
-    col = str(d["outcome"].dropna().iloc[0])
-    epochs = p["ppo_epochs"][0]
-    if "updates" in c:  # the first regime (runs before the PPO regimes have one only, and no such columns)
-        c = c[(c["updates"] == p["updates_per_batch"][0]) & (c["epochs"] == epochs)]
-    last = c[c["step"] == c.groupby(["label", "arm", "seed"])["step"].transform("max")]
-    last = last[last["step"] == p["steps"] - 1]  # the study's horizon: a long row's runs end later
-    return last[["label", "arm", "seed", col]].rename(columns={col: "y"}), col, p
+    s = analysis.per_seed(pd.read_parquet(run / "data" / "curves.parquet"))
+    col = analysis.outcome_of(s)
+    first = s[(s["updates"] == p["updates_per_batch"][0]) & (s["epochs"] == p["ppo_epochs"][0])
+              & (s["horizon"] == p["steps"])]  # the first regime, at the study's horizon (a long row ends later)
+    return first[["label", "arm", "seed", col]].rename(columns={col: "y"}), col, p, len(s)
 
 
-def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
-    y, col, p = outcomes(run)
+def compare(run: Path, boot: int, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """Per dose row: both gaps, their standard errors from one bootstrap over seeds and their variance ratio; and
+    the study's `runs` and first pass (`first`, seeds per row before the sequential rule)."""
+    y, col, p, runs = outcomes(run)
     clean = y[y["label"] == "clean"]
     by_arm = clean.pivot(index="seed", columns="arm", values="y")
     base = "none@engine" if "none@engine" in by_arm else by_arm.columns[0]  # bypass: the placebo streams' arm
@@ -77,6 +77,7 @@ def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
     first = int(p["num_seeds"])  # the first pass: a row with more seeds was extended by the sequential rule
     psum = per_seed["sum"].reindex(seeds).fillna(0).to_numpy()
     pcnt = per_seed["count"].reindex(seeds).fillna(0).to_numpy()
+    pool_means = np.array([psum[idx].sum() / pcnt[idx].sum() for idx in draws])  # each resample's, for every row
     rows = []
     skip = ("clean", "rerun")
     for (label, arm), g in y.groupby(["label", "arm"]):
@@ -93,29 +94,25 @@ def compare(run: Path, boot: int, seed: int = 0) -> pd.DataFrame:
         yd_all = yd.reindex(seeds).to_numpy()
         gap_all = gap.reindex(seeds).to_numpy()
         paired, pooled = [], []
-        for idx in draws:
+        for idx, pool_mean in zip(draws, pool_means, strict=True):
             m = in_row[idx]
             if m.sum() < 2:
                 continue
             paired.append(gap_all[idx][m].mean())
-            pooled.append(yd_all[idx][m].mean() - psum[idx].sum() / pcnt[idx].sum())
+            pooled.append(yd_all[idx][m].mean() - pool_mean)
         rows.append({"row": f"{label} {arm}", "n": len(yd), "rho": float(np.corrcoef(yd, yc)[0, 1]),
                      "sd_dose": yd.std(), "sd_clean": yc.std(), "gap_paired": gap.mean(),
                      "gap_pooled": yd.mean() - pool["y"].mean(), "se_paired": float(np.std(paired)),
                      "se_pooled": float(np.std(pooled))})
     r = pd.DataFrame(rows)
-    r.attrs["runs"] = len(pd.read_parquet(run / "data" / "curves.parquet", columns=["label", "arm", "seed", "updates",
-                                                                                    "epochs"]).drop_duplicates())
     r["variance_ratio"] = (r["se_paired"] / r["se_pooled"]) ** 2
     r["extended"] = r["n"] > first
     r["capped"] = r["n"] >= int(p["max_seeds"]) if int(p["max_seeds"]) else False  # at the rule's cap
-    r["first"] = first
     # the pool's effective size: the clean runs whose mean would have the pool mean's bootstrap variance
-    pool_means = [psum[idx].sum() / pcnt[idx].sum() for idx in draws]
     n_eff = by_arm[base].var() / np.var(pool_means)
     print(f"  pool: {len(pool)} draws, {int(pcnt[np.isin(seeds, placebo['seed'].unique())].sum())} of them on the "
           f"{placebo['seed'].nunique()} first-pass seeds; as precise as {n_eff:.0f} independent clean runs")
-    return r
+    return r, {"runs": runs, "first": first}
 
 
 def main() -> None:
@@ -125,8 +122,8 @@ def main() -> None:
     args = ap.parse_args()
     pd.set_option("display.width", 220)
     for run in args.runs:
-        r = compare(run, args.boot)
-        print(r.drop(columns=["extended", "capped", "first"]).round(4).to_string(index=False))
+        r, study = compare(run, args.boot)
+        print(r.drop(columns=["extended", "capped"]).round(4).to_string(index=False))
         ext = r[r["extended"]]
         print(f"  variance ratio (paired / pooled; > 1: pooling needs fewer seeds): all {len(r)} rows median "
               f"{r['variance_ratio'].median():.2f}; the {len(ext)} extended rows median "
@@ -135,9 +132,9 @@ def main() -> None:
               f"{r['rho'].median():.2f} over all rows, {ext['rho'].median():.2f} over the extended")
         # in runs: each extended row cut by the median factor, or by its own (at least 1), never below the first
         # pass; a capped row's seeds buy power below the target, so a pooled design would keep them (second line)
-        total = int(r.attrs["runs"])
+        total = study["runs"]
         for name, rows in (("every extended row", ext), ("the extended rows below the cap", ext[~ext["capped"]])):
-            cut = [float((rows["n"] - np.maximum(rows["first"], rows["n"] / f)).sum())
+            cut = [float((rows["n"] - np.maximum(study["first"], rows["n"] / f)).sum())
                    for f in (ext["variance_ratio"].median(), rows["variance_ratio"].clip(lower=1))]
             print(f"  runs: {name} ({len(rows)}, {int(rows['n'].sum())} runs) would need {cut[0]:.0f} fewer at the "
                   f"median factor, {cut[1]:.0f} at each row's own: {total / (total - cut[0]):.2f}x and "
