@@ -6,9 +6,12 @@ those seeds is lower (13-74% at the benchmark on the extended rows). This script
 first pass (`sequential.first_pass`: the same decision `analyze` redoes) with `seed_power: two-look` and each cap
 given, and prints, per cap: the rows the rule extends, how many stay short of the target power at the cap, and the
 runs the whole study would train (first pass + second pass, each counted once whatever its length: a count, not a
-cost). Nothing is trained.
+cost). Nothing is trained. What-ifs of the design: `--first N` a first pass of N seeds, `--row-level` each row sized
+for power at one-sided alpha for that row alone (the level every benchmark bound is stated at) instead of the family's
+alpha / m; with `--refit` the levels fitted on that design's runs show what it gives up.
 
-    .venv/bin/python scripts/two_look_size.py docs/runs/08_mismatch_cost/<run id> [--caps 24 48 96] [--futility 0 0.5]
+    .venv/bin/python scripts/two_look_size.py docs/runs/08_mismatch_cost/<run id> [--caps 24 48 96] [--futility 0 0.5] \
+        [--first 6] [--row-level] [--refit]
 """
 
 from __future__ import annotations
@@ -32,21 +35,28 @@ def main() -> None:
     ap.add_argument("--refit", action="store_true",
                     help="also fit the levels on the runs each rule would have trained, where the study trained them "
                          "all (a subset of its runs), beside the fit on every run (minutes per fit)")
+    ap.add_argument("--first", type=int, default=0, help="a first pass of this many seeds (0: the study's)")
+    ap.add_argument("--row-level", action="store_true",
+                    help="size each row for power at one-sided alpha for that row alone (the level each bound is "
+                         "stated at), not at the family's alpha / m")
     args = ap.parse_args()
     p = params.load("08_mismatch_cost", [args.run_dir / "params.yaml"])
     curves = pd.read_parquet(args.run_dir / "data" / "curves.parquet")
     print(f"{args.run_dir.name}: {p.model}, first pass {p.num_seeds} seeds, target power {p.target_power}; the study "
-          f"sized by {p.seed_power} at cap {p.max_seeds}, every rule below by two-look at the cap it names")
+          f"sized by {p.seed_power} at cap {p.max_seeds}, every rule below by two-look at the cap it names"
+          + (f", on a first pass of {args.first} seeds" if args.first else "")
+          + (", each row sized at one-sided alpha for that row alone" if args.row_level else ""))
     fits: dict = {}
     for cap in args.caps:
         for futility in args.futility:
-            q = replace(p, seed_power="two-look", max_seeds=cap, futility_power=futility)
-            calls, m = sequential.first_pass(curves, q)
+            q = replace(p, seed_power="two-look", max_seeds=cap, futility_power=futility,
+                        num_seeds=args.first or p.num_seeds)
+            calls, m = sequential.first_pass(curves, q, size_at=2 if args.row_level else None)
             first = design.training_runs(q)
             second = sequential.second_pass_runs(calls, first, q)
             short = [f"{c.label} {c.arm} ({c.power_two_look:.2f})" for c in calls if c.capped]
             futile = [f"{c.label} {c.arm}" for c in calls if c.futile]
-            print(f"  cap {cap}, futility {futility}: family m = {m}, rows called {len(calls)}, extended "
+            print(f"  cap {cap}, futility {futility}: sized at alpha / {m}, rows called {len(calls)}, extended "
                   f"{sum(c.seeds > q.num_seeds for c in calls)}, short of the target at the cap {len(short)}"
                   f"{': ' + ', '.join(short) if short else ''}; futile {len(futile)}"
                   f"{': ' + ', '.join(futile) if futile else ''}; runs {len(first)} + {len(second)} = "

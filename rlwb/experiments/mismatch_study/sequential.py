@@ -157,12 +157,13 @@ def first_pass_curves(curves: pd.DataFrame, p) -> pd.DataFrame:
     return curves[curves["seed"].isin(p.seeds)].drop(columns=["kl_to_clean"], errors="ignore").reset_index(drop=True)
 
 
-def first_pass(curves: pd.DataFrame, p) -> tuple[list[SeedCall], int]:
+def first_pass(curves: pd.DataFrame, p, size_at: int | None = None) -> tuple[list[SeedCall], int]:
     """(the rule's calls, the family size m it sized at) on the first pass of `curves` (`first_pass_curves`: a study's
-    curves so far, or an archived run's whole curves)."""
+    curves so far, or an archived run's whole curves). `size_at`: another m to size at than the family's (a what-if of
+    `scripts/two_look_size.py`; 2 is one row's one-sided alpha); a study never passes it."""
     first = first_pass_curves(curves, p)
     tests = study_tests(first, p)
-    m = int(tests.family["family/tests"])
+    m = int(size_at or tests.family["family/tests"])
     return decide(tests.table, tests.bench, row_studies(first, tests.table), m, num_seeds=p.num_seeds,
                   max_seeds=p.max_seeds, target_power=p.target_power,
                   seed_power=getattr(p, "seed_power", "fixed-n"),
