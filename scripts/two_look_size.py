@@ -7,8 +7,9 @@ first pass (`sequential.first_pass`: the same decision `analyze` redoes) with `s
 given, and prints, per cap: the rows the rule extends, how many stay short of the target power at the cap, and the
 runs the whole study would train (first pass + second pass, each counted once whatever its length: a count, not a
 cost). Nothing is trained. What-ifs of the design: `--first N` a first pass of N seeds, `--row-level` each row sized
-for power at one-sided alpha for that row alone (the level every benchmark bound is stated at) instead of the family's
-alpha / m; with `--refit` the levels fitted on that design's runs show what it gives up.
+for power at one-sided alpha for that row alone (a two-sided test at 2 alpha: the level every benchmark bound is
+stated at, one-sided 95%) instead of the family's alpha / m;
+with `--refit` the levels fitted on that design's runs show what it gives up.
 
     .venv/bin/python scripts/two_look_size.py docs/runs/08_mismatch_cost/<run id> [--caps 24 48 96] [--futility 0 0.5] \
         [--first 6] [--row-level] [--refit]
@@ -23,7 +24,10 @@ from pathlib import Path
 import pandas as pd
 
 from rlwb import params
+from rlwb.core.measure import stats
 from rlwb.experiments.mismatch_study import design, sequential
+
+ROW_LEVEL = 2 * stats.ALPHA  # --row-level: a two-sided test at 2 alpha, one-sided alpha: each bound's own level
 
 
 def main() -> None:
@@ -42,8 +46,9 @@ def main() -> None:
     args = ap.parse_args()
     p = params.load("08_mismatch_cost", [args.run_dir / "params.yaml"])
     curves = pd.read_parquet(args.run_dir / "data" / "curves.parquet")
-    print(f"{args.run_dir.name}: {p.model}, first pass {p.num_seeds} seeds, target power {p.target_power}; the study "
-          f"sized by {p.seed_power} at cap {p.max_seeds}, every rule below by two-look at the cap it names"
+    print(f"{args.run_dir.name}: {p.model}, the study's first pass {p.num_seeds} seeds, target power "
+          f"{p.target_power}; the study sized by {p.seed_power} at cap {p.max_seeds}, every rule below by two-look at "
+          "the cap it names"
           + (f", on a first pass of {args.first} seeds" if args.first else "")
           + (", each row sized at one-sided alpha for that row alone" if args.row_level else ""))
     fits: dict = {}
@@ -51,12 +56,14 @@ def main() -> None:
         for futility in args.futility:
             q = replace(p, seed_power="two-look", max_seeds=cap, futility_power=futility,
                         num_seeds=args.first or p.num_seeds)
-            calls, m = sequential.first_pass(curves, q, size_at=2 if args.row_level else None)
+            level = ROW_LEVEL if args.row_level else None
+            calls, m = sequential.first_pass(curves, q, level=level)
             first = design.training_runs(q)
             second = sequential.second_pass_runs(calls, first, q)
             short = [f"{c.label} {c.arm} ({c.power_two_look:.2f})" for c in calls if c.capped]
             futile = [f"{c.label} {c.arm}" for c in calls if c.futile]
-            print(f"  cap {cap}, futility {futility}: sized at alpha / {m}, rows called {len(calls)}, extended "
+            at = f"two-sided {level:g}" if level else f"alpha / m, m = {m}"
+            print(f"  cap {cap}, futility {futility}: sized at {at}, rows called {len(calls)}, extended "
                   f"{sum(c.seeds > q.num_seeds for c in calls)}, short of the target at the cap {len(short)}"
                   f"{': ' + ', '.join(short) if short else ''}; futile {len(futile)}"
                   f"{': ' + ', '.join(futile) if futile else ''}; runs {len(first)} + {len(second)} = "

@@ -986,11 +986,12 @@ def test_the_sequential_rule_gives_seeds_where_the_benchmark_is_decided_and_none
     capped = sequential.first_pass(sequential_curves(), seq_params(max_seeds=mid.seeds - 3))[0]
     cm = next(c for c in capped if c.label == "ratio@0.3")
     assert cm.seeds == mid.seeds - 3 and cm.capped and cm.power < 0.8 and not mid.capped
-    # the what-if of scripts/two_look_size.py --row-level: sized at alpha / 2 (one row's one-sided alpha), fewer seeds
-    row, m2 = sequential.first_pass(sequential_curves(), p, size_at=2)
+    # the what-if of scripts/two_look_size.py --row-level: sized at two-sided 0.1 (one row's one-sided 5%), fewer seeds
+    row, m2 = sequential.first_pass(sequential_curves(), p, level=0.1)
     rm = next(c for c in row if c.label == "ratio@0.3")
-    assert m2 == 2 and p.num_seeds < rm.seeds < mid.seeds and rm.power >= 0.8
-    assert stats.paired_t_power(rm.bmr, rm.sd, rm.seeds - 1, 0.05 / 2) < 0.8
+    least = next(n for n in range(p.num_seeds, 200) if stats.paired_t_power(rm.bmr, rm.sd, n, 0.1) >= 0.8)
+    assert m2 == m and rm.seeds == max(least, p.num_seeds + 2) < mid.seeds  # a second pass: 2 seeds at least
+    assert rm.power == pytest.approx(stats.paired_t_power(rm.bmr, rm.sd, rm.seeds, 0.1))
     runs = sequential.second_pass_runs(calls, design.training_runs(p), p)
     assert [(j.label, j.seed) for j in runs] == [("clean", s) for s in range(6, mid.seeds)] + [
         ("ratio@0.3", s) for s in range(6, mid.seeds)]

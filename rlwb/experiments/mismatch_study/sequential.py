@@ -110,13 +110,15 @@ def seeds_for(bmr: float, sd: float, first: int, cap: int, level: float, power: 
 
 
 def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_seeds: int, max_seeds: int,
-           target_power: float, seed_power: str = "fixed-n", futility_power: float = 0.0) -> list[SeedCall]:
+           target_power: float, seed_power: str = "fixed-n", futility_power: float = 0.0,
+           level: float | None = None) -> list[SeedCall]:
     """The rule (the module's docstring) on a first pass: `table` its `dose_table` with the family's adjustment,
     `bench` its `benchmark_table`, `studies` its `row_studies` (which dose labels each benchmark row holds), `m` its
-    family's size. One `SeedCall` per dose row the rule looks at, in the benchmark rows' order."""
+    family's size. One `SeedCall` per dose row the rule looks at, in the benchmark rows' order. `level`: the two-sided
+    level to size at instead of alpha / m (a what-if of `scripts/two_look_size.py`); a study never passes it."""
     rows = table.set_index(["label", "arm"])
     doses = {(r.name, r.arm): (r.labels, np.asarray(r.doses, float)) for r in studies}
-    level = stats.ALPHA / max(int(m), 1)
+    level = stats.ALPHA / max(int(m), 1) if level is None else float(level)
     calls = []
     for b in bench.itertuples():
         bmr = float(b.bmr)
@@ -157,17 +159,16 @@ def first_pass_curves(curves: pd.DataFrame, p) -> pd.DataFrame:
     return curves[curves["seed"].isin(p.seeds)].drop(columns=["kl_to_clean"], errors="ignore").reset_index(drop=True)
 
 
-def first_pass(curves: pd.DataFrame, p, size_at: int | None = None) -> tuple[list[SeedCall], int]:
-    """(the rule's calls, the family size m it sized at) on the first pass of `curves` (`first_pass_curves`: a study's
-    curves so far, or an archived run's whole curves). `size_at`: another m to size at than the family's (a what-if of
-    `scripts/two_look_size.py`; 2 is one row's one-sided alpha); a study never passes it."""
+def first_pass(curves: pd.DataFrame, p, level: float | None = None) -> tuple[list[SeedCall], int]:
+    """(the rule's calls, the family size m) on the first pass of `curves` (`first_pass_curves`: a study's curves so
+    far, or an archived run's whole curves), sized at alpha / m, or at the two-sided `level` given (`decide`)."""
     first = first_pass_curves(curves, p)
     tests = study_tests(first, p)
-    m = int(size_at or tests.family["family/tests"])
+    m = int(tests.family["family/tests"])
     return decide(tests.table, tests.bench, row_studies(first, tests.table), m, num_seeds=p.num_seeds,
                   max_seeds=p.max_seeds, target_power=p.target_power,
                   seed_power=getattr(p, "seed_power", "fixed-n"),
-                  futility_power=getattr(p, "futility_power", 0.0)), m
+                  futility_power=getattr(p, "futility_power", 0.0), level=level), m
 
 
 def twin_seeds(calls: list[SeedCall], first_runs: list[TrainingRun]) -> dict[TrainingRun, int]:
