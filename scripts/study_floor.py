@@ -1,10 +1,10 @@
-"""The fewest runs any notebook-08 design could train for issue #58's power at the benchmark: a benchmark, not a test.
+"""The fewest runs a notebook-08 design with a study's rows trains for #58's power at the benchmark: a benchmark.
 
 Why: issue #58 asks for both "power >= 0.8 to detect the BMR at the doses that bracket each BMD" and "each model's
 study <= 2 hours on 2 idle cores". This script asks whether the two fit together on a study's own measurements, by
-giving the asks their cheapest possible design: an oracle that knows beforehand, from the whole study (every seed),
-which doses bracket each level's BMD and each row's per-seed spread, so it needs no first pass and no second look.
-It trains
+giving the power ask the cheapest design with the study's own rows: an oracle that knows beforehand, from the whole
+study (every seed), which doses bracket each level's BMD and each row's per-seed spread, so it needs no first pass
+and no second look. It trains
 
 - each bracketing dose row at the fewest seeds whose fixed-n paired t test detects a gap equal to the row's BMR with
   power >= `--power` (`stats.paired_t_power`, the spread `stats.floored_sd` of the row's gaps over every seed), at the
@@ -26,7 +26,7 @@ runs per hour given (`--rates`: measured ones, e.g. `scripts/study_cost.py`'s) i
 need is printed. Runs are counted, not weighted by length (every row of the power studies is a 30-step, one-update
 run). Nothing is trained.
 
-    .venv/bin/python scripts/study_floor.py docs/runs/08_mismatch_cost/<run id> --rates 235 389 [--floor 8 4] [--cap 48]
+    .venv/bin/python scripts/study_floor.py docs/runs/08_mismatch_cost/<run id> --rates 235 372 [--floor 8 4] [--cap 48]
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ MAX_N = 400
 
 def seeds_for(bmr: float, sd: float, level: float, power: float) -> int:
     """The fewest seeds n >= 2 whose two-sided paired t test at `level` detects `bmr` with `power`; MAX_N if none
-    (counted short of the power)."""
+    (counted short of the power). Not the rule's `sequential.seeds_for`: one fixed-n look, no second pass to size."""
     if not (np.isfinite(sd) and sd > 0):
         return 2
     return next((n for n in range(2, MAX_N + 1) if stats.paired_t_power(bmr, sd, n, level) >= power), MAX_N)
