@@ -70,10 +70,9 @@ def bracketing(curves: pd.DataFrame, p) -> tuple[list[dict], int]:
         if not (np.isfinite(bmr) and bmr > 0 and np.isfinite(b.bmd)) or (b.name, b.arm) not in doses:
             continue
         labels, x = doses[(b.name, b.arm)]
-        below, above = x[x <= b.bmd], x[x >= b.bmd]
-        for v in ([below.max()] if below.size else []) + ([above.min()] if above.size else []):
-            label = labels[int(np.flatnonzero(x == v)[0])]
+        for label in sequential.bracketing(labels, x, float(b.bmd)):
             r = rows.loc[(label, b.arm)]
+            v = x[list(labels).index(label)]
             sd = stats.floored_sd(float(r.gap_sd), float(r.q_eff))
             df = int(r.seeds) - 1  # the sd's 95% interval: df * sd^2 / sd_true^2 is chi-square(df)
             lo, hi = (sd * np.sqrt(df / chi2.ppf(q, df)) for q in (0.975, 0.025))

@@ -52,11 +52,11 @@ def main() -> None:
           + (f", on a first pass of {args.first} seeds" if args.first else "")
           + (", each row sized at one-sided alpha for that row alone" if args.row_level else ""))
     fits: dict = {}
+    level = ROW_LEVEL if args.row_level else None
     for cap in args.caps:
         for futility in args.futility:
             q = replace(p, seed_power="two-look", max_seeds=cap, futility_power=futility,
                         num_seeds=args.first or p.num_seeds)
-            level = ROW_LEVEL if args.row_level else None
             calls, m = sequential.first_pass(curves, q, level=level)
             first = design.training_runs(q)
             second = sequential.second_pass_runs(calls, first, q)

@@ -109,6 +109,16 @@ def seeds_for(bmr: float, sd: float, first: int, cap: int, level: float, power: 
     return n if n == first else max(n, first + 2)  # a second pass of at least 2 seeds: its own t test
 
 
+def bracketing(labels, doses: np.ndarray, bmd: float) -> list[str]:
+    """The dose labels that bracket `bmd`: the largest tested dose at or below it and the smallest at or above it (one
+    where the BMD lies outside the tested doses, none without a BMD)."""
+    if not np.isfinite(bmd):
+        return []
+    below, above = doses[doses <= bmd], doses[doses >= bmd]
+    return [labels[int(np.flatnonzero(doses == v)[0])] for v in
+            ([below.max()] if below.size else []) + ([above.min()] if above.size else [])]
+
+
 def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_seeds: int, max_seeds: int,
            target_power: float, seed_power: str = "fixed-n", futility_power: float = 0.0,
            level: float | None = None) -> list[SeedCall]:
@@ -125,11 +135,7 @@ def decide(table: pd.DataFrame, bench: pd.DataFrame, studies, m: int, *, num_see
         if not (np.isfinite(bmr) and bmr > 0) or (b.name, b.arm) not in doses:
             continue  # no benchmark response (the clean arm did not learn, or was not measured): nothing to size for
         labels, x = doses[(b.name, b.arm)]
-        bracket = set()
-        if np.isfinite(b.bmd):
-            below, above = x[x <= b.bmd], x[x >= b.bmd]
-            bracket = {labels[int(np.flatnonzero(x == v)[0])] for v in
-                       ([below.max()] if below.size else []) + ([above.min()] if above.size else [])}
+        bracket = set(bracketing(labels, x, float(b.bmd)))
         for label in labels:
             r = rows.loc[(label, b.arm)]
             why = tuple(w for w, hit in ((STRADDLES, bool(r.gap_ci_low <= -bmr <= r.gap_ci_high)),
