@@ -32,9 +32,12 @@ import hashlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -234,10 +237,39 @@ def _run_cell_cli(notebook: str, files: list[str], overrides: dict, outputs: str
     return {"status": "failed", "run_dir": last if r.returncode == 1 else None, "error": error}
 
 
+@contextmanager
+def interruptible():
+    """SIGINT (Ctrl-C) and SIGTERM raise KeyboardInterrupt while the sweep runs, whatever it inherited.
+
+    Why: a shell that starts a command in the background without job control (`bash -c 'rlwb sweep g.yaml &'`, a
+    scheduler's script) leaves SIGINT ignored, and a child inherits that. Inside a cell `rlwb run` installs its own
+    handler, but between two cells an ignored signal was lost and the sweep ran on; SIGTERM there ended the process
+    without the message that says how to resume. Outside the main thread (where Python takes no signal handler)
+    nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def run_sweep(grid_path: str | os.PathLike, outputs: Path, *, resume: Path | None = None,
               ray_address: str | None = None, progress=None) -> Path:
-    """Run every pending cell, then write the summary; returns the sweep directory. Ctrl-C keeps the finished
-    cells (and their state) and re-raises."""
+    """Run every pending cell, then write the summary; returns the sweep directory. Ctrl-C or SIGTERM, inside a
+    cell or between two, keeps the finished cells (and their state) and raises KeyboardInterrupt."""
+    with interruptible():
+        return _run_sweep(grid_path, outputs, resume, ray_address, progress)
+
+
+def _run_sweep(grid_path, outputs: Path, resume: Path | None, ray_address: str | None, progress) -> Path:
     grid_path = Path(grid_path)
     g = load_grid(grid_path)
     if resume is not None:

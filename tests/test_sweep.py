@@ -81,10 +81,9 @@ def test_interrupted_sweep_keeps_finished_cells_and_resume_runs_only_the_rest(ou
                       grid={"seed": [0, 1]}, summary={"x": "seed", "metrics": ["policy/greedy_accuracy"]})
     proc = subprocess.Popen([sys.executable, "-m", "rlwb.cli", "sweep", str(grid)], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ},
-                            # as a terminal's Ctrl-C finds it: a shell that started the suite in the background leaves
-                            # SIGINT ignored, and the sweep, between two cells (outside `rlwb run`'s own handler),
-                            # would inherit that and run on (seen once, when a busy machine widened that moment)
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            # SIGINT ignored, as a shell's background job inherits it (a suite started with `&`): the
+                            # sweep stops all the same (the moment between two cells: the test below)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.time() + 600
     state_file = None
     while time.time() < deadline:  # wait for the first cell to be archived, then Ctrl-C
@@ -118,6 +117,31 @@ def test_interrupted_sweep_keeps_finished_cells_and_resume_runs_only_the_rest(ou
         assert acc[c["overrides"]["seed"]] == m["policy/greedy_accuracy"]
     assert (sweep_dir / "figures" / "summary.png").stat().st_size > 10_000
     assert "2 of 2 cells" in (sweep_dir / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_signal_between_two_cells_stops_a_sweep_that_inherited_sigint_ignored(outputs, default_model, tmp_path):
+    """A sweep started as a shell's background job inherits SIGINT ignored; a SIGINT between two cells (outside
+    `rlwb run`'s own handler) must still stop it, keeping the finished cell. The moment between two cells is timed
+    through the sweep's progress callback, which it calls right after archiving a cell: a real signal, sent at the
+    one moment a signal from outside cannot be aimed at."""
+    grid = write_grid(tmp_path, notebook="00_default_policy", files=["params/00_default_policy/smoke.yaml"],
+                      grid={"seed": [0, 1]})
+
+    def say(msg: str) -> None:
+        if msg.lstrip().startswith("cell ") and ": ok" in msg:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run_sweep(grid, outputs, progress=say)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # what it inherited, given back
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    state = sweep.read_state(sweep.latest_sweep_dir(outputs, grid))
+    assert [c["status"] for c in state["cells"]] == ["ok", "pending"]
+    assert len(ok_runs(outputs, "00_default_policy")) == 1
 
 
 def free_port() -> int:
