@@ -248,7 +248,26 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
 FP8_KV_CPU_FLAGS = ("avx512f", "amx_tile")
 
 
-def unsupported_here(preset: Preset, cuda: bool | None = None, flags: set[str] | None = None) -> str | None:
+def head_size(model) -> int | None:
+    """The attention head size a local model directory's config.json gives (`head_dim`, else hidden_size / heads);
+    None for a hub id, a directory without a config, or a config that says neither."""
+    import json
+
+    cfg_path = Path(str(model)) / "config.json" if model is not None else None
+    if cfg_path is None or not cfg_path.is_file():
+        return None
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError):
+        return None
+    size = cfg.get("head_dim")
+    if size is None and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+        size = int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+    return int(size) if size else None
+
+
+def unsupported_here(preset: Preset, cuda: bool | None = None, flags: set[str] | None = None,
+                     model=None) -> str | None:
     """Why `preset` cannot start on this machine, known before starting it; None where nothing is known against it.
 
     Why ask first: an engine the machine refuses fails only once it has loaded its model, and a run that needs it (a
@@ -256,9 +275,11 @@ def unsupported_here(preset: Preset, cuda: bool | None = None, flags: set[str] |
     min in); asked first, the run names it before any engine starts (`experiments.base.iter_engines`), and notebook
     06 reports the knob unsupported without starting it. The case known: an fp8 KV cache on a CPU, under vLLM V1
     without AVX-512 or AMX (`FP8_KV_CPU_FLAGS`; tests/test_engine_knobs.py holds the real engine to it), under V0
-    (0.8.5) without intel_extension_for_pytorch in its environment. The CPU's flags are /proc/cpuinfo's (torch's own
-    test also wants avx512 vl/bw/dq, which every AVX-512 CPU rlwb has met has). `cuda`, `flags`: this machine's
-    unless given."""
+    (0.8.5) without intel_extension_for_pytorch in its environment; and under V1, whatever the CPU, for a `model`
+    whose head size is a multiple of 16 but not of 32 (vLLM's CPU attention then takes its 16-wide kernels, which
+    have no fp8 cache; a model directory's config.json says its head size, `head_size`; a hub id is not read). The
+    CPU's flags are /proc/cpuinfo's (torch's own test also wants avx512 vl/bw/dq, which every AVX-512 CPU rlwb has
+    met has). `cuda`, `flags`: this machine's unless given."""
     if preset.backend != "vllm":
         return None
     kv = str(preset.vllm_kwargs.get("kv_cache_dtype", "auto"))
@@ -270,6 +291,10 @@ def unsupported_here(preset: Preset, cuda: bool | None = None, flags: set[str] |
             return None
         return (f"vLLM 0.8.5 (V0) keeps an fp8 KV cache (kv_cache_dtype {kv}) on a CPU only through "
                 f"intel_extension_for_pytorch (attention/backends/torch_sdpa.py), which its environment lacks")
+    size = head_size(model)
+    if size is not None and size % 32 != 0 and size % 16 == 0:
+        return (f"vLLM V1 keeps an fp8 KV cache (kv_cache_dtype {kv}) on a CPU only for a head size divisible by 32 "
+                f"(vllm/v1/attention/backends/cpu_attn.py); this model's is {size}")
     have = host.cpu_flags() if flags is None else flags
     if any(f in have for f in FP8_KV_CPU_FLAGS):
         return None

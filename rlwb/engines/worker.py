@@ -180,7 +180,7 @@ class EngineWorker:
         if self.preset.backend == "openai":
             raise PresetError(f"engine preset {self.preset.name!r} is a served engine (backend openai): rlwb starts "
                               f"no process for it; audit it with `rlwb audit --engine {self.preset.name}`")
-        why = unsupported_here(self.preset) if check_host else None
+        why = unsupported_here(self.preset, model=model) if check_host else None
         if why:
             raise EngineError(f"engine {self.preset.name!r} cannot start on this machine: {why}")
         self.preset.check_interpreter()

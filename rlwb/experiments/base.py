@@ -72,11 +72,12 @@ def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = Tr
     """Start each preset in turn, yield it, close it. With `prefetch_engines()` the next preset's engine is
     launched as soon as the current one is ready (two engine processes alive at most); a start-up that fails
     fails when its turn comes, as without prefetching. A preset this machine is known to refuse
-    (`presets.unsupported_here`: an fp8 KV cache under vLLM V1 on a CPU without AVX-512) fails before any engine
-    starts, so a run does not train every engine before it only to fail there (`refused_here`)."""
+    (`presets.unsupported_here`: an fp8 KV cache under vLLM V1 on a CPU without AVX-512, or for a model whose head
+    size is a multiple of 16 but not of 32) fails before any engine starts, so a run does not train every engine
+    before it only to fail there (`refused_here`)."""
     from rlwb.progress import progress_bar
 
-    refused_here(presets)
+    refused_here(presets, model_path)
     ahead = prefetch_engines()
     bar = progress_bar(presets, desc="engines", disable=not progress)
     launched: EngineWorker | BaseException | None = None
@@ -99,15 +100,16 @@ def iter_engines(presets: list[str], model_path, dtype: str, progress: bool = Tr
             launched.close()
 
 
-def refused_here(presets: list[str]) -> None:
-    """`EngineError` naming every one of `presets` this machine is known to refuse, and why; nothing if none is.
-    A name that does not resolve is left to the engine's start, which reports it in its turn."""
+def refused_here(presets: list[str], model_path=None) -> None:
+    """`EngineError` naming every one of `presets` this machine is known to refuse (for `model_path`'s model), and
+    why; nothing if none is. A name that does not resolve is left to the engine's start, which reports it in its
+    turn."""
     from rlwb.engines.presets import resolve_preset, unsupported_here
 
     why = {}
     for name in dict.fromkeys(presets):
         try:
-            reason = unsupported_here(resolve_preset(name))
+            reason = unsupported_here(resolve_preset(name), model=model_path)
         except PresetError:
             continue
         if reason:
