@@ -303,18 +303,22 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     doses = pd.read_parquet(d / "data" / "doses.parquet").set_index(["label", "arm"])
     curves = pd.read_parquet(d / "data" / "curves.parquet")
     arms = ["none@engine", "none@trainer"]
-    # clean, ratio, weights, stale x 2 arms; the point and its clean twin at T 1 x 1 arm; the placebo; the rerun
+    # clean, ratio, weights, stale x 2 arms; the point and its clean twin at T 1 x 1 arm; the placebo; the rerun;
+    # the PPO-epochs regime (1 mini-batch x 2 epochs): decoupled's clean run and weights dose
+    epochs = [("clean+ppo1x2", "none@trainer"), ("weights@0.03+ppo1x2", "none@trainer")]
     assert sorted(doses.index) == sorted([(lab, a) for lab in ("clean", "ratio@0.01", "weights@0.03", "stale@2")
                                           for a in arms] + [("vllm-v1@T1", "none@engine"), ("placebo", "none@engine"),
-                                                            ("clean@T1", "none@engine"), ("rerun", "none@engine")])
-    assert len(curves) == (4 * 2 * 2 + 2 * 2 + 2 + 1) * 3  # runs x steps
+                                                            ("clean@T1", "none@engine"), ("rerun", "none@engine")]
+                                         + epochs)
+    runs = 4 * 2 * 2 + 2 * 2 + 2 + 1 + 2 * 2
+    assert len(curves) == runs * 3  # runs x steps
     # every job kept the moment it finished (issue 46's resume), its probe dropped once the study finished; run.json
     # says which run trained them
-    assert len(list((d / "data" / "jobs").glob("*.parquet"))) == 4 * 2 * 2 + 2 * 2 + 2 + 1
+    assert len(list((d / "data" / "jobs").glob("*.parquet"))) == runs
     assert not list((d / "data" / "jobs").glob("*.probe.pt")) and (d / "data" / "jobs" / "start.json").exists()
     resume = json.loads((d / "run.json").read_text())["resume"]
     assert resume["reused_jobs"] == 0 and resume["parts"] == {d.name: resume["parts"][d.name]}
-    assert resume["parts"][d.name]["jobs"] == resume["jobs"] == 4 * 2 * 2 + 2 * 2 + 2 + 1
+    assert resume["parts"][d.name]["jobs"] == resume["jobs"] == runs
     for a in arms:
         assert doses.loc[("clean", a), "k3_achieved"] <= 1e-8  # fp32 V1-fixed: the float floor at dose 0
         # the ratio dose reaches the reported logprobs at its intended k3, as noise (mean log r near 0, not a bias)
@@ -364,8 +368,8 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     assert m["ratio@0.01/none@engine/gap_ci_low"] <= m["ratio@0.01/none@engine/gap"] <= m[
         "ratio@0.01/none@engine/gap_ci_high"]
     family = doses[(doses["control"] == "") & ~doses["kind"].isin(["clean", "rerun"])]
-    # ratio, weights, stale x 2 arms, minus the control, plus the placebo: one Holm family
-    assert len(family) == 6 and family["p_holm"].notna().all() and ("placebo", "none@engine") in family.index
+    # ratio, weights, stale x 2 arms, minus the control, plus the epochs regime's dose and the placebo: one Holm family
+    assert len(family) == 7 and family["p_holm"].notna().all() and ("placebo", "none@engine") in family.index
     # the placebo is the clean run on another sampling-seed stream: same prompts, other completions; its gap is
     # exactly its own outcome minus the clean run's, seed by seed, and the reported false-positive rates are its
     # own test's rejections (recomputed here, so a rate that is not the placebo's fails)
@@ -380,16 +384,26 @@ def check_mismatch_cost(d: Path, m: dict) -> None:
     # the tested outcome: the trained policy sampled from a clean engine; the training reward is secondary
     assert (doses["outcome"] == "policy_reward").all() and doses["policy_reward"].between(0, 1).all()
     assert doses["train_gap"].notna().sum() >= 6 and (doses.loc[doses["kind"] == "stale", "lag_bias"].notna()).all()
-    # one update per batch: the decoupled ratio is exactly 1 on every token (the clip cannot act there)
+    # one update per batch: the decoupled ratio is exactly 1 on every token (the clip cannot act there); a second
+    # epoch over the same batch moves it off 1 at every step, and the clip acts (issue #58's smoke check)
     dec = curves[curves["arm"] == "none@trainer"]
-    assert (dec["ratio_abs_log_mean"] == 0).all() and (dec["updates_per_batch"] == 1).all()
+    assert (dec["updates_per_batch"] == 1).all() and set(dec["epochs"]) == {1, 2}
+    assert (dec.loc[dec["epochs"] == 1, "ratio_abs_log_mean"] == 0).all()
+    assert (dec.loc[dec["epochs"] == 2, "ratio_abs_log_mean"] > 1e-4).all()
+    assert dec.loc[dec["epochs"] == 2, "clip_frac"].mean() > 0
+    reg = pd.read_parquet(d / "data" / "regimes.parquet").set_index(["regime", "arm"])
+    assert reg.loc[("1x1", "none@trainer"), "ratio_abs_log_mean"] == 0
+    assert reg.loc[("1x2", "none@trainer"), "ratio_abs_log_mean"] > 1e-4 and reg.loc[("1x2", "none@trainer"),
+                                                                                         "steps_per_batch"] == 2
     bench = pd.read_parquet(d / "data" / "benchmarks.parquet")  # one dose per kind: no curve to fit, said so
-    # ratio none@trainer is a control; two seeds are too few for a benchmark dose's bootstrap, and it says so
-    assert len(bench) == 3 * 2 - 1 and bench["status"].str.startswith("no benchmark (need at least 3 seeds").all()
+    # ratio none@trainer is a control (the epochs regime adds its weights row); two seeds are too few for a benchmark
+    # dose's bootstrap, and it says so
+    assert len(bench) == 3 * 2 - 1 + 1 and bench["status"].str.startswith("no benchmark (need at least 3 seeds").all()
     for f in ("dose_response", "cost_reward_curves"):
         assert (d / "figures" / f"{f}.png").stat().st_size > 10_000
     html = (d / "report.html").read_text()
     assert "Controls." in html and "(passes: the reported logprobs never reach its update)" in html
+    assert "PPO regimes" in html and "1 mini-batch(es) x 2 epochs" in html
     assert "Real engines on the same axes" not in html  # the only point is the T = 1 control
     check_reanalysis(d, m, len(curves) // 3)
 
