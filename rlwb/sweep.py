@@ -320,6 +320,8 @@ def _run_on_ray(g: Grid, todo: list[dict], outputs: Path, address: str, record, 
     import ray
 
     ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    if threading.current_thread() is threading.main_thread():  # ray.init makes SIGTERM exit the driver: ours again
+        signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
     try:
         cuda = bool(ray.cluster_resources().get("GPU"))
         task = ray.remote(_run_cell_cli)

