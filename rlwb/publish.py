@@ -18,10 +18,12 @@ problem and what to do):
 - fit for a reader: its report.html shows no stderr, temporary path, progress bar or traceback
   (`reports.export.reader_noise`);
 - small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. The run's logs, the jobs kept
-  for a resume, the figures' SVG copies and the images embedded in the executed notebook never ship (every clone
-  carries runs of record, and so does every call to a lent GPU machine, whose working tree may not pass 64 MiB: an
-  SVG holds nothing its PNG and PDF do not, and each figure the notebook shows is in figures/ and in report.html;
-  the shipped notebook keeps its code and every text output). When a run is still larger than `RUN_LIMIT`, or than
+  for a resume, a notebook's figures' vector copies (SVG, PDF) and the images embedded in the executed notebook never
+  ship (every clone carries runs of record, and so does every call to a lent GPU machine, whose working tree may not
+  pass 64 MiB: `rlwb figures RUN --style paper` writes a notebook's figures in every format from the copy's data/,
+  which publish checks they redraw from, and each figure the notebook shows is in figures/ as a PNG and in
+  report.html; the shipped notebook keeps its code and every text output; a bench run's PDFs stay, drawn from
+  nothing it keeps). When a run is still larger than `RUN_LIMIT`, or than
   the room the folder has left, what no figure and no number needs is left out (the tables' wall-clock columns, data
   tables that no figure is drawn from and nothing reads from a run of record: `optional_files`) until it fits, and
   the copy's `run.json` says what was left out (`published`). Every figure must redraw from the data the copy
@@ -49,8 +51,10 @@ RUN_LIMIT = 5_000_000  # bytes per run of record: runs of record are tracked, so
 # (scripts/device/wheels.py); the rest of the tree (the embedded models' published builds, code, docs) is ~13 MiB
 # and the wheels ~8 MiB, so the runs of record get 40 MiB and a 2 MiB margin (tests/test_gpu_runs.py checks the sum)
 FOLDER_LIMIT = 42_000_000
-__all__ = ["FOLDER_LIMIT", "NOTEBOOK_IMAGES", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut", "PublishRefused",
-           "check_publishable", "notebook_images", "plan", "publish", "timing_columns", "tree_bytes"]
+FIGURE_COPIES = (".svg", ".pdf")  # a notebook's figures' vector copies: `rlwb figures` redraws them from data/
+__all__ = ["FIGURE_COPIES", "FOLDER_LIMIT", "NOTEBOOK_IMAGES", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut",
+           "PublishRefused", "check_publishable", "figure_copies", "notebook_images", "plan", "publish",
+           "timing_columns", "tidy", "tree_bytes"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ def check_publishable(run_dir: Path) -> dict:
 
 def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
     """What a run of record may do without, in the order it is left out: its logs, the jobs kept for a resume, the
-    SVG copy of each figure (the PNG and PDF stay: an SVG holds nothing they do not), the wall-clock columns of the
+    vector copies of a notebook's figures (`figure_copies`: the PNG stays), the wall-clock columns of the
     data tables (`timing_columns`: the one value no rerun reproduces), then the tables no figure is drawn from
     (largest first). Each with its size and why nothing needs it."""
     from rlwb.registry import NOTEBOOKS
@@ -121,8 +125,7 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
         out.append(LeftOut("data/jobs/", sum(f.stat().st_size for f in jobs),
                            f"the jobs kept for a resume, {len(jobs)} file(s) (every row is in "
                            f"data/curves.parquet, its provenance in {archive.RECORD})"))
-    out += [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, "an SVG copy of a figure (PNG and PDF kept)")
-            for f in sorted((run_dir / "figures").rglob("*.svg"))]
+    out += figure_copies(run_dir, notebook)
     out += notebook_images(run_dir)
     out += timing_columns(run_dir)
     if drawn is not None:  # an unknown notebook: every table may be needed
@@ -139,7 +142,7 @@ IMAGE_OUTPUTS = ("image/png", "image/jpeg", "image/svg+xml", "application/pdf")
 
 def notebook_images(run_dir: Path) -> list[LeftOut]:
     """The executed notebook's embedded images (`notebook.ipynb#images`) with their bytes, or nothing.
-    Why they may go: a figure the notebook shows is saved in figures/ (PNG, PDF) and embedded in report.html, so in
+    Why they may go: a figure the notebook shows is saved in figures/ (PNG) and embedded in report.html, so in
     the notebook it is a third copy; they were 80% of the notebooks' bytes in docs/runs."""
     import json
 
@@ -151,7 +154,7 @@ def notebook_images(run_dir: Path) -> list[LeftOut]:
     size = sum(len(json.dumps(v)) for c in book.get("cells", []) for o in c.get("outputs", [])
                for k, v in (o.get("data") or {}).items() if k in IMAGE_OUTPUTS)
     return [LeftOut(NOTEBOOK_IMAGES, size, "the executed notebook's figure images: each figure ships in figures/ "
-                    "(PNG, PDF) and in report.html; the notebook keeps its code and text outputs")] if size else []
+                    "(PNG) and in report.html; the notebook keeps its code and text outputs")] if size else []
 
 
 def _notebook_without_images(src: Path, dst: Path) -> None:
@@ -196,8 +199,22 @@ def timing_columns(run_dir: Path) -> list[LeftOut]:
     return out
 
 
+def figure_copies(run_dir: Path, notebook: str) -> list[LeftOut]:
+    """The vector copies of the figures (SVG; PDF for a notebook's run) a run of record never ships: a notebook's
+    figures redraw from the copy's data/ in every format (`rlwb figures RUN --style paper`; publish refuses a copy they
+    do not redraw from), and the PNG stays for report.html and the README. A bench run's figures are drawn from
+    nothing `rlwb figures` reads, so its PDFs stay."""
+    from rlwb.registry import NOTEBOOKS
+
+    kinds = FIGURE_COPIES if notebook in NOTEBOOKS else (".svg",)
+    why = {".svg": "an SVG copy of a figure (the PNG kept; `rlwb figures RUN --style paper` redraws it from data/)",
+           ".pdf": "a PDF copy of a figure (the PNG kept; `rlwb figures RUN --style paper` redraws it from data/)"}
+    return [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, why[f.suffix])
+            for f in sorted((run_dir / "figures").rglob("*")) if f.is_file() and f.suffix in kinds]
+
+
 def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[LeftOut], int]:
-    """(left out, bytes of the copy): the logs, the jobs kept for a resume, the SVG copies and the notebook's images
+    """(left out, bytes of the copy): the logs, the jobs kept for a resume, the figure copies and the notebook's images
     always stay out; then the other optional files, in order, until the copy is at most `limit` bytes. The copy's
     bytes include what its run.json grows by (the `published` record listing what was left out). `PublishRefused`
     when even the needed files are over it."""
@@ -211,8 +228,8 @@ def _leave_out(run_dir: Path, notebook: str, limit: int) -> tuple[list[LeftOut],
     """`plan`'s choice without its refusal: where the copy cannot fit `limit`, every optional file is out and the
     size is the smallest copy's (what `publish` weighs against the folder's room)."""
     candidates = optional_files(run_dir, notebook)
-    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/", NOTEBOOK_IMAGES))
-            or c.path.endswith(".svg")]
+    copies = {c.path for c in figure_copies(run_dir, notebook)}
+    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/", NOTEBOOK_IMAGES)) or c.path in copies]
     size = tree_bytes(run_dir) - sum(c.bytes for c in left)
     for c in candidates:
         if size + _record_bytes(left, run_dir) <= limit:
@@ -292,13 +309,7 @@ def publish(run_dir: str | os.PathLike, dest: str | os.PathLike | None = None, *
         record = archive.read_record(tmp, {})
         record["published"] = {"from": shown(run_dir), "at": archive.utc_now(), "bytes": 0,
                                "left_out": [vars(c) for c in left]}
-        rest = tree_bytes(tmp) - archive.record_path(tmp).stat().st_size  # everything but the run.json rewritten here
-        while True:  # the copy as shipped, its run.json included (whose size holds the number: a fixed point)
-            archive.write_record(tmp, record)
-            shipped = rest + archive.record_path(tmp).stat().st_size
-            if record["published"]["bytes"] == shipped:
-                break
-            record["published"]["bytes"] = shipped
+        shipped = _write_published(tmp, record)
         # the plan estimated a dropped column's share from its compressed size, and run.json grew by the record
         if shipped > limit:
             raise PublishRefused(f"{notebook}/{run_dir.name} is {shipped / 1e6:.2f} MB with its provenance "
@@ -316,6 +327,40 @@ def _write_without(src: Path, dst: Path, columns: list[str]) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pq.read_table(src).drop_columns(columns), dst, compression="zstd", compression_level=19)
+
+
+def _write_published(copy: Path, record: dict) -> int:
+    """Write `record` as the copy's run.json, its `published.bytes` the copy's size as shipped, run.json included
+    (whose size holds the number: a fixed point); returns that size."""
+    rest = tree_bytes(copy) - (archive.record_path(copy).stat().st_size if archive.has_record(copy) else 0)
+    while True:
+        archive.write_record(copy, record)
+        shipped = rest + archive.record_path(copy).stat().st_size
+        if record["published"]["bytes"] == shipped:
+            return shipped
+        record["published"]["bytes"] = shipped
+
+
+def tidy(root: str | os.PathLike | None = None) -> dict[str, list[LeftOut]]:
+    """Take out of every run of record under `root` (default `PUBLISHED_RUNS`) the files a publish today would leave
+    out of it (`figure_copies`: a rule may tighten after a run shipped), each added to its run.json's
+    `published.left_out` and its `bytes` brought up to date; returns them per run (`<stem>/<run id>`). Why: the
+    folder's room is the device's (`FOLDER_LIMIT`), and what a copy holds should not depend on when it shipped."""
+    root = Path(root) if root is not None else PUBLISHED_RUNS
+    done: dict[str, list[LeftOut]] = {}
+    for copy in sorted(d for d in root.glob("*/*") if d.is_dir() and archive.has_record(d)):
+        record = archive.read_record(copy, {})
+        extra = figure_copies(copy, record.get("notebook") or copy.parent.name)
+        if not extra:
+            continue
+        for c in extra:
+            (copy / c.path).unlink()
+        published = record.setdefault("published", {"from": None, "at": None, "bytes": 0, "left_out": []})
+        published["left_out"] = [*published.get("left_out", []), *map(vars, extra)]
+        published["bytes"] = 0
+        _write_published(copy, record)
+        done[f"{copy.parent.name}/{copy.name}"] = extra
+    return done
 
 
 def _check_figures_redraw(copy: Path, notebook: str, name: str) -> None:

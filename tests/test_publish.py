@@ -52,13 +52,28 @@ def test_publish_copies_the_run_with_what_its_figures_and_numbers_need(notebook0
     copy = Path(r.stdout.strip().splitlines()[-1])
     assert copy == dest / "00_default_policy" / run.name
     for f in ("notebook.ipynb", "report.html", "params.yaml", "run.json", "metrics.json", "data/samples.parquet",
-              "data/unused_rollouts.parquet", "figures/accuracy_by_digits.png", "figures/accuracy_by_digits.pdf"):
+              "data/unused_rollouts.parquet", "figures/accuracy_by_digits.png"):
         assert (copy / f).is_file(), f
-    assert not (copy / "logs").exists() and not list(copy.rglob("*.svg"))  # never shipped, and the copy says so
+    # never shipped, and the copy says so: the logs, the figures' vector copies (they redraw from data/)
+    assert (run / "figures" / "accuracy_by_digits.pdf").is_file() and list(run.rglob("*.svg"))
+    assert not (copy / "logs").exists() and not list(copy.rglob("*.svg")) and not list(copy.rglob("*.pdf"))
     record = json.loads((copy / "run.json").read_text())
     assert {c["path"] for c in record["published"]["left_out"]} == {
-        f.relative_to(run).as_posix() for f in [*(run / "logs").rglob("*"), *run.rglob("*.svg")] if f.is_file()} \
-        | {publish.NOTEBOOK_IMAGES}
+        f.relative_to(run).as_posix() for f in [*(run / "logs").rglob("*"), *run.rglob("*.svg"), *run.rglob("*.pdf")]
+        if f.is_file()} | {publish.NOTEBOOK_IMAGES}
+    # a run of record published before a rule tightened is brought to it (`publish.tidy`): nothing else moves
+    old = dest / "00_default_policy" / "older"
+    shutil.copytree(copy, old)
+    shutil.copy2(run / "figures" / "accuracy_by_digits.pdf", old / "figures")
+    before = {f.relative_to(old): f.read_bytes() for f in old.rglob("*") if f.is_file() and f.name != "run.json"}
+    done = publish.tidy(dest)
+    assert [c.path for c in done["00_default_policy/older"]] == ["figures/accuracy_by_digits.pdf"] and len(done) == 1
+    after = {f.relative_to(old): f.read_bytes() for f in old.rglob("*") if f.is_file() and f.name != "run.json"}
+    assert after == {k: v for k, v in before.items() if k.suffix != ".pdf"}
+    tidied = json.loads((old / "run.json").read_text())["published"]
+    assert tidied["left_out"][-1]["path"] == "figures/accuracy_by_digits.pdf"
+    assert tidied["left_out"][:-1] == record["published"]["left_out"] and tidied["bytes"] == publish.tree_bytes(old)
+    assert publish.tidy(dest) == {}  # nothing left to take out
     # the notebook ships with its code and text outputs, without the images figures/ and report.html hold
     shipped, whole = (json.loads((d / "notebook.ipynb").read_text()) for d in (copy, run))
     kinds = lambda book: {k for c in book["cells"] for o in c.get("outputs", []) for k in o.get("data", {})}  # noqa: E731
@@ -213,9 +228,10 @@ def _published_runs() -> list[Path]:
 
 
 def test_runs_of_record_are_within_their_size_limits_and_publishable():
-    """What `rlwb publish` checked still holds for every run in docs/runs: a finished run from a clean tree on a
-    published build, at most 5 MB, the folder at most 42 MB; its run.json says where it came from and what it left
-    out; its report is what a reader may see (`check_report`: no stderr, no temporary paths, answer first)."""
+    """What `rlwb publish` checks still holds for every run in docs/runs: a finished run from a clean tree on a
+    published build, at most 5 MB, the folder at most 42 MB, no file a publish today leaves out; its run.json says
+    where it came from and what it left out; its report is what a reader may see (`check_report`: no stderr, no
+    temporary paths, answer first)."""
     runs = _published_runs()
     assert runs, "docs/runs holds no run of record"
     assert publish.tree_bytes(RUNS_OF_RECORD) <= publish.FOLDER_LIMIT
@@ -223,7 +239,9 @@ def test_runs_of_record_are_within_their_size_limits_and_publishable():
         publish.check_publishable(run)
         assert publish.tree_bytes(run) <= publish.RUN_LIMIT, run
         assert "left_out" in json.loads((run / "run.json").read_text())["published"]
-        assert not list(run.rglob("*.svg")), f"{run}: an SVG copy ships (publish leaves them out)"
+        # what a publish today leaves out (`publish.tidy` takes it out of a run published before the rule): the
+        # figures' vector copies; a clone carries the same whenever a run shipped
+        assert not publish.figure_copies(run, run.parent.name), f"{run}: a figure's vector copy ships"
         assert not publish.notebook_images(run), f"{run}: its notebook ships images (publish leaves them out)"
         if (run / "report.html").exists():  # a bench run has none
             check_report(run)
@@ -313,4 +331,5 @@ def test_a_bench_run_publishes_as_a_run_of_record(bench_run, tmp_path):
     _edit(run, lambda i: i.update(git_dirty=True))
     with pytest.raises(publish.PublishRefused, match=f"^bench/{run.name} was made from a dirty tree"):
         publish.publish(run, tmp_path / "other-runs")
+
 
