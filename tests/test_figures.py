@@ -147,6 +147,37 @@ def test_the_dose_response_legend_names_an_arm_trained_at_some_kinds_only():
     plt.close(fig)
 
 
+def test_an_arm_keeps_its_colour_whichever_arms_a_figure_shows():
+    """Decoupled is drawn in decoupled's colour in a run that trains decoupled and TIS alone (the bracketing study) as
+    in one that trains bypass first (the studies of record): a reader sets their figures side by side. Seen on the
+    2026-11-30 bracketing run: decoupled came out in bypass's black."""
+    import pandas as pd
+    from matplotlib.colors import to_hex
+
+    from rlwb.plots.mismatch_cost import dose_response, reward_curves
+
+    def fits(arms):
+        return pd.DataFrame([{"kind": "weights", "arm": arm, "name": "weights", "part": "group", "dose": dose, "y": y,
+                              "low": y - 0.05, "high": y + 0.05, "baseline": 0.3, "gain": 0.3, "status": None,
+                              "label": None, "control": None}
+                             for arm in arms for dose, y in ((0.0, 0.6), (0.01, 0.55), (0.1, 0.45))])
+
+    def colours(fig):
+        legend = fig.axes[-1].get_legend()
+        out = {t.get_text(): to_hex(h.get_color() if hasattr(h, "get_color") else h.lines[0].get_color())
+               for t, h in zip(legend.get_texts(), legend.legend_handles)}
+        plt.close(fig)
+        return out
+
+    every = colours(dose_response(fits(["none@engine", "none@trainer", "tis@trainer"])))
+    some = colours(dose_response(fits(["none@trainer", "tis@trainer"])))
+    assert len(set(every.values())) == 3 and some == {a: every[a] for a in ("none@trainer", "tis@trainer")}
+    curves = pd.DataFrame([{"label": "clean", "kind": "clean", "dose": 0.0, "arm": arm, "seed": seed, "step": step,
+                            "temperature": 0.7, "reward_mean": 0.5} for arm in ("tis@trainer", "none@trainer")
+                           for seed in (0, 1) for step in range(6)])
+    assert colours(reward_curves(curves)) == {a: every[a] for a in ("tis@trainer", "none@trainer")}
+
+
 def test_the_dose_response_draws_the_long_horizon_as_its_own_series_and_no_further_regime():
     """A horizon run fits its arm at the study's horizon and at the long one (`weights` and `weights+long`): both
     drawn, the long one named as such, in one panel; a further PPO regime's row (`weights+ppo4`) is not drawn (its

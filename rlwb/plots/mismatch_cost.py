@@ -15,8 +15,15 @@ MARKERS = "osD^v<>"
 LONG = "+long"  # a long-horizon row's name suffix (`mismatch_study.design.LONG`: plots import no experiment)
 
 
+ARM_ORDER = ("none@engine", "none@trainer", "tis@trainer")  # the studies' arms: bypass, decoupled, decoupled + TIS
+
+
 def _arm_style(arms):
-    return {a: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for i, a in enumerate(arms)}
+    """Each arm's colour and marker. The studies' three arms (`ARM_ORDER`) keep theirs in every figure, whichever arms
+    a figure shows (a reader sets the figures of several runs side by side: a run that trains decoupled and TIS alone
+    must not draw decoupled in bypass's colour); other arms follow them in the order given."""
+    ranked = [*ARM_ORDER, *(a for a in arms if a not in ARM_ORDER)]
+    return {a: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for i, a in enumerate(ranked) if a in arms}
 
 
 def kind_titles() -> dict[str, str]:
