@@ -159,9 +159,10 @@ def test_publish_leaves_out_what_nothing_needs_and_refuses_what_stays_too_large(
 def test_publish_leaves_out_wall_clock_columns_before_tables_and_refuses_a_copy_whose_figure_cannot_redraw(
         notebook00_runs, tmp_path):
     """Notebook 08's study is 5.5 MB without logs and SVGs, 0.8 MB of it per-step wall-clock columns: those go
-    after the SVG copies and before any whole table (the values no rerun reproduces; here a table no figure is drawn
-    from stays), the rest of the table is kept value for value; the jobs kept for a resume never ship (one entry);
-    and a copy whose data no longer draws a figure is refused (a drawn table lacking the column the figure reads)."""
+    after the figures' vector copies and before any whole table (the values no rerun reproduces; here a table no
+    figure is drawn from stays), the rest of the table is kept value for value; the jobs kept for a resume never
+    ship (one entry); and a copy whose data no longer draws a figure is refused (a drawn table lacking the column the
+    figure reads)."""
     import pandas as pd
 
     run = _edit(_copy(notebook00_runs, tmp_path), _as_committed)
@@ -172,13 +173,13 @@ def test_publish_leaves_out_wall_clock_columns_before_tables_and_refuses_a_copy_
     (run / "data" / "jobs").mkdir()
     for i in range(3):
         (run / "data" / "jobs" / f"job{i}.parquet").write_bytes(b"x" * 100)
-    always, whole = publish.plan(run, "00_default_policy", publish.RUN_LIMIT)  # logs, jobs and SVGs never ship
-    svgs = sorted(p.relative_to(run).as_posix() for p in (run / "figures").rglob("*.svg"))
-    assert svgs and [c.path for c in always if not c.path.startswith(("logs/", "data/jobs/"))] \
-        == svgs + [publish.NOTEBOOK_IMAGES]
+    always, whole = publish.plan(run, "00_default_policy", publish.RUN_LIMIT)  # logs, jobs, figure copies never ship
+    copies = sorted(p.relative_to(run).as_posix() for p in (run / "figures").rglob("*") if p.suffix in (".svg", ".pdf"))
+    assert copies and [c.path for c in always if not c.path.startswith(("logs/", "data/jobs/"))] \
+        == copies + [publish.NOTEBOOK_IMAGES]
     left, size = publish.plan(run, "00_default_policy", whole - 1)  # one byte over
     optional = [c.path for c in left if not c.path.startswith(("logs/", "data/jobs/"))]
-    assert optional == svgs + [publish.NOTEBOOK_IMAGES, "data/samples.parquet#t_score"], \
+    assert optional == copies + [publish.NOTEBOOK_IMAGES, "data/samples.parquet#t_score"], \
         "the timing column, and no whole table"
     column = next(c.bytes for c in left if c.path.startswith("data/") and "#" in c.path)
     copy = publish.publish(run, tmp_path / "runs", run_limit=size + column // 2)
