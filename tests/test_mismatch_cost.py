@@ -827,14 +827,21 @@ def test_a_dose_that_leaves_the_policy_below_where_it_started_is_said_so():
 
 
 def test_a_level_is_quoted_only_from_four_doses_bounded_with_the_dose_scales_agreeing():
-    """`keep_below`: NaN unless the row has MIN_DOSES doses, is bounded on the linear scale and the log scale agrees;
-    then the lower of the two scales' BMDLs (or the linear one where the log scale is not bounded). The wording
-    layer spells MIN_DOSES itself: it must be the analysis's."""
+    """`keep_below`: NaN unless the row has MIN_DOSES doses, is bounded on the linear scale with its BMD inside the
+    tested doses and the log scale agrees; then the lower of the two scales' BMDLs (or the linear one where the log
+    scale is not bounded). The wording layer spells MIN_DOSES itself: it must be the analysis's."""
     from rlwb.experiments.mismatch_study import benchmarks
 
-    lin = SimpleNamespace(status="bounded", bmdl=0.02)
+    lin = SimpleNamespace(status="bounded", bmdl=0.02, bmd=0.05)
     log = SimpleNamespace(status="bounded", bmdl=0.01)
-    assert benchmarks.keep_below(lin, log, True, 4) == 0.01
+    assert benchmarks.keep_below(lin, log, True, 4) == 0.01 == benchmarks.keep_below(lin, log, True, 4, 0.05)
+    # a BMD below the smallest tested dose (bounded by BMDS's 10x rule): its bound rests on untested curve, no level
+    # (seen on qwen2-chat's bracketing run: BMD 7.7e-03 below its smallest dose 1.9e-02, linear BMDL 4.9e-05)
+    assert np.isnan(benchmarks.keep_below(lin, log, True, 4, 0.06))
+    below = SimpleNamespace(status="bounded", doses=4, bmd=0.0077, bmdl=4.9e-05, k3_min=0.019, k3_max=1.5,
+                            scale_agree=True, bmdl_log=2.1e-03, status_log="bounded")
+    assert "below the smallest tested k3 1.9e-02" in words_08.benchmark_reason(below)
+    assert words_08.short_reason(below) == "its BMD below the tested doses"
     assert benchmarks.keep_below(lin, SimpleNamespace(status="above tested range", bmdl=0.5), True, 4) == 0.02
     assert np.isnan(benchmarks.keep_below(lin, log, False, 4))  # the dose scale decides it
     assert np.isnan(benchmarks.keep_below(lin, log, True, 3))  # too few doses: only the line is tested

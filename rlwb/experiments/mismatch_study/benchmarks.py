@@ -255,7 +255,8 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
                 row.update(clean_gain=gain, bmr=bmr_fraction * gain, bmd=f.bmd, bmdl=f.bmdl, bmdu=f.bmdu,
                            status=f.status, models_passing=",".join(m.model for m in f.models if m.passes),
                            bmds_pick=f.bmds_pick or "", bmd_log=g.bmd, bmdl_log=g.bmdl, status_log=g.status,
-                           scale_agree=sc.agree, keep_below=keep_below(f, g, sc.agree, len(r.labels)),
+                           scale_agree=sc.agree,
+                           keep_below=keep_below(f, g, sc.agree, len(r.labels), float(r.doses.min())),
                            error_control=f.error_control, fit_notes="; ".join(f.notes))
                 rows.append(row)
         # the figure: the dose groups whatever the fit says, as the share of the clean gain kept (the fitted f(0)
@@ -281,14 +282,18 @@ def benchmark_table(table: pd.DataFrame, curves: pd.DataFrame, bmr_fraction: flo
 MIN_DOSES = 4  # doses (beside dose 0) a row needs for a level to quote
 
 
-def keep_below(linear: bd.BMDResult, log: bd.BMDResult, agree: bool, doses: int) -> float:
+def keep_below(linear: bd.BMDResult, log: bd.BMDResult, agree: bool, doses: int,
+               k3_min: float = 0.0) -> float:
     """The level to quote as "keep k3 below": where the row has `MIN_DOSES` doses or more, is bounded on the linear
-    dose scale and the log scale agrees (each scale's BMD inside the other's BMDL-BMDU), the lower of the two scales'
-    BMDLs (the scale is a modelling choice, so the bound that holds under either); NaN otherwise. Why 4 doses: with
-    2 (3 dose groups) every curved model is saturated and only the straight line can pass, so the lowest-of-models
-    bound guards nothing (simulated at doses 0.17 and 1, 8 seeds: the linear BMDL covered a steep concave truth's BMD
-    in 0 of ~200 bounded studies); the BMDL's coverage is measured at 4 doses (docs/benchmark_dose.md)."""
-    if doses < MIN_DOSES or linear.status != bd.BOUNDED or not agree:
+    dose scale with its BMD inside the tested doses (not below the smallest, `k3_min`: the fit calls a BMD up to 10x
+    below it bounded, as BMDS does, but there the bound rests on a stretch of curve no dose tested, and issue #58 asks
+    for the BMD inside them) and the log scale agrees (each scale's BMD inside the other's BMDL-BMDU), the lower of the
+    two scales' BMDLs (the scale is a modelling choice, so the bound that holds under either); NaN otherwise. Why 4
+    doses: with 2 (3 dose groups) every curved model is saturated and only the straight line can pass, so the
+    lowest-of-models bound guards nothing (simulated at doses 0.17 and 1, 8 seeds: the linear BMDL covered a steep
+    concave truth's BMD in 0 of ~200 bounded studies); the BMDL's coverage is measured at 4 doses
+    (docs/benchmark_dose.md)."""
+    if doses < MIN_DOSES or linear.status != bd.BOUNDED or not agree or linear.bmd < k3_min:
         return float("nan")
     return float(min(linear.bmdl, log.bmdl)) if log.status == bd.BOUNDED else float(linear.bmdl)
 

@@ -32,6 +32,10 @@ def benchmark_reason(r) -> str:
                 f"only the straight line is tested (every curved model is saturated), so no model's bound guards "
                 f"against a curve that falls early; a level is quoted from {MIN_DOSES} doses up, between "
                 f"{r.k3_min:.0e} and {r.k3_max:.0e} here")
+    if r.status == BMD_BOUNDED and below_doses(r):
+        return (f"bounded on the linear dose scale, but its BMD {r.bmd:.1e} lies below the smallest tested k3 "
+                f"{r.k3_min:.1e} (the smallest dose already costs about the BMR), so the bound (BMDL {r.bmdl:.1e}) "
+                f"rests on a stretch of curve no dose tested; smaller doses would place it")
     if r.status == BMD_BOUNDED:
         log = f"BMDL {r.bmdl_log:.1e}" if r.status_log == BMD_BOUNDED else f"'{r.status_log}'"
         return (f"bounded on the linear dose scale (BMDL {r.bmdl:.1e}) but the log scale says {log}: with "
@@ -65,10 +69,18 @@ def benchmark_reason(r) -> str:
     return r.status
 
 
+def below_doses(r) -> bool:
+    """A row whose BMD lies below its smallest tested dose (`benchmarks.keep_below` quotes no level there)."""
+    bmd, k3_min = getattr(r, "bmd", float("nan")), getattr(r, "k3_min", float("nan"))
+    return bool(np.isfinite(bmd) and np.isfinite(k3_min) and bmd < k3_min)
+
+
 def short_reason(r) -> str:
     """Why a row gives no level, in a few words (the index's answer line)."""
     if r.status == BMD_BOUNDED:
-        return f"{r.doses} doses" if getattr(r, "doses", MIN_DOSES) < MIN_DOSES else "the dose scale decides it"
+        if getattr(r, "doses", MIN_DOSES) < MIN_DOSES:
+            return f"{r.doses} doses"
+        return "its BMD below the tested doses" if below_doses(r) else "the dose scale decides it"
     return r.status
 
 
