@@ -18,16 +18,15 @@ problem and what to do):
 - fit for a reader: its report.html shows no stderr, temporary path, progress bar or traceback
   (`reports.export.reader_noise`);
 - small: at most `RUN_LIMIT` bytes per run and `FOLDER_LIMIT` for the whole folder. The run's logs, the jobs kept
-  for a resume, a notebook's figures' vector copies (SVG, PDF) and the images embedded in the executed notebook never
-  ship (every clone carries runs of record, and so does every call to a lent GPU machine, whose working tree may not
-  pass 64 MiB: `rlwb figures RUN --style paper` writes a notebook's figures in every format from the copy's data/,
-  which publish checks they redraw from, and each figure the notebook shows is in figures/ as a PNG and in
-  report.html; the shipped notebook keeps its code and every text output; a bench run's PDFs stay, drawn from
-  nothing it keeps). When a run is still larger than `RUN_LIMIT`, or than
-  the room the folder has left, what no figure and no number needs is left out (the tables' wall-clock columns, data
-  tables that no figure is drawn from and nothing reads from a run of record: `optional_files`) until it fits, and
-  the copy's `run.json` says what was left out (`published`). Every figure must redraw from the data the copy
-  keeps, or the copy is refused.
+  for a resume, the figures' vector copies (SVG, PDF) and the images embedded in the executed notebook never ship
+  (every clone carries runs of record, and so does every call to a lent GPU machine, whose working tree may not pass
+  64 MiB: `rlwb figures RUN --style paper` writes the figures in every format from the copy's data/ (a bench run's
+  from its bench.json), which publish checks they redraw from, and each figure the notebook shows is in figures/ as
+  a PNG and in report.html; the shipped notebook keeps its code and every text output). When a run is still larger
+  than `RUN_LIMIT`, or than the room the folder has left, what no figure and no number needs is left out (the tables'
+  wall-clock columns, data tables that no figure is drawn from and nothing reads from a run of record:
+  `optional_files`) until it fits, and the copy's `run.json` says what was left out (`published`). Every figure
+  must redraw from the data the copy keeps, or the copy is refused.
 
 The copy holds the executed notebook, report.html, params.yaml, run.json (provenance: commit, model build and its
 checksum, engine versions, CPU/GPU), metrics.json, data/*.parquet and figures/.
@@ -200,13 +199,11 @@ def timing_columns(run_dir: Path) -> list[LeftOut]:
 
 
 def figure_copies(run_dir: Path, notebook: str) -> list[LeftOut]:
-    """The vector copies of the figures (SVG; PDF for a notebook's run) a run of record never ships: a notebook's
-    figures redraw from the copy's data/ in every format (`rlwb figures RUN --style paper`; publish refuses a copy they
-    do not redraw from), and the PNG stays for report.html and the README. A bench run's figures are drawn from
-    nothing `rlwb figures` reads, so its PDFs stay."""
-    from rlwb.registry import NOTEBOOKS
-
-    kinds = FIGURE_COPIES if notebook in NOTEBOOKS else (".svg",)
+    """The vector copies of the figures (SVG, PDF) a run of record never ships: its figures redraw from the copy's
+    data/ in every format (`rlwb figures RUN --style paper`, a bench run's from its bench.json; publish refuses a
+    notebook's copy they do not redraw from), and the PNG stays for report.html and the README. `notebook` is kept
+    for the callers' symmetry with `optional_files`."""
+    kinds = FIGURE_COPIES
     why = {".svg": "an SVG copy of a figure (the PNG kept; `rlwb figures RUN --style paper` redraws it from data/)",
            ".pdf": "a PDF copy of a figure (the PNG kept; `rlwb figures RUN --style paper` redraws it from data/)"}
     return [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, why[f.suffix])

@@ -291,7 +291,7 @@ def test_a_bench_run_publishes_as_a_run_of_record(bench_run, tmp_path):
     """`rlwb publish outputs/bench/<id>` (tests/conftest.py `bench_run`: a real, small bench run) copies it to
     `<runs of record>/bench/<id>/` with its numbers, table, provenance and figures; the folder's index lists it, its
     table and figure one click away (a bench run has no report.html); its figures regenerate from the shipped
-    bench.json and name it. The size plan may leave the figures' SVG copies out, and says so. The checks are a
+    bench.json and name it. The figures' vector copies are left out, and the copy says so. The checks are a
     notebook run's: a run from a dirty tree is refused."""
     from rlwb.plots import figure_source
     from rlwb.reports.figures import regenerate_figures
@@ -302,12 +302,13 @@ def test_a_bench_run_publishes_as_a_run_of_record(bench_run, tmp_path):
     assert r.returncode == 0, r.stderr
     copy = Path(r.stdout.strip().splitlines()[-1])
     assert copy == dest / "bench" / run.name
-    for f in ("bench.json", "bench.md", "run.json", "figures/throughput.png", "figures/throughput.pdf"):
+    for f in ("bench.json", "bench.md", "run.json", "figures/throughput.png"):
         assert (copy / f).is_file(), f
-    assert not list((copy / "figures").glob("*.svg"))  # an SVG copy never ships: the PNG and PDF hold it
+    # the vector copies never ship: `rlwb figures` redraws them from bench.json (below)
+    assert not list((copy / "figures").glob("*.svg")) and not list((copy / "figures").glob("*.pdf"))
     assert json.loads((copy / "bench.json").read_text()) == json.loads((run / "bench.json").read_text())
     record = json.loads((copy / "run.json").read_text())
-    assert [c["path"] for c in record["published"]["left_out"]] == ["figures/throughput.svg"]
+    assert [c["path"] for c in record["published"]["left_out"]] == ["figures/throughput.pdf", "figures/throughput.svg"]
     assert record["git_commit"] and record["model"]["card"]
     index = (dest / "index.html").read_text()
     rel = f"bench/{run.name}"

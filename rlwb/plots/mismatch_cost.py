@@ -21,9 +21,13 @@ ARM_ORDER = ("none@engine", "none@trainer", "tis@trainer")  # the studies' arms:
 def _arm_style(arms):
     """Each arm's colour and marker. The studies' three arms (`ARM_ORDER`) keep theirs in every figure, whichever arms
     a figure shows (a reader sets the figures of several runs side by side: a run that trains decoupled and TIS alone
-    must not draw decoupled in bypass's colour); other arms follow them in the order given."""
-    ranked = [*ARM_ORDER, *(a for a in arms if a not in ARM_ORDER)]
-    return {a: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for i, a in enumerate(ranked) if a in arms}
+    must not draw decoupled in bypass's colour); any other arm (a long-horizon series, another correction) takes the
+    first slot no arm of the figure holds, in the order given, so a figure whose arms come in `ARM_ORDER`'s order draws
+    as it always did."""
+    slot = {a: ARM_ORDER.index(a) for a in arms if a in ARM_ORDER}
+    free = (i for i in range(len(arms) + len(ARM_ORDER)) if i not in slot.values())
+    slot.update({a: next(free) for a in arms if a not in slot})
+    return {a: (OKABE_ITO[i % len(OKABE_ITO)], MARKERS[i % len(MARKERS)]) for a, i in slot.items()}
 
 
 def kind_titles() -> dict[str, str]:

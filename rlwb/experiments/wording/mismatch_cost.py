@@ -20,8 +20,9 @@ MIN_DOSES = 4  # as `mismatch_study.benchmarks.MIN_DOSES` (tests/test_mismatch_c
 
 
 def quotable(r) -> bool:
-    """A benchmark row with a level to quote as "keep k3 below" (`benchmarks.keep_below`: bounded on the linear dose
-    scale, the log scale agreeing; the lower of the two scales' BMDLs)."""
+    """A benchmark row with a level to quote as "keep k3 below" (`benchmarks.keep_below`: 4 doses or more, bounded on
+    the linear dose scale with its BMD inside the tested doses, the log scale agreeing; the lower of the two scales'
+    BMDLs)."""
     return bool(np.isfinite(getattr(r, "keep_below", float("nan"))))
 
 
