@@ -50,7 +50,7 @@ RUN_LIMIT = 5_000_000  # bytes per run of record: runs of record are tracked, so
 # (scripts/device/wheels.py); the rest of the tree (the embedded models' published builds, code, docs) is ~13 MiB
 # and the wheels ~8 MiB, so the runs of record get 40 MiB and a 2 MiB margin (tests/test_gpu_runs.py checks the sum)
 FOLDER_LIMIT = 42_000_000
-FIGURE_COPIES = (".svg", ".pdf")  # a notebook's figures' vector copies: `rlwb figures` redraws them from data/
+FIGURE_COPIES = (".svg", ".pdf")  # the figures' vector copies: `rlwb figures` redraws them from data/
 __all__ = ["FIGURE_COPIES", "FOLDER_LIMIT", "NOTEBOOK_IMAGES", "PUBLISHED_RUNS", "RUN_LIMIT", "LeftOut",
            "PublishRefused", "check_publishable", "figure_copies", "notebook_images", "plan", "publish",
            "timing_columns", "tidy", "tree_bytes"]
@@ -110,7 +110,7 @@ def check_publishable(run_dir: Path) -> dict:
 
 def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
     """What a run of record may do without, in the order it is left out: its logs, the jobs kept for a resume, the
-    vector copies of a notebook's figures (`figure_copies`: the PNG stays), the wall-clock columns of the
+    figures' vector copies (`figure_copies`: the PNG stays), the wall-clock columns of the
     data tables (`timing_columns`: the one value no rerun reproduces), then the tables no figure is drawn from
     (largest first). Each with its size and why nothing needs it."""
     from rlwb.registry import NOTEBOOKS
