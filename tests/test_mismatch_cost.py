@@ -742,6 +742,11 @@ def test_the_answer_leads_with_the_finding():
                            "-0.060 (Holm p 0.047). Tolerable k3 for `none@engine` (BMDL): ratio < 1.4e-01 (BMD "
                            "3.0e-01); weights no level (the dose scale decides it).")
     assert text.endswith("ratio mismatch, `none@engine`: no dose ...") and "tis@trainer" not in text
+    # another arm's level is said too where it has one (tis here is above its tested range: none to say)
+    leveled = bench.assign(keep_below=np.where(bench["arm"] == "tis@trainer", 0.02, bench["keep_below"]),
+                           status=np.where(bench["arm"] == "tis@trainer", "bounded", bench["status"]))
+    text = words_08.answer_line("none@engine", dr.first_regime_benchmarks(leveled), contrasts, bullets)
+    assert "Other arms' levels: `tis@trainer` ratio < 2.0e-02." in text
     assert words_08.answer_line("none@engine", pd.DataFrame(), pd.DataFrame(), bullets) == bullets[0]
 
 

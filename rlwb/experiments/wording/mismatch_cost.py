@@ -403,8 +403,8 @@ def dose_control_lines(metrics: dict, table, arms) -> list[str]:
 
 def answer_line(first: str, bench, contrasts, bullets: list[str]) -> str:
     """`CostResult.answer`'s text: the contrast a follow-up run exists for, the tolerable k3 of arm `first` per kind
-    (`bench`: the benchmark rows of the first PPO regime at the study's horizon), then the dose-by-dose verdicts of
-    that arm (all arms' when it has none)."""
+    (`bench`: the benchmark rows of the first PPO regime at the study's horizon) and every other arm's level where it
+    has one, then the dose-by-dose verdicts of that arm (all arms' when it has none)."""
     parts = []
     if len(contrasts) and "contrast" in contrasts:
         for r in contrasts[contrasts["contrast"] == "one-sided vs symmetric"].itertuples():
@@ -417,6 +417,12 @@ def answer_line(first: str, bench, contrasts, bullets: list[str]) -> str:
                 f"{r.kind} no level ({short_reason(r)})" for r in rows.itertuples()]
         if said:
             parts.append(f"Tolerable k3 for `{first}` (BMDL): " + "; ".join(said) + ".")
+        # the other arms' levels too, where they have one: a run may exist for them (a bracketing run of decoupled
+        # and TIS, whose first arm trains only its stale rows)
+        others = [f"`{r.arm}` {r.kind} < {r.keep_below:.1e}" for r in bench[bench["arm"] != first].itertuples()
+                  if quotable(r)]
+        if others:
+            parts.append("Other arms' levels: " + "; ".join(others) + ".")
     parts += [b for b in bullets if f"`{first}`" in b] or bullets
     return " ".join(parts)
 
