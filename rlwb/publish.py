@@ -124,7 +124,7 @@ def optional_files(run_dir: Path, notebook: str) -> list[LeftOut]:
         out.append(LeftOut("data/jobs/", sum(f.stat().st_size for f in jobs),
                            f"the jobs kept for a resume, {len(jobs)} file(s) (every row is in "
                            f"data/curves.parquet, its provenance in {archive.RECORD})"))
-    out += figure_copies(run_dir, notebook)
+    out += figure_copies(run_dir)
     out += notebook_images(run_dir)
     out += timing_columns(run_dir)
     if drawn is not None:  # an unknown notebook: every table may be needed
@@ -198,16 +198,14 @@ def timing_columns(run_dir: Path) -> list[LeftOut]:
     return out
 
 
-def figure_copies(run_dir: Path, notebook: str) -> list[LeftOut]:
+def figure_copies(run_dir: Path) -> list[LeftOut]:
     """The vector copies of the figures (SVG, PDF) a run of record never ships: its figures redraw from the copy's
     data/ in every format (`rlwb figures RUN --style paper`, a bench run's from its bench.json; publish refuses a
-    notebook's copy they do not redraw from), and the PNG stays for report.html and the README. `notebook` is kept
-    for the callers' symmetry with `optional_files`."""
-    kinds = FIGURE_COPIES
+    notebook's copy they do not redraw from), and the PNG stays for report.html and the README."""
     why = {".svg": "an SVG copy of a figure (the PNG kept; `rlwb figures RUN --style paper` redraws it from data/)",
            ".pdf": "a PDF copy of a figure (the PNG kept; `rlwb figures RUN --style paper` redraws it from data/)"}
     return [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, why[f.suffix])
-            for f in sorted((run_dir / "figures").rglob("*")) if f.is_file() and f.suffix in kinds]
+            for f in sorted((run_dir / "figures").rglob("*")) if f.is_file() and f.suffix in FIGURE_COPIES]
 
 
 def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[LeftOut], int]:
@@ -225,8 +223,8 @@ def _leave_out(run_dir: Path, notebook: str, limit: int) -> tuple[list[LeftOut],
     """`plan`'s choice without its refusal: where the copy cannot fit `limit`, every optional file is out and the
     size is the smallest copy's (what `publish` weighs against the folder's room)."""
     candidates = optional_files(run_dir, notebook)
-    copies = {c.path for c in figure_copies(run_dir, notebook)}
-    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/", NOTEBOOK_IMAGES)) or c.path in copies]
+    left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/", NOTEBOOK_IMAGES))
+            or (c.path.startswith("figures/") and c.path.endswith(FIGURE_COPIES))]
     size = tree_bytes(run_dir) - sum(c.bytes for c in left)
     for c in candidates:
         if size + _record_bytes(left, run_dir) <= limit:
@@ -346,10 +344,10 @@ def tidy(root: str | os.PathLike | None = None) -> dict[str, list[LeftOut]]:
     root = Path(root) if root is not None else PUBLISHED_RUNS
     done: dict[str, list[LeftOut]] = {}
     for copy in sorted(d for d in root.glob("*/*") if d.is_dir() and archive.has_record(d)):
-        record = archive.read_record(copy, {})
-        extra = figure_copies(copy, record.get("notebook") or copy.parent.name)
+        extra = figure_copies(copy)
         if not extra:
             continue
+        record = archive.read_record(copy, {})
         for c in extra:
             (copy / c.path).unlink()
         published = record.setdefault("published", {"from": None, "at": None, "bytes": 0, "left_out": []})

@@ -242,7 +242,7 @@ def test_runs_of_record_are_within_their_size_limits_and_publishable():
         assert "left_out" in json.loads((run / "run.json").read_text())["published"]
         # what a publish today leaves out (`publish.tidy` takes it out of a run published before the rule): the
         # figures' vector copies; a clone carries the same whenever a run shipped
-        assert not publish.figure_copies(run, run.parent.name), f"{run}: a figure's vector copy ships"
+        assert not publish.figure_copies(run), f"{run}: a figure's vector copy ships"
         assert not publish.notebook_images(run), f"{run}: its notebook ships images (publish leaves them out)"
         if (run / "report.html").exists():  # a bench run has none
             check_report(run)
