@@ -42,9 +42,13 @@ from pathlib import Path
 
 VLLM_VERSION = "0.8.5"
 # Bump when the build procedure below changes in a way the facts in `wheel_facts` do not capture.
-BUILD_RECIPE = 2
+BUILD_RECIPE = 3  # 3: compiled without debug info (CXX_WITHOUT_DEBUG_INFO, `build`)
 ISAS = ("avx2", "avx512")
 HERE = Path(__file__).resolve().parent
+# The compiler the build runs: the real one (CXX, else c++) with -g0 last. vLLM 0.8.5 builds RelWithDebInfo and
+# passes no CMake flags through; debug info never changes the generated code (the .text of `_C.abi3.so` is the same
+# bytes with and without it) but costs build time and makes the wheel ~4x larger (`scripts/bench_v0_build.py`).
+CXX_WITHOUT_DEBUG_INFO = HERE / "cxx_without_debug_info.sh"
 
 
 def log(msg: str) -> None:
@@ -134,9 +138,12 @@ def sdist_path(cache: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def build(sdist: Path, dest: Path, isa: str, log_path: Path) -> Path:
-    """pip wheel the sdist into `dest`; on failure print one diagnosis line and the log's path, then exit 1."""
+def build(sdist: Path, dest: Path, isa: str, log_path: Path, *, debug_info: bool = False) -> Path:
+    """pip wheel the sdist into `dest`; on failure print one diagnosis line and the log's path, then exit 1.
+    `debug_info=True` is vLLM's own RelWithDebInfo build, the baseline of `scripts/bench_v0_build.py`."""
     env = dict(os.environ, **build_env(isa), MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
+    if not debug_info:
+        env.update(RLWB_V0_CXX=os.environ.get("CXX", "c++"), CXX=str(CXX_WITHOUT_DEBUG_INFO))
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the venv's cmake>=3.26 first
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log(f"building vLLM {VLLM_VERSION} for CPU ({isa} kernels) from its sdist (~2-4 min on 2 cores); "

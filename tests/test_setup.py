@@ -133,6 +133,29 @@ def test_progress_postfix_in_a_log_waits_for_the_timed_line():
     assert "500/500" in lines[-1] and "r=499" in lines[-1], lines[-1]
 
 
+def _sections(obj: Path) -> set[str]:
+    out = subprocess.run(["readelf", "-S", "-W", str(obj)], capture_output=True, text=True, check=True).stdout
+    return {w for line in out.splitlines() for w in line.split() if w.startswith(".")}
+
+
+def test_the_v0_compiler_drops_debug_info_and_keeps_the_code(tmp_path):
+    """The compiler the V0 build runs (`scripts/cxx_without_debug_info.sh`, CXX of `vllm_v0_wheel.build`) compiles
+    what the build asks for, RelWithDebInfo's `-O2 -g` included, without debug info; the same command through the
+    plain compiler (the control) has it, and both give the same machine code."""
+    src = tmp_path / "k.cpp"
+    src.write_text("float dot(const float* a, const float* b, int n) { float s = 0; "
+                   "for (int i = 0; i < n; ++i) s += a[i] * b[i]; return s; }\n")
+    objs = {}
+    for name, cxx in (("plain", ["c++"]), ("launcher", [str(REPO / "scripts" / "cxx_without_debug_info.sh")])):
+        objs[name] = tmp_path / f"{name}.o"
+        subprocess.run([*cxx, "-O2", "-g", "-DNDEBUG", "-mavx2", "-c", str(src), "-o", str(objs[name])], check=True)
+    assert ".debug_info" in _sections(objs["plain"])  # the control: -g writes it
+    assert ".debug_info" not in _sections(objs["launcher"])
+    text = {n: subprocess.run(["objcopy", "-O", "binary", "--only-section=.text", str(o), "/dev/stdout"],
+                              capture_output=True, check=True).stdout for n, o in objs.items()}
+    assert text["plain"] == text["launcher"] and text["plain"]
+
+
 @pytest.mark.engines
 def test_the_v0_build_that_setup_made_is_this_machines_and_is_reused(tmp_path):
     """The V0 wheel that `make setup` just built (from an empty `RLWB_CACHE` on a fresh machine: `.ci/run`; a warm
@@ -165,6 +188,10 @@ def test_the_v0_build_that_setup_made_is_this_machines_and_is_reused(tmp_path):
         [v0_python, "-c", "import importlib.metadata as m; print(m.distribution('vllm').read_text('direct_url.json'))"],
         capture_output=True, text=True, check=True).stdout)
     assert origin["archive_info"]["hashes"]["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    kernels = subprocess.run([v0_python, "-c", "import importlib.metadata as m; "
+                              "print(m.distribution('vllm').locate_file('vllm/_C.abi3.so'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert ".debug_info" not in _sections(Path(kernels))  # built with -g0 last (vllm_v0_wheel.build)
 
     again = subprocess.run(["bash", "scripts/setup.sh", "v0"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
