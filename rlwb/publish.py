@@ -336,25 +336,42 @@ def _write_published(copy: Path, record: dict) -> int:
         record["published"]["bytes"] = shipped
 
 
+# Reasons a copy's record gave for what it left out while its figures' PDF copies still shipped; true then, false
+# once `tidy` took the PDFs out: each, as it reads since (no longer than it was: the folder is at its limit).
+STALE_REASONS = {
+    "an SVG copy of a figure (PNG and PDF kept)": "an SVG copy of a figure (the PNG kept)",
+    "the executed notebook's figure images: each figure ships in figures/ (PNG, PDF) and in report.html; the notebook "
+    "keeps its code and text outputs": "the executed notebook's figure images: each figure ships in figures/ (PNG) and "
+    "in report.html; the notebook keeps its code and text outputs",
+}
+
+
 def tidy(root: str | os.PathLike | None = None) -> dict[str, list[LeftOut]]:
     """Take out of every run of record under `root` (default `PUBLISHED_RUNS`) the files a publish today would leave
     out of it (`figure_copies`: a rule may tighten after a run shipped), each added to its run.json's
-    `published.left_out` and its `bytes` brought up to date; returns them per run (`<stem>/<run id>`). Why: the
-    folder's room is the device's (`FOLDER_LIMIT`), and what a copy holds should not depend on when it shipped."""
+    `published.left_out` and its `bytes` brought up to date, and correct the reasons that said a file so taken out
+    was kept (`STALE_REASONS`); returns the files taken out per run (`<stem>/<run id>`). Why: the folder's room is
+    the device's (`FOLDER_LIMIT`), and what a copy holds, and what its record says of it, should not depend on when
+    it shipped."""
     root = Path(root) if root is not None else PUBLISHED_RUNS
     done: dict[str, list[LeftOut]] = {}
     for copy in sorted(d for d in root.glob("*/*") if d.is_dir() and archive.has_record(d)):
         extra = figure_copies(copy)
-        if not extra:
-            continue
         record = archive.read_record(copy, {})
+        left = (record.get("published") or {}).get("left_out", [])
+        stale = [c for c in left if c.get("why") in STALE_REASONS]
+        if not extra and not stale:
+            continue
         for c in extra:
             (copy / c.path).unlink()
+        for c in stale:
+            c["why"] = STALE_REASONS[c["why"]]
         published = record.setdefault("published", {"from": None, "at": None, "bytes": 0, "left_out": []})
         published["left_out"] = [*published.get("left_out", []), *map(vars, extra)]
         published["bytes"] = 0
         _write_published(copy, record)
-        done[f"{copy.parent.name}/{copy.name}"] = extra
+        if extra:
+            done[f"{copy.parent.name}/{copy.name}"] = extra
     return done
 
 

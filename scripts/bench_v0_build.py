@@ -7,7 +7,10 @@ wall time, the ratio, the wheels' sizes and whether the compiled kernels are the
 section of `vllm/_C.abi3.so`; `.rodata` differs between any two builds, since it holds source paths under pip's
 random build directory). Run it with the V0 environment's interpreter on idle cores:
 
-    .venvs/vllm-v0/bin/python scripts/bench_v0_build.py [--pairs 1] [--cache ~/.cache/rlwb]
+    .venvs/vllm-v0/bin/python scripts/bench_v0_build.py [--pairs 2] [--cache ~/.cache/rlwb]
+
+Each pair builds both ways, the first pair with debug info first, the next without first, and so on; the ratio is
+of each setting's fastest build.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def text_sha(wheel: Path, workdir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=1, help="builds per setting, alternated (default 1)")
+    ap.add_argument("--pairs", type=int, default=2, help="builds per setting, their order alternated (default 2)")
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("RLWB_CACHE", "~/.cache/rlwb")).expanduser())
     args = ap.parse_args(argv)
     sdist = vllm_v0_wheel.sdist_path(args.cache)
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
                 t0 = time.perf_counter()
                 whl = vllm_v0_wheel.build(sdist, dest, "avx2", work / f"{dest.name}.log", debug_info=debug_info)
                 times[debug_info].append(time.perf_counter() - t0)
+                print(f"pair {i + 1}: {'with' if debug_info else 'without'} debug info "
+                      f"{times[debug_info][-1]:.0f} s", flush=True)
                 shas.setdefault(debug_info, set()).add(text_sha(whl, work))
                 sizes[debug_info] = whl.stat().st_size
     with_g, without = min(times[True]), min(times[False])

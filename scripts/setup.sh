@@ -107,7 +107,7 @@ print(vllm.__version__)" 2>"$v/import-check.log" | tail -1) || { cat "$v/import-
 
 # What the V0 env is built from: its stamp (`setup.sh v0-stamp` prints it; tests/test_setup.py compares it).
 v0_stamp() {
-  echo "$(hash_of scripts/setup.sh scripts/vllm_v0_wheel.py rlwb/host.py engines/vllm-v0-cpu.txt)$(has_cuda && echo cuda || echo cpu)-${RLWB_V0_ISA:-avx2}"
+  echo "$(hash_of scripts/setup.sh scripts/vllm_v0_wheel.py scripts/cxx_without_debug_info.sh rlwb/host.py engines/vllm-v0-cpu.txt)$(has_cuda && echo cuda || echo cpu)-${RLWB_V0_ISA:-avx2}"
 }
 
 setup_v0() {

@@ -42,13 +42,16 @@ from pathlib import Path
 
 VLLM_VERSION = "0.8.5"
 # Bump when the build procedure below changes in a way the facts in `wheel_facts` do not capture.
-BUILD_RECIPE = 3  # 3: compiled without debug info (CXX_WITHOUT_DEBUG_INFO, `build`)
+BUILD_RECIPE = 3  # 3: compiled without debug info (`build_process_env`)
 ISAS = ("avx2", "avx512")
 HERE = Path(__file__).resolve().parent
-# The compiler the build runs: the real one (CXX, else c++) with -g0 last. vLLM 0.8.5 builds RelWithDebInfo and
-# passes no CMake flags through; debug info never changes the generated code (the .text of `_C.abi3.so` is the same
-# bytes with and without it) but costs build time and makes the wheel ~4x larger (`scripts/bench_v0_build.py`).
+# The compiler the build runs: the caller's (CXX, else c++) with -g0 last. vLLM 0.8.5 builds RelWithDebInfo
+# (-O2 -g); debug info is not meant to change the generated code (measured: the same `.text` bytes in `_C.abi3.so`)
+# but costs build time and makes the wheel 4.5x larger (`scripts/bench_v0_build.py`). The script's own comment says
+# why a compiler wrapper and not a CMake setting. Its bytes are part of the key (`wheel_facts`).
 CXX_WITHOUT_DEBUG_INFO = HERE / "cxx_without_debug_info.sh"
+# The caller's variables that would change what vLLM's CMake compiles without changing the key: never passed on.
+UNKEYED_BUILD_VARS = ("CMAKE_BUILD_TYPE", "CXXFLAGS", "CFLAGS", "CPPFLAGS", "LDFLAGS", "CMAKE_ARGS")
 
 
 def log(msg: str) -> None:
@@ -93,7 +96,8 @@ def wheel_facts(*, torch: str, isa: str, python: str, machine: str, libc: str, c
         raise SystemExit(f"vllm_v0_wheel: unknown ISA {isa!r} (RLWB_V0_ISA must be one of {', '.join(ISAS)})")
     return {"vllm": VLLM_VERSION, "sdist_sha256": sdist_sha256, "torch": torch, "python": python,
             "machine": machine, "libc": libc, "compiler": compiler, "isa": isa, "build_env": build_env(isa),
-            "build_recipe": BUILD_RECIPE}
+            "build_recipe": BUILD_RECIPE,
+            "compiler_wrapper": hashlib.sha256(CXX_WITHOUT_DEBUG_INFO.read_bytes()).hexdigest()[:16]}
 
 
 def wheel_key(facts: dict) -> str:
@@ -138,13 +142,24 @@ def sdist_path(cache: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def build(sdist: Path, dest: Path, isa: str, log_path: Path, *, debug_info: bool = False) -> Path:
-    """pip wheel the sdist into `dest`; on failure print one diagnosis line and the log's path, then exit 1.
-    `debug_info=True` is vLLM's own RelWithDebInfo build, the baseline of `scripts/bench_v0_build.py`."""
-    env = dict(os.environ, **build_env(isa), MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
+def build_process_env(isa: str, environ: dict[str, str], *, debug_info: bool = False) -> dict[str, str]:
+    """The environment `pip wheel` builds in: the caller's, less what would change the build without changing its
+    key (`UNKEYED_BUILD_VARS`), plus vLLM's variables and the compiler without debug info. `debug_info=True` is
+    vLLM's own RelWithDebInfo build, the baseline of `scripts/bench_v0_build.py`."""
+    env = {k: v for k, v in environ.items() if k not in UNKEYED_BUILD_VARS}
+    env.update(build_env(isa), MAX_JOBS=environ.get("MAX_JOBS", "2"))
     if not debug_info:
-        env.update(RLWB_V0_CXX=os.environ.get("CXX", "c++"), CXX=str(CXX_WITHOUT_DEBUG_INFO))
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the venv's cmake>=3.26 first
+        real = environ.get("CXX", "c++")
+        if real == str(CXX_WITHOUT_DEBUG_INFO):  # a build started from inside one: the compiler it wraps
+            real = environ.get("RLWB_V0_CXX", "c++")
+        env.update(RLWB_V0_CXX=real, CXX=str(CXX_WITHOUT_DEBUG_INFO))
+    env["PATH"] = f"{Path(sys.executable).parent}:{environ.get('PATH', '')}"  # the venv's cmake>=3.26 first
+    return env
+
+
+def build(sdist: Path, dest: Path, isa: str, log_path: Path, *, debug_info: bool = False) -> Path:
+    """pip wheel the sdist into `dest`; on failure print one diagnosis line and the log's path, then exit 1."""
+    env = build_process_env(isa, dict(os.environ), debug_info=debug_info)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log(f"building vLLM {VLLM_VERSION} for CPU ({isa} kernels) from its sdist (~2-4 min on 2 cores); "
         f"log: {log_path}")

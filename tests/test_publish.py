@@ -65,6 +65,14 @@ def test_publish_copies_the_run_with_what_its_figures_and_numbers_need(notebook0
     old = dest / "00_default_policy" / "older"
     shutil.copytree(copy, old)
     shutil.copy2(run / "figures" / "accuracy_by_digits.pdf", old / "figures")
+    # ... whose record says, as records of that time did, that the PDF copies were kept
+    svg_then, images_then = publish.STALE_REASONS  # the two reasons as they read then
+    older = json.loads((old / "run.json").read_text())
+    for c in older["published"]["left_out"]:
+        c["why"] = {".svg": svg_then}.get(Path(c["path"]).suffix, images_then if c["path"] == publish.NOTEBOOK_IMAGES
+                                          else c["why"])
+    (old / "run.json").write_text(json.dumps(older))
+    assert {c["why"] for c in older["published"]["left_out"]} >= {svg_then, images_then}
     before = {f.relative_to(old): f.read_bytes() for f in old.rglob("*") if f.is_file() and f.name != "run.json"}
     done = publish.tidy(dest)
     assert [c.path for c in done["00_default_policy/older"]] == ["figures/accuracy_by_digits.pdf"] and len(done) == 1
@@ -72,7 +80,12 @@ def test_publish_copies_the_run_with_what_its_figures_and_numbers_need(notebook0
     assert after == {k: v for k, v in before.items() if k.suffix != ".pdf"}
     tidied = json.loads((old / "run.json").read_text())["published"]
     assert tidied["left_out"][-1]["path"] == "figures/accuracy_by_digits.pdf"
-    assert tidied["left_out"][:-1] == record["published"]["left_out"] and tidied["bytes"] == publish.tree_bytes(old)
+    assert [c["path"] for c in tidied["left_out"][:-1]] == [c["path"] for c in record["published"]["left_out"]]
+    assert tidied["bytes"] == publish.tree_bytes(old)
+    # the reasons say what ships: each stale one as it reads since, the others as they were
+    assert [c["why"] for c in tidied["left_out"][:-1]] == [publish.STALE_REASONS.get(c["why"], c["why"])
+                                                          for c in older["published"]["left_out"]]
+    assert not any(c["why"] in publish.STALE_REASONS for c in tidied["left_out"])
     assert publish.tidy(dest) == {}  # nothing left to take out
     # the notebook ships with its code and text outputs, without the images figures/ and report.html hold
     shipped, whole = (json.loads((d / "notebook.ipynb").read_text()) for d in (copy, run))
@@ -244,6 +257,8 @@ def test_runs_of_record_are_within_their_size_limits_and_publishable():
         # figures' vector copies; a clone carries the same whenever a run shipped
         assert not publish.figure_copies(run), f"{run}: a figure's vector copy ships"
         assert not publish.notebook_images(run), f"{run}: its notebook ships images (publish leaves them out)"
+        left_out = json.loads((run / "run.json").read_text())["published"]["left_out"]
+        assert not [c["why"] for c in left_out if c["why"] in publish.STALE_REASONS], f"{run}: says a PDF is kept"
         if (run / "report.html").exists():  # a bench run has none
             check_report(run)
     tracked = subprocess.run(["git", "ls-files", "docs/runs"], cwd=REPO_ROOT, capture_output=True, text=True).stdout

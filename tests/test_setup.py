@@ -145,15 +145,40 @@ def test_the_v0_compiler_drops_debug_info_and_keeps_the_code(tmp_path):
     src = tmp_path / "k.cpp"
     src.write_text("float dot(const float* a, const float* b, int n) { float s = 0; "
                    "for (int i = 0; i < n; ++i) s += a[i] * b[i]; return s; }\n")
-    objs = {}
-    for name, cxx in (("plain", ["c++"]), ("launcher", [str(REPO / "scripts" / "cxx_without_debug_info.sh")])):
-        objs[name] = tmp_path / f"{name}.o"
-        subprocess.run([*cxx, "-O2", "-g", "-DNDEBUG", "-mavx2", "-c", str(src), "-o", str(objs[name])], check=True)
+    objs = {"plain": tmp_path / "plain.o", "launcher": tmp_path / "launcher.o"}
+    args = ["-O2", "-g", "-DNDEBUG", "-c", str(src), "-o"]
+    subprocess.run(["c++", "-mavx2", *args, str(objs["plain"])], check=True)
+    # the wrapped compiler with an argument of its own, as CMake takes CXX="g++ -m64"
+    subprocess.run([str(REPO / "scripts" / "cxx_without_debug_info.sh"), *args, str(objs["launcher"])], check=True,
+                   env={**os.environ, "RLWB_V0_CXX": "c++ -mavx2"})
     assert ".debug_info" in _sections(objs["plain"])  # the control: -g writes it
     assert ".debug_info" not in _sections(objs["launcher"])
     text = {n: subprocess.run(["objcopy", "-O", "binary", "--only-section=.text", str(o), "/dev/stdout"],
                               capture_output=True, check=True).stdout for n, o in objs.items()}
     assert text["plain"] == text["launcher"] and text["plain"]
+
+
+def test_the_v0_build_runs_the_wrapped_compiler_and_none_of_the_callers_unkeyed_flags():
+    """What `pip wheel` of the V0 build gets (`vllm_v0_wheel.build_process_env`): CXX is the compiler without debug
+    info, wrapping the caller's CXX (never itself); a caller's CMAKE_BUILD_TYPE or CXXFLAGS, which would change the
+    wheel and not its key, never reach vLLM's CMake; the benchmark's baseline (`debug_info=True`) is vLLM's own
+    build, the caller's compiler as it is. And the wrapper's bytes are part of the wheel's key."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import vllm_v0_wheel as w
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    caller = {"PATH": "/usr/bin", "CXX": "g++-12", "CMAKE_BUILD_TYPE": "Debug", "CXXFLAGS": "-O0", "HOME": "/root"}
+    env = w.build_process_env("avx2", caller)
+    assert env["CXX"] == str(w.CXX_WITHOUT_DEBUG_INFO) and env["RLWB_V0_CXX"] == "g++-12"
+    assert "CMAKE_BUILD_TYPE" not in env and "CXXFLAGS" not in env and env["HOME"] == "/root"
+    assert env["VLLM_CPU_DISABLE_AVX512"] == "true" and env["PATH"].endswith(":/usr/bin")
+    assert w.build_process_env("avx2", {"CXX": str(w.CXX_WITHOUT_DEBUG_INFO)})["RLWB_V0_CXX"] == "c++"
+    assert w.build_process_env("avx2", {})["RLWB_V0_CXX"] == "c++"
+    baseline = w.build_process_env("avx2", caller, debug_info=True)
+    assert baseline["CXX"] == "g++-12" and "RLWB_V0_CXX" not in baseline
+    facts = wheel_key()["facts"]
+    assert facts["compiler_wrapper"] == hashlib.sha256(w.CXX_WITHOUT_DEBUG_INFO.read_bytes()).hexdigest()[:16]
 
 
 @pytest.mark.engines
