@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -46,12 +47,21 @@ BUILD_RECIPE = 3  # 3: compiled without debug info (`build_process_env`)
 ISAS = ("avx2", "avx512")
 HERE = Path(__file__).resolve().parent
 # The compiler the build runs: the caller's (CXX, else c++) with -g0 last. vLLM 0.8.5 builds RelWithDebInfo
-# (-O2 -g); debug info is not meant to change the generated code (measured: the same `.text` bytes in `_C.abi3.so`)
-# but costs build time and makes the wheel 4.5x larger (`scripts/bench_v0_build.py`). The script's own comment says
-# why a compiler wrapper and not a CMake setting. Its bytes are part of the key (`wheel_facts`).
+# (-O2 -g); its other build types change the code (Release: -O3) and CXXFLAGS go before the build type's -g, so the
+# debug info is dropped by a wrapper (GCC's last -g option wins). GCC means -g never to change the code it generates
+# (its -fcompare-debug checks that); measured: the same `.text` bytes in `_C.abi3.so`, while the build is faster and
+# the wheel 4.5x smaller (`scripts/bench_v0_build.py`). Its bytes are part of the key (`wheel_facts`).
 CXX_WITHOUT_DEBUG_INFO = HERE / "cxx_without_debug_info.sh"
-# The caller's variables that would change what vLLM's CMake compiles without changing the key: never passed on.
-UNKEYED_BUILD_VARS = ("CMAKE_BUILD_TYPE", "CXXFLAGS", "CFLAGS", "CPPFLAGS", "LDFLAGS", "CMAKE_ARGS")
+# The caller's variables that change what vLLM 0.8.5's build compiles or links (its setup.py, envs.py and CMake
+# files, and CMake itself; read 2026-11-30): passed on, and their values part of the key (`caller_build_vars`), so a
+# wheel built with any of them is another wheel, never taken for the plain one.
+CALLER_BUILD_VARS = ("CMAKE_BUILD_TYPE", "CXXFLAGS", "LDFLAGS", "CMAKE_TOOLCHAIN_FILE", "CMAKE_CXX_COMPILER_LAUNCHER",
+                     "CPATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "VLLM_CPU_AVX512BF16", "VLLM_USE_PRECOMPILED",
+                     "VLLM_PRECOMPILED_WHEEL_LOCATION")
+
+
+def caller_build_vars(environ: dict[str, str]) -> dict[str, str]:
+    return {k: environ[k] for k in CALLER_BUILD_VARS if k in environ}
 
 
 def log(msg: str) -> None:
@@ -81,23 +91,26 @@ def build_env(isa: str) -> dict[str, str]:
 
 
 def compiler_version() -> str:
-    cxx = os.environ.get("CXX", "c++")
+    """The compiler's first `--version` line, then CXX's own arguments ("ccache g++", "g++ -march=native": CMake
+    takes a CXX with arguments, and they change the code)."""
+    words = shlex.split(os.environ.get("CXX", "c++")) or ["c++"]
     try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-        return out.splitlines()[0].strip()
-    except (OSError, subprocess.CalledProcessError):
+        out = subprocess.run([*words, "--version"], capture_output=True, text=True, check=True).stdout
+        return " ".join([out.splitlines()[0].strip(), *words[1:]])
+    except (OSError, subprocess.CalledProcessError, IndexError):
         return "none"
 
 
 def wheel_facts(*, torch: str, isa: str, python: str, machine: str, libc: str, compiler: str,
-                sdist_sha256: str) -> dict:
+                sdist_sha256: str, build_vars: dict[str, str] | None = None) -> dict:
     """Everything the built wheel depends on. Two machines with equal facts can share a wheel."""
     if isa not in ISAS:
         raise SystemExit(f"vllm_v0_wheel: unknown ISA {isa!r} (RLWB_V0_ISA must be one of {', '.join(ISAS)})")
     return {"vllm": VLLM_VERSION, "sdist_sha256": sdist_sha256, "torch": torch, "python": python,
             "machine": machine, "libc": libc, "compiler": compiler, "isa": isa, "build_env": build_env(isa),
             "build_recipe": BUILD_RECIPE,
-            "compiler_wrapper": hashlib.sha256(CXX_WITHOUT_DEBUG_INFO.read_bytes()).hexdigest()[:16]}
+            "compiler_wrapper": hashlib.sha256(CXX_WITHOUT_DEBUG_INFO.read_bytes()).hexdigest()[:16],
+            "caller_build_vars": dict(sorted((build_vars or {}).items()))}
 
 
 def wheel_key(facts: dict) -> str:
@@ -109,7 +122,7 @@ def this_machine_facts(isa: str, sdist_sha256: str) -> dict:
 
     return wheel_facts(torch=version("torch"), isa=isa, python=f"cp{sys.version_info[0]}{sys.version_info[1]}",
                        machine=platform.machine(), libc="-".join(platform.libc_ver()), compiler=compiler_version(),
-                       sdist_sha256=sdist_sha256)
+                       sdist_sha256=sdist_sha256, build_vars=caller_build_vars(dict(os.environ)))
 
 
 # A build that reaches for the network fails deep inside CMake or git; these lines name what it tried.
@@ -142,15 +155,20 @@ def sdist_path(cache: Path) -> Path:
     return Path(out.stdout.strip())
 
 
+def _is_the_wrapper(cxx: str) -> bool:
+    words = shlex.split(cxx)
+    found = shutil.which(words[0]) if words else None
+    return bool(found) and Path(found).resolve() == CXX_WITHOUT_DEBUG_INFO.resolve()
+
+
 def build_process_env(isa: str, environ: dict[str, str], *, debug_info: bool = False) -> dict[str, str]:
-    """The environment `pip wheel` builds in: the caller's, less what would change the build without changing its
-    key (`UNKEYED_BUILD_VARS`), plus vLLM's variables and the compiler without debug info. `debug_info=True` is
-    vLLM's own RelWithDebInfo build, the baseline of `scripts/bench_v0_build.py`."""
-    env = {k: v for k, v in environ.items() if k not in UNKEYED_BUILD_VARS}
-    env.update(build_env(isa), MAX_JOBS=environ.get("MAX_JOBS", "2"))
+    """The environment `pip wheel` builds in: the caller's (its build variables are in the key:
+    `caller_build_vars`), plus vLLM's variables and the compiler without debug info. `debug_info=True` is vLLM's own
+    RelWithDebInfo build, the baseline of `scripts/bench_v0_build.py`."""
+    env = dict(environ, **build_env(isa), MAX_JOBS=environ.get("MAX_JOBS", "2"))
     if not debug_info:
         real = environ.get("CXX", "c++")
-        if real == str(CXX_WITHOUT_DEBUG_INFO):  # a build started from inside one: the compiler it wraps
+        if _is_the_wrapper(real):  # a build started from inside one: the compiler it wraps
             real = environ.get("RLWB_V0_CXX", "c++")
         env.update(RLWB_V0_CXX=real, CXX=str(CXX_WITHOUT_DEBUG_INFO))
     env["PATH"] = f"{Path(sys.executable).parent}:{environ.get('PATH', '')}"  # the venv's cmake>=3.26 first
@@ -243,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
 
             a.torch = version("torch")
         facts = wheel_facts(torch=a.torch, isa=a.isa, python=a.python, machine=a.machine, libc=a.libc,
-                            compiler=a.compiler or compiler_version(), sdist_sha256=a.sdist_sha256)
+                            compiler=a.compiler or compiler_version(), sdist_sha256=a.sdist_sha256,
+                            build_vars=caller_build_vars(dict(os.environ)))
         print(json.dumps({"key": wheel_key(facts), "facts": facts}, indent=2))
     else:
         print(explain_log(a.log.read_text(errors="replace")) or "not a network failure")

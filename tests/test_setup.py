@@ -158,27 +158,47 @@ def test_the_v0_compiler_drops_debug_info_and_keeps_the_code(tmp_path):
     assert text["plain"] == text["launcher"] and text["plain"]
 
 
-def test_the_v0_build_runs_the_wrapped_compiler_and_none_of_the_callers_unkeyed_flags():
+def test_the_v0_build_runs_the_wrapped_compiler_and_keys_what_the_caller_adds():
     """What `pip wheel` of the V0 build gets (`vllm_v0_wheel.build_process_env`): CXX is the compiler without debug
-    info, wrapping the caller's CXX (never itself); a caller's CMAKE_BUILD_TYPE or CXXFLAGS, which would change the
-    wheel and not its key, never reach vLLM's CMake; the benchmark's baseline (`debug_info=True`) is vLLM's own
-    build, the caller's compiler as it is. And the wrapper's bytes are part of the wheel's key."""
+    info, wrapping the caller's CXX (never itself, however it is spelled); the benchmark's baseline
+    (`debug_info=True`) is vLLM's own build, the caller's compiler as it is. A caller's build variable
+    (CMAKE_BUILD_TYPE, CXXFLAGS, ...: they change the wheel) reaches the build and is part of the wheel's key, as is
+    a CXX's own argument and the wrapper's bytes; the wrapper refuses to run itself."""
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         import vllm_v0_wheel as w
     finally:
         sys.path.remove(str(REPO / "scripts"))
+    wrapper = str(w.CXX_WITHOUT_DEBUG_INFO)
     caller = {"PATH": "/usr/bin", "CXX": "g++-12", "CMAKE_BUILD_TYPE": "Debug", "CXXFLAGS": "-O0", "HOME": "/root"}
     env = w.build_process_env("avx2", caller)
-    assert env["CXX"] == str(w.CXX_WITHOUT_DEBUG_INFO) and env["RLWB_V0_CXX"] == "g++-12"
-    assert "CMAKE_BUILD_TYPE" not in env and "CXXFLAGS" not in env and env["HOME"] == "/root"
+    assert env["CXX"] == wrapper and env["RLWB_V0_CXX"] == "g++-12"
+    assert env["CMAKE_BUILD_TYPE"] == "Debug" and env["CXXFLAGS"] == "-O0" and env["HOME"] == "/root"
     assert env["VLLM_CPU_DISABLE_AVX512"] == "true" and env["PATH"].endswith(":/usr/bin")
-    assert w.build_process_env("avx2", {"CXX": str(w.CXX_WITHOUT_DEBUG_INFO)})["RLWB_V0_CXX"] == "c++"
     assert w.build_process_env("avx2", {})["RLWB_V0_CXX"] == "c++"
+    link = REPO / "scripts" / "cxx_without_debug_info.sh"  # the wrapper by a relative spelling, with an argument
+    for spelling in (wrapper, f"{wrapper} -m64", os.path.relpath(link)):
+        assert w.build_process_env("avx2", {"CXX": spelling})["RLWB_V0_CXX"] == "c++", spelling
     baseline = w.build_process_env("avx2", caller, debug_info=True)
     assert baseline["CXX"] == "g++-12" and "RLWB_V0_CXX" not in baseline
-    facts = wheel_key()["facts"]
-    assert facts["compiler_wrapper"] == hashlib.sha256(w.CXX_WITHOUT_DEBUG_INFO.read_bytes()).hexdigest()[:16]
+    assert w.caller_build_vars(caller) == {"CMAKE_BUILD_TYPE": "Debug", "CXXFLAGS": "-O0"}
+    # the key: the caller's build variables, a CXX's arguments and the wrapper's bytes
+    base = {k: v for k, v in os.environ.items() if k not in (*w.CALLER_BUILD_VARS, "CXX")}
+    keys = {}
+    for name, over in (("plain", {}), ("flags", {"CXXFLAGS": "-march=native"}), ("cxx args", {"CXX": "c++ -mavx2"})):
+        r = subprocess.run([*WHEEL, "key", "--sdist-sha256", "abc"], capture_output=True, text=True, check=True,
+                           env={**base, **over})
+        keys[name] = json.loads(r.stdout)
+    assert len({k["key"] for k in keys.values()}) == 3
+    plain = keys["plain"]["facts"]
+    assert plain["caller_build_vars"] == {} and plain["compiler"].startswith("c++ (")
+    assert plain["compiler_wrapper"] == hashlib.sha256(w.CXX_WITHOUT_DEBUG_INFO.read_bytes()).hexdigest()[:16]
+    assert keys["flags"]["facts"]["caller_build_vars"] == {"CXXFLAGS": "-march=native"}
+    assert keys["cxx args"]["facts"]["compiler"] == f"{plain['compiler']} -mavx2"
+    # the wrapper run with itself as the compiler stops at once with one line, not an endless exec
+    r = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=10,
+                       env={**os.environ, "RLWB_V0_CXX": wrapper})
+    assert r.returncode == 2 and "leads back to this file" in r.stderr
 
 
 @pytest.mark.engines
