@@ -198,6 +198,11 @@ def timing_columns(run_dir: Path) -> list[LeftOut]:
     return out
 
 
+def _is_figure_copy(rel: str) -> bool:
+    """A path in a run (relative, POSIX) that is one of its figures' vector copies: `figure_copies`' rule."""
+    return rel.startswith("figures/") and rel.endswith(FIGURE_COPIES)
+
+
 def figure_copies(run_dir: Path) -> list[LeftOut]:
     """The vector copies of the figures (SVG, PDF) a run of record never ships: its figures redraw from the copy's
     data/ in every format (`rlwb figures RUN --style paper`, a bench run's from its bench.json; publish refuses a
@@ -205,7 +210,8 @@ def figure_copies(run_dir: Path) -> list[LeftOut]:
     why = {".svg": "an SVG copy of a figure (the PNG kept; `rlwb figures RUN --style paper` redraws it from data/)",
            ".pdf": "a PDF copy of a figure (the PNG kept; `rlwb figures RUN --style paper` redraws it from data/)"}
     return [LeftOut(f.relative_to(run_dir).as_posix(), f.stat().st_size, why[f.suffix])
-            for f in sorted((run_dir / "figures").rglob("*")) if f.is_file() and f.suffix in FIGURE_COPIES]
+            for f in sorted((run_dir / "figures").rglob("*"))
+            if f.is_file() and _is_figure_copy(f.relative_to(run_dir).as_posix())]
 
 
 def plan(run_dir: Path, notebook: str, limit: int = RUN_LIMIT) -> tuple[list[LeftOut], int]:
@@ -224,7 +230,7 @@ def _leave_out(run_dir: Path, notebook: str, limit: int) -> tuple[list[LeftOut],
     size is the smallest copy's (what `publish` weighs against the folder's room)."""
     candidates = optional_files(run_dir, notebook)
     left = [c for c in candidates if c.path.startswith(("logs/", "data/jobs/", NOTEBOOK_IMAGES))
-            or (c.path.startswith("figures/") and c.path.endswith(FIGURE_COPIES))]
+            or _is_figure_copy(c.path)]
     size = tree_bytes(run_dir) - sum(c.bytes for c in left)
     for c in candidates:
         if size + _record_bytes(left, run_dir) <= limit:

@@ -70,8 +70,10 @@ def test_publish_copies_the_run_with_what_its_figures_and_numbers_need(notebook0
     older = json.loads((old / "run.json").read_text())
     older["published"]["left_out"] = [c for c in older["published"]["left_out"] if not c["path"].endswith(".pdf")]
     for c in older["published"]["left_out"]:
-        c["why"] = {".svg": svg_then}.get(Path(c["path"]).suffix, images_then if c["path"] == publish.NOTEBOOK_IMAGES
-                                          else c["why"])
+        if c["path"].endswith(".svg"):
+            c["why"] = svg_then
+        elif c["path"] == publish.NOTEBOOK_IMAGES:
+            c["why"] = images_then
     (old / "run.json").write_text(json.dumps(older))
     assert {c["why"] for c in older["published"]["left_out"]} >= {svg_then, images_then}
     before = {f.relative_to(old): f.read_bytes() for f in old.rglob("*") if f.is_file() and f.name != "run.json"}
